@@ -1,0 +1,135 @@
+//! The event envelope: what `load` makes of an HTTP request and puts on the
+//! event stream as JSON. Pure: built from plain values, no HTTP types.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::config::IpMode;
+use crate::error::{Error, Result};
+
+/// Query parameter or body field naming the entity an event belongs to; it
+/// becomes the Kinesis partition key, so one entity's events stay in order.
+pub const ENTITY_ID: &str = "EntityId";
+/// Kinesis partition keys are 1 to 256 characters.
+pub const MAX_PARTITION_KEY_CHARS: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Random v4 UUID given at receipt.
+    pub id: String,
+    /// Receive time, ISO 8601 with milliseconds, UTC.
+    pub received_at: String,
+    pub method: String,
+    pub path: String,
+    /// Query parameters; a repeated key keeps all its values, in order.
+    pub query: BTreeMap<String, Vec<String>>,
+    pub headers: Headers,
+    /// The client's address, as `IP_MODE` says (absent with `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ip: Option<String>,
+    /// The posted event (JSON), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
+}
+
+/// The request headers worth keeping for analytics.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Headers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub referer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_language: Option<String>,
+}
+
+impl Envelope {
+    /// The Kinesis partition key: `EntityId` from the query, else from the
+    /// body, else the envelope's random id (spreads anonymous hits evenly).
+    pub fn partition_key(&self) -> Result<String> {
+        let from_query = self.query.get(ENTITY_ID).and_then(|v| v.first()).cloned();
+        let from_body = self.body.as_ref().and_then(|b| b.get(ENTITY_ID)).and_then(|v| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
+        match from_query.or(from_body) {
+            None => Ok(self.id.clone()),
+            Some(key) if (1..=MAX_PARTITION_KEY_CHARS).contains(&key.chars().count()) => Ok(key),
+            Some(_) => Err(Error::BadInput(format!("{ENTITY_ID} must be 1 to {MAX_PARTITION_KEY_CHARS} characters"))),
+        }
+    }
+}
+
+/// The client address as `IP_MODE` wants it stored.
+pub fn client_ip(ip: Option<&str>, mode: &IpMode) -> Option<String> {
+    let ip = ip?.trim();
+    if ip.is_empty() {
+        return None;
+    }
+    match mode {
+        IpMode::Full => Some(ip.to_owned()),
+        IpMode::None => None,
+        IpMode::Hash { salt } => {
+            let mut hasher = Sha256::new();
+            hasher.update(salt.as_bytes());
+            hasher.update(ip.as_bytes());
+            Some(hex::encode(hasher.finalize()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(query: &[(&str, &str)], body: Option<Value>) -> Envelope {
+        let mut q: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in query {
+            q.entry(k.to_string()).or_default().push(v.to_string());
+        }
+        Envelope {
+            id: "id-1".into(),
+            received_at: "2026-11-21T05:58:44.123Z".into(),
+            method: "GET".into(),
+            path: "/track.gif".into(),
+            query: q,
+            headers: Headers::default(),
+            source_ip: None,
+            body,
+        }
+    }
+
+    #[test]
+    fn partition_key_prefers_query_then_body_then_random_id() {
+        let both = envelope(&[("EntityId", "q")], Some(serde_json::json!({"EntityId": "b"})));
+        assert_eq!(both.partition_key().unwrap(), "q");
+        let body = envelope(&[], Some(serde_json::json!({"EntityId": 42})));
+        assert_eq!(body.partition_key().unwrap(), "42");
+        assert_eq!(envelope(&[("page", "x")], None).partition_key().unwrap(), "id-1");
+        let long = "x".repeat(257);
+        assert!(envelope(&[("EntityId", &long)], None).partition_key().is_err());
+    }
+
+    #[test]
+    fn repeated_query_keys_survive_serialization() {
+        let e = envelope(&[("tag", "a"), ("tag", "b")], None);
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["query"]["tag"], serde_json::json!(["a", "b"]));
+        assert!(json.get("body").is_none() && json.get("source_ip").is_none());
+    }
+
+    #[test]
+    fn ip_modes() {
+        assert_eq!(client_ip(Some("203.0.113.9"), &IpMode::Full).as_deref(), Some("203.0.113.9"));
+        assert_eq!(client_ip(Some("203.0.113.9"), &IpMode::None), None);
+        let a = client_ip(Some("203.0.113.9"), &IpMode::Hash { salt: "s1".into() }).unwrap();
+        let b = client_ip(Some("203.0.113.9"), &IpMode::Hash { salt: "s2".into() }).unwrap();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert!(!a.contains("203"));
+    }
+}

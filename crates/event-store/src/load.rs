@@ -1,0 +1,292 @@
+//! `load`: the HTTP front door. `GET /track.gif` answers the pixel and puts
+//! one event; `POST /events` puts up to 500 posted events with `PutRecords`.
+//! Every answer is deliberate: bad input gets a short 4xx, an unavailable
+//! stream a 503, and no internal error text ever reaches the client.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_kinesis::primitives::Blob;
+use lambda_http::http::{header, Method, StatusCode};
+use lambda_http::request::RequestContext;
+use lambda_http::{Body, Request, RequestExt, Response};
+use serde_json::{json, Value};
+use tracing::{debug, error, info, warn};
+
+use crate::batch::Backoff;
+use crate::config::LoadConfig;
+use crate::envelope::{client_ip, Envelope, Headers};
+use crate::error::Error;
+use crate::kinesis::{put_unordered, send_put_records, Record};
+use crate::time::{format_ms, now_ms};
+
+/// A transparent 1x1 GIF, 43 bytes.
+pub const PIXEL: [u8; 43] = [
+    0x47, 0x49, 0x46, 0x38, 0x39, 0x61, 0x01, 0x00, 0x01, 0x00, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff,
+    0x21, 0xf9, 0x04, 0x01, 0x00, 0x00, 0x00, 0x00, 0x2c, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x02,
+    0x02, 0x44, 0x01, 0x00, 0x3b,
+];
+
+/// `POST /events` takes at most this many events (one `PutRecords` worth).
+pub const MAX_EVENTS_PER_POST: usize = 500;
+
+/// A request we answer with a 4xx: the status and a short message for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl Reject {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, message: message.into() }
+    }
+}
+
+enum Route {
+    Pixel,
+    Events,
+}
+
+/// Routes on the last path segment so the same handler works behind any API
+/// Gateway stage or base path, a function URL, or the local server.
+fn route(path: &str) -> Option<Route> {
+    match path.rsplit('/').next() {
+        Some("track.gif") => Some(Route::Pixel),
+        Some("events") => Some(Route::Events),
+        _ => None,
+    }
+}
+
+pub struct Load {
+    kinesis: aws_sdk_kinesis::Client,
+    config: LoadConfig,
+    backoff: Backoff,
+}
+
+impl Load {
+    pub fn new(kinesis: aws_sdk_kinesis::Client, config: LoadConfig) -> Self {
+        Self { kinesis, config, backoff: Backoff::default() }
+    }
+
+    /// Answers one HTTP request. Never fails: every outcome is a response.
+    pub async fn handle(&self, req: Request) -> Response<Body> {
+        let method = req.method().clone();
+        let answer = match (route(req.uri().path()), &method) {
+            (Some(Route::Pixel), &Method::GET | &Method::POST) => self.pixel(&req).await,
+            (Some(Route::Events), &Method::POST) => self.events(&req).await,
+            (Some(_), _) => Err(Reject::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")),
+            (None, _) => Err(Reject::new(StatusCode::NOT_FOUND, "not found")),
+        };
+        answer.unwrap_or_else(|reject| {
+            debug!(status = reject.status.as_u16(), message = %reject.message, "request rejected");
+            json_response(reject.status, &json!({ "error": reject.message }))
+        })
+    }
+
+    async fn pixel(&self, req: &Request) -> Result<Response<Body>, Reject> {
+        let body = match body_text(req)? {
+            None => None,
+            Some(text) => Some(serde_json::from_str(&text).unwrap_or(Value::String(text))),
+        };
+        let envelope = self.envelope(req, body);
+        let record = self.record(&envelope)?;
+        let out = self
+            .kinesis
+            .put_record()
+            .stream_name(&self.config.event_stream)
+            .partition_key(&record.partition_key)
+            .data(Blob::new(record.data))
+            .send()
+            .await
+            .map_err(|e| unavailable(Error::kinesis("PutRecord", e)))?;
+        debug!(id = %envelope.id, sequence_number = out.sequence_number(), "pixel event put");
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "image/gif")
+            .header(header::CACHE_CONTROL, "no-cache, no-store, must-revalidate")
+            .header("X-Sequence-Number", out.sequence_number())
+            .body(Body::Binary(PIXEL.to_vec()))
+            .map_err(|e| internal(e.to_string()))
+    }
+
+    async fn events(&self, req: &Request) -> Result<Response<Body>, Reject> {
+        check_json_content_type(req)?;
+        let text = body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
+        let events = parse_events(&text)?;
+        let records = events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| {
+                self.record(&self.envelope(req, Some(event)))
+                    .map_err(|r| Reject::new(r.status, format!("event {index}: {}", r.message)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let stream = self.config.event_stream.as_str();
+        let failures = put_unordered(&records, &self.backoff, |batch| async move {
+            send_put_records(&self.kinesis, stream, &batch).await
+        })
+        .await
+        .map_err(unavailable)?;
+        let accepted = records.len() - failures.len();
+        info!(accepted, failed = failures.len(), "events put");
+        if failures.is_empty() {
+            return Ok(json_response(StatusCode::ACCEPTED, &json!({ "accepted": accepted })));
+        }
+        warn!(failed = failures.len(), code = %failures[0].code, "some events could not be put");
+        let failed: Vec<Value> = failures.iter().map(|f| json!({ "index": f.index, "error": f.code })).collect();
+        let status = if accepted == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::MULTI_STATUS };
+        Ok(json_response(status, &json!({ "accepted": accepted, "failed": failed })))
+    }
+
+    fn envelope(&self, req: &Request, body: Option<Value>) -> Envelope {
+        let header_text = |name: header::HeaderName| {
+            req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+        };
+        let mut query: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (key, value) in req.query_string_parameters().iter() {
+            query.entry(key.to_owned()).or_default().push(value.to_owned());
+        }
+        Envelope {
+            id: uuid::Uuid::new_v4().to_string(),
+            received_at: format_ms(now_ms()),
+            method: req.method().to_string(),
+            path: req.uri().path().to_owned(),
+            query,
+            headers: Headers {
+                user_agent: header_text(header::USER_AGENT),
+                referer: header_text(header::REFERER),
+                accept_language: header_text(header::ACCEPT_LANGUAGE),
+            },
+            source_ip: client_ip(source_ip(req).as_deref(), &self.config.ip_mode),
+            body,
+        }
+    }
+
+    fn record(&self, envelope: &Envelope) -> Result<Record, Reject> {
+        let partition_key = envelope.partition_key().map_err(|e| match e {
+            Error::BadInput(m) => Reject::new(StatusCode::BAD_REQUEST, m),
+            other => internal(other.to_string()),
+        })?;
+        let data = serde_json::to_vec(envelope).map_err(|e| internal(e.to_string()))?;
+        if data.len() > self.config.max_event_bytes {
+            return Err(Reject::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("event is {} bytes; the limit is {}", data.len(), self.config.max_event_bytes),
+            ));
+        }
+        Ok(Record { partition_key, data })
+    }
+}
+
+/// The client address: from the API Gateway request context, else the first
+/// `X-Forwarded-For` entry.
+fn source_ip(req: &Request) -> Option<String> {
+    let from_context = match req.request_context_ref() {
+        Some(RequestContext::ApiGatewayV1(ctx)) => ctx.identity.source_ip.clone(),
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.clone(),
+        _ => None,
+    };
+    from_context.or_else(|| {
+        let forwarded = req.headers().get("x-forwarded-for")?.to_str().ok()?;
+        forwarded.split(',').next().map(|ip| ip.trim().to_owned())
+    })
+}
+
+/// The request body as text: `None` when empty, 400 when not UTF-8.
+fn body_text(req: &Request) -> Result<Option<String>, Reject> {
+    let bytes: &[u8] = req.body().as_ref();
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    String::from_utf8(bytes.to_vec())
+        .map(Some)
+        .map_err(|_| Reject::new(StatusCode::BAD_REQUEST, "body is not valid UTF-8"))
+}
+
+fn check_json_content_type(req: &Request) -> Result<(), Reject> {
+    let Some(value) = req.headers().get(header::CONTENT_TYPE) else { return Ok(()) };
+    let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || mime.ends_with("+json") || mime == "text/plain" {
+        Ok(())
+    } else {
+        Err(Reject::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send events as application/json"))
+    }
+}
+
+/// One JSON object, or an array of 1 to 500 objects.
+pub fn parse_events(text: &str) -> Result<Vec<Value>, Reject> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Reject::new(StatusCode::BAD_REQUEST, format!("malformed JSON at line {} column {}", e.line(), e.column())))?;
+    let events = match value {
+        Value::Object(_) => vec![value],
+        Value::Array(items) => items,
+        _ => return Err(Reject::new(StatusCode::BAD_REQUEST, "expected a JSON object or an array of objects")),
+    };
+    if events.is_empty() {
+        return Err(Reject::new(StatusCode::BAD_REQUEST, "no events in the array"));
+    }
+    if events.len() > MAX_EVENTS_PER_POST {
+        return Err(Reject::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{} events; at most {MAX_EVENTS_PER_POST} per request", events.len()),
+        ));
+    }
+    if let Some(i) = events.iter().position(|e| !e.is_object()) {
+        return Err(Reject::new(StatusCode::BAD_REQUEST, format!("event {i} is not a JSON object")));
+    }
+    Ok(events)
+}
+
+fn unavailable(err: Error) -> Reject {
+    error!(error = %err, "event stream unavailable");
+    Reject::new(StatusCode::SERVICE_UNAVAILABLE, "event stream unavailable, retry later")
+}
+
+fn internal(detail: String) -> Reject {
+    error!(error = %detail, "internal error");
+    Reject::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    let mut response = Response::new(Body::Text(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pixel_is_a_43_byte_gif() {
+        assert_eq!(PIXEL.len(), 43);
+        assert_eq!(&PIXEL[..6], b"GIF89a");
+        assert_eq!(PIXEL[42], 0x3b);
+    }
+
+    #[test]
+    fn routes_on_the_last_segment() {
+        assert!(matches!(route("/track.gif"), Some(Route::Pixel)));
+        assert!(matches!(route("/Prod/track.gif"), Some(Route::Pixel)));
+        assert!(matches!(route("/events"), Some(Route::Events)));
+        assert!(route("/").is_none() && route("/track.png").is_none());
+    }
+
+    #[test]
+    fn events_parse_as_object_or_bounded_array() {
+        assert_eq!(parse_events(r#"{"a":1}"#).unwrap().len(), 1);
+        assert_eq!(parse_events(r#"[{"a":1},{"b":2}]"#).unwrap().len(), 2);
+        assert_eq!(parse_events("{oops").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_events("[]").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_events("[1]").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_events("\"x\"").unwrap_err().status, StatusCode::BAD_REQUEST);
+        let many = format!("[{}]", vec!["{}"; 501].join(","));
+        assert_eq!(parse_events(&many).unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
+        let max = format!("[{}]", vec!["{}"; 500].join(","));
+        assert_eq!(parse_events(&max).unwrap().len(), 500);
+    }
+}
