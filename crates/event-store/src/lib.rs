@@ -18,11 +18,14 @@ pub mod dynamo;
 pub mod envelope;
 pub mod error;
 pub mod event_item;
+pub mod event_source;
 pub mod invoke;
 pub mod kinesis;
 pub mod load;
+pub mod metrics;
 pub mod playback;
 pub mod pump;
+pub mod resources;
 pub mod scan;
 pub mod time;
 

@@ -1,1 +1,26 @@
-fn main(){}
+//! `playback` Lambda: invoked on demand with `{start, end}`, event table →
+//! playback stream. All logic is in `event_store::playback`; continuations
+//! go through the Lambda `Invoke` API.
+
+use std::sync::Arc;
+
+use event_store::config::PlaybackConfig;
+use event_store::invoke::LambdaInvoker;
+use event_store::playback::Playback;
+use lambda_runtime::{run, service_fn, Error, LambdaEvent};
+use serde_json::Value;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let config = PlaybackConfig::from_env()?;
+    let aws = event_store::aws_config().await;
+    let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
+    let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
+    let playback = Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker);
+    let playback = &playback;
+    run(service_fn(move |event: LambdaEvent<Value>| async move {
+        playback.handle(event.payload, event.context.deadline()).await
+    }))
+    .await
+}

@@ -1,0 +1,201 @@
+//! Test support: a real moto_server on a free 127.0.0.1 port (stopped by PID
+//! when the test ends), SDK clients pointed at it through the standard
+//! endpoint setting, and helpers to read streams and tables back.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_lambda_events::event::kinesis::KinesisEvent;
+use aws_sdk_dynamodb::config::Credentials;
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_kinesis::types::ShardIteratorType;
+use event_store::metrics::RequestCounter;
+use event_store::resources::{create_streams, create_tables, Names};
+
+pub const REGION: &str = "us-east-1";
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A sample event file from `events/`, the same files `sam local invoke` and `cargo lambda invoke` use.
+pub fn sample_event(name: &str) -> String {
+    let path = repo_root().join("events").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A moto_server process of our own.
+pub struct Moto {
+    pub endpoint: String,
+    child: Child,
+}
+
+impl Moto {
+    pub fn start() -> Self {
+        let binary = std::env::var("MOTO_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| repo_root().join(".venv/bin/moto_server"));
+        assert!(binary.exists(), "{} not found: run `make test` (it installs moto into .venv)", binary.display());
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port");
+            let mut child = Command::new(&binary)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start moto_server");
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(30) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // exited: port taken, try another
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Self { endpoint: format!("http://127.0.0.1:{port}"), child };
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("moto_server did not start");
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One test's world: its own emulator, clients that count their requests, and resource names.
+pub struct TestEnv {
+    pub moto: Moto,
+    pub sdk: SdkConfig,
+    pub counter: RequestCounter,
+    pub dynamo: aws_sdk_dynamodb::Client,
+    pub kinesis: aws_sdk_kinesis::Client,
+    pub names: Names,
+}
+
+impl TestEnv {
+    pub async fn start(shards: i32) -> Self {
+        let moto = Moto::start();
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .endpoint_url(&moto.endpoint)
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+            .load()
+            .await;
+        let counter = RequestCounter::default();
+        let dynamo = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+        );
+        let kinesis = aws_sdk_kinesis::Client::from_conf(
+            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+        );
+        let names = Names::for_stack("event-store-test");
+        create_tables(&dynamo, &names).await.expect("tables");
+        create_streams(&kinesis, &names, shards).await.expect("streams");
+        counter.reset();
+        Self { moto, sdk, counter, dynamo, kinesis, names }
+    }
+
+    pub async fn stream_arn(&self, stream: &str) -> String {
+        let out = self.kinesis.describe_stream_summary().stream_name(stream).send().await.expect("describe");
+        out.stream_description_summary().expect("summary").stream_arn().to_owned()
+    }
+
+    /// Every record of a stream, shard by shard, each shard in sequence order.
+    pub async fn read_stream(&self, stream: &str) -> Vec<(String, aws_sdk_kinesis::types::Record)> {
+        let shards = self.kinesis.list_shards().stream_name(stream).send().await.expect("list shards");
+        let mut all = Vec::new();
+        for shard in shards.shards() {
+            let mut iterator = self
+                .kinesis
+                .get_shard_iterator()
+                .stream_name(stream)
+                .shard_id(shard.shard_id())
+                .shard_iterator_type(ShardIteratorType::TrimHorizon)
+                .send()
+                .await
+                .expect("iterator")
+                .shard_iterator()
+                .map(str::to_owned);
+            while let Some(it) = iterator {
+                let out = self.kinesis.get_records().shard_iterator(it).limit(10_000).send().await.expect("get records");
+                all.extend(out.records().iter().map(|r| (shard.shard_id().to_owned(), r.clone())));
+                iterator = if out.records().is_empty() { None } else { out.next_shard_iterator().map(str::to_owned) };
+            }
+        }
+        all
+    }
+
+    /// The event stream's records as the Lambda event source would deliver them, one event per shard.
+    pub async fn event_source_batches(&self) -> Vec<KinesisEvent> {
+        let arn = self.stream_arn(&self.names.event_stream).await;
+        let records = self.read_stream(&self.names.event_stream).await;
+        let mut by_shard: Vec<(String, Vec<aws_sdk_kinesis::types::Record>)> = Vec::new();
+        for (shard, record) in records {
+            match by_shard.iter_mut().find(|(s, _)| *s == shard) {
+                Some((_, list)) => list.push(record),
+                None => by_shard.push((shard, vec![record])),
+            }
+        }
+        by_shard
+            .iter()
+            .map(|(shard, records)| event_store::event_source::kinesis_event(&arn, shard, REGION, records))
+            .collect()
+    }
+
+    pub async fn scan_table(&self, table: &str) -> Vec<HashMap<String, AttributeValue>> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self.dynamo.scan().table_name(table).set_exclusive_start_key(start).send().await.expect("scan");
+            items.extend(out.items().iter().cloned());
+            start = out.last_evaluated_key().cloned();
+            if start.is_none() {
+                return items;
+            }
+        }
+    }
+}
+
+/// A Kinesis event as the event source mapping delivers it, with chosen
+/// arrival times: `(partition key, data, arrival ms)`, sequence numbers in order.
+pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> KinesisEvent {
+    let records: Vec<serde_json::Value> = records
+        .iter()
+        .enumerate()
+        .map(|(i, (pk, data, arrival))| {
+            let sequence = format!("4959{:052}", i + 1);
+            serde_json::json!({
+                "kinesis": {
+                    "kinesisSchemaVersion": "1.0",
+                    "partitionKey": pk,
+                    "sequenceNumber": sequence,
+                    "data": base64(data),
+                    "approximateArrivalTimestamp": *arrival as f64 / 1000.0,
+                },
+                "eventSource": "aws:kinesis",
+                "eventVersion": "1.0",
+                "eventID": format!("shardId-000000000000:{sequence}"),
+                "eventName": "aws:kinesis:record",
+                "awsRegion": REGION,
+                "eventSourceARN": stream_arn,
+            })
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({ "Records": records })).expect("kinesis event")
+}
+
+fn base64(data: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
