@@ -5,7 +5,10 @@
 
 use std::collections::HashMap;
 
+use aws_lambda_events::encodings::SecondTimestamp;
 use aws_lambda_events::event::kinesis::KinesisEvent;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
 use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
 use tracing::{error, info};
@@ -14,7 +17,39 @@ use crate::batch::Backoff;
 use crate::buffer_item::BufferItem;
 use crate::config::PumpConfig;
 use crate::dynamo::write_all;
+use crate::error::{Error, Result};
 use crate::event_item::{item_size, MAX_ITEM_BYTES};
+
+/// Parses the Lambda Kinesis event, reading `approximateArrivalTimestamp`
+/// ourselves: aws_lambda_events 1.2 parses the digits after the decimal
+/// point as an integer, so `1795327124.01` (10 ms) would become 1 ms and
+/// `.1234` would fail the whole batch. The arrival time orders the event
+/// table, so it must be exact.
+pub fn parse_event(mut value: Value) -> Result<KinesisEvent> {
+    let mut arrivals = Vec::new();
+    if let Some(records) = value.get_mut("Records").and_then(Value::as_array_mut) {
+        for record in records {
+            let timestamp = record.get_mut("kinesis").and_then(|k| k.get_mut("approximateArrivalTimestamp"));
+            let seconds = timestamp.as_deref().and_then(|t| match t {
+                Value::Number(n) => n.as_f64(),
+                Value::String(s) => s.parse().ok(),
+                _ => None,
+            });
+            if let (Some(t), Some(seconds)) = (timestamp, seconds) {
+                *t = Value::from(seconds.trunc() as i64);
+            }
+            arrivals.push(seconds.map(|s| (s * 1000.0).round() as i64));
+        }
+    }
+    let mut event: KinesisEvent =
+        serde_json::from_value(value).map_err(|e| Error::BadInput(format!("kinesis event: {e}")))?;
+    for (record, arrival) in event.records.iter_mut().zip(arrivals) {
+        if let Some(ms) = arrival.and_then(DateTime::<Utc>::from_timestamp_millis) {
+            record.kinesis.approximate_arrival_timestamp = SecondTimestamp(ms);
+        }
+    }
+    Ok(event)
+}
 
 pub struct Pump {
     dynamo: aws_sdk_dynamodb::Client,
@@ -78,5 +113,33 @@ impl Pump {
             })
             .collect();
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arrival_of(timestamp: Value) -> i64 {
+        let event = serde_json::json!({"Records": [{
+            "kinesis": {"partitionKey": "p", "sequenceNumber": "1", "data": "", "approximateArrivalTimestamp": timestamp},
+            "eventID": "shardId-000000000000:1", "eventSourceARN": "arn"
+        }]});
+        parse_event(event).unwrap().records[0].kinesis.approximate_arrival_timestamp.timestamp_millis()
+    }
+
+    #[test]
+    fn arrival_times_keep_their_milliseconds_whatever_the_digits() {
+        assert_eq!(arrival_of(serde_json::json!(1795327124.477)), 1_795_327_124_477);
+        assert_eq!(arrival_of(serde_json::json!(1795327124.01)), 1_795_327_124_010);
+        assert_eq!(arrival_of(serde_json::json!(1795327124.1)), 1_795_327_124_100);
+        assert_eq!(arrival_of(serde_json::json!(1795327124.1234)), 1_795_327_124_123);
+        assert_eq!(arrival_of(serde_json::json!(1795327124)), 1_795_327_124_000);
+        assert_eq!(arrival_of(serde_json::json!("1795327124.05")), 1_795_327_124_050);
+    }
+
+    #[test]
+    fn a_malformed_event_is_bad_input() {
+        assert!(matches!(parse_event(serde_json::json!({"Records": 3})), Err(Error::BadInput(_))));
     }
 }

@@ -1,9 +1,9 @@
 //! `pump` Lambda: Kinesis event source → buffer table. All logic is in `event_store::pump`.
 
-use aws_lambda_events::event::kinesis::KinesisEvent;
 use event_store::config::PumpConfig;
-use event_store::pump::Pump;
+use event_store::pump::{parse_event, Pump};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
+use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -12,8 +12,8 @@ async fn main() -> Result<(), Error> {
     let aws = event_store::aws_config().await;
     let pump = Pump::new(aws_sdk_dynamodb::Client::new(&aws), config);
     let pump = &pump;
-    run(service_fn(move |event: LambdaEvent<KinesisEvent>| async move {
-        Ok::<_, Error>(pump.handle(event.payload).await)
+    run(service_fn(move |event: LambdaEvent<Value>| async move {
+        Ok::<_, event_store::Error>(pump.handle(parse_event(event.payload)?).await)
     }))
     .await
 }

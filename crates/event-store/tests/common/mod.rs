@@ -19,6 +19,9 @@ use event_store::resources::{create_streams, create_tables, Names};
 
 pub const REGION: &str = "us-east-1";
 
+/// Sequence numbers of synthetic records: increasing across calls, like a shard's.
+static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -173,8 +176,8 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
     let records: Vec<serde_json::Value> = records
         .iter()
         .enumerate()
-        .map(|(i, (pk, data, arrival))| {
-            let sequence = format!("4959{:052}", i + 1);
+        .map(|(_, (pk, data, arrival))| {
+            let sequence = format!("4959{:052}", SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
             serde_json::json!({
                 "kinesis": {
                     "kinesisSchemaVersion": "1.0",
@@ -192,10 +195,22 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
             })
         })
         .collect();
-    serde_json::from_value(serde_json::json!({ "Records": records })).expect("kinesis event")
+    event_store::pump::parse_event(serde_json::json!({ "Records": records })).expect("kinesis event")
 }
 
 fn base64(data: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+pub const TEST_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/event-store-test-stream";
+
+/// Puts `records` (partition key, data, arrival ms) into the buffer table through the real pump.
+pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
+    use event_store::config::PumpConfig;
+    let pump = event_store::pump::Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: env.names.buffer_table.clone() });
+    for chunk in records.chunks(500) {
+        let event = kinesis_event(TEST_ARN, chunk);
+        assert!(pump.handle(event).await.batch_item_failures.is_empty());
+    }
 }
