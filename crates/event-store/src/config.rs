@@ -9,13 +9,28 @@ use crate::error::{Error, Result};
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;
 
 fn var(name: &str) -> Result<String> {
-    std::env::var(name).map_err(|_| Error::Config(format!("environment variable {name} is not set")))
+    std::env::var(name)
+        .map_err(|_| Error::Config(format!("environment variable {name} is not set")))
 }
 
 fn var_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     match std::env::var(name) {
-        Ok(v) => v.trim().parse().map_err(|_| Error::Config(format!("{name}={v:?} is not valid"))),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| Error::Config(format!("{name}={v:?} is not valid"))),
         Err(_) => Ok(default),
+    }
+}
+
+fn optional<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("{name}={v:?} is not valid"))),
+        Err(_) => Ok(None),
     }
 }
 
@@ -32,7 +47,9 @@ fn time_unit() -> Result<u64> {
 pub enum IpMode {
     Full,
     /// Salted sha256, hex: lets you count distinct visitors without storing addresses.
-    Hash { salt: String },
+    Hash {
+        salt: String,
+    },
     None,
 }
 
@@ -53,8 +70,14 @@ impl LoadConfig {
         let ip_mode = match var_or("IP_MODE", String::from("hash"))?.as_str() {
             "full" => IpMode::Full,
             "none" => IpMode::None,
-            "hash" => IpMode::Hash { salt: std::env::var("IP_SALT").unwrap_or_default() },
-            other => return Err(Error::Config(format!("IP_MODE={other:?}: expected full, hash or none"))),
+            "hash" => IpMode::Hash {
+                salt: std::env::var("IP_SALT").unwrap_or_default(),
+            },
+            other => {
+                return Err(Error::Config(format!(
+                    "IP_MODE={other:?}: expected full, hash or none"
+                )))
+            }
         };
         Ok(Self {
             event_stream: var("EVENT_STREAM")?,
@@ -71,7 +94,9 @@ pub struct PumpConfig {
 
 impl PumpConfig {
     pub fn from_env() -> Result<Self> {
-        Ok(Self { buffer_table: var("DYNAMO_BUFFER_TABLE")? })
+        Ok(Self {
+            buffer_table: var("DYNAMO_BUFFER_TABLE")?,
+        })
     }
 }
 
@@ -100,7 +125,7 @@ impl ScanConfig {
             time_unit_ms: time_unit()?,
             segments,
             deadline_margin: Duration::from_millis(var_or("DEADLINE_MARGIN_MS", 10_000)?),
-            page_items: std::env::var("SCAN_PAGE_ITEMS").ok().map(|_| var_or("SCAN_PAGE_ITEMS", 0)).transpose()?,
+            page_items: optional("SCAN_PAGE_ITEMS")?,
         })
     }
 }
@@ -111,6 +136,8 @@ pub struct PlaybackConfig {
     pub playback_stream: String,
     pub time_unit_ms: u64,
     pub deadline_margin: Duration,
+    /// Items per query page (`QUERY_PAGE_ITEMS`); unset = DynamoDB's 1 MB pages.
+    pub page_items: Option<i32>,
 }
 
 impl PlaybackConfig {
@@ -120,6 +147,7 @@ impl PlaybackConfig {
             playback_stream: var("PLAYBACK_STREAM")?,
             time_unit_ms: time_unit()?,
             deadline_margin: Duration::from_millis(var_or("DEADLINE_MARGIN_MS", 10_000)?),
+            page_items: optional("QUERY_PAGE_ITEMS")?,
         })
     }
 }

@@ -14,12 +14,23 @@ pub fn kinesis_event(
     records: &[aws_sdk_kinesis::types::Record],
 ) -> KinesisEvent {
     let mut event = KinesisEvent::default();
-    event.records = records.iter().map(|r| event_record(stream_arn, shard_id, region, r)).collect();
+    event.records = records
+        .iter()
+        .map(|r| event_record(stream_arn, shard_id, region, r))
+        .collect();
     event
 }
 
-fn event_record(stream_arn: &str, shard_id: &str, region: &str, record: &aws_sdk_kinesis::types::Record) -> KinesisEventRecord {
-    let arrival_ms = record.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+fn event_record(
+    stream_arn: &str,
+    shard_id: &str,
+    region: &str,
+    record: &aws_sdk_kinesis::types::Record,
+) -> KinesisEventRecord {
+    let arrival_ms = record
+        .approximate_arrival_timestamp()
+        .and_then(|t| t.to_millis().ok())
+        .unwrap_or(0);
     let mut kinesis = KinesisRecord::default();
     kinesis.approximate_arrival_timestamp =
         SecondTimestamp(DateTime::<Utc>::from_timestamp_millis(arrival_ms).unwrap_or_default());

@@ -1,7 +1,7 @@
 //! Test support: a real moto_server on a free 127.0.0.1 port (stopped by PID
 //! when the test ends), SDK clients pointed at it through the standard
 //! endpoint setting, and helpers to read streams and tables back.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
@@ -43,9 +43,16 @@ impl Moto {
         let binary = std::env::var("MOTO_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|_| repo_root().join(".venv/bin/moto_server"));
-        assert!(binary.exists(), "{} not found: run `make test` (it installs moto into .venv)", binary.display());
+        assert!(
+            binary.exists(),
+            "{} not found: run `make test` (it installs moto into .venv)",
+            binary.display()
+        );
         for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port");
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("free port");
             let mut child = Command::new(&binary)
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])
                 .stdout(Stdio::null())
@@ -58,7 +65,10 @@ impl Moto {
                     break; // exited: port taken, try another
                 }
                 if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Self { endpoint: format!("http://127.0.0.1:{port}"), child };
+                    return Self {
+                        endpoint: format!("http://127.0.0.1:{port}"),
+                        child,
+                    };
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -97,26 +107,54 @@ impl TestEnv {
             .await;
         let counter = RequestCounter::default();
         let dynamo = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+            aws_sdk_dynamodb::config::Builder::from(&sdk)
+                .interceptor(counter.clone())
+                .build(),
         );
         let kinesis = aws_sdk_kinesis::Client::from_conf(
-            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+            aws_sdk_kinesis::config::Builder::from(&sdk)
+                .interceptor(counter.clone())
+                .build(),
         );
         let names = Names::for_stack("event-store-test");
         create_tables(&dynamo, &names).await.expect("tables");
-        create_streams(&kinesis, &names, shards).await.expect("streams");
+        create_streams(&kinesis, &names, shards)
+            .await
+            .expect("streams");
         counter.reset();
-        Self { moto, sdk, counter, dynamo, kinesis, names }
+        Self {
+            moto,
+            sdk,
+            counter,
+            dynamo,
+            kinesis,
+            names,
+        }
     }
 
     pub async fn stream_arn(&self, stream: &str) -> String {
-        let out = self.kinesis.describe_stream_summary().stream_name(stream).send().await.expect("describe");
-        out.stream_description_summary().expect("summary").stream_arn().to_owned()
+        let out = self
+            .kinesis
+            .describe_stream_summary()
+            .stream_name(stream)
+            .send()
+            .await
+            .expect("describe");
+        out.stream_description_summary()
+            .expect("summary")
+            .stream_arn()
+            .to_owned()
     }
 
     /// Every record of a stream, shard by shard, each shard in sequence order.
     pub async fn read_stream(&self, stream: &str) -> Vec<(String, aws_sdk_kinesis::types::Record)> {
-        let shards = self.kinesis.list_shards().stream_name(stream).send().await.expect("list shards");
+        let shards = self
+            .kinesis
+            .list_shards()
+            .stream_name(stream)
+            .send()
+            .await
+            .expect("list shards");
         let mut all = Vec::new();
         for shard in shards.shards() {
             let mut iterator = self
@@ -131,9 +169,24 @@ impl TestEnv {
                 .shard_iterator()
                 .map(str::to_owned);
             while let Some(it) = iterator {
-                let out = self.kinesis.get_records().shard_iterator(it).limit(10_000).send().await.expect("get records");
-                all.extend(out.records().iter().map(|r| (shard.shard_id().to_owned(), r.clone())));
-                iterator = if out.records().is_empty() { None } else { out.next_shard_iterator().map(str::to_owned) };
+                let out = self
+                    .kinesis
+                    .get_records()
+                    .shard_iterator(it)
+                    .limit(10_000)
+                    .send()
+                    .await
+                    .expect("get records");
+                all.extend(
+                    out.records()
+                        .iter()
+                        .map(|r| (shard.shard_id().to_owned(), r.clone())),
+                );
+                iterator = if out.records().is_empty() {
+                    None
+                } else {
+                    out.next_shard_iterator().map(str::to_owned)
+                };
             }
         }
         all
@@ -152,7 +205,9 @@ impl TestEnv {
         }
         by_shard
             .iter()
-            .map(|(shard, records)| event_store::event_source::kinesis_event(&arn, shard, REGION, records))
+            .map(|(shard, records)| {
+                event_store::event_source::kinesis_event(&arn, shard, REGION, records)
+            })
             .collect()
     }
 
@@ -160,7 +215,14 @@ impl TestEnv {
         let mut items = Vec::new();
         let mut start = None;
         loop {
-            let out = self.dynamo.scan().table_name(table).set_exclusive_start_key(start).send().await.expect("scan");
+            let out = self
+                .dynamo
+                .scan()
+                .table_name(table)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .expect("scan");
             items.extend(out.items().iter().cloned());
             start = out.last_evaluated_key().cloned();
             if start.is_none() {
@@ -175,9 +237,11 @@ impl TestEnv {
 pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> KinesisEvent {
     let records: Vec<serde_json::Value> = records
         .iter()
-        .enumerate()
-        .map(|(_, (pk, data, arrival))| {
-            let sequence = format!("4959{:052}", SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+        .map(|(pk, data, arrival)| {
+            let sequence = format!(
+                "4959{:052}",
+                SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            );
             serde_json::json!({
                 "kinesis": {
                     "kinesisSchemaVersion": "1.0",
@@ -195,7 +259,8 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
             })
         })
         .collect();
-    event_store::pump::parse_event(serde_json::json!({ "Records": records })).expect("kinesis event")
+    event_store::pump::parse_event(serde_json::json!({ "Records": records }))
+        .expect("kinesis event")
 }
 
 fn base64(data: &[u8]) -> String {
@@ -208,7 +273,12 @@ pub const TEST_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/event-
 /// Puts `records` (partition key, data, arrival ms) into the buffer table through the real pump.
 pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
     use event_store::config::PumpConfig;
-    let pump = event_store::pump::Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: env.names.buffer_table.clone() });
+    let pump = event_store::pump::Pump::new(
+        env.dynamo.clone(),
+        PumpConfig {
+            buffer_table: env.names.buffer_table.clone(),
+        },
+    );
     for chunk in records.chunks(500) {
         let event = kinesis_event(TEST_ARN, chunk);
         assert!(pump.handle(event).await.batch_item_failures.is_empty());
