@@ -48,3 +48,60 @@ fn event_record(
     out.kinesis = kinesis;
     out
 }
+
+/// How many records of a delivered batch are done, the way an event source
+/// mapping with `ReportBatchItemFailures` checkpoints: everything before the
+/// first failed record. The rest (failed or not) is delivered again.
+pub fn done_before_first_failure(
+    sequences: &[&str],
+    response: &aws_lambda_events::event::streams::KinesisEventResponse,
+) -> usize {
+    let failed: Vec<&str> = response.batch_item_failures.iter().filter_map(|f| f.item_identifier.as_deref()).collect();
+    sequences.iter().position(|s| failed.contains(s)).unwrap_or(sequences.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
+
+    use super::*;
+
+    fn response(failed: &[&str]) -> KinesisEventResponse {
+        let mut response = KinesisEventResponse::default();
+        response.batch_item_failures = failed
+            .iter()
+            .map(|s| {
+                let mut f = KinesisBatchItemFailure::default();
+                f.item_identifier = Some(s.to_string());
+                f
+            })
+            .collect();
+        response
+    }
+
+    #[test]
+    fn checkpoint_stops_before_the_first_failure() {
+        let batch = ["1", "2", "3", "4"];
+        assert_eq!(done_before_first_failure(&batch, &response(&[])), 4);
+        assert_eq!(done_before_first_failure(&batch, &response(&["4", "2"])), 1);
+        assert_eq!(done_before_first_failure(&batch, &response(&["1"])), 0);
+        assert_eq!(done_before_first_failure(&batch, &response(&["9"])), 4);
+    }
+
+    #[test]
+    fn get_records_results_become_the_lambda_event_shape() {
+        let record = aws_sdk_kinesis::types::Record::builder()
+            .sequence_number("42")
+            .partition_key("pk")
+            .data(aws_sdk_kinesis::primitives::Blob::new("{}"))
+            .approximate_arrival_timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(1_795_327_124_010))
+            .build()
+            .unwrap();
+        let event = kinesis_event("arn:s", "shardId-000000000001", "eu-west-1", &[record]);
+        let r = &event.records[0];
+        assert_eq!(r.event_id.as_deref(), Some("shardId-000000000001:42"));
+        assert_eq!(r.event_source_arn.as_deref(), Some("arn:s"));
+        assert_eq!(r.kinesis.approximate_arrival_timestamp.timestamp_millis(), 1_795_327_124_010);
+        assert_eq!(r.kinesis.data.0, b"{}");
+    }
+}

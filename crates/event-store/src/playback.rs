@@ -104,12 +104,24 @@ pub struct PlaybackSummary {
     pub continued: bool,
 }
 
+/// One non-empty slot played back (possibly in part, when a run stopped inside it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotPlayed {
+    pub slot: i64,
+    pub first_event: i64,
+    pub count: usize,
+}
+
+/// Told about every non-empty slot as it is played: the local CLI prints these.
+pub type SlotObserver = Arc<dyn Fn(&SlotPlayed) + Send + Sync>;
+
 pub struct Playback {
     dynamo: aws_sdk_dynamodb::Client,
     kinesis: aws_sdk_kinesis::Client,
     config: PlaybackConfig,
     invoker: Arc<dyn Invoker>,
     backoff: Backoff,
+    observer: Option<SlotObserver>,
 }
 
 impl Playback {
@@ -125,7 +137,13 @@ impl Playback {
             config,
             invoker,
             backoff: Backoff::default(),
+            observer: None,
         }
+    }
+
+    pub fn with_observer(mut self, observer: SlotObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<PlaybackSummary> {
@@ -205,7 +223,7 @@ impl Playback {
                 if remaining(deadline) <= self.config.deadline_margin {
                     self.put(&pending, &mut summary).await?;
                     pending.clear();
-                    log_slot(slot, first_in_slot, in_slot, &mut summary);
+                    self.slot_done(slot, first_in_slot, in_slot, &mut summary);
                     let next = match last_key {
                         Some(key) => Window {
                             start: window.start.max(slot),
@@ -229,7 +247,7 @@ impl Playback {
                     None => break,
                 }
             }
-            log_slot(slot, first_in_slot, in_slot, &mut summary);
+            self.slot_done(slot, first_in_slot, in_slot, &mut summary);
             slot += unit as i64;
         }
         self.put(&pending, &mut summary).await?;
@@ -257,6 +275,16 @@ impl Playback {
         Ok(())
     }
 
+    /// Counts a slot and logs the original's line: `<slot>: <first event time> [<count>]`.
+    fn slot_done(&self, slot: i64, first: Option<i64>, count: usize, summary: &mut PlaybackSummary) {
+        let Some(first) = first else { return };
+        summary.slots += 1;
+        info!(slot = %format_ms(slot), first = %format_ms(first), count, "{}: {} [{count}]", format_ms(slot), format_ms(first));
+        if let Some(observer) = &self.observer {
+            observer(&SlotPlayed { slot, first_event: first, count });
+        }
+    }
+
     async fn continue_with(&self, next: &Window) -> Result<()> {
         let request = PlaybackRequest {
             start: Some(format_ms(next.start)),
@@ -266,14 +294,6 @@ impl Playback {
         info!(start = ?request.start, resume_after = ?request.resume_after, "playback continues asynchronously");
         let payload = serde_json::to_value(&request).map_err(|e| Error::Invoke(e.to_string()))?;
         self.invoker.invoke_async(payload).await
-    }
-}
-
-/// The original's log line: `<slot>: <first event time> [<count>]`.
-fn log_slot(slot: i64, first: Option<i64>, count: usize, summary: &mut PlaybackSummary) {
-    if let Some(first) = first {
-        summary.slots += 1;
-        info!(slot = %format_ms(slot), first = %format_ms(first), count, "{}: {} [{count}]", format_ms(slot), format_ms(first));
     }
 }
 

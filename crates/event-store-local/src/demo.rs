@@ -1,0 +1,270 @@
+//! `make demo`: the main job end to end on one machine. Starts the stack,
+//! sends pixel hits over HTTP, waits until pump and scan have moved them all
+//! into the event table, plays the window back, reads the playback stream
+//! and checks that every event came back, in time order per partition key.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use event_store::envelope::Envelope;
+use event_store::event_item::EventItem;
+use event_store::playback::PlaybackRequest;
+use event_store::time::{format_ms, now_ms};
+use futures::StreamExt;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::watch;
+
+use crate::settings::Settings;
+use crate::source::{shard_ids, ShardReader};
+use crate::stack::Stack;
+
+/// How long to wait for the pipeline to store everything before calling the rest lost.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the demo found; `ok()` decides the exit code.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub sent: usize,
+    pub failed_requests: usize,
+    pub stored: usize,
+    pub played_back: usize,
+    pub duplicates: usize,
+    pub lost: usize,
+    pub out_of_order: usize,
+    pub wall: Duration,
+    pub lines: Vec<String>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.lost == 0 && self.out_of_order == 0 && self.failed_requests == 0 && self.sent > 0
+    }
+}
+
+pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Result<Report> {
+    let started = Instant::now();
+    println!("== starting the local stack (emulator on 127.0.0.1:{})", settings.emulator_port);
+    let stack = Stack::start(settings).await?;
+    let (stop, shutdown) = watch::channel(false);
+    let mut services = stack.run_services(shutdown).await?;
+    let port = stack.settings.port;
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let window_start = now_ms() - 1;
+
+    println!("== sending {events} pixel hits to http://127.0.0.1:{port}/track.gif (concurrency {concurrency})");
+    let load_started = Instant::now();
+    let (accepted, failed_requests) = send_hits(port, &run_id, events, concurrency).await;
+    let load_time = load_started.elapsed();
+
+    println!("== waiting until pump and scan have moved every event into the event table");
+    let stored = wait_until_stored(&stack, &run_id, accepted).await?;
+    let stored_time = load_started.elapsed();
+
+    println!("== playing back [{}, now) onto the playback stream", format_ms(window_start));
+    let request = PlaybackRequest { start: Some(format_ms(window_start)), end: Some(format_ms(now_ms() + 1)), resume_after: None };
+    let playback_started = Instant::now();
+    let summaries = crate::playback::play(stack.dynamo.clone(), stack.kinesis.clone(), request, false).await?;
+    let total = crate::playback::total(&summaries);
+    let playback_time = playback_started.elapsed();
+
+    println!("== reading the playback stream back and checking order");
+    let played = read_played(&stack, &run_id).await?;
+    let _ = stop.send(true);
+    while services.join_next().await.is_some() {}
+
+    let mut report = check(&stored, &played, accepted);
+    report.sent = events;
+    report.failed_requests = failed_requests;
+    report.wall = started.elapsed();
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    let since_load = |t: Option<Instant>| t.map(|t| t.duration_since(load_started)).unwrap_or(stored_time);
+    report.lines = vec![
+        format!("load      {:>8.0} events/s  ({accepted} pixel hits answered in {:.2} s)", rate(accepted, load_time), load_time.as_secs_f64()),
+        format!("pump      {:>8.0} events/s  (all buffered {:.2} s after the first hit)", rate(accepted, since_load(stack.stats.last_buffered())), since_load(stack.stats.last_buffered()).as_secs_f64()),
+        format!(
+            "scan      {:>8.0} events/s  (all moved {:.2} s after the first hit; scan every {:.1} s)",
+            rate(accepted, since_load(stack.stats.last_moved())),
+            since_load(stack.stats.last_moved()).as_secs_f64(),
+            stack.settings.scan_interval.as_secs_f64()
+        ),
+        format!("playback  {:>8.0} events/s  ({} events, {} PutRecords, {:.2} s)", rate(total.events, playback_time), total.events, total.put_requests, playback_time.as_secs_f64()),
+        format!("AWS requests by operation (whole run, incl. the demo's own checks): {:?}", stack.counter.snapshot()),
+    ];
+    Ok(report)
+}
+
+async fn send_hits(port: u16, run_id: &str, events: usize, concurrency: usize) -> (usize, usize) {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let results: Vec<bool> = futures::stream::iter(0..events)
+        .map(|n| {
+            let client = client.clone();
+            let uri = format!(
+                "http://127.0.0.1:{port}/track.gif?EntityId=visitor-{}&page=%2Fpage-{}&n={n}&run={run_id}",
+                n % 25,
+                n % 7
+            );
+            async move {
+                let Ok(uri) = uri.parse::<hyper::Uri>() else { return false };
+                match client.get(uri).await {
+                    Ok(response) => {
+                        let gif = response.headers().get("content-type").is_some_and(|v| v == "image/gif");
+                        let ok = response.status() == hyper::StatusCode::OK && gif;
+                        let body = response.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
+                        ok && body == event_store::load::PIXEL.len()
+                    }
+                    Err(_) => false,
+                }
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    let accepted = results.iter().filter(|ok| **ok).count();
+    (accepted, events - accepted)
+}
+
+fn run_of(envelope: &Envelope) -> Option<&str> {
+    envelope.query.get("run").and_then(|v| v.first()).map(String::as_str)
+}
+
+/// This run's event items by envelope id: (partition key, sort key).
+async fn stored_items(stack: &Stack, run_id: &str) -> Result<HashMap<String, (String, String)>> {
+    let mut items = HashMap::new();
+    let mut start = None;
+    loop {
+        let page = stack
+            .dynamo
+            .scan()
+            .table_name(&stack.settings.names.event_table)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .context("scanning the event table")?;
+        for item in page.items() {
+            let Ok(event) = EventItem::from_item(item.clone()) else { continue };
+            let Some(envelope) = event.payload.and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else { continue };
+            if run_of(&envelope) == Some(run_id) {
+                items.insert(envelope.id, (event.partition_key, event.sort_key));
+            }
+        }
+        start = page.last_evaluated_key().cloned();
+        if start.is_none() {
+            return Ok(items);
+        }
+    }
+}
+
+async fn wait_until_stored(stack: &Stack, run_id: &str, expected: usize) -> Result<HashMap<String, (String, String)>> {
+    let mut last_progress = Instant::now();
+    let mut seen = 0;
+    loop {
+        let items = stored_items(stack, run_id).await?;
+        if items.len() >= expected || last_progress.elapsed() > DRAIN_TIMEOUT {
+            return Ok(items);
+        }
+        if items.len() > seen {
+            seen = items.len();
+            last_progress = Instant::now();
+        }
+        eprintln!("   {} | stored {}/{expected}", stack.stats.line(), items.len());
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+}
+
+/// This run's records on the playback stream: envelope ids per partition key, in stream order.
+async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<String>>> {
+    let stream = &stack.settings.names.playback_stream;
+    let mut played: HashMap<String, Vec<String>> = HashMap::new();
+    for shard in shard_ids(&stack.kinesis, stream).await? {
+        let mut reader = ShardReader::new(stack.kinesis.clone(), stream, &shard);
+        loop {
+            let records = reader.next().await?;
+            if records.is_empty() {
+                break;
+            }
+            for record in records {
+                let Ok(envelope) = serde_json::from_slice::<Envelope>(record.data().as_ref()) else { continue };
+                if run_of(&envelope) == Some(run_id) {
+                    played.entry(record.partition_key().unwrap_or_default().to_owned()).or_default().push(envelope.id);
+                }
+            }
+        }
+    }
+    Ok(played)
+}
+
+/// Compares what was stored with what was played: lost events, duplicates,
+/// and records played before one that precedes them in time (per partition key).
+pub fn check(stored: &HashMap<String, (String, String)>, played: &HashMap<String, Vec<String>>, accepted: usize) -> Report {
+    let mut report = Report { stored: stored.len(), ..Default::default() };
+    let mut seen = HashSet::new();
+    for (partition_key, ids) in played {
+        let mut last: Option<&str> = None;
+        for id in ids {
+            report.played_back += 1;
+            if !seen.insert(id.as_str()) {
+                report.duplicates += 1;
+                continue;
+            }
+            let Some((stored_key, sort_key)) = stored.get(id) else { continue };
+            if stored_key != partition_key {
+                report.out_of_order += 1;
+            }
+            if last.is_some_and(|l| sort_key.as_str() < l) {
+                report.out_of_order += 1;
+            }
+            last = Some(sort_key);
+        }
+    }
+    let not_played = stored.keys().filter(|id| !seen.contains(id.as_str())).count();
+    report.lost = accepted.saturating_sub(stored.len()) + not_played;
+    report
+}
+
+pub fn print(report: &Report) {
+    println!("== report");
+    println!("events sent          {:>7}  ({} failed requests)", report.sent, report.failed_requests);
+    println!("events stored        {:>7}", report.stored);
+    println!("events played back   {:>7}  ({} duplicates)", report.played_back, report.duplicates);
+    println!("lost                 {:>7}", report.lost);
+    println!("out of order         {:>7}", report.out_of_order);
+    println!("wall time            {:>7.1} s", report.wall.as_secs_f64());
+    for line in &report.lines {
+        println!("{line}");
+    }
+    println!("{}", if report.ok() { "RESULT: OK" } else { "RESULT: FAILED" });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(entries: &[(&str, &str, &str)]) -> HashMap<String, (String, String)> {
+        entries.iter().map(|(id, pk, sk)| (id.to_string(), (pk.to_string(), sk.to_string()))).collect()
+    }
+
+    fn played(entries: &[(&str, &[&str])]) -> HashMap<String, Vec<String>> {
+        entries.iter().map(|(pk, ids)| (pk.to_string(), ids.iter().map(|s| s.to_string()).collect())).collect()
+    }
+
+    #[test]
+    fn a_complete_ordered_playback_passes() {
+        let s = stored(&[("a", "k", "1"), ("b", "k", "2"), ("c", "j", "1")]);
+        let report = check(&s, &played(&[("k", &["a", "b"]), ("j", &["c"])]), 3);
+        assert_eq!((report.lost, report.out_of_order, report.duplicates, report.played_back), (0, 0, 0, 3));
+    }
+
+    #[test]
+    fn losses_reorders_and_duplicates_are_counted() {
+        let s = stored(&[("a", "k", "1"), ("b", "k", "2"), ("c", "k", "3")]);
+        let report = check(&s, &played(&[("k", &["b", "a", "a"])]), 4);
+        assert_eq!(report.out_of_order, 1, "a after b");
+        assert_eq!(report.duplicates, 1);
+        assert_eq!(report.lost, 2, "c not played, one accepted hit never stored");
+        assert!(!report.ok());
+    }
+}

@@ -1,0 +1,109 @@
+//! The local HTTP server: the `load` handler (the same one Lambda runs)
+//! behind hyper, as API Gateway would call it, plus the demo page at `/`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use event_store::load::Load;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{header, Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext;
+use lambda_http::aws_lambda_events::query_map::QueryMap;
+use lambda_http::request::RequestContext;
+use lambda_http::RequestExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::stats::Stats;
+
+/// The demo page served at `/`: the pixel and a button that posts an event.
+pub const DEMO_PAGE: &str = include_str!("demo.html");
+/// Lambda's request payload limit; API Gateway would refuse more.
+const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
+
+pub async fn serve(listener: TcpListener, load: Arc<Load>, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(ok) => ok,
+                    Err(err) => {
+                        warn!(error = %err, "accept failed");
+                        continue;
+                    }
+                };
+                let (load, stats) = (load.clone(), stats.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(req, peer, load.clone(), stats.clone()));
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    load: Arc<Load>,
+    stats: Arc<Stats>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() == Method::GET && req.uri().path() == "/" {
+        return Ok(respond(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(DEMO_PAGE.as_bytes())));
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Ok(respond(StatusCode::PAYLOAD_TOO_LARGE, "application/json", r#"{"error":"body too large"}"#.into())),
+    };
+    let response = load.handle(lambda_request(parts, bytes, peer)).await;
+    stats.received.fetch_add(accepted_events(&response), Ordering::Relaxed);
+    let (parts, body) = response.into_parts();
+    Ok(Response::from_parts(parts, Full::new(Bytes::copy_from_slice(body.as_ref()))))
+}
+
+/// The request as API Gateway (HTTP API) would hand it to Lambda.
+fn lambda_request(parts: hyper::http::request::Parts, body: Bytes, peer: SocketAddr) -> lambda_http::Request {
+    let query: QueryMap = parts.uri.query().unwrap_or_default().parse().unwrap_or_default();
+    let mut context = ApiGatewayV2httpRequestContext::default();
+    context.http.method = parts.method.clone();
+    context.http.path = Some(parts.uri.path().to_owned());
+    context.http.source_ip = Some(peer.ip().to_string());
+    let body = match String::from_utf8(body.to_vec()) {
+        Ok(text) if text.is_empty() => lambda_http::Body::Empty,
+        Ok(text) => lambda_http::Body::Text(text),
+        Err(err) => lambda_http::Body::Binary(err.into_bytes()),
+    };
+    lambda_http::Request::from_parts(parts, body)
+        .with_query_string_parameters(query)
+        .with_request_context(RequestContext::ApiGatewayV2(context))
+}
+
+/// Events a load response accepted: 1 for a pixel, `accepted` for a post.
+fn accepted_events(response: &lambda_http::Response<lambda_http::Body>) -> u64 {
+    let is_gif = response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "image/gif");
+    match response.status() {
+        StatusCode::OK if is_gif => 1,
+        StatusCode::ACCEPTED | StatusCode::MULTI_STATUS => serde_json::from_slice::<serde_json::Value>(response.body().as_ref())
+            .ok()
+            .and_then(|v| v["accepted"].as_u64())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    response
+}

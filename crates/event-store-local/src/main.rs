@@ -1,0 +1,149 @@
+//! `event-store-local`: the event store on one machine, against a local
+//! emulator, on the same code that runs in Lambda.
+//!
+//! - `local`: run the stack until Ctrl-C (pixel server on 127.0.0.1:$PORT);
+//! - `demo`: the main job end to end, with a report (exit 1 if anything was lost);
+//! - `playback`: play a window back from a running stack.
+
+mod demo;
+mod emulator;
+mod http;
+mod playback;
+mod settings;
+mod source;
+mod stack;
+mod stats;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use event_store::playback::PlaybackRequest;
+use tokio::sync::watch;
+
+use crate::settings::Settings;
+use crate::stack::{shutdown_signal, Stack};
+
+#[derive(Parser)]
+#[command(about = "The event store on one machine, against a local emulator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole stack until Ctrl-C: pixel server, pump, scheduled scan.
+    Local,
+    /// Start the stack, send pixel hits, play them back and check nothing was lost.
+    Demo {
+        /// Pixel hits to send.
+        #[arg(long, env = "N", default_value_t = 1000)]
+        events: usize,
+        /// Hits in flight at once.
+        #[arg(long, env = "C", default_value_t = 10)]
+        concurrency: usize,
+    },
+    /// Play back a window from the running local stack (default: the last 15 minutes).
+    Playback {
+        /// Window start, ISO 8601 (e.g. 2026-11-21T06:00:00Z) or epoch ms.
+        #[arg(long, env = "START")]
+        start: Option<String>,
+        /// Window end (exclusive); default now.
+        #[arg(long, env = "END")]
+        end: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    // Before any thread exists: the stages read their configuration from the
+    // environment exactly as they do in Lambda.
+    settings.export_env();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,event_store_local=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command, settings)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, settings: Settings) -> Result<bool> {
+    match command {
+        Command::Local => local(settings).await.map(|_| true),
+        Command::Demo { events, concurrency } => {
+            let report = demo::run(settings, events, concurrency).await?;
+            demo::print(&report);
+            Ok(report.ok())
+        }
+        Command::Playback { start, end } => {
+            playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
+            let sdk = event_store::aws_config().await;
+            let request = PlaybackRequest { start, end, resume_after: None };
+            let summaries = playback::play(
+                aws_sdk_dynamodb::Client::new(&sdk),
+                aws_sdk_kinesis::Client::new(&sdk),
+                request,
+                true,
+            )
+            .await?;
+            playback::print_summary(&playback::total(&summaries), summaries.len());
+            Ok(true)
+        }
+    }
+}
+
+async fn local(settings: Settings) -> Result<()> {
+    let stack = Stack::start(settings).await?;
+    let (stop, shutdown) = watch::channel(false);
+    let mut services = stack.run_services(shutdown).await?;
+    let s = &stack.settings;
+    println!("event store running on the local emulator at {}", stack.emulator.endpoint);
+    println!("  pixel:     http://127.0.0.1:{}/track.gif?EntityId=me&page=home", s.port);
+    println!("  demo page: http://127.0.0.1:{}/", s.port);
+    println!("  events:    curl -X POST -H 'Content-Type: application/json' -d '{{\"EntityId\":\"me\"}}' http://127.0.0.1:{}/events", s.port);
+    println!("  tables {}, {}; streams {}, {}", s.names.buffer_table, s.names.event_table, s.names.event_stream, s.names.playback_stream);
+    println!("  scan every {:.1} s; Ctrl-C stops everything", s.scan_interval.as_secs_f64());
+    let mut status = tokio::time::interval(Duration::from_secs(5));
+    let mut last = String::new();
+    loop {
+        tokio::select! {
+            _ = status.tick() => {
+                let line = stack.stats.line();
+                if line != last {
+                    println!("[{}] {line}", chrono::Utc::now().format("%H:%M:%S"));
+                    last = line;
+                }
+            }
+            _ = shutdown_signal() => break,
+        }
+    }
+    println!("stopping{}", if stack.emulator.owned() { " (and the emulator)" } else { "" });
+    let _ = stop.send(true);
+    while services.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! The local stack's settings, from the environment, and the environment it
+//! gives the stages: the same variables the template gives the Lambda
+//! functions, plus the SDK's standard endpoint settings pointing at the emulator.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use event_store::resources::Names;
+
+/// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
+pub const SERVICE: &str = "event-store";
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Emulator port on 127.0.0.1 (`EMULATOR_PORT`, default 4566).
+    pub emulator_port: u16,
+    /// Port of the local pixel server (`PORT`, default 3000).
+    pub port: u16,
+    /// Time between scheduled scans (`SCAN_INTERVAL`, seconds, default 5).
+    pub scan_interval: Duration,
+    /// Records per pump invocation, as the template's event source mapping (`PUMP_BATCH_SIZE`).
+    pub batch_size: usize,
+    /// Shards of each stream, as the template's default (`SHARDS`).
+    pub shards: i32,
+    /// The emulator to start when none answers (`MOTO_SERVER`).
+    pub moto_server: PathBuf,
+    /// Resource names for stage `STAGE` (default `local`).
+    pub names: Names,
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().ok().with_context(|| format!("{name}={v:?} is not valid")),
+        Err(_) => Ok(default),
+    }
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self> {
+        let stage = env_or("STAGE", String::from("local"))?;
+        let seconds: f64 = env_or("SCAN_INTERVAL", 5.0)?;
+        if !(seconds > 0.0) {
+            bail!("SCAN_INTERVAL must be a positive number of seconds");
+        }
+        Ok(Self {
+            emulator_port: env_or("EMULATOR_PORT", 4566)?,
+            port: env_or("PORT", 3000)?,
+            names: Names::for_stack(&format!("{SERVICE}-{stage}")),
+            scan_interval: Duration::from_secs_f64(seconds),
+            batch_size: env_or("PUMP_BATCH_SIZE", 100)?,
+            shards: env_or("SHARDS", 1)?,
+            moto_server: env_or("MOTO_SERVER", PathBuf::from(".venv/bin/moto_server"))?,
+        })
+    }
+
+    pub fn emulator_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.emulator_port)
+    }
+
+    /// Sets, for this process, what Lambda would see: resource names from the
+    /// template, and (unless already set) the SDK endpoint, region and dummy
+    /// credentials for the emulator. Call before any thread starts.
+    pub fn export_env(&self) {
+        let set = |name: &str, value: &str| std::env::set_var(name, value);
+        let default = |name: &str, value: &str| {
+            if std::env::var_os(name).is_none() {
+                std::env::set_var(name, value);
+            }
+        };
+        set("EVENT_STREAM", &self.names.event_stream);
+        set("PLAYBACK_STREAM", &self.names.playback_stream);
+        set("DYNAMO_BUFFER_TABLE", &self.names.buffer_table);
+        set("DYNAMO_EVENT_TABLE", &self.names.event_table);
+        default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
+        default("AWS_REGION", "us-east-1");
+        default("AWS_ACCESS_KEY_ID", "local");
+        default("AWS_SECRET_ACCESS_KEY", "local");
+    }
+}

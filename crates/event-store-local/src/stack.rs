@@ -1,0 +1,150 @@
+//! The whole pipeline in one process: emulator, resources, the pixel server
+//! (`load`), the event source feeding `pump`, the scan schedule with its
+//! forks run in-process, and a counter on the playback stream.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use event_store::config::{LoadConfig, PumpConfig, ScanConfig};
+use event_store::invoke::LocalInvoker;
+use event_store::load::Load;
+use event_store::metrics::RequestCounter;
+use event_store::pump::Pump;
+use event_store::resources::{create_streams, create_tables};
+use event_store::scan::Scan;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::error;
+
+use crate::emulator::Emulator;
+use crate::settings::Settings;
+use crate::source::{count_records, feed_pump, shard_ids, stream_arn, ShardReader};
+use crate::stats::Stats;
+
+/// Each local invocation gets the deadline a Lambda with the template's timeout would.
+pub const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct Stack {
+    pub settings: Settings,
+    pub emulator: Emulator,
+    pub dynamo: aws_sdk_dynamodb::Client,
+    pub kinesis: aws_sdk_kinesis::Client,
+    pub region: String,
+    pub stats: Arc<Stats>,
+    pub counter: RequestCounter,
+}
+
+impl Stack {
+    /// Starts (or reuses) the emulator and creates the resources if missing.
+    pub async fn start(settings: Settings) -> Result<Self> {
+        let (port, moto) = (settings.emulator_port, settings.moto_server.clone());
+        let emulator = tokio::task::spawn_blocking(move || Emulator::ensure(port, &moto)).await??;
+        let sdk = event_store::aws_config().await;
+        let counter = RequestCounter::default();
+        let dynamo = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+        );
+        let kinesis = aws_sdk_kinesis::Client::from_conf(
+            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+        );
+        create_tables(&dynamo, &settings.names).await.context("creating the tables")?;
+        create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
+        let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
+        Ok(Self { settings, emulator, dynamo, kinesis, region, stats: Arc::default(), counter })
+    }
+
+    /// Starts every service; they stop when `shutdown` turns true.
+    pub async fn run_services(&self, shutdown: watch::Receiver<bool>) -> Result<JoinSet<()>> {
+        let mut tasks = JoinSet::new();
+        let names = &self.settings.names;
+
+        let address = ("127.0.0.1", self.settings.port);
+        let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
+        let load = Arc::new(Load::new(self.kinesis.clone(), LoadConfig::from_env()?));
+        tasks.spawn(crate::http::serve(listener, load, self.stats.clone(), shutdown.clone()));
+
+        let pump = Arc::new(Pump::new(self.dynamo.clone(), PumpConfig::from_env()?));
+        let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
+        for shard in shard_ids(&self.kinesis, &names.event_stream).await? {
+            let reader = ShardReader::new(self.kinesis.clone(), &names.event_stream, &shard);
+            tasks.spawn(feed_pump(
+                reader,
+                arn.clone(),
+                self.region.clone(),
+                pump.clone(),
+                self.settings.batch_size,
+                self.stats.clone(),
+                shutdown.clone(),
+            ));
+        }
+        for shard in shard_ids(&self.kinesis, &names.playback_stream).await? {
+            let reader = ShardReader::new(self.kinesis.clone(), &names.playback_stream, &shard);
+            tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
+        }
+
+        let (invoker, mut invocations) = LocalInvoker::channel();
+        let scan = Arc::new(Scan::new(self.dynamo.clone(), ScanConfig::from_env()?, Arc::new(invoker.clone())));
+        let stats = self.stats.clone();
+        let mut stop = shutdown.clone();
+        // Asynchronous invocations of scan (schedule ticks, forks, continuations), each its own task.
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    Some(payload) = invocations.recv() => {
+                        let (scan, stats) = (scan.clone(), stats.clone());
+                        tokio::spawn(async move {
+                            match scan.handle(payload, SystemTime::now() + LOCAL_TIMEOUT).await {
+                                Ok(summary) => stats.add_moved(summary.moved as u64),
+                                Err(err) => error!(error = %err, "scan invocation failed"),
+                            }
+                        });
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+        let interval = self.settings.scan_interval;
+        let mut stop = shutdown.clone();
+        // The schedule: like EventBridge, it fires whether or not the last scan has finished.
+        tasks.spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => {
+                        let event = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+                        if invoker.send(event).is_err() {
+                            return;
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+        Ok(tasks)
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
