@@ -2,7 +2,7 @@
 //! gives the stages: the same variables the template gives the Lambda
 //! functions, plus the SDK's standard endpoint settings pointing at the emulator.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -31,7 +31,11 @@ pub struct Settings {
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     match std::env::var(name) {
-        Ok(v) => v.trim().parse().ok().with_context(|| format!("{name}={v:?} is not valid")),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .with_context(|| format!("{name}={v:?} is not valid")),
         Err(_) => Ok(default),
     }
 }
@@ -50,7 +54,7 @@ impl Settings {
             scan_interval: Duration::from_secs_f64(seconds),
             batch_size: env_or("PUMP_BATCH_SIZE", 100)?,
             shards: env_or("SHARDS", 1)?,
-            moto_server: env_or("MOTO_SERVER", PathBuf::from(".venv/bin/moto_server"))?,
+            moto_server: event_store_emulator::moto_server(Path::new(".")),
         })
     }
 

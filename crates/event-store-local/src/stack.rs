@@ -13,13 +13,13 @@ use event_store::metrics::RequestCounter;
 use event_store::pump::Pump;
 use event_store::resources::{create_streams, create_tables};
 use event_store::scan::Scan;
+use event_store_emulator::Emulator;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::error;
 
-use crate::emulator::Emulator;
 use crate::settings::Settings;
 use crate::source::{count_records, feed_pump, shard_ids, stream_arn, ShardReader};
 use crate::stats::Stats;
@@ -45,15 +45,34 @@ impl Stack {
         let sdk = event_store::aws_config().await;
         let counter = RequestCounter::default();
         let dynamo = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+            aws_sdk_dynamodb::config::Builder::from(&sdk)
+                .interceptor(counter.clone())
+                .build(),
         );
         let kinesis = aws_sdk_kinesis::Client::from_conf(
-            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+            aws_sdk_kinesis::config::Builder::from(&sdk)
+                .interceptor(counter.clone())
+                .build(),
         );
-        create_tables(&dynamo, &settings.names).await.context("creating the tables")?;
-        create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
-        let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
-        Ok(Self { settings, emulator, dynamo, kinesis, region, stats: Arc::default(), counter })
+        create_tables(&dynamo, &settings.names)
+            .await
+            .context("creating the tables")?;
+        create_streams(&kinesis, &settings.names, settings.shards)
+            .await
+            .context("creating the streams")?;
+        let region = sdk
+            .region()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "us-east-1".into());
+        Ok(Self {
+            settings,
+            emulator,
+            dynamo,
+            kinesis,
+            region,
+            stats: Arc::default(),
+            counter,
+        })
     }
 
     /// Starts every service; they stop when `shutdown` turns true.
@@ -62,9 +81,16 @@ impl Stack {
         let names = &self.settings.names;
 
         let address = ("127.0.0.1", self.settings.port);
-        let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
+        let listener = TcpListener::bind(address)
+            .await
+            .with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
         let load = Arc::new(Load::new(self.kinesis.clone(), LoadConfig::from_env()?));
-        tasks.spawn(crate::http::serve(listener, load, self.stats.clone(), shutdown.clone()));
+        tasks.spawn(crate::http::serve(
+            listener,
+            load,
+            self.stats.clone(),
+            shutdown.clone(),
+        ));
 
         let pump = Arc::new(Pump::new(self.dynamo.clone(), PumpConfig::from_env()?));
         let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
@@ -86,7 +112,11 @@ impl Stack {
         }
 
         let (invoker, mut invocations) = LocalInvoker::channel();
-        let scan = Arc::new(Scan::new(self.dynamo.clone(), ScanConfig::from_env()?, Arc::new(invoker.clone())));
+        let scan = Arc::new(Scan::new(
+            self.dynamo.clone(),
+            ScanConfig::from_env()?,
+            Arc::new(invoker.clone()),
+        ));
         let stats = self.stats.clone();
         let mut stop = shutdown.clone();
         // Asynchronous invocations of scan (schedule ticks, forks, continuations), each its own task.
@@ -133,13 +163,14 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -56,8 +56,15 @@ pub fn done_before_first_failure(
     sequences: &[&str],
     response: &aws_lambda_events::event::streams::KinesisEventResponse,
 ) -> usize {
-    let failed: Vec<&str> = response.batch_item_failures.iter().filter_map(|f| f.item_identifier.as_deref()).collect();
-    sequences.iter().position(|s| failed.contains(s)).unwrap_or(sequences.len())
+    let failed: Vec<&str> = response
+        .batch_item_failures
+        .iter()
+        .filter_map(|f| f.item_identifier.as_deref())
+        .collect();
+    sequences
+        .iter()
+        .position(|s| failed.contains(s))
+        .unwrap_or(sequences.len())
 }
 
 #[cfg(test)]
@@ -94,14 +101,19 @@ mod tests {
             .sequence_number("42")
             .partition_key("pk")
             .data(aws_sdk_kinesis::primitives::Blob::new("{}"))
-            .approximate_arrival_timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(1_795_327_124_010))
+            .approximate_arrival_timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(
+                1_795_327_124_010,
+            ))
             .build()
             .unwrap();
         let event = kinesis_event("arn:s", "shardId-000000000001", "eu-west-1", &[record]);
         let r = &event.records[0];
         assert_eq!(r.event_id.as_deref(), Some("shardId-000000000001:42"));
         assert_eq!(r.event_source_arn.as_deref(), Some("arn:s"));
-        assert_eq!(r.kinesis.approximate_arrival_timestamp.timestamp_millis(), 1_795_327_124_010);
+        assert_eq!(
+            r.kinesis.approximate_arrival_timestamp.timestamp_millis(),
+            1_795_327_124_010
+        );
         assert_eq!(r.kinesis.data.0, b"{}");
     }
 }

@@ -276,12 +276,22 @@ impl Playback {
     }
 
     /// Counts a slot and logs the original's line: `<slot>: <first event time> [<count>]`.
-    fn slot_done(&self, slot: i64, first: Option<i64>, count: usize, summary: &mut PlaybackSummary) {
+    fn slot_done(
+        &self,
+        slot: i64,
+        first: Option<i64>,
+        count: usize,
+        summary: &mut PlaybackSummary,
+    ) {
         let Some(first) = first else { return };
         summary.slots += 1;
         info!(slot = %format_ms(slot), first = %format_ms(first), count, "{}: {} [{count}]", format_ms(slot), format_ms(first));
         if let Some(observer) = &self.observer {
-            observer(&SlotPlayed { slot, first_event: first, count });
+            observer(&SlotPlayed {
+                slot,
+                first_event: first,
+                count,
+            });
         }
     }
 

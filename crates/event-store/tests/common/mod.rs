@@ -4,10 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::HashMap;
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_lambda_events::event::kinesis::KinesisEvent;
@@ -16,6 +13,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use event_store::metrics::RequestCounter;
 use event_store::resources::{create_streams, create_tables, Names};
+use event_store_emulator::{moto_server, Emulator};
 
 pub const REGION: &str = "us-east-1";
 
@@ -32,63 +30,9 @@ pub fn sample_event(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A moto_server process of our own.
-pub struct Moto {
-    pub endpoint: String,
-    child: Child,
-}
-
-impl Moto {
-    pub fn start() -> Self {
-        let binary = std::env::var("MOTO_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| repo_root().join(".venv/bin/moto_server"));
-        assert!(
-            binary.exists(),
-            "{} not found: run `make test` (it installs moto into .venv)",
-            binary.display()
-        );
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .expect("free port");
-            let mut child = Command::new(&binary)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start moto_server");
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // exited: port taken, try another
-                }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Self {
-                        endpoint: format!("http://127.0.0.1:{port}"),
-                        child,
-                    };
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("moto_server did not start");
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One test's world: its own emulator, clients that count their requests, and resource names.
 pub struct TestEnv {
-    pub moto: Moto,
+    pub moto: Emulator,
     pub sdk: SdkConfig,
     pub counter: RequestCounter,
     pub dynamo: aws_sdk_dynamodb::Client,
@@ -98,7 +42,8 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn start(shards: i32) -> Self {
-        let moto = Moto::start();
+        let moto = Emulator::start_on_free_port(&moto_server(&repo_root()))
+            .expect("moto_server (run `make test`)");
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .endpoint_url(&moto.endpoint)
             .region(Region::new(REGION))

@@ -1,0 +1,127 @@
+//! A local AWS emulator process (moto_server) on 127.0.0.1: reused when one
+//! already answers on the port, else started, and then stopped by PID when
+//! dropped. Shared by the local stack and the integration tests.
+
+use std::fmt;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tracing::info;
+
+/// How long a starting emulator may take to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+pub struct Error(String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub struct Emulator {
+    pub port: u16,
+    pub endpoint: String,
+    child: Option<Child>,
+}
+
+/// True when something accepts connections on 127.0.0.1:`port`.
+pub fn answers(port: u16) -> bool {
+    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(300)).is_ok()
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// The moto_server to run: `$MOTO_SERVER`, else `.venv/bin/moto_server` under `root`.
+pub fn moto_server(root: &Path) -> PathBuf {
+    std::env::var_os("MOTO_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv/bin/moto_server"))
+}
+
+impl Emulator {
+    /// Reuses the emulator on `port`, or starts `binary` there.
+    pub fn ensure(port: u16, binary: &Path) -> Result<Self, Error> {
+        let endpoint = format!("http://127.0.0.1:{port}");
+        if answers(port) {
+            info!(%endpoint, "reusing the emulator already running");
+            return Ok(Self {
+                port,
+                endpoint,
+                child: None,
+            });
+        }
+        Self::start(port, binary)
+    }
+
+    /// Starts `binary` on a free port (retrying if another process takes it first).
+    pub fn start_on_free_port(binary: &Path) -> Result<Self, Error> {
+        let mut last = Error("no attempt".into());
+        for _ in 0..5 {
+            match Self::start(free_port(), binary) {
+                Ok(emulator) => return Ok(emulator),
+                Err(err) => last = err,
+            }
+        }
+        Err(last)
+    }
+
+    fn start(port: u16, binary: &Path) -> Result<Self, Error> {
+        if !binary.exists() {
+            return Err(Error(format!(
+                "{} not found: `make test`, `make local` and `make demo` install moto into .venv",
+                binary.display()
+            )));
+        }
+        let mut child = Command::new(binary)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Error(format!("starting {}: {e}", binary.display())))?;
+        let started = Instant::now();
+        while !answers(port) {
+            let exited = child.try_wait().ok().flatten();
+            if exited.is_some() || started.elapsed() > START_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error(format!(
+                    "moto_server did not start on port {port} (is it free?)"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let endpoint = format!("http://127.0.0.1:{port}");
+        info!(%endpoint, pid = child.id(), "started moto_server");
+        Ok(Self {
+            port,
+            endpoint,
+            child: Some(child),
+        })
+    }
+
+    /// True when this value started the emulator (and will stop it).
+    pub fn owned(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
