@@ -44,7 +44,7 @@ impl Settings {
     pub fn from_env() -> Result<Self> {
         let stage = env_or("STAGE", String::from("local"))?;
         let seconds: f64 = env_or("SCAN_INTERVAL", 5.0)?;
-        if !(seconds > 0.0) {
+        if !seconds.is_finite() || seconds <= 0.0 {
             bail!("SCAN_INTERVAL must be a positive number of seconds");
         }
         Ok(Self {
