@@ -37,17 +37,12 @@ pub fn answers(port: u16) -> bool {
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
 /// The moto_server to run: `$MOTO_SERVER`, else `.venv/bin/moto_server` under `root`.
 pub fn moto_server(root: &Path) -> PathBuf {
-    std::env::var_os("MOTO_SERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".venv/bin/moto_server"))
+    std::env::var_os("MOTO_SERVER").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/moto_server"))
 }
 
 impl Emulator {
@@ -56,11 +51,7 @@ impl Emulator {
         let endpoint = format!("http://127.0.0.1:{port}");
         if answers(port) {
             info!(%endpoint, "reusing the emulator already running");
-            return Ok(Self {
-                port,
-                endpoint,
-                child: None,
-            });
+            return Ok(Self { port, endpoint, child: None });
         }
         Self::start(port, binary)
     }
@@ -96,19 +87,13 @@ impl Emulator {
             if exited.is_some() || started.elapsed() > START_TIMEOUT {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error(format!(
-                    "moto_server did not start on port {port} (is it free?)"
-                )));
+                return Err(Error(format!("moto_server did not start on port {port} (is it free?)")));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let endpoint = format!("http://127.0.0.1:{port}");
         info!(%endpoint, pid = child.id(), "started moto_server");
-        Ok(Self {
-            port,
-            endpoint,
-            child: Some(child),
-        })
+        Ok(Self { port, endpoint, child: Some(child) })
     }
 
     /// True when this value started the emulator (and will stop it).

@@ -47,10 +47,7 @@ impl Report {
 
 pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Result<Report> {
     let started = Instant::now();
-    println!(
-        "== starting the local stack (emulator on 127.0.0.1:{})",
-        settings.emulator_port
-    );
+    println!("== starting the local stack (emulator on 127.0.0.1:{})", settings.emulator_port);
     let stack = Stack::start(settings).await?;
     let (stop, shutdown) = watch::channel(false);
     let mut services = stack.run_services(shutdown).await?;
@@ -67,18 +64,14 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let stored = wait_until_stored(&stack, &run_id, accepted).await?;
     let stored_time = load_started.elapsed();
 
-    println!(
-        "== playing back [{}, now) onto the playback stream",
-        format_ms(window_start)
-    );
+    println!("== playing back [{}, now) onto the playback stream", format_ms(window_start));
     let request = PlaybackRequest {
         start: Some(format_ms(window_start)),
         end: Some(format_ms(now_ms() + 1)),
         resume_after: None,
     };
     let playback_started = Instant::now();
-    let summaries =
-        crate::playback::play(stack.dynamo.clone(), stack.kinesis.clone(), request, false).await?;
+    let summaries = crate::playback::play(stack.dynamo.clone(), stack.kinesis.clone(), request, false).await?;
     let total = crate::playback::total(&summaries);
     let playback_time = playback_started.elapsed();
 
@@ -92,20 +85,31 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     report.failed_requests = failed_requests;
     report.wall = started.elapsed();
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
-    let since_load = |t: Option<Instant>| {
-        t.map(|t| t.duration_since(load_started))
-            .unwrap_or(stored_time)
-    };
+    let since_load = |t: Option<Instant>| t.map(|t| t.duration_since(load_started)).unwrap_or(stored_time);
     report.lines = vec![
-        format!("load      {:>8.0} events/s  ({accepted} pixel hits answered in {:.2} s)", rate(accepted, load_time), load_time.as_secs_f64()),
-        format!("pump      {:>8.0} events/s  (all buffered {:.2} s after the first hit)", rate(accepted, since_load(stack.stats.last_buffered())), since_load(stack.stats.last_buffered()).as_secs_f64()),
+        format!(
+            "load      {:>8.0} events/s  ({accepted} pixel hits answered in {:.2} s)",
+            rate(accepted, load_time),
+            load_time.as_secs_f64()
+        ),
+        format!(
+            "pump      {:>8.0} events/s  (all buffered {:.2} s after the first hit)",
+            rate(accepted, since_load(stack.stats.last_buffered())),
+            since_load(stack.stats.last_buffered()).as_secs_f64()
+        ),
         format!(
             "scan      {:>8.0} events/s  (all moved {:.2} s after the first hit; scan every {:.1} s)",
             rate(accepted, since_load(stack.stats.last_moved())),
             since_load(stack.stats.last_moved()).as_secs_f64(),
             stack.settings.scan_interval.as_secs_f64()
         ),
-        format!("playback  {:>8.0} events/s  ({} events, {} PutRecords, {:.2} s)", rate(total.events, playback_time), total.events, total.put_requests, playback_time.as_secs_f64()),
+        format!(
+            "playback  {:>8.0} events/s  ({} events, {} PutRecords, {:.2} s)",
+            rate(total.events, playback_time),
+            total.events,
+            total.put_requests,
+            playback_time.as_secs_f64()
+        ),
         format!("AWS requests by operation (whole run, incl. the demo's own checks): {:?}", stack.counter.snapshot()),
     ];
     Ok(report)
@@ -142,11 +146,7 @@ async fn send_hits(port: u16, run_id: &str, events: usize, concurrency: usize) -
 }
 
 fn run_of(envelope: &Envelope) -> Option<&str> {
-    envelope
-        .query
-        .get("run")
-        .and_then(|v| v.first())
-        .map(String::as_str)
+    envelope.query.get("run").and_then(|v| v.first()).map(String::as_str)
 }
 
 /// This run's event items by envelope id: (partition key, sort key).
@@ -166,10 +166,7 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<HashMap<String, (St
             let Ok(event) = EventItem::from_item(item.clone()) else {
                 continue;
             };
-            let Some(envelope) = event
-                .payload
-                .and_then(|p| serde_json::from_value::<Envelope>(p).ok())
-            else {
+            let Some(envelope) = event.payload.and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
                 continue;
             };
             if run_of(&envelope) == Some(run_id) {
@@ -183,11 +180,7 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<HashMap<String, (St
     }
 }
 
-async fn wait_until_stored(
-    stack: &Stack,
-    run_id: &str,
-    expected: usize,
-) -> Result<HashMap<String, (String, String)>> {
+async fn wait_until_stored(stack: &Stack, run_id: &str, expected: usize) -> Result<HashMap<String, (String, String)>> {
     let mut last_progress = Instant::now();
     let mut seen = 0;
     loop {
@@ -199,11 +192,7 @@ async fn wait_until_stored(
             seen = items.len();
             last_progress = Instant::now();
         }
-        eprintln!(
-            "   {} | stored {}/{expected}",
-            stack.stats.line(),
-            items.len()
-        );
+        eprintln!("   {} | stored {}/{expected}", stack.stats.line(), items.len());
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
 }
@@ -220,15 +209,11 @@ async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<
                 break;
             }
             for record in records {
-                let Ok(envelope) = serde_json::from_slice::<Envelope>(record.data().as_ref())
-                else {
+                let Ok(envelope) = serde_json::from_slice::<Envelope>(record.data().as_ref()) else {
                     continue;
                 };
                 if run_of(&envelope) == Some(run_id) {
-                    played
-                        .entry(record.partition_key().unwrap_or_default().to_owned())
-                        .or_default()
-                        .push(envelope.id);
+                    played.entry(record.partition_key().unwrap_or_default().to_owned()).or_default().push(envelope.id);
                 }
             }
         }
@@ -243,10 +228,7 @@ pub fn check(
     played: &HashMap<String, Vec<String>>,
     accepted: usize,
 ) -> Report {
-    let mut report = Report {
-        stored: stored.len(),
-        ..Default::default()
-    };
+    let mut report = Report { stored: stored.len(), ..Default::default() };
     let mut seen = HashSet::new();
     for (partition_key, ids) in played {
         let mut last: Option<&str> = None;
@@ -268,39 +250,23 @@ pub fn check(
             last = Some(sort_key);
         }
     }
-    let not_played = stored
-        .keys()
-        .filter(|id| !seen.contains(id.as_str()))
-        .count();
+    let not_played = stored.keys().filter(|id| !seen.contains(id.as_str())).count();
     report.lost = accepted.saturating_sub(stored.len()) + not_played;
     report
 }
 
 pub fn print(report: &Report) {
     println!("== report");
-    println!(
-        "events sent          {:>7}  ({} failed requests)",
-        report.sent, report.failed_requests
-    );
+    println!("events sent          {:>7}  ({} failed requests)", report.sent, report.failed_requests);
     println!("events stored        {:>7}", report.stored);
-    println!(
-        "events played back   {:>7}  ({} duplicates)",
-        report.played_back, report.duplicates
-    );
+    println!("events played back   {:>7}  ({} duplicates)", report.played_back, report.duplicates);
     println!("lost                 {:>7}", report.lost);
     println!("out of order         {:>7}", report.out_of_order);
     println!("wall time            {:>7.1} s", report.wall.as_secs_f64());
     for line in &report.lines {
         println!("{line}");
     }
-    println!(
-        "{}",
-        if report.ok() {
-            "RESULT: OK"
-        } else {
-            "RESULT: FAILED"
-        }
-    );
+    println!("{}", if report.ok() { "RESULT: OK" } else { "RESULT: FAILED" });
 }
 
 #[cfg(test)]
@@ -308,32 +274,18 @@ mod tests {
     use super::*;
 
     fn stored(entries: &[(&str, &str, &str)]) -> HashMap<String, (String, String)> {
-        entries
-            .iter()
-            .map(|(id, pk, sk)| (id.to_string(), (pk.to_string(), sk.to_string())))
-            .collect()
+        entries.iter().map(|(id, pk, sk)| (id.to_string(), (pk.to_string(), sk.to_string()))).collect()
     }
 
     fn played(entries: &[(&str, &[&str])]) -> HashMap<String, Vec<String>> {
-        entries
-            .iter()
-            .map(|(pk, ids)| (pk.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-            .collect()
+        entries.iter().map(|(pk, ids)| (pk.to_string(), ids.iter().map(|s| s.to_string()).collect())).collect()
     }
 
     #[test]
     fn a_complete_ordered_playback_passes() {
         let s = stored(&[("a", "k", "1"), ("b", "k", "2"), ("c", "j", "1")]);
         let report = check(&s, &played(&[("k", &["a", "b"]), ("j", &["c"])]), 3);
-        assert_eq!(
-            (
-                report.lost,
-                report.out_of_order,
-                report.duplicates,
-                report.played_back
-            ),
-            (0, 0, 0, 3)
-        );
+        assert_eq!((report.lost, report.out_of_order, report.duplicates, report.played_back), (0, 0, 0, 3));
     }
 
     #[test]
@@ -342,10 +294,7 @@ mod tests {
         let report = check(&s, &played(&[("k", &["b", "a", "a"])]), 4);
         assert_eq!(report.out_of_order, 1, "a after b");
         assert_eq!(report.duplicates, 1);
-        assert_eq!(
-            report.lost, 2,
-            "c not played, one accepted hit never stored"
-        );
+        assert_eq!(report.lost, 2, "c not played, one accepted hit never stored");
         assert!(!report.ok());
     }
 }

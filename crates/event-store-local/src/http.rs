@@ -29,12 +29,7 @@ pub const DEMO_PAGE: &str = include_str!("demo.html");
 /// Lambda's request payload limit; API Gateway would refuse more.
 const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
-pub async fn serve(
-    listener: TcpListener,
-    load: Arc<Load>,
-    stats: Arc<Stats>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn serve(listener: TcpListener, load: Arc<Load>, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -63,11 +58,7 @@ async fn handle(
     stats: Arc<Stats>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() == Method::GET && req.uri().path() == "/" {
-        return Ok(respond(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            Bytes::from_static(DEMO_PAGE.as_bytes()),
-        ));
+        return Ok(respond(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(DEMO_PAGE.as_bytes())));
     }
     let (parts, body) = req.into_parts();
     let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
@@ -81,28 +72,14 @@ async fn handle(
         }
     };
     let response = load.handle(lambda_request(parts, bytes, peer)).await;
-    stats
-        .received
-        .fetch_add(accepted_events(&response), Ordering::Relaxed);
+    stats.received.fetch_add(accepted_events(&response), Ordering::Relaxed);
     let (parts, body) = response.into_parts();
-    Ok(Response::from_parts(
-        parts,
-        Full::new(Bytes::copy_from_slice(body.as_ref())),
-    ))
+    Ok(Response::from_parts(parts, Full::new(Bytes::copy_from_slice(body.as_ref()))))
 }
 
 /// The request as API Gateway (HTTP API) would hand it to Lambda.
-fn lambda_request(
-    parts: hyper::http::request::Parts,
-    body: Bytes,
-    peer: SocketAddr,
-) -> lambda_http::Request {
-    let query: QueryMap = parts
-        .uri
-        .query()
-        .unwrap_or_default()
-        .parse()
-        .unwrap_or_default();
+fn lambda_request(parts: hyper::http::request::Parts, body: Bytes, peer: SocketAddr) -> lambda_http::Request {
+    let query: QueryMap = parts.uri.query().unwrap_or_default().parse().unwrap_or_default();
     let mut context = ApiGatewayV2httpRequestContext::default();
     context.http.method = parts.method.clone();
     context.http.path = Some(parts.uri.path().to_owned());
@@ -119,10 +96,7 @@ fn lambda_request(
 
 /// Events a load response accepted: 1 for a pixel, `accepted` for a post.
 fn accepted_events(response: &lambda_http::Response<lambda_http::Body>) -> u64 {
-    let is_gif = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v == "image/gif");
+    let is_gif = response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "image/gif");
     match response.status() {
         StatusCode::OK if is_gif => 1,
         StatusCode::ACCEPTED | StatusCode::MULTI_STATUS => {
@@ -138,9 +112,6 @@ fn accepted_events(response: &lambda_http::Response<lambda_http::Body>) -> u64 {
 fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
     response
 }

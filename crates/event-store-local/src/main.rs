@@ -75,10 +75,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: {err}");
@@ -98,10 +95,7 @@ fn main() -> ExitCode {
 async fn run(command: Command, settings: Settings) -> Result<bool> {
     match command {
         Command::Local => local(settings).await.map(|_| true),
-        Command::Demo {
-            events,
-            concurrency,
-        } => {
+        Command::Demo { events, concurrency } => {
             let report = demo::run(settings, events, concurrency).await?;
             demo::print(&report);
             Ok(report.ok())
@@ -109,18 +103,10 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
         Command::Playback { start, end } => {
             playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
             let sdk = event_store::aws_config().await;
-            let request = PlaybackRequest {
-                start,
-                end,
-                resume_after: None,
-            };
-            let summaries = playback::play(
-                aws_sdk_dynamodb::Client::new(&sdk),
-                aws_sdk_kinesis::Client::new(&sdk),
-                request,
-                true,
-            )
-            .await?;
+            let request = PlaybackRequest { start, end, resume_after: None };
+            let summaries =
+                playback::play(aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk), request, true)
+                    .await?;
             playback::print_summary(&playback::total(&summaries), summaries.len());
             Ok(true)
         }
@@ -132,24 +118,15 @@ async fn local(settings: Settings) -> Result<()> {
     let (stop, shutdown) = watch::channel(false);
     let mut services = stack.run_services(shutdown).await?;
     let s = &stack.settings;
-    println!(
-        "event store running on the local emulator at {}",
-        stack.emulator.endpoint
-    );
-    println!(
-        "  pixel:     http://127.0.0.1:{}/track.gif?EntityId=me&page=home",
-        s.port
-    );
+    println!("event store running on the local emulator at {}", stack.emulator.endpoint);
+    println!("  pixel:     http://127.0.0.1:{}/track.gif?EntityId=me&page=home", s.port);
     println!("  demo page: http://127.0.0.1:{}/", s.port);
     println!("  events:    curl -X POST -H 'Content-Type: application/json' -d '{{\"EntityId\":\"me\"}}' http://127.0.0.1:{}/events", s.port);
     println!(
         "  tables {}, {}; streams {}, {}",
         s.names.buffer_table, s.names.event_table, s.names.event_stream, s.names.playback_stream
     );
-    println!(
-        "  scan every {:.1} s; Ctrl-C stops everything",
-        s.scan_interval.as_secs_f64()
-    );
+    println!("  scan every {:.1} s; Ctrl-C stops everything", s.scan_interval.as_secs_f64());
     let mut status = tokio::time::interval(Duration::from_secs(5));
     let mut last = String::new();
     loop {
@@ -164,14 +141,7 @@ async fn local(settings: Settings) -> Result<()> {
             _ = shutdown_signal() => break,
         }
     }
-    println!(
-        "stopping{}",
-        if stack.emulator.owned() {
-            " (and the emulator)"
-        } else {
-            ""
-        }
-    );
+    println!("stopping{}", if stack.emulator.owned() { " (and the emulator)" } else { "" });
     let _ = stop.send(true);
     while services.join_next().await.is_some() {}
     Ok(())

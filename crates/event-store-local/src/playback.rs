@@ -22,31 +22,17 @@ pub async fn play(
     print_slots: bool,
 ) -> Result<Vec<PlaybackSummary>> {
     let (invoker, mut invocations) = LocalInvoker::channel();
-    let mut playback = Playback::new(
-        dynamo,
-        kinesis,
-        PlaybackConfig::from_env()?,
-        Arc::new(invoker.clone()),
-    );
+    let mut playback = Playback::new(dynamo, kinesis, PlaybackConfig::from_env()?, Arc::new(invoker.clone()));
     if print_slots {
         playback = playback.with_observer(Arc::new(|slot| {
-            println!(
-                "{}: {} [{}]",
-                format_ms(slot.slot),
-                format_ms(slot.first_event),
-                slot.count
-            )
+            println!("{}: {} [{}]", format_ms(slot.slot), format_ms(slot.first_event), slot.count)
         }));
     }
     let playback = Arc::new(playback);
     invoker.send(serde_json::to_value(&request)?)?;
     let results = run_until_idle(&mut invocations, move |payload| {
         let playback = playback.clone();
-        async move {
-            playback
-                .handle(payload, SystemTime::now() + LOCAL_TIMEOUT)
-                .await
-        }
+        async move { playback.handle(payload, SystemTime::now() + LOCAL_TIMEOUT).await }
     })
     .await;
     let mut summaries = Vec::new();

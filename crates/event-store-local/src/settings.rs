@@ -31,12 +31,9 @@ pub struct Settings {
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .ok()
-            .with_context(|| format!("{name}={v:?} is not valid")),
-        Err(_) => Ok(default),
+        // Set but empty counts as unset (as `make` exports undefined variables).
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().ok().with_context(|| format!("{name}={v:?} is not valid")),
+        _ => Ok(default),
     }
 }
 

@@ -33,13 +33,7 @@ pub struct ShardReader {
 
 impl ShardReader {
     pub fn new(kinesis: aws_sdk_kinesis::Client, stream: &str, shard_id: &str) -> Self {
-        Self {
-            kinesis,
-            stream: stream.to_owned(),
-            shard_id: shard_id.to_owned(),
-            iterator: None,
-            last_sequence: None,
-        }
+        Self { kinesis, stream: stream.to_owned(), shard_id: shard_id.to_owned(), iterator: None, last_sequence: None }
     }
 
     /// The next records (possibly none).
@@ -48,13 +42,7 @@ impl ShardReader {
             Some(it) => it,
             None => self.fresh_iterator().await?,
         };
-        let out = self
-            .kinesis
-            .get_records()
-            .shard_iterator(iterator)
-            .limit(10_000)
-            .send()
-            .await;
+        let out = self.kinesis.get_records().shard_iterator(iterator).limit(10_000).send().await;
         match out {
             Ok(out) => {
                 self.iterator = out.next_shard_iterator().map(str::to_owned);
@@ -71,50 +59,26 @@ impl ShardReader {
     }
 
     async fn fresh_iterator(&self) -> Result<String> {
-        let request = self
-            .kinesis
-            .get_shard_iterator()
-            .stream_name(&self.stream)
-            .shard_id(&self.shard_id);
+        let request = self.kinesis.get_shard_iterator().stream_name(&self.stream).shard_id(&self.shard_id);
         let request = match &self.last_sequence {
-            Some(seq) => request
-                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                .starting_sequence_number(seq),
+            Some(seq) => {
+                request.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(seq)
+            }
             None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
         };
         let out = request.send().await.context("GetShardIterator")?;
-        out.shard_iterator()
-            .map(str::to_owned)
-            .context("no shard iterator")
+        out.shard_iterator().map(str::to_owned).context("no shard iterator")
     }
 }
 
 pub async fn shard_ids(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Vec<String>> {
-    let out = kinesis
-        .list_shards()
-        .stream_name(stream)
-        .send()
-        .await
-        .with_context(|| format!("ListShards {stream}"))?;
-    Ok(out
-        .shards()
-        .iter()
-        .map(|s| s.shard_id().to_owned())
-        .collect())
+    let out = kinesis.list_shards().stream_name(stream).send().await.with_context(|| format!("ListShards {stream}"))?;
+    Ok(out.shards().iter().map(|s| s.shard_id().to_owned()).collect())
 }
 
 pub async fn stream_arn(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<String> {
-    let out = kinesis
-        .describe_stream_summary()
-        .stream_name(stream)
-        .send()
-        .await
-        .context("DescribeStreamSummary")?;
-    Ok(out
-        .stream_description_summary()
-        .context("no stream summary")?
-        .stream_arn()
-        .to_owned())
+    let out = kinesis.describe_stream_summary().stream_name(stream).send().await.context("DescribeStreamSummary")?;
+    Ok(out.stream_description_summary().context("no stream summary")?.stream_arn().to_owned())
 }
 
 /// Feeds one shard of the event stream to `pump` until shutdown.
@@ -134,10 +98,7 @@ pub async fn feed_pump(
         if pending.len() < batch_size {
             match reader.next().await {
                 Ok(records) => pending.extend(records),
-                Err(err) => warn!(
-                    error = format!("{err:#}"),
-                    "event stream read failed; retrying"
-                ),
+                Err(err) => warn!(error = format!("{err:#}"), "event stream read failed; retrying"),
             }
         }
         if pending.is_empty() {
@@ -148,19 +109,13 @@ pub async fn feed_pump(
             continue;
         }
         let batch: Vec<Record> = pending.iter().take(batch_size).cloned().collect();
-        let response = pump
-            .handle(kinesis_event(&arn, &reader.shard_id, &region, &batch))
-            .await;
+        let response = pump.handle(kinesis_event(&arn, &reader.shard_id, &region, &batch)).await;
         let sequences: Vec<&str> = batch.iter().map(|r| r.sequence_number()).collect();
         let done = done_before_first_failure(&sequences, &response);
         pending.drain(..done);
         stats.add_buffered(done as u64);
         if done < batch.len() {
-            warn!(
-                shard = reader.shard_id,
-                failed = batch.len() - done,
-                "redelivering from the first failed record"
-            );
+            warn!(shard = reader.shard_id, failed = batch.len() - done, "redelivering from the first failed record");
             backoff.wait(retry).await;
             retry += 1;
         } else {
@@ -170,19 +125,12 @@ pub async fn feed_pump(
 }
 
 /// Counts what arrives on one shard of the playback stream, for the status line.
-pub async fn count_records(
-    mut reader: ShardReader,
-    stats: Arc<Stats>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn count_records(mut reader: ShardReader, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
     while !*shutdown.borrow() {
         let n = match reader.next().await {
             Ok(records) => records.len(),
             Err(err) => {
-                warn!(
-                    error = format!("{err:#}"),
-                    "playback stream read failed; retrying"
-                );
+                warn!(error = format!("{err:#}"), "playback stream read failed; retrying");
                 0
             }
         };

@@ -45,34 +45,15 @@ impl Stack {
         let sdk = event_store::aws_config().await;
         let counter = RequestCounter::default();
         let dynamo = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk)
-                .interceptor(counter.clone())
-                .build(),
+            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
         let kinesis = aws_sdk_kinesis::Client::from_conf(
-            aws_sdk_kinesis::config::Builder::from(&sdk)
-                .interceptor(counter.clone())
-                .build(),
+            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
-        create_tables(&dynamo, &settings.names)
-            .await
-            .context("creating the tables")?;
-        create_streams(&kinesis, &settings.names, settings.shards)
-            .await
-            .context("creating the streams")?;
-        let region = sdk
-            .region()
-            .map(|r| r.to_string())
-            .unwrap_or_else(|| "us-east-1".into());
-        Ok(Self {
-            settings,
-            emulator,
-            dynamo,
-            kinesis,
-            region,
-            stats: Arc::default(),
-            counter,
-        })
+        create_tables(&dynamo, &settings.names).await.context("creating the tables")?;
+        create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
+        let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
+        Ok(Self { settings, emulator, dynamo, kinesis, region, stats: Arc::default(), counter })
     }
 
     /// Starts every service; they stop when `shutdown` turns true.
@@ -81,16 +62,9 @@ impl Stack {
         let names = &self.settings.names;
 
         let address = ("127.0.0.1", self.settings.port);
-        let listener = TcpListener::bind(address)
-            .await
-            .with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
+        let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
         let load = Arc::new(Load::new(self.kinesis.clone(), LoadConfig::from_env()?));
-        tasks.spawn(crate::http::serve(
-            listener,
-            load,
-            self.stats.clone(),
-            shutdown.clone(),
-        ));
+        tasks.spawn(crate::http::serve(listener, load, self.stats.clone(), shutdown.clone()));
 
         let pump = Arc::new(Pump::new(self.dynamo.clone(), PumpConfig::from_env()?));
         let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
@@ -112,11 +86,7 @@ impl Stack {
         }
 
         let (invoker, mut invocations) = LocalInvoker::channel();
-        let scan = Arc::new(Scan::new(
-            self.dynamo.clone(),
-            ScanConfig::from_env()?,
-            Arc::new(invoker.clone()),
-        ));
+        let scan = Arc::new(Scan::new(self.dynamo.clone(), ScanConfig::from_env()?, Arc::new(invoker.clone())));
         let stats = self.stats.clone();
         let mut stop = shutdown.clone();
         // Asynchronous invocations of scan (schedule ticks, forks, continuations), each its own task.
@@ -163,14 +133,13 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -20,9 +20,7 @@ struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(10) {
             if let Ok(Some(_)) = self.0.try_wait() {
@@ -38,10 +36,7 @@ impl Drop for Process {
 fn wait_for_port(port: u16, what: &str) {
     let started = Instant::now();
     while !answers(port) {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "{what} did not start on port {port}"
-        );
+        assert!(started.elapsed() < Duration::from_secs(60), "{what} did not start on port {port}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -68,8 +63,7 @@ async fn page_view_and_button_click_reach_the_event_table() {
     wait_for_port(http_port, "the local stack");
 
     let driver_port = free_port();
-    let chromedriver =
-        std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
+    let chromedriver = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
     let _driver = Process(
         Command::new(&chromedriver)
             .arg(format!("--port={driver_port}"))
@@ -96,38 +90,20 @@ async fn page_view_and_button_click_reach_the_event_table() {
         .unwrap();
     let page = format!("http://127.0.0.1:{http_port}/");
     browser.goto(&page).await.unwrap();
-    browser
-        .find(Locator::Id("send"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.find(Locator::Id("send")).await.unwrap().click().await.unwrap();
     let started = Instant::now();
     let answer = loop {
-        let text = browser
-            .find(Locator::Id("result"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = browser.find(Locator::Id("result")).await.unwrap().text().await.unwrap();
         if text.starts_with("202") || started.elapsed() > Duration::from_secs(20) {
             break text;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let user_agent = browser
-        .execute("return navigator.userAgent", vec![])
-        .await
-        .unwrap();
+    let user_agent = browser.execute("return navigator.userAgent", vec![]).await.unwrap();
     let user_agent = user_agent.as_str().unwrap().to_owned();
     browser.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&profile);
-    assert!(
-        answer.starts_with("202"),
-        "the button's post was answered {answer:?}"
-    );
+    assert!(answer.starts_with("202"), "the button's post was answered {answer:?}");
 
     // Both events, moved by the stack's scan into the event table.
     let sdk = aws_config::defaults(BehaviorVersion::latest())
@@ -139,12 +115,7 @@ async fn page_view_and_button_click_reach_the_event_table() {
     let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
     let started = Instant::now();
     let envelopes = loop {
-        let out = dynamo
-            .scan()
-            .table_name("event-store-browsertest-event-table")
-            .send()
-            .await
-            .unwrap();
+        let out = dynamo.scan().table_name("event-store-browsertest-event-table").send().await.unwrap();
         let envelopes: Vec<Envelope> = out
             .items()
             .iter()
@@ -157,27 +128,14 @@ async fn page_view_and_button_click_reach_the_event_table() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     assert_eq!(envelopes.len(), 2, "{envelopes:#?}");
-    let pixel = envelopes
-        .iter()
-        .find(|e| e.path == "/track.gif")
-        .expect("the pixel event");
-    let click = envelopes
-        .iter()
-        .find(|e| e.path == "/events")
-        .expect("the button event");
+    let pixel = envelopes.iter().find(|e| e.path == "/track.gif").expect("the pixel event");
+    let click = envelopes.iter().find(|e| e.path == "/events").expect("the button event");
     assert_eq!(pixel.query["page"], vec!["/"]);
     assert_eq!(pixel.query["EntityId"], vec!["demo-visitor"]);
     assert_eq!(click.body.as_ref().unwrap()["type"], "button-click");
     for event in [pixel, click] {
-        assert_eq!(
-            event.headers.referer.as_deref(),
-            Some(page.as_str()),
-            "{event:?}"
-        );
-        assert_eq!(
-            event.headers.user_agent.as_deref(),
-            Some(user_agent.as_str())
-        );
+        assert_eq!(event.headers.referer.as_deref(), Some(page.as_str()), "{event:?}");
+        assert_eq!(event.headers.user_agent.as_deref(), Some(user_agent.as_str()));
         assert_eq!(event.source_ip.as_deref(), Some("127.0.0.1"));
     }
 }

@@ -37,25 +37,12 @@ fn a_small_demo_stores_and_plays_back_every_event_in_order() {
         std::thread::sleep(Duration::from_millis(200));
     };
     let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     println!("{out}");
     assert!(status.success(), "demo failed:\n{out}");
     let figure = |label: &str| -> u64 {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(label))
-            .unwrap_or_else(|| panic!("no {label:?} line"));
-        line[label.len()..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        let line = out.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label:?} line"));
+        line[label.len()..].split_whitespace().next().unwrap().parse().unwrap()
     };
     assert_eq!(figure("events sent"), 200);
     assert_eq!(figure("events stored"), 200);
@@ -63,9 +50,6 @@ fn a_small_demo_stores_and_plays_back_every_event_in_order() {
     assert_eq!(figure("lost"), 0);
     assert_eq!(figure("out of order"), 0);
     assert!(out.contains("RESULT: OK"));
-    assert!(
-        !answers(emulator_port),
-        "the demo stopped the emulator it started"
-    );
+    assert!(!answers(emulator_port), "the demo stopped the emulator it started");
     assert!(!answers(http_port), "and its pixel server");
 }

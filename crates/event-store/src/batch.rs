@@ -53,11 +53,7 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self {
-            base: Duration::from_millis(50),
-            cap: Duration::from_secs(5),
-            max_attempts: 10,
-        }
+        Self { base: Duration::from_millis(50), cap: Duration::from_secs(5), max_attempts: 10 }
     }
 }
 
@@ -116,11 +112,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_exponentially_and_is_capped() {
-        let b = Backoff {
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(1),
-            max_attempts: 5,
-        };
+        let b = Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(1), max_attempts: 5 };
         assert_eq!(b.ceiling(0), Duration::from_millis(100));
         assert_eq!(b.ceiling(1), Duration::from_millis(200));
         assert_eq!(b.ceiling(3), Duration::from_millis(800));

@@ -41,21 +41,12 @@ pub fn buffer_key(event_source_arn: &str, event_id: &str) -> String {
 impl BufferItem {
     pub fn from_kinesis(record: &KinesisEventRecord) -> Result<Self> {
         let missing = |what: &str| Error::Malformed(format!("kinesis record without {what}"));
-        let arn = record
-            .event_source_arn
-            .as_deref()
-            .ok_or_else(|| missing("eventSourceARN"))?;
-        let event_id = record
-            .event_id
-            .as_deref()
-            .ok_or_else(|| missing("eventID"))?;
+        let arn = record.event_source_arn.as_deref().ok_or_else(|| missing("eventSourceARN"))?;
+        let event_id = record.event_id.as_deref().ok_or_else(|| missing("eventID"))?;
         Ok(Self {
             id: buffer_key(arn, event_id),
             event_id: event_id.to_owned(),
-            arrival: record
-                .kinesis
-                .approximate_arrival_timestamp
-                .timestamp_millis(),
+            arrival: record.kinesis.approximate_arrival_timestamp.timestamp_millis(),
             partition_key: record.kinesis.partition_key.clone(),
             data: record.kinesis.data.0.clone(),
         })
@@ -93,30 +84,12 @@ mod tests {
 
     #[test]
     fn key_is_sha256_of_arn_and_event_id() {
-        let key = buffer_key(
-            "arn:aws:kinesis:us-east-1:123456789012:stream/s",
-            "shardId-000000000000:4956",
-        );
+        let key = buffer_key("arn:aws:kinesis:us-east-1:123456789012:stream/s", "shardId-000000000000:4956");
         assert_eq!(key.len(), 64);
-        assert_eq!(
-            key,
-            buffer_key(
-                "arn:aws:kinesis:us-east-1:123456789012:stream/s",
-                "shardId-000000000000:4956"
-            )
-        );
-        assert_ne!(
-            key,
-            buffer_key(
-                "arn:aws:kinesis:us-east-1:123456789012:stream/t",
-                "shardId-000000000000:4956"
-            )
-        );
+        assert_eq!(key, buffer_key("arn:aws:kinesis:us-east-1:123456789012:stream/s", "shardId-000000000000:4956"));
+        assert_ne!(key, buffer_key("arn:aws:kinesis:us-east-1:123456789012:stream/t", "shardId-000000000000:4956"));
         // sha256("abc") is a published test vector.
-        assert_eq!(
-            buffer_key("a", "bc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(buffer_key("a", "bc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]
@@ -135,15 +108,9 @@ mod tests {
     #[test]
     fn rejects_records_without_identity_and_items_of_the_wrong_shape() {
         let no_id = RECORD.replace("\"eventID\"", "\"other\"");
-        assert!(matches!(
-            BufferItem::from_kinesis(&record(&no_id)),
-            Err(Error::Malformed(_))
-        ));
+        assert!(matches!(BufferItem::from_kinesis(&record(&no_id)), Err(Error::Malformed(_))));
         let mut attrs = BufferItem::from_kinesis(&record(RECORD)).unwrap().to_item();
         attrs.insert("arrival".into(), AttributeValue::S("soon".into()));
-        assert!(matches!(
-            BufferItem::from_item(attrs),
-            Err(Error::Malformed(_))
-        ));
+        assert!(matches!(BufferItem::from_item(attrs), Err(Error::Malformed(_))));
     }
 }

@@ -8,38 +8,57 @@ use crate::error::{Error, Result};
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;
 
-fn var(name: &str) -> Result<String> {
-    std::env::var(name)
-        .map_err(|_| Error::Config(format!("environment variable {name} is not set")))
+/// The environment variables a function reads: the template must set every
+/// required one and nothing that is not listed (checked by tests/template.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct Variables {
+    pub required: &'static [&'static str],
+    pub optional: &'static [&'static str],
 }
 
-fn var_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .map_err(|_| Error::Config(format!("{name}={v:?} is not valid"))),
-        Err(_) => Ok(default),
+impl Variables {
+    pub fn declares(&self, name: &str) -> bool {
+        self.required.contains(&name) || self.optional.contains(&name)
     }
 }
 
-fn optional<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Config(format!("{name}={v:?} is not valid"))),
-        Err(_) => Ok(None),
-    }
-}
+/// Reads the variables of one function; debug builds check that every name
+/// read is declared, so the declarations cannot drift from the code.
+struct Env(Variables);
 
-fn time_unit() -> Result<u64> {
-    let unit: u64 = var_or("TIME_UNIT", DEFAULT_TIME_UNIT_MS)?;
-    if unit == 0 {
-        return Err(Error::Config("TIME_UNIT must be at least 1 (ms)".into()));
+impl Env {
+    fn raw(&self, name: &str) -> Option<String> {
+        debug_assert!(self.0.declares(name), "{name} is read but not declared");
+        // Set but empty counts as unset (as `make` exports undefined variables).
+        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
     }
-    Ok(unit)
+
+    fn var(&self, name: &str) -> Result<String> {
+        self.raw(name).ok_or_else(|| Error::Config(format!("environment variable {name} is not set")))
+    }
+
+    fn optional<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>> {
+        match self.raw(name) {
+            Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Config(format!("{name}={v:?} is not valid"))),
+            None => Ok(None),
+        }
+    }
+
+    fn var_or<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
+        Ok(self.optional(name)?.unwrap_or(default))
+    }
+
+    fn time_unit(&self) -> Result<u64> {
+        let unit: u64 = self.var_or("TIME_UNIT", DEFAULT_TIME_UNIT_MS)?;
+        if unit == 0 {
+            return Err(Error::Config("TIME_UNIT must be at least 1 (ms)".into()));
+        }
+        Ok(unit)
+    }
+
+    fn deadline_margin(&self) -> Result<Duration> {
+        Ok(Duration::from_millis(self.var_or("DEADLINE_MARGIN_MS", 10_000)?))
+    }
 }
 
 /// How a client's IP address is kept in the event envelope.
@@ -66,22 +85,20 @@ pub struct LoadConfig {
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 384 * 1024;
 
 impl LoadConfig {
+    pub const VARIABLES: Variables =
+        Variables { required: &["EVENT_STREAM"], optional: &["MAX_EVENT_BYTES", "IP_MODE", "IP_SALT"] };
+
     pub fn from_env() -> Result<Self> {
-        let ip_mode = match var_or("IP_MODE", String::from("hash"))?.as_str() {
+        let env = Env(Self::VARIABLES);
+        let ip_mode = match env.var_or("IP_MODE", String::from("hash"))?.as_str() {
             "full" => IpMode::Full,
             "none" => IpMode::None,
-            "hash" => IpMode::Hash {
-                salt: std::env::var("IP_SALT").unwrap_or_default(),
-            },
-            other => {
-                return Err(Error::Config(format!(
-                    "IP_MODE={other:?}: expected full, hash or none"
-                )))
-            }
+            "hash" => IpMode::Hash { salt: env.raw("IP_SALT").unwrap_or_default() },
+            other => return Err(Error::Config(format!("IP_MODE={other:?}: expected full, hash or none"))),
         };
         Ok(Self {
-            event_stream: var("EVENT_STREAM")?,
-            max_event_bytes: var_or("MAX_EVENT_BYTES", DEFAULT_MAX_EVENT_BYTES)?,
+            event_stream: env.var("EVENT_STREAM")?,
+            max_event_bytes: env.var_or("MAX_EVENT_BYTES", DEFAULT_MAX_EVENT_BYTES)?,
             ip_mode,
         })
     }
@@ -93,10 +110,11 @@ pub struct PumpConfig {
 }
 
 impl PumpConfig {
+    pub const VARIABLES: Variables = Variables { required: &["DYNAMO_BUFFER_TABLE"], optional: &[] };
+
     pub fn from_env() -> Result<Self> {
-        Ok(Self {
-            buffer_table: var("DYNAMO_BUFFER_TABLE")?,
-        })
+        let env = Env(Self::VARIABLES);
+        Ok(Self { buffer_table: env.var("DYNAMO_BUFFER_TABLE")? })
     }
 }
 
@@ -114,18 +132,24 @@ pub struct ScanConfig {
 }
 
 impl ScanConfig {
+    pub const VARIABLES: Variables = Variables {
+        required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"],
+        optional: &["TIME_UNIT", "SCAN_SEGMENTS", "DEADLINE_MARGIN_MS", "SCAN_PAGE_ITEMS"],
+    };
+
     pub fn from_env() -> Result<Self> {
-        let segments: u32 = var_or("SCAN_SEGMENTS", 4)?;
+        let env = Env(Self::VARIABLES);
+        let segments: u32 = env.var_or("SCAN_SEGMENTS", 4)?;
         if segments == 0 {
             return Err(Error::Config("SCAN_SEGMENTS must be at least 1".into()));
         }
         Ok(Self {
-            buffer_table: var("DYNAMO_BUFFER_TABLE")?,
-            event_table: var("DYNAMO_EVENT_TABLE")?,
-            time_unit_ms: time_unit()?,
+            buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
+            event_table: env.var("DYNAMO_EVENT_TABLE")?,
+            time_unit_ms: env.time_unit()?,
             segments,
-            deadline_margin: Duration::from_millis(var_or("DEADLINE_MARGIN_MS", 10_000)?),
-            page_items: optional("SCAN_PAGE_ITEMS")?,
+            deadline_margin: env.deadline_margin()?,
+            page_items: env.optional("SCAN_PAGE_ITEMS")?,
         })
     }
 }
@@ -141,13 +165,53 @@ pub struct PlaybackConfig {
 }
 
 impl PlaybackConfig {
+    pub const VARIABLES: Variables = Variables {
+        required: &["DYNAMO_EVENT_TABLE", "PLAYBACK_STREAM"],
+        optional: &["TIME_UNIT", "DEADLINE_MARGIN_MS", "QUERY_PAGE_ITEMS"],
+    };
+
     pub fn from_env() -> Result<Self> {
+        let env = Env(Self::VARIABLES);
         Ok(Self {
-            event_table: var("DYNAMO_EVENT_TABLE")?,
-            playback_stream: var("PLAYBACK_STREAM")?,
-            time_unit_ms: time_unit()?,
-            deadline_margin: Duration::from_millis(var_or("DEADLINE_MARGIN_MS", 10_000)?),
-            page_items: optional("QUERY_PAGE_ITEMS")?,
+            event_table: env.var("DYNAMO_EVENT_TABLE")?,
+            playback_stream: env.var("PLAYBACK_STREAM")?,
+            time_unit_ms: env.time_unit()?,
+            deadline_margin: env.deadline_margin()?,
+            page_items: env.optional("QUERY_PAGE_ITEMS")?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one test that touches the process environment: every function's
+    /// configuration loads from its declared variables alone (reading an
+    /// undeclared one would fail the debug assertion), and bad values are refused.
+    #[test]
+    fn configurations_read_only_their_declared_variables() {
+        let all = [LoadConfig::VARIABLES, PumpConfig::VARIABLES, ScanConfig::VARIABLES, PlaybackConfig::VARIABLES];
+        for name in all.iter().flat_map(|v| v.required.iter()) {
+            std::env::set_var(name, format!("value-of-{name}"));
+        }
+        let load = LoadConfig::from_env().unwrap();
+        assert_eq!(load.event_stream, "value-of-EVENT_STREAM");
+        assert!(matches!(load.ip_mode, IpMode::Hash { .. }), "hash is the default");
+        assert_eq!(PumpConfig::from_env().unwrap().buffer_table, "value-of-DYNAMO_BUFFER_TABLE");
+        let scan = ScanConfig::from_env().unwrap();
+        assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));
+        assert_eq!(PlaybackConfig::from_env().unwrap().playback_stream, "value-of-PLAYBACK_STREAM");
+
+        std::env::set_var("TIME_UNIT", "0");
+        assert!(matches!(ScanConfig::from_env(), Err(Error::Config(_))));
+        std::env::set_var("TIME_UNIT", "soon");
+        assert!(matches!(PlaybackConfig::from_env(), Err(Error::Config(_))));
+        std::env::remove_var("TIME_UNIT");
+        std::env::set_var("IP_MODE", "partial");
+        assert!(matches!(LoadConfig::from_env(), Err(Error::Config(_))));
+        std::env::remove_var("IP_MODE");
+        std::env::remove_var("DYNAMO_BUFFER_TABLE");
+        assert!(matches!(PumpConfig::from_env(), Err(Error::Config(m)) if m.contains("DYNAMO_BUFFER_TABLE")));
     }
 }

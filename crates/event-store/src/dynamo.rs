@@ -28,11 +28,7 @@ pub async fn send_batch_write(
         .send()
         .await
         .map_err(|e| Error::dynamo("BatchWriteItem", e))?;
-    Ok(out
-        .unprocessed_items()
-        .and_then(|m| m.get(table))
-        .cloned()
-        .unwrap_or_default())
+    Ok(out.unprocessed_items().and_then(|m| m.get(table)).cloned().unwrap_or_default())
 }
 
 /// Writes every request to `table` and returns the tags of those that could
@@ -49,9 +45,7 @@ pub async fn write_all<T: Send>(
         chunks.push(iter.by_ref().take(DYNAMO_BATCH_ITEMS).collect::<Vec<_>>());
     }
     futures::stream::iter(chunks)
-        .map(|chunk| {
-            retry_unprocessed(chunk, backoff, |reqs| send_batch_write(client, table, reqs))
-        })
+        .map(|chunk| retry_unprocessed(chunk, backoff, |reqs| send_batch_write(client, table, reqs)))
         .buffer_unordered(WRITE_CONCURRENCY)
         .flat_map(futures::stream::iter)
         .collect()
@@ -61,11 +55,7 @@ pub async fn write_all<T: Send>(
 /// The retry loop of one batch: sends, then resends what came back
 /// unprocessed (matched by value) until nothing is left or the attempts run
 /// out. A request-level error counts as an attempt in which nothing was written.
-pub async fn retry_unprocessed<T, W, F, Fut>(
-    items: Vec<(T, W)>,
-    backoff: &Backoff,
-    mut send: F,
-) -> Vec<T>
+pub async fn retry_unprocessed<T, W, F, Fut>(items: Vec<(T, W)>, backoff: &Backoff, mut send: F) -> Vec<T>
 where
     W: Clone + PartialEq,
     F: FnMut(Vec<W>) -> Fut,
@@ -96,12 +86,7 @@ pub fn dedupe_by_key<K: std::hash::Hash + Eq + Clone, V>(items: Vec<(K, V)>) -> 
     for (i, (k, _)) in items.iter().enumerate() {
         last.insert(k.clone(), i);
     }
-    items
-        .into_iter()
-        .enumerate()
-        .filter(|(i, (k, _))| last.get(k) == Some(i))
-        .map(|(_, kv)| kv)
-        .collect()
+    items.into_iter().enumerate().filter(|(i, (k, _))| last.get(k) == Some(i)).map(|(_, kv)| kv).collect()
 }
 
 #[cfg(test)]
@@ -111,11 +96,7 @@ mod tests {
     use super::*;
 
     fn fast(attempts: u32) -> Backoff {
-        Backoff {
-            base: Duration::from_micros(1),
-            cap: Duration::from_micros(10),
-            max_attempts: attempts,
-        }
+        Backoff { base: Duration::from_micros(1), cap: Duration::from_micros(10), max_attempts: attempts }
     }
 
     #[tokio::test]
@@ -125,10 +106,7 @@ mod tests {
         let failed = retry_unprocessed(items, &fast(5), |reqs: Vec<u32>| {
             calls.push(reqs.clone());
             // First call leaves 2 and 3 unprocessed, second leaves 3, third writes all.
-            let unprocessed: Vec<u32> = reqs
-                .into_iter()
-                .filter(|&r| r as usize > calls.len())
-                .collect();
+            let unprocessed: Vec<u32> = reqs.into_iter().filter(|&r| r as usize > calls.len()).collect();
             futures::future::ready(Ok(unprocessed))
         })
         .await;

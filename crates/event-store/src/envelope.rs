@@ -51,21 +51,15 @@ impl Envelope {
     /// body, else the envelope's random id (spreads anonymous hits evenly).
     pub fn partition_key(&self) -> Result<String> {
         let from_query = self.query.get(ENTITY_ID).and_then(|v| v.first()).cloned();
-        let from_body = self
-            .body
-            .as_ref()
-            .and_then(|b| b.get(ENTITY_ID))
-            .and_then(|v| match v {
-                Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
+        let from_body = self.body.as_ref().and_then(|b| b.get(ENTITY_ID)).and_then(|v| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
         match from_query.or(from_body) {
             None => Ok(self.id.clone()),
             Some(key) if (1..=MAX_PARTITION_KEY_CHARS).contains(&key.chars().count()) => Ok(key),
-            Some(_) => Err(Error::BadInput(format!(
-                "{ENTITY_ID} must be 1 to {MAX_PARTITION_KEY_CHARS} characters"
-            ))),
+            Some(_) => Err(Error::BadInput(format!("{ENTITY_ID} must be 1 to {MAX_PARTITION_KEY_CHARS} characters"))),
         }
     }
 }
@@ -111,21 +105,13 @@ mod tests {
 
     #[test]
     fn partition_key_prefers_query_then_body_then_random_id() {
-        let both = envelope(
-            &[("EntityId", "q")],
-            Some(serde_json::json!({"EntityId": "b"})),
-        );
+        let both = envelope(&[("EntityId", "q")], Some(serde_json::json!({"EntityId": "b"})));
         assert_eq!(both.partition_key().unwrap(), "q");
         let body = envelope(&[], Some(serde_json::json!({"EntityId": 42})));
         assert_eq!(body.partition_key().unwrap(), "42");
-        assert_eq!(
-            envelope(&[("page", "x")], None).partition_key().unwrap(),
-            "id-1"
-        );
+        assert_eq!(envelope(&[("page", "x")], None).partition_key().unwrap(), "id-1");
         let long = "x".repeat(257);
-        assert!(envelope(&[("EntityId", &long)], None)
-            .partition_key()
-            .is_err());
+        assert!(envelope(&[("EntityId", &long)], None).partition_key().is_err());
     }
 
     #[test]
@@ -138,10 +124,7 @@ mod tests {
 
     #[test]
     fn ip_modes() {
-        assert_eq!(
-            client_ip(Some("203.0.113.9"), &IpMode::Full).as_deref(),
-            Some("203.0.113.9")
-        );
+        assert_eq!(client_ip(Some("203.0.113.9"), &IpMode::Full).as_deref(), Some("203.0.113.9"));
         assert_eq!(client_ip(Some("203.0.113.9"), &IpMode::None), None);
         let a = client_ip(Some("203.0.113.9"), &IpMode::Hash { salt: "s1".into() }).unwrap();
         let b = client_ip(Some("203.0.113.9"), &IpMode::Hash { salt: "s2".into() }).unwrap();

@@ -14,23 +14,13 @@ pub enum Error {
     BadInput(String),
     /// A DynamoDB call failed after the SDK's own retries.
     #[error("dynamodb {operation}: {message}")]
-    Dynamo {
-        operation: &'static str,
-        message: String,
-    },
+    Dynamo { operation: &'static str, message: String },
     /// A Kinesis call failed after the SDK's own retries.
     #[error("kinesis {operation}: {message}")]
-    Kinesis {
-        operation: &'static str,
-        message: String,
-    },
+    Kinesis { operation: &'static str, message: String },
     /// Records that Kinesis kept rejecting after our retries.
     #[error("kinesis {operation}: {failed} records still failing after retries ({code})")]
-    KinesisPartial {
-        operation: &'static str,
-        failed: usize,
-        code: String,
-    },
+    KinesisPartial { operation: &'static str, failed: usize, code: String },
     /// The asynchronous self-invocation (fork / continuation) could not be sent.
     #[error("invoke: {0}")]
     Invoke(String),
@@ -41,17 +31,11 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn dynamo<E: std::error::Error>(operation: &'static str, err: E) -> Self {
-        Error::Dynamo {
-            operation,
-            message: DisplayErrorContext(&err).to_string(),
-        }
+        Error::Dynamo { operation, message: DisplayErrorContext(&err).to_string() }
     }
 
     pub(crate) fn kinesis<E: std::error::Error>(operation: &'static str, err: E) -> Self {
-        Error::Kinesis {
-            operation,
-            message: DisplayErrorContext(&err).to_string(),
-        }
+        Error::Kinesis { operation, message: DisplayErrorContext(&err).to_string() }
     }
 }
 

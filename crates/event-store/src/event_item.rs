@@ -105,9 +105,7 @@ impl EventItem {
 
 /// DynamoDB's size of an item: attribute names plus values, as documented.
 pub fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
-    item.iter()
-        .map(|(name, value)| name.len() + value_size(value))
-        .sum()
+    item.iter().map(|(name, value)| name.len() + value_size(value)).sum()
 }
 
 fn value_size(value: &AttributeValue) -> usize {
@@ -121,12 +119,7 @@ fn value_size(value: &AttributeValue) -> usize {
         AttributeValue::Ns(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
         AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
         AttributeValue::L(v) => 3 + v.iter().map(|x| 1 + value_size(x)).sum::<usize>(),
-        AttributeValue::M(m) => {
-            3 + m
-                .iter()
-                .map(|(k, x)| 1 + k.len() + value_size(x))
-                .sum::<usize>()
-        }
+        AttributeValue::M(m) => 3 + m.iter().map(|(k, x)| 1 + k.len() + value_size(x)).sum::<usize>(),
         _ => 0,
     }
 }
@@ -170,16 +163,14 @@ mod tests {
 
     #[test]
     fn json_is_stored_decoded_and_other_bytes_as_binary() {
-        let json =
-            EventItem::from_buffer(&buffered(1_234, "s:1", br#"{"a":[1,"x"]}"#), 1000).unwrap();
+        let json = EventItem::from_buffer(&buffered(1_234, "s:1", br#"{"a":[1,"x"]}"#), 1000).unwrap();
         assert_eq!(json.slot, 1_000);
         assert_eq!(json.payload, Some(serde_json::json!({"a": [1, "x"]})));
         assert!(json.data.is_none());
         assert!(matches!(json.to_item()["payload"], AttributeValue::M(_)));
         assert_eq!(json.bytes(), br#"{"a":[1,"x"]}"#);
 
-        let binary =
-            EventItem::from_buffer(&buffered(1_234, "s:1", &[0xff, 0x00, 0x7b]), 1000).unwrap();
+        let binary = EventItem::from_buffer(&buffered(1_234, "s:1", &[0xff, 0x00, 0x7b]), 1000).unwrap();
         assert_eq!(binary.data.as_deref(), Some(&[0xff, 0x00, 0x7b][..]));
         assert!(binary.payload.is_none());
         assert_eq!(EventItem::from_item(binary.to_item()).unwrap(), binary);
@@ -196,9 +187,6 @@ mod tests {
         assert!(item.payload.is_none() && item.data.as_deref() == Some(&text[..]));
 
         let huge = vec![b'x'; MAX_ITEM_BYTES + 1];
-        assert!(matches!(
-            EventItem::from_buffer(&buffered(1, "s:1", &huge), 1000),
-            Err(Error::Malformed(_))
-        ));
+        assert!(matches!(EventItem::from_buffer(&buffered(1, "s:1", &huge), 1000), Err(Error::Malformed(_))));
     }
 }

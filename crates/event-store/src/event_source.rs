@@ -14,10 +14,7 @@ pub fn kinesis_event(
     records: &[aws_sdk_kinesis::types::Record],
 ) -> KinesisEvent {
     let mut event = KinesisEvent::default();
-    event.records = records
-        .iter()
-        .map(|r| event_record(stream_arn, shard_id, region, r))
-        .collect();
+    event.records = records.iter().map(|r| event_record(stream_arn, shard_id, region, r)).collect();
     event
 }
 
@@ -27,10 +24,7 @@ fn event_record(
     region: &str,
     record: &aws_sdk_kinesis::types::Record,
 ) -> KinesisEventRecord {
-    let arrival_ms = record
-        .approximate_arrival_timestamp()
-        .and_then(|t| t.to_millis().ok())
-        .unwrap_or(0);
+    let arrival_ms = record.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
     let mut kinesis = KinesisRecord::default();
     kinesis.approximate_arrival_timestamp =
         SecondTimestamp(DateTime::<Utc>::from_timestamp_millis(arrival_ms).unwrap_or_default());
@@ -56,15 +50,8 @@ pub fn done_before_first_failure(
     sequences: &[&str],
     response: &aws_lambda_events::event::streams::KinesisEventResponse,
 ) -> usize {
-    let failed: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .filter_map(|f| f.item_identifier.as_deref())
-        .collect();
-    sequences
-        .iter()
-        .position(|s| failed.contains(s))
-        .unwrap_or(sequences.len())
+    let failed: Vec<&str> = response.batch_item_failures.iter().filter_map(|f| f.item_identifier.as_deref()).collect();
+    sequences.iter().position(|s| failed.contains(s)).unwrap_or(sequences.len())
 }
 
 #[cfg(test)]
@@ -101,19 +88,14 @@ mod tests {
             .sequence_number("42")
             .partition_key("pk")
             .data(aws_sdk_kinesis::primitives::Blob::new("{}"))
-            .approximate_arrival_timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(
-                1_795_327_124_010,
-            ))
+            .approximate_arrival_timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(1_795_327_124_010))
             .build()
             .unwrap();
         let event = kinesis_event("arn:s", "shardId-000000000001", "eu-west-1", &[record]);
         let r = &event.records[0];
         assert_eq!(r.event_id.as_deref(), Some("shardId-000000000001:42"));
         assert_eq!(r.event_source_arn.as_deref(), Some("arn:s"));
-        assert_eq!(
-            r.kinesis.approximate_arrival_timestamp.timestamp_millis(),
-            1_795_327_124_010
-        );
+        assert_eq!(r.kinesis.approximate_arrival_timestamp.timestamp_millis(), 1_795_327_124_010);
         assert_eq!(r.kinesis.data.0, b"{}");
     }
 }

@@ -28,10 +28,7 @@ pub struct LambdaInvoker {
 impl LambdaInvoker {
     /// `function_name` is the function's own name (`AWS_LAMBDA_FUNCTION_NAME` in Lambda).
     pub fn new(client: aws_sdk_lambda::Client, function_name: impl Into<String>) -> Self {
-        Self {
-            client,
-            function_name: function_name.into(),
-        }
+        Self { client, function_name: function_name.into() }
     }
 }
 
@@ -46,9 +43,7 @@ impl Invoker for LambdaInvoker {
                 .payload(Blob::new(body))
                 .send()
                 .await
-                .map_err(|e| {
-                    Error::Invoke(aws_sdk_lambda::error::DisplayErrorContext(&e).to_string())
-                })?;
+                .map_err(|e| Error::Invoke(aws_sdk_lambda::error::DisplayErrorContext(&e).to_string()))?;
             Ok(())
         })
     }
@@ -68,9 +63,7 @@ impl LocalInvoker {
 
     /// Queues a payload as if a schedule or a user had invoked the function.
     pub fn send(&self, payload: Value) -> Result<()> {
-        self.tx
-            .send(payload)
-            .map_err(|_| Error::Invoke("local runner stopped".into()))
+        self.tx.send(payload).map_err(|_| Error::Invoke("local runner stopped".into()))
     }
 }
 
@@ -83,10 +76,7 @@ impl Invoker for LocalInvoker {
 /// Runs every queued invocation as its own task, including those the runs
 /// queue themselves, and returns when none is queued or running: the local
 /// stand-in for Lambda's asynchronous invocations.
-pub async fn run_until_idle<F, Fut, T>(
-    rx: &mut mpsc::UnboundedReceiver<Value>,
-    handler: F,
-) -> Vec<T>
+pub async fn run_until_idle<F, Fut, T>(rx: &mut mpsc::UnboundedReceiver<Value>, handler: F) -> Vec<T>
 where
     F: Fn(Value) -> Fut,
     Fut: Future<Output = T> + Send + 'static,
@@ -127,10 +117,7 @@ mod tests {
     async fn local_runner_follows_chains_of_self_invocations() {
         let (invoker, mut rx) = LocalInvoker::channel();
         let runs = Arc::new(AtomicUsize::new(0));
-        invoker
-            .invoke_async(serde_json::json!({"left": 3}))
-            .await
-            .unwrap();
+        invoker.invoke_async(serde_json::json!({"left": 3})).await.unwrap();
         let results = run_until_idle(&mut rx, |payload| {
             let invoker = invoker.clone();
             let runs = runs.clone();

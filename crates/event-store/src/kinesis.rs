@@ -66,28 +66,16 @@ pub async fn send_put_records(
     if out.records().len() != records.len() {
         return Err(Error::Kinesis {
             operation: "PutRecords",
-            message: format!(
-                "answered {} results for {} records",
-                out.records().len(),
-                records.len()
-            ),
+            message: format!("answered {} results for {} records", out.records().len(), records.len()),
         });
     }
-    Ok(out
-        .records()
-        .iter()
-        .map(|r| r.error_code().map(str::to_owned))
-        .collect())
+    Ok(out.records().iter().map(|r| r.error_code().map(str::to_owned)).collect())
 }
 
 /// Puts every record, retrying only the failed ones with backoff. Returns the
 /// records that still failed (by index into `records`); a request-level error
 /// (after the SDK's own retries) is returned as `Err`.
-pub async fn put_unordered<F, Fut>(
-    records: &[Record],
-    backoff: &Backoff,
-    mut send: F,
-) -> Result<Vec<Failure>>
+pub async fn put_unordered<F, Fut>(records: &[Record], backoff: &Backoff, mut send: F) -> Result<Vec<Failure>>
 where
     F: FnMut(Vec<Record>) -> Fut,
     Fut: Future<Output = Result<Vec<RecordOutcome>>>,
@@ -105,15 +93,9 @@ where
         failures.clear();
         let mut start = 0;
         while start < pending.len() {
-            let sizes: Vec<usize> = pending[start..]
-                .iter()
-                .map(|&i| records[i].size())
-                .collect();
+            let sizes: Vec<usize> = pending[start..].iter().map(|&i| records[i].size()).collect();
             let end = start + first_chunk_len(&sizes, KINESIS_BATCH_RECORDS, KINESIS_BATCH_BYTES);
-            let batch: Vec<Record> = pending[start..end]
-                .iter()
-                .map(|&i| records[i].clone())
-                .collect();
+            let batch: Vec<Record> = pending[start..end].iter().map(|&i| records[i].clone()).collect();
             let outcomes = send(batch).await?;
             for (&index, outcome) in pending[start..end].iter().zip(outcomes) {
                 if let Some(code) = outcome {
@@ -139,11 +121,7 @@ pub struct OrderedPut {
 /// Puts every record in order. When a request comes back with failed
 /// records, everything from the first failure onward is sent again (in
 /// order), so a consumer never sees a record before one that preceded it.
-pub async fn put_ordered<F, Fut>(
-    records: &[Record],
-    backoff: &Backoff,
-    mut send: F,
-) -> Result<OrderedPut>
+pub async fn put_ordered<F, Fut>(records: &[Record], backoff: &Backoff, mut send: F) -> Result<OrderedPut>
 where
     F: FnMut(Vec<Record>) -> Fut,
     Fut: Future<Output = Result<Vec<RecordOutcome>>>,
@@ -168,11 +146,7 @@ where
                 pos += first;
                 retry += 1;
                 if retry >= backoff.max_attempts {
-                    return Err(Error::KinesisPartial {
-                        operation: "PutRecords",
-                        failed: end - pos,
-                        code,
-                    });
+                    return Err(Error::KinesisPartial { operation: "PutRecords", failed: end - pos, code });
                 }
                 backoff.wait(retry - 1).await;
             }
@@ -189,20 +163,11 @@ mod tests {
     use super::*;
 
     fn records(n: usize) -> Vec<Record> {
-        (0..n)
-            .map(|i| Record {
-                partition_key: format!("pk{}", i % 3),
-                data: vec![i as u8],
-            })
-            .collect()
+        (0..n).map(|i| Record { partition_key: format!("pk{}", i % 3), data: vec![i as u8] }).collect()
     }
 
     fn fast() -> Backoff {
-        Backoff {
-            base: Duration::from_micros(1),
-            cap: Duration::from_micros(10),
-            max_attempts: 5,
-        }
+        Backoff { base: Duration::from_micros(1), cap: Duration::from_micros(10), max_attempts: 5 }
     }
 
     type SentLog = Arc<Mutex<Vec<Vec<u8>>>>;
@@ -238,54 +203,32 @@ mod tests {
         // First request: 0..6 with 2 and 4 failing; then everything from 2 on, again, in order
         // (3 and 5 were stored already and go twice).
         assert_eq!(sent, vec![0, 1, 2, 3, 4, 5, 2, 3, 4, 5]);
-        assert_eq!(
-            stats,
-            OrderedPut {
-                requests: 2,
-                resent: 2
-            }
-        );
+        assert_eq!(stats, OrderedPut { requests: 2, resent: 2 });
     }
 
     #[tokio::test]
     async fn ordered_put_gives_up_after_max_attempts() {
         let recs = records(3);
-        let send = |batch: Vec<Record>| {
-            futures::future::ready(Ok(vec![Some("InternalFailure".to_string()); batch.len()]))
-        };
+        let send =
+            |batch: Vec<Record>| futures::future::ready(Ok(vec![Some("InternalFailure".to_string()); batch.len()]));
         let err = put_ordered(&recs, &fast(), send).await.unwrap_err();
-        assert!(
-            matches!(err, Error::KinesisPartial { failed: 3, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, Error::KinesisPartial { failed: 3, .. }), "{err}");
     }
 
     #[tokio::test]
     async fn unordered_put_retries_only_failed_records_and_reports_the_rest() {
         let recs = records(5);
         let (sent, send) = flaky(vec![1, 3]);
-        assert!(put_unordered(&recs, &fast(), send)
-            .await
-            .unwrap()
-            .is_empty());
+        assert!(put_unordered(&recs, &fast(), send).await.unwrap().is_empty());
         let sent: Vec<u8> = sent.lock().unwrap().iter().map(|d| d[0]).collect();
         assert_eq!(sent, vec![0, 1, 2, 3, 4, 1, 3]);
 
         let always = |batch: Vec<Record>| {
-            let out = batch
-                .iter()
-                .map(|r| (r.data[0] == 2).then(|| "InternalFailure".to_string()))
-                .collect();
+            let out = batch.iter().map(|r| (r.data[0] == 2).then(|| "InternalFailure".to_string())).collect();
             futures::future::ready(Ok(out))
         };
         let failures = put_unordered(&recs, &fast(), always).await.unwrap();
-        assert_eq!(
-            failures,
-            vec![Failure {
-                index: 2,
-                code: "InternalFailure".into()
-            }]
-        );
+        assert_eq!(failures, vec![Failure { index: 2, code: "InternalFailure".into() }]);
     }
 
     #[tokio::test]

@@ -41,10 +41,7 @@ impl From<Error> for lambda_runtime::Diagnostic {
             Error::Invoke(_) => "InvokeError",
             Error::Malformed(_) => "MalformedItem",
         };
-        lambda_runtime::Diagnostic {
-            error_type: error_type.into(),
-            error_message: err.to_string(),
-        }
+        lambda_runtime::Diagnostic { error_type: error_type.into(), error_message: err.to_string() }
     }
 }
 

@@ -21,9 +21,9 @@ use crate::time::{format_ms, now_ms};
 
 /// A transparent 1x1 GIF, 43 bytes.
 pub const PIXEL: [u8; 43] = [
-    0x47, 0x49, 0x46, 0x38, 0x39, 0x61, 0x01, 0x00, 0x01, 0x00, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00,
-    0xff, 0xff, 0xff, 0x21, 0xf9, 0x04, 0x01, 0x00, 0x00, 0x00, 0x00, 0x2c, 0x00, 0x00, 0x00, 0x00,
-    0x01, 0x00, 0x01, 0x00, 0x00, 0x02, 0x02, 0x44, 0x01, 0x00, 0x3b,
+    0x47, 0x49, 0x46, 0x38, 0x39, 0x61, 0x01, 0x00, 0x01, 0x00, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff,
+    0x21, 0xf9, 0x04, 0x01, 0x00, 0x00, 0x00, 0x00, 0x2c, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x02,
+    0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
 
 /// `POST /events` takes at most this many events (one `PutRecords` worth).
@@ -38,10 +38,7 @@ pub struct Reject {
 
 impl Reject {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
+        Self { status, message: message.into() }
     }
 }
 
@@ -60,6 +57,10 @@ fn route(path: &str) -> Option<Route> {
     }
 }
 
+/// The AWS actions this stage calls, and so the only ones its IAM role
+/// grants (tests check the code against this list, and the template against it).
+pub const AWS_ACTIONS: &[&str] = &["kinesis:PutRecord", "kinesis:PutRecords"];
+
 pub struct Load {
     kinesis: aws_sdk_kinesis::Client,
     config: LoadConfig,
@@ -68,11 +69,7 @@ pub struct Load {
 
 impl Load {
     pub fn new(kinesis: aws_sdk_kinesis::Client, config: LoadConfig) -> Self {
-        Self {
-            kinesis,
-            config,
-            backoff: Backoff::default(),
-        }
+        Self { kinesis, config, backoff: Backoff::default() }
     }
 
     /// Answers one HTTP request. Never fails: every outcome is a response.
@@ -81,10 +78,7 @@ impl Load {
         let answer = match (route(req.uri().path()), &method) {
             (Some(Route::Pixel), &Method::GET | &Method::POST) => self.pixel(&req).await,
             (Some(Route::Events), &Method::POST) => self.events(&req).await,
-            (Some(_), _) => Err(Reject::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed",
-            )),
+            (Some(_), _) => Err(Reject::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")),
             (None, _) => Err(Reject::new(StatusCode::NOT_FOUND, "not found")),
         };
         answer.unwrap_or_else(|reject| {
@@ -95,8 +89,7 @@ impl Load {
 
     async fn pixel(&self, req: &Request) -> Result<Response<Body>, Reject> {
         // A POSTed pixel keeps its body: JSON when it parses, else the text.
-        let body =
-            body_text(req)?.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
+        let body = body_text(req)?.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
         let envelope = self.envelope(req, body);
         let record = self.record(&envelope)?;
         let out = self
@@ -120,8 +113,7 @@ impl Load {
 
     async fn events(&self, req: &Request) -> Result<Response<Body>, Reject> {
         check_json_content_type(req)?;
-        let text =
-            body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
+        let text = body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
         let events = parse_events(&text)?;
         let records = events
             .into_iter()
@@ -140,40 +132,20 @@ impl Load {
         let accepted = records.len() - failures.len();
         info!(accepted, failed = failures.len(), "events put");
         if failures.is_empty() {
-            return Ok(json_response(
-                StatusCode::ACCEPTED,
-                &json!({ "accepted": accepted }),
-            ));
+            return Ok(json_response(StatusCode::ACCEPTED, &json!({ "accepted": accepted })));
         }
         warn!(failed = failures.len(), code = %failures[0].code, "some events could not be put");
-        let failed: Vec<Value> = failures
-            .iter()
-            .map(|f| json!({ "index": f.index, "error": f.code }))
-            .collect();
-        let status = if accepted == 0 {
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::MULTI_STATUS
-        };
-        Ok(json_response(
-            status,
-            &json!({ "accepted": accepted, "failed": failed }),
-        ))
+        let failed: Vec<Value> = failures.iter().map(|f| json!({ "index": f.index, "error": f.code })).collect();
+        let status = if accepted == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::MULTI_STATUS };
+        Ok(json_response(status, &json!({ "accepted": accepted, "failed": failed })))
     }
 
     fn envelope(&self, req: &Request, body: Option<Value>) -> Envelope {
-        let header_text = |name: header::HeaderName| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
+        let header_text =
+            |name: header::HeaderName| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let mut query: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (key, value) in req.query_string_parameters().iter() {
-            query
-                .entry(key.to_owned())
-                .or_default()
-                .push(value.to_owned());
+            query.entry(key.to_owned()).or_default().push(value.to_owned());
         }
         Envelope {
             id: uuid::Uuid::new_v4().to_string(),
@@ -200,17 +172,10 @@ impl Load {
         if data.len() > self.config.max_event_bytes {
             return Err(Reject::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "event is {} bytes; the limit is {}",
-                    data.len(),
-                    self.config.max_event_bytes
-                ),
+                format!("event is {} bytes; the limit is {}", data.len(), self.config.max_event_bytes),
             ));
         }
-        Ok(Record {
-            partition_key,
-            data,
-        })
+        Ok(Record { partition_key, data })
     }
 }
 
@@ -243,72 +208,42 @@ fn check_json_content_type(req: &Request) -> Result<(), Reject> {
     let Some(value) = req.headers().get(header::CONTENT_TYPE) else {
         return Ok(());
     };
-    let mime = value
-        .to_str()
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     if mime == "application/json" || mime.ends_with("+json") || mime == "text/plain" {
         Ok(())
     } else {
-        Err(Reject::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "send events as application/json",
-        ))
+        Err(Reject::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send events as application/json"))
     }
 }
 
 /// One JSON object, or an array of 1 to 500 objects.
 pub fn parse_events(text: &str) -> Result<Vec<Value>, Reject> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
-        Reject::new(
-            StatusCode::BAD_REQUEST,
-            format!("malformed JSON at line {} column {}", e.line(), e.column()),
-        )
+        Reject::new(StatusCode::BAD_REQUEST, format!("malformed JSON at line {} column {}", e.line(), e.column()))
     })?;
     let events = match value {
         Value::Object(_) => vec![value],
         Value::Array(items) => items,
-        _ => {
-            return Err(Reject::new(
-                StatusCode::BAD_REQUEST,
-                "expected a JSON object or an array of objects",
-            ))
-        }
+        _ => return Err(Reject::new(StatusCode::BAD_REQUEST, "expected a JSON object or an array of objects")),
     };
     if events.is_empty() {
-        return Err(Reject::new(
-            StatusCode::BAD_REQUEST,
-            "no events in the array",
-        ));
+        return Err(Reject::new(StatusCode::BAD_REQUEST, "no events in the array"));
     }
     if events.len() > MAX_EVENTS_PER_POST {
         return Err(Reject::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "{} events; at most {MAX_EVENTS_PER_POST} per request",
-                events.len()
-            ),
+            format!("{} events; at most {MAX_EVENTS_PER_POST} per request", events.len()),
         ));
     }
     if let Some(i) = events.iter().position(|e| !e.is_object()) {
-        return Err(Reject::new(
-            StatusCode::BAD_REQUEST,
-            format!("event {i} is not a JSON object"),
-        ));
+        return Err(Reject::new(StatusCode::BAD_REQUEST, format!("event {i} is not a JSON object")));
     }
     Ok(events)
 }
 
 fn unavailable(err: Error) -> Reject {
     error!(error = %err, "event stream unavailable");
-    Reject::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "event stream unavailable, retry later",
-    )
+    Reject::new(StatusCode::SERVICE_UNAVAILABLE, "event stream unavailable, retry later")
 }
 
 fn internal(detail: String) -> Reject {
@@ -319,14 +254,9 @@ fn internal(detail: String) -> Reject {
 fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
     let mut response = Response::new(Body::Text(body.to_string()));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     }
     response
 }
@@ -354,27 +284,12 @@ mod tests {
     fn events_parse_as_object_or_bounded_array() {
         assert_eq!(parse_events(r#"{"a":1}"#).unwrap().len(), 1);
         assert_eq!(parse_events(r#"[{"a":1},{"b":2}]"#).unwrap().len(), 2);
-        assert_eq!(
-            parse_events("{oops").unwrap_err().status,
-            StatusCode::BAD_REQUEST
-        );
-        assert_eq!(
-            parse_events("[]").unwrap_err().status,
-            StatusCode::BAD_REQUEST
-        );
-        assert_eq!(
-            parse_events("[1]").unwrap_err().status,
-            StatusCode::BAD_REQUEST
-        );
-        assert_eq!(
-            parse_events("\"x\"").unwrap_err().status,
-            StatusCode::BAD_REQUEST
-        );
+        assert_eq!(parse_events("{oops").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_events("[]").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_events("[1]").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_events("\"x\"").unwrap_err().status, StatusCode::BAD_REQUEST);
         let many = format!("[{}]", vec!["{}"; 501].join(","));
-        assert_eq!(
-            parse_events(&many).unwrap_err().status,
-            StatusCode::PAYLOAD_TOO_LARGE
-        );
+        assert_eq!(parse_events(&many).unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
         let max = format!("[{}]", vec!["{}"; 500].join(","));
         assert_eq!(parse_events(&max).unwrap().len(), 500);
     }

@@ -28,11 +28,7 @@ impl RequestCounter {
     /// Requests so far to one service (`DynamoDB`, `Kinesis`).
     pub fn service_total(&self, service: &str) -> u64 {
         let prefix = format!("{service}.");
-        self.snapshot()
-            .iter()
-            .filter(|(k, _)| k.starts_with(&prefix))
-            .map(|(_, v)| v)
-            .sum()
+        self.snapshot().iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(_, v)| v).sum()
     }
 
     pub fn reset(&self) {
@@ -62,15 +58,10 @@ impl Intercept for RequestCounter {
         _cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         // DynamoDB and Kinesis speak JSON protocols that name the operation in X-Amz-Target.
-        let operation = context
-            .request()
-            .headers()
-            .get("x-amz-target")
-            .map(operation_name)
-            .unwrap_or_else(|| {
-                let path = context.request().uri();
-                format!("HTTP {path}")
-            });
+        let operation = context.request().headers().get("x-amz-target").map(operation_name).unwrap_or_else(|| {
+            let path = context.request().uri();
+            format!("HTTP {path}")
+        });
         if let Ok(mut counts) = self.counts.lock() {
             *counts.entry(operation).or_default() += 1;
         }
@@ -84,13 +75,7 @@ mod tests {
 
     #[test]
     fn operation_names_drop_the_api_version() {
-        assert_eq!(
-            operation_name("DynamoDB_20120810.BatchWriteItem"),
-            "DynamoDB.BatchWriteItem"
-        );
-        assert_eq!(
-            operation_name("Kinesis_20131202.PutRecords"),
-            "Kinesis.PutRecords"
-        );
+        assert_eq!(operation_name("DynamoDB_20120810.BatchWriteItem"), "DynamoDB.BatchWriteItem");
+        assert_eq!(operation_name("Kinesis_20131202.PutRecords"), "Kinesis.PutRecords");
     }
 }

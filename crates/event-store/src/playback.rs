@@ -49,30 +49,12 @@ pub struct Window {
 impl Window {
     /// Defaults: `end` = now, `start` = `end` - 15 minutes. `end` before `start` is an error.
     pub fn parse(request: &PlaybackRequest, now: i64) -> Result<Self> {
-        let end = request
-            .end
-            .as_deref()
-            .map(parse_time)
-            .transpose()?
-            .unwrap_or(now);
-        let start = request
-            .start
-            .as_deref()
-            .map(parse_time)
-            .transpose()?
-            .unwrap_or(end - DEFAULT_WINDOW_MS);
+        let end = request.end.as_deref().map(parse_time).transpose()?.unwrap_or(now);
+        let start = request.start.as_deref().map(parse_time).transpose()?.unwrap_or(end - DEFAULT_WINDOW_MS);
         if end < start {
-            return Err(Error::BadInput(format!(
-                "end {} is before start {}",
-                format_ms(end),
-                format_ms(start)
-            )));
+            return Err(Error::BadInput(format!("end {} is before start {}", format_ms(end), format_ms(start))));
         }
-        Ok(Self {
-            start,
-            end,
-            resume_after: request.resume_after.clone(),
-        })
+        Ok(Self { start, end, resume_after: request.resume_after.clone() })
     }
 
     /// The sort-key range of `slot` that lies in the window (inclusive bounds:
@@ -115,6 +97,10 @@ pub struct SlotPlayed {
 /// Told about every non-empty slot as it is played: the local CLI prints these.
 pub type SlotObserver = Arc<dyn Fn(&SlotPlayed) + Send + Sync>;
 
+/// The AWS actions this stage calls, and so the only ones its IAM role
+/// grants (tests check the code against this list, and the template against it).
+pub const AWS_ACTIONS: &[&str] = &["dynamodb:Query", "kinesis:PutRecords", "lambda:InvokeFunction"];
+
 pub struct Playback {
     dynamo: aws_sdk_dynamodb::Client,
     kinesis: aws_sdk_kinesis::Client,
@@ -131,14 +117,7 @@ impl Playback {
         config: PlaybackConfig,
         invoker: Arc<dyn Invoker>,
     ) -> Self {
-        Self {
-            dynamo,
-            kinesis,
-            config,
-            invoker,
-            backoff: Backoff::default(),
-            observer: None,
-        }
+        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default(), observer: None }
     }
 
     pub fn with_observer(mut self, observer: SlotObserver) -> Self {
@@ -150,8 +129,7 @@ impl Playback {
         let request: PlaybackRequest = if payload.is_null() {
             PlaybackRequest::default()
         } else {
-            serde_json::from_value(payload)
-                .map_err(|e| Error::BadInput(format!("playback request: {e}")))?
+            serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("playback request: {e}")))?
         };
         let window = Window::parse(&request, now_ms())?;
         self.play(&window, deadline).await
@@ -159,11 +137,8 @@ impl Playback {
 
     pub async fn play(&self, window: &Window, deadline: SystemTime) -> Result<PlaybackSummary> {
         let unit = self.config.time_unit_ms;
-        let mut summary = PlaybackSummary {
-            start: format_ms(window.start),
-            end: format_ms(window.end),
-            ..Default::default()
-        };
+        let mut summary =
+            PlaybackSummary { start: format_ms(window.start), end: format_ms(window.end), ..Default::default() };
         let mut pending: Vec<Record> = Vec::new();
         let mut slot = slot_of(window.start, unit);
         let mut resume_key = window.resume_after.clone();
@@ -193,15 +168,10 @@ impl Playback {
                     match EventItem::from_item(item.clone()) {
                         Ok(event) => {
                             first_in_slot.get_or_insert(event.arrival);
-                            summary
-                                .first_event
-                                .get_or_insert_with(|| format_ms(event.arrival));
+                            summary.first_event.get_or_insert_with(|| format_ms(event.arrival));
                             summary.last_event = Some(format_ms(event.arrival));
                             in_slot += 1;
-                            pending.push(Record {
-                                partition_key: event.partition_key.clone(),
-                                data: event.bytes(),
-                            });
+                            pending.push(Record { partition_key: event.partition_key.clone(), data: event.bytes() });
                         }
                         Err(err) => {
                             warn!(slot, error = %err, "event item skipped");
@@ -225,16 +195,8 @@ impl Playback {
                     pending.clear();
                     self.slot_done(slot, first_in_slot, in_slot, &mut summary);
                     let next = match last_key {
-                        Some(key) => Window {
-                            start: window.start.max(slot),
-                            end: window.end,
-                            resume_after: Some(key),
-                        },
-                        None => Window {
-                            start: slot + unit as i64,
-                            end: window.end,
-                            resume_after: None,
-                        },
+                        Some(key) => Window { start: window.start.max(slot), end: window.end, resume_after: Some(key) },
+                        None => Window { start: slot + unit as i64, end: window.end, resume_after: None },
                     };
                     if next.start < window.end {
                         self.continue_with(&next).await?;
@@ -251,12 +213,7 @@ impl Playback {
             slot += unit as i64;
         }
         self.put(&pending, &mut summary).await?;
-        info!(
-            slots = summary.slots,
-            events = summary.events,
-            requests = summary.put_requests,
-            "playback done"
-        );
+        info!(slots = summary.slots, events = summary.events, requests = summary.put_requests, "playback done");
         Ok(summary)
     }
 
@@ -276,22 +233,12 @@ impl Playback {
     }
 
     /// Counts a slot and logs the original's line: `<slot>: <first event time> [<count>]`.
-    fn slot_done(
-        &self,
-        slot: i64,
-        first: Option<i64>,
-        count: usize,
-        summary: &mut PlaybackSummary,
-    ) {
+    fn slot_done(&self, slot: i64, first: Option<i64>, count: usize, summary: &mut PlaybackSummary) {
         let Some(first) = first else { return };
         summary.slots += 1;
         info!(slot = %format_ms(slot), first = %format_ms(first), count, "{}: {} [{count}]", format_ms(slot), format_ms(first));
         if let Some(observer) = &self.observer {
-            observer(&SlotPlayed {
-                slot,
-                first_event: first,
-                count,
-            });
+            observer(&SlotPlayed { slot, first_event: first, count });
         }
     }
 
@@ -309,10 +256,7 @@ impl Playback {
 
 fn event_key(slot: i64, sort_key: String) -> HashMap<String, AttributeValue> {
     HashMap::from([
-        (
-            event_item::PARTITION_KEY.to_owned(),
-            AttributeValue::N(slot.to_string()),
-        ),
+        (event_item::PARTITION_KEY.to_owned(), AttributeValue::N(slot.to_string())),
         (event_item::SORT_KEY.to_owned(), AttributeValue::S(sort_key)),
     ])
 }
@@ -327,10 +271,7 @@ mod tests {
         let now = 1_800_000_000_000;
         let w = Window::parse(&PlaybackRequest::default(), now).unwrap();
         assert_eq!((w.start, w.end), (now - 900_000, now));
-        let only_start = PlaybackRequest {
-            start: Some("1970-01-01T00:00:01Z".into()),
-            ..Default::default()
-        };
+        let only_start = PlaybackRequest { start: Some("1970-01-01T00:00:01Z".into()), ..Default::default() };
         assert_eq!(Window::parse(&only_start, now).unwrap().start, 1000);
     }
 
@@ -341,27 +282,14 @@ mod tests {
             end: Some("2026-01-01T00:00:00Z".into()),
             ..Default::default()
         };
-        assert!(matches!(
-            Window::parse(&reversed, 0),
-            Err(Error::BadInput(_))
-        ));
-        let garbage = PlaybackRequest {
-            start: Some("last tuesday".into()),
-            ..Default::default()
-        };
-        assert!(matches!(
-            Window::parse(&garbage, 0),
-            Err(Error::BadInput(_))
-        ));
+        assert!(matches!(Window::parse(&reversed, 0), Err(Error::BadInput(_))));
+        let garbage = PlaybackRequest { start: Some("last tuesday".into()), ..Default::default() };
+        assert!(matches!(Window::parse(&garbage, 0), Err(Error::BadInput(_))));
     }
 
     #[test]
     fn key_ranges_clip_the_first_and_last_slot_to_the_window() {
-        let w = Window {
-            start: 1_500,
-            end: 3_250,
-            resume_after: None,
-        };
+        let w = Window { start: 1_500, end: 3_250, resume_after: None };
         let (from, to) = w.key_range(1_000, 1000);
         assert!(sort_key(1_499, "s:1") < from && from <= sort_key(1_500, "s:1"));
         assert!(sort_key(1_999, "s:9") <= to);

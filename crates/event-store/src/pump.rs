@@ -29,9 +29,7 @@ pub fn parse_event(mut value: Value) -> Result<KinesisEvent> {
     let mut arrivals = Vec::new();
     if let Some(records) = value.get_mut("Records").and_then(Value::as_array_mut) {
         for record in records {
-            let timestamp = record
-                .get_mut("kinesis")
-                .and_then(|k| k.get_mut("approximateArrivalTimestamp"));
+            let timestamp = record.get_mut("kinesis").and_then(|k| k.get_mut("approximateArrivalTimestamp"));
             let seconds = timestamp.as_deref().and_then(|t| match t {
                 Value::Number(n) => n.as_f64(),
                 Value::String(s) => s.parse().ok(),
@@ -43,8 +41,8 @@ pub fn parse_event(mut value: Value) -> Result<KinesisEvent> {
             arrivals.push(seconds.map(|s| (s * 1000.0).round() as i64));
         }
     }
-    let mut event: KinesisEvent = serde_json::from_value(value)
-        .map_err(|e| Error::BadInput(format!("kinesis event: {e}")))?;
+    let mut event: KinesisEvent =
+        serde_json::from_value(value).map_err(|e| Error::BadInput(format!("kinesis event: {e}")))?;
     for (record, arrival) in event.records.iter_mut().zip(arrivals) {
         if let Some(ms) = arrival.and_then(DateTime::<Utc>::from_timestamp_millis) {
             record.kinesis.approximate_arrival_timestamp = SecondTimestamp(ms);
@@ -52,6 +50,10 @@ pub fn parse_event(mut value: Value) -> Result<KinesisEvent> {
     }
     Ok(event)
 }
+
+/// The AWS actions this stage calls, and so the only ones its IAM role
+/// grants (tests check the code against this list, and the template against it).
+pub const AWS_ACTIONS: &[&str] = &["dynamodb:BatchWriteItem"];
 
 pub struct Pump {
     dynamo: aws_sdk_dynamodb::Client,
@@ -61,11 +63,7 @@ pub struct Pump {
 
 impl Pump {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, config: PumpConfig) -> Self {
-        Self {
-            dynamo,
-            config,
-            backoff: Backoff::default(),
-        }
+        Self { dynamo, config, backoff: Backoff::default() }
     }
 
     pub async fn handle(&self, event: KinesisEvent) -> KinesisEventResponse {
@@ -86,7 +84,10 @@ impl Pump {
             let attributes = item.to_item();
             let size = item_size(&attributes);
             if size > MAX_ITEM_BYTES {
-                error!(sequence, size, "record too large for a DynamoDB item; left to the event source's failure destination");
+                error!(
+                    sequence,
+                    size, "record too large for a DynamoDB item; left to the event source's failure destination"
+                );
                 failed.push(sequence);
                 continue;
             }
@@ -95,9 +96,7 @@ impl Pump {
             if seen.len() == 1 {
                 let put = PutRequest::builder().set_item(Some(attributes)).build();
                 match put {
-                    Ok(put) => {
-                        writes.push((item.id, WriteRequest::builder().put_request(put).build()))
-                    }
+                    Ok(put) => writes.push((item.id, WriteRequest::builder().put_request(put).build())),
                     Err(err) => {
                         error!(error = %err, "cannot build put request");
                         failed.extend(sequences.remove(&item.id).unwrap_or_default());
@@ -106,22 +105,11 @@ impl Pump {
             }
         }
         let written = writes.len();
-        let unwritten = write_all(
-            &self.dynamo,
-            &self.config.buffer_table,
-            writes,
-            &self.backoff,
-        )
-        .await;
+        let unwritten = write_all(&self.dynamo, &self.config.buffer_table, writes, &self.backoff).await;
         for key in &unwritten {
             failed.extend(sequences.remove(key).unwrap_or_default());
         }
-        info!(
-            records = event.records.len(),
-            items = written - unwritten.len(),
-            failed = failed.len(),
-            "buffered"
-        );
+        info!(records = event.records.len(), items = written - unwritten.len(), failed = failed.len(), "buffered");
         let mut response = KinesisEventResponse::default();
         response.batch_item_failures = failed
             .into_iter()
@@ -144,42 +132,21 @@ mod tests {
             "kinesis": {"partitionKey": "p", "sequenceNumber": "1", "data": "", "approximateArrivalTimestamp": timestamp},
             "eventID": "shardId-000000000000:1", "eventSourceARN": "arn"
         }]});
-        parse_event(event).unwrap().records[0]
-            .kinesis
-            .approximate_arrival_timestamp
-            .timestamp_millis()
+        parse_event(event).unwrap().records[0].kinesis.approximate_arrival_timestamp.timestamp_millis()
     }
 
     #[test]
     fn arrival_times_keep_their_milliseconds_whatever_the_digits() {
-        assert_eq!(
-            arrival_of(serde_json::json!(1795327124.477)),
-            1_795_327_124_477
-        );
-        assert_eq!(
-            arrival_of(serde_json::json!(1795327124.01)),
-            1_795_327_124_010
-        );
-        assert_eq!(
-            arrival_of(serde_json::json!(1795327124.1)),
-            1_795_327_124_100
-        );
-        assert_eq!(
-            arrival_of(serde_json::json!(1795327124.1234)),
-            1_795_327_124_123
-        );
+        assert_eq!(arrival_of(serde_json::json!(1795327124.477)), 1_795_327_124_477);
+        assert_eq!(arrival_of(serde_json::json!(1795327124.01)), 1_795_327_124_010);
+        assert_eq!(arrival_of(serde_json::json!(1795327124.1)), 1_795_327_124_100);
+        assert_eq!(arrival_of(serde_json::json!(1795327124.1234)), 1_795_327_124_123);
         assert_eq!(arrival_of(serde_json::json!(1795327124)), 1_795_327_124_000);
-        assert_eq!(
-            arrival_of(serde_json::json!("1795327124.05")),
-            1_795_327_124_050
-        );
+        assert_eq!(arrival_of(serde_json::json!("1795327124.05")), 1_795_327_124_050);
     }
 
     #[test]
     fn a_malformed_event_is_bad_input() {
-        assert!(matches!(
-            parse_event(serde_json::json!({"Records": 3})),
-            Err(Error::BadInput(_))
-        ));
+        assert!(matches!(parse_event(serde_json::json!({"Records": 3})), Err(Error::BadInput(_))));
     }
 }

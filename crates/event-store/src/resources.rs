@@ -2,9 +2,7 @@
 //! local stack, the tests), with the keys and settings of `template.yaml`.
 //! Creating what already exists is not an error.
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
+use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
 
 use crate::buffer_item;
 use crate::error::{Error, Result};
@@ -32,11 +30,7 @@ impl Names {
 }
 
 fn key(name: &str, kind: KeyType) -> Result<KeySchemaElement> {
-    KeySchemaElement::builder()
-        .attribute_name(name)
-        .key_type(kind)
-        .build()
-        .map_err(|e| Error::dynamo("CreateTable", e))
+    KeySchemaElement::builder().attribute_name(name).key_type(kind).build().map_err(|e| Error::dynamo("CreateTable", e))
 }
 
 fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinition> {
@@ -50,37 +44,23 @@ fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinitio
 /// Buffer table: hash key `id` (S); event table: `slot` (N) + `sort_key` (S). On-demand.
 pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> Result<()> {
     let tables = [
-        (
-            &names.buffer_table,
-            vec![(buffer_item::KEY, KeyType::Hash, ScalarAttributeType::S)],
-        ),
+        (&names.buffer_table, vec![(buffer_item::KEY, KeyType::Hash, ScalarAttributeType::S)]),
         (
             &names.event_table,
             vec![
-                (
-                    event_item::PARTITION_KEY,
-                    KeyType::Hash,
-                    ScalarAttributeType::N,
-                ),
+                (event_item::PARTITION_KEY, KeyType::Hash, ScalarAttributeType::N),
                 (event_item::SORT_KEY, KeyType::Range, ScalarAttributeType::S),
             ],
         ),
     ];
     for (table, keys) in tables {
-        let mut request = client
-            .create_table()
-            .table_name(table.as_str())
-            .billing_mode(BillingMode::PayPerRequest);
+        let mut request = client.create_table().table_name(table.as_str()).billing_mode(BillingMode::PayPerRequest);
         for (name, kind, scalar) in keys {
-            request = request
-                .key_schema(key(name, kind)?)
-                .attribute_definitions(attribute(name, scalar)?);
+            request = request.key_schema(key(name, kind)?).attribute_definitions(attribute(name, scalar)?);
         }
         match request.send().await {
             Ok(_) => {}
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_in_use_exception()) => {}
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
             Err(e) => return Err(Error::dynamo("CreateTable", e)),
         }
     }
@@ -88,23 +68,11 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
 }
 
 /// Both streams with `shards` shards each; waits until they are active.
-pub async fn create_streams(
-    client: &aws_sdk_kinesis::Client,
-    names: &Names,
-    shards: i32,
-) -> Result<()> {
+pub async fn create_streams(client: &aws_sdk_kinesis::Client, names: &Names, shards: i32) -> Result<()> {
     for stream in [&names.event_stream, &names.playback_stream] {
-        match client
-            .create_stream()
-            .stream_name(stream.as_str())
-            .shard_count(shards)
-            .send()
-            .await
-        {
+        match client.create_stream().stream_name(stream.as_str()).shard_count(shards).send().await {
             Ok(_) => {}
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_in_use_exception()) => {}
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
             Err(e) => return Err(Error::kinesis("CreateStream", e)),
         }
         for _ in 0..100 {
@@ -114,9 +82,9 @@ pub async fn create_streams(
                 .send()
                 .await
                 .map_err(|e| Error::kinesis("DescribeStreamSummary", e))?;
-            let active = summary.stream_description_summary().is_some_and(|d| {
-                d.stream_status() == &aws_sdk_kinesis::types::StreamStatus::Active
-            });
+            let active = summary
+                .stream_description_summary()
+                .is_some_and(|d| d.stream_status() == &aws_sdk_kinesis::types::StreamStatus::Active);
             if active {
                 break;
             }

@@ -65,10 +65,12 @@ pub fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration
 
 /// Time left before `deadline`, zero when past it.
 pub fn remaining(deadline: SystemTime) -> Duration {
-    deadline
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO)
+    deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
 }
+
+/// The AWS actions this stage calls, and so the only ones its IAM role
+/// grants (tests check the code against this list, and the template against it).
+pub const AWS_ACTIONS: &[&str] = &["dynamodb:Scan", "dynamodb:BatchWriteItem", "lambda:InvokeFunction"];
 
 pub struct Scan {
     dynamo: aws_sdk_dynamodb::Client,
@@ -78,47 +80,28 @@ pub struct Scan {
 }
 
 impl Scan {
-    pub fn new(
-        dynamo: aws_sdk_dynamodb::Client,
-        config: ScanConfig,
-        invoker: Arc<dyn Invoker>,
-    ) -> Self {
-        Self {
-            dynamo,
-            config,
-            invoker,
-            backoff: Backoff::default(),
-        }
+    pub fn new(dynamo: aws_sdk_dynamodb::Client, config: ScanConfig, invoker: Arc<dyn Invoker>) -> Self {
+        Self { dynamo, config, invoker, backoff: Backoff::default() }
     }
 
     /// A payload with `segment` runs that segment; anything else (the
     /// schedule's event) starts one run per segment.
     pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<ScanSummary> {
         if payload.get("segment").is_some() {
-            let task: SegmentTask = serde_json::from_value(payload)
-                .map_err(|e| Error::BadInput(format!("segment task: {e}")))?;
+            let task: SegmentTask =
+                serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("segment task: {e}")))?;
             if task.segment >= task.total_segments {
-                return Err(Error::BadInput(format!(
-                    "segment {} of {}",
-                    task.segment, task.total_segments
-                )));
+                return Err(Error::BadInput(format!("segment {} of {}", task.segment, task.total_segments)));
             }
             return self.run_segment(task, deadline).await;
         }
         let total_segments = self.config.segments;
         for segment in 0..total_segments {
-            let task = SegmentTask {
-                segment,
-                total_segments,
-                exclusive_start_key: None,
-            };
+            let task = SegmentTask { segment, total_segments, exclusive_start_key: None };
             self.fork(&task).await?;
         }
         info!(segments = total_segments, "scan started");
-        Ok(ScanSummary {
-            forked: total_segments,
-            ..Default::default()
-        })
+        Ok(ScanSummary { forked: total_segments, ..Default::default() })
     }
 
     async fn fork(&self, task: &SegmentTask) -> Result<()> {
@@ -146,20 +129,13 @@ impl Scan {
             summary.moved += moved.moved;
             summary.failed += moved.failed;
             summary.unreadable += moved.unreadable;
-            let last_key = page
-                .last_evaluated_key()
-                .and_then(|k| k.get(buffer_item::KEY))
-                .and_then(|v| v.as_s().ok())
-                .cloned();
+            let last_key =
+                page.last_evaluated_key().and_then(|k| k.get(buffer_item::KEY)).and_then(|v| v.as_s().ok()).cloned();
             match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
                 Next::Done => break,
                 Next::Page(key) => start_key = Some(key),
                 Next::Fork(key) => {
-                    self.fork(&SegmentTask {
-                        exclusive_start_key: Some(key),
-                        ..task.clone()
-                    })
-                    .await?;
+                    self.fork(&SegmentTask { exclusive_start_key: Some(key), ..task.clone() }).await?;
                     summary.forked = 1;
                     break;
                 }
@@ -185,13 +161,9 @@ impl Scan {
         let mut sources: HashMap<(i64, String), Vec<String>> = HashMap::new();
         let mut puts = Vec::new();
         for attributes in items {
-            let id = attributes
-                .get(buffer_item::KEY)
-                .and_then(|v| v.as_s().ok())
-                .cloned();
-            let event = BufferItem::from_item(attributes).and_then(|b| {
-                EventItem::from_buffer(&b, self.config.time_unit_ms).map(|e| (b.id, e))
-            });
+            let id = attributes.get(buffer_item::KEY).and_then(|v| v.as_s().ok()).cloned();
+            let event = BufferItem::from_item(attributes)
+                .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms).map(|e| (b.id, e)));
             let (id, event) = match event {
                 Ok(ok) => ok,
                 Err(err) => {
@@ -204,10 +176,7 @@ impl Scan {
             let ids = sources.entry(key.clone()).or_default();
             ids.push(id);
             if ids.len() == 1 {
-                match PutRequest::builder()
-                    .set_item(Some(event.to_item()))
-                    .build()
-                {
+                match PutRequest::builder().set_item(Some(event.to_item())).build() {
                     Ok(put) => puts.push((key, WriteRequest::builder().put_request(put).build())),
                     Err(err) => {
                         warn!(error = %err, "cannot build put request");
@@ -224,21 +193,12 @@ impl Scan {
             .into_values()
             .flatten()
             .filter_map(|id| {
-                let delete = DeleteRequest::builder()
-                    .set_key(Some(BufferItem::key_of(&id)))
-                    .build()
-                    .ok()?;
+                let delete = DeleteRequest::builder().set_key(Some(BufferItem::key_of(&id))).build().ok()?;
                 Some((id, WriteRequest::builder().delete_request(delete).build()))
             })
             .collect();
         let to_delete = deletes.len();
-        let not_deleted = write_all(
-            &self.dynamo,
-            &self.config.buffer_table,
-            deletes,
-            &self.backoff,
-        )
-        .await;
+        let not_deleted = write_all(&self.dynamo, &self.config.buffer_table, deletes, &self.backoff).await;
         result.failed += not_deleted.len();
         result.moved += to_delete - not_deleted.len();
         result
@@ -260,41 +220,22 @@ mod tests {
     fn segment_runs_go_on_until_done_or_near_the_deadline() {
         let margin = Duration::from_secs(10);
         assert_eq!(next_step(None, Duration::ZERO, margin), Next::Done);
-        assert_eq!(
-            next_step(Some("k".into()), Duration::from_secs(60), margin),
-            Next::Page("k".into())
-        );
-        assert_eq!(
-            next_step(Some("k".into()), Duration::from_secs(10), margin),
-            Next::Fork("k".into())
-        );
-        assert_eq!(
-            next_step(Some("k".into()), Duration::ZERO, margin),
-            Next::Fork("k".into())
-        );
+        assert_eq!(next_step(Some("k".into()), Duration::from_secs(60), margin), Next::Page("k".into()));
+        assert_eq!(next_step(Some("k".into()), Duration::from_secs(10), margin), Next::Fork("k".into()));
+        assert_eq!(next_step(Some("k".into()), Duration::ZERO, margin), Next::Fork("k".into()));
     }
 
     #[test]
     fn remaining_time_is_zero_past_the_deadline() {
-        assert_eq!(
-            remaining(SystemTime::now() - Duration::from_secs(1)),
-            Duration::ZERO
-        );
+        assert_eq!(remaining(SystemTime::now() - Duration::from_secs(1)), Duration::ZERO);
         assert!(remaining(SystemTime::now() + Duration::from_secs(100)) > Duration::from_secs(99));
     }
 
     #[test]
     fn segment_tasks_round_trip_as_the_documented_payload() {
-        let task = SegmentTask {
-            segment: 1,
-            total_segments: 4,
-            exclusive_start_key: Some("ab12".into()),
-        };
+        let task = SegmentTask { segment: 1, total_segments: 4, exclusive_start_key: Some("ab12".into()) };
         let json = serde_json::to_value(&task).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({"segment": 1, "total_segments": 4, "exclusive_start_key": "ab12"})
-        );
+        assert_eq!(json, serde_json::json!({"segment": 1, "total_segments": 4, "exclusive_start_key": "ab12"}));
         assert_eq!(serde_json::from_value::<SegmentTask>(json).unwrap(), task);
     }
 }

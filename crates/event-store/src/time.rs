@@ -25,11 +25,7 @@ pub fn parse_time(text: &str) -> Result<i64> {
     }
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.timestamp_millis())
-        .map_err(|_| {
-            Error::BadInput(format!(
-                "{text:?} is not an ISO 8601 time like 2026-11-21T05:58:44Z"
-            ))
-        })
+        .map_err(|_| Error::BadInput(format!("{text:?} is not an ISO 8601 time like 2026-11-21T05:58:44Z")))
 }
 
 pub fn now_ms() -> i64 {

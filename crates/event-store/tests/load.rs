@@ -12,11 +12,8 @@ use lambda_http::Body;
 use serde_json::{json, Value};
 
 fn load(env: &TestEnv, stream: &str) -> Load {
-    let config = LoadConfig {
-        event_stream: stream.into(),
-        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
-        ip_mode: IpMode::Full,
-    };
+    let config =
+        LoadConfig { event_stream: stream.into(), max_event_bytes: DEFAULT_MAX_EVENT_BYTES, ip_mode: IpMode::Full };
     Load::new(env.kinesis.clone(), config)
 }
 
@@ -36,54 +33,26 @@ async fn pixel_hit_answers_the_gif_and_puts_one_envelope() {
     let response = load.handle(request("load-track-gif-v2.json")).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "image/gif");
-    assert_eq!(
-        response.headers()["cache-control"],
-        "no-cache, no-store, must-revalidate"
-    );
+    assert_eq!(response.headers()["cache-control"], "no-cache, no-store, must-revalidate");
     assert_eq!(response.body().as_ref(), &PIXEL[..]);
-    let sequence = response.headers()["x-sequence-number"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let sequence = response.headers()["x-sequence-number"].to_str().unwrap().to_owned();
+    common::assert_only_declared_actions(&env.counter, event_store::load::AWS_ACTIONS);
 
     let records = env.read_stream(&env.names.event_stream).await;
     assert_eq!(records.len(), 1);
     let record = &records[0].1;
     assert_eq!(record.sequence_number(), sequence);
-    assert_eq!(
-        record.partition_key(),
-        Some("user-42"),
-        "EntityId from the query is the partition key"
-    );
+    assert_eq!(record.partition_key(), Some("user-42"), "EntityId from the query is the partition key");
     let envelope: Envelope = serde_json::from_slice(record.data().as_ref()).unwrap();
     assert_eq!(envelope.method, "GET");
     assert_eq!(envelope.path, "/track.gif");
-    assert_eq!(
-        envelope.query["tag"],
-        vec!["a", "b"],
-        "repeated keys are kept"
-    );
+    assert_eq!(envelope.query["tag"], vec!["a", "b"], "repeated keys are kept");
     assert_eq!(envelope.query["page"], vec!["home"]);
-    assert_eq!(
-        envelope.headers.referer.as_deref(),
-        Some("https://example.com/home")
-    );
-    assert!(envelope
-        .headers
-        .user_agent
-        .as_deref()
-        .unwrap()
-        .contains("Firefox"));
-    assert_eq!(
-        envelope.headers.accept_language.as_deref(),
-        Some("en-GB,en;q=0.9")
-    );
+    assert_eq!(envelope.headers.referer.as_deref(), Some("https://example.com/home"));
+    assert!(envelope.headers.user_agent.as_deref().unwrap().contains("Firefox"));
+    assert_eq!(envelope.headers.accept_language.as_deref(), Some("en-GB,en;q=0.9"));
     assert_eq!(envelope.source_ip.as_deref(), Some("203.0.113.9"));
-    assert!(
-        envelope.received_at.ends_with('Z') && envelope.received_at.len() == 24,
-        "{}",
-        envelope.received_at
-    );
+    assert!(envelope.received_at.ends_with('Z') && envelope.received_at.len() == 24, "{}", envelope.received_at);
     assert!(envelope.body.is_none());
     assert_eq!(env.counter.get("Kinesis.PutRecord"), 1);
 }
@@ -98,10 +67,8 @@ async fn rest_api_events_work_behind_a_stage_and_anonymous_hits_get_random_keys(
     }
     let records = env.read_stream(&env.names.event_stream).await;
     assert_eq!(records.len(), 2);
-    let envelopes: Vec<Envelope> = records
-        .iter()
-        .map(|(_, r)| serde_json::from_slice(r.data().as_ref()).unwrap())
-        .collect();
+    let envelopes: Vec<Envelope> =
+        records.iter().map(|(_, r)| serde_json::from_slice(r.data().as_ref()).unwrap()).collect();
     assert_eq!(envelopes[0].source_ip.as_deref(), Some("198.51.100.7"));
     assert_eq!(envelopes[0].query["campaign"], vec!["winter"]);
     assert_ne!(records[0].1.partition_key(), records[1].1.partition_key());
@@ -116,6 +83,7 @@ async fn posted_events_go_out_in_one_put_records() {
     assert_eq!(response.status(), StatusCode::ACCEPTED);
     assert_eq!(body_json(&response), json!({"accepted": 3}));
     assert_eq!(env.counter.get("Kinesis.PutRecords"), 1);
+    common::assert_only_declared_actions(&env.counter, event_store::load::AWS_ACTIONS);
 
     let records = env.read_stream(&env.names.event_stream).await;
     assert_eq!(records.len(), 3);
@@ -124,22 +92,11 @@ async fn posted_events_go_out_in_one_put_records() {
         .filter(|(_, r)| r.partition_key() == Some("order-1"))
         .map(|(_, r)| serde_json::from_slice(r.data().as_ref()).unwrap())
         .collect();
-    assert_eq!(
-        order_events.len(),
-        2,
-        "EntityId in the body is the partition key"
-    );
+    assert_eq!(order_events.len(), 2, "EntityId in the body is the partition key");
     let first = order_events.remove(0);
-    assert_eq!(
-        first.body,
-        Some(json!({"EntityId": "order-1", "type": "created", "total": 42.5}))
-    );
+    assert_eq!(first.body, Some(json!({"EntityId": "order-1", "type": "created", "total": 42.5})));
     assert_eq!(first.method, "POST");
-    assert_eq!(
-        order_events[0].body.as_ref().unwrap()["type"],
-        "paid",
-        "same key keeps order"
-    );
+    assert_eq!(order_events[0].body.as_ref().unwrap()["type"], "paid", "same key keeps order");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -147,8 +104,7 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     let env = TestEnv::start(1).await;
     let load = load(&env, &env.names.event_stream);
     let post = |body: &str, content_type: &str| {
-        let mut event: Value =
-            serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+        let mut event: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
         event["body"] = json!(body);
         event["headers"]["content-type"] = json!(content_type);
         lambda_http::request::from_str(&event.to_string()).unwrap()
@@ -156,53 +112,27 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
 
     let malformed = load.handle(post("{\"a\": ", "application/json")).await;
     assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
-    assert!(body_json(&malformed)["error"]
-        .as_str()
-        .unwrap()
-        .starts_with("malformed JSON"));
+    assert!(body_json(&malformed)["error"].as_str().unwrap().starts_with("malformed JSON"));
 
-    let wrong_type = load
-        .handle(post("{}", "application/x-www-form-urlencoded"))
-        .await;
+    let wrong_type = load.handle(post("{}", "application/x-www-form-urlencoded")).await;
     assert_eq!(wrong_type.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
     let big = json!({"blob": "x".repeat(DEFAULT_MAX_EVENT_BYTES)}).to_string();
-    assert_eq!(
-        load.handle(post(&big, "application/json")).await.status(),
-        StatusCode::PAYLOAD_TOO_LARGE
-    );
+    assert_eq!(load.handle(post(&big, "application/json")).await.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
     let too_many = format!("[{}]", vec!["{}"; 501].join(","));
-    assert_eq!(
-        load.handle(post(&too_many, "application/json"))
-            .await
-            .status(),
-        StatusCode::PAYLOAD_TOO_LARGE
-    );
+    assert_eq!(load.handle(post(&too_many, "application/json")).await.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
     let mut unknown: Value = serde_json::from_str(&sample_event("load-track-gif-v2.json")).unwrap();
     unknown["rawPath"] = json!("/admin");
-    let not_found = load
-        .handle(lambda_http::request::from_str(&unknown.to_string()).unwrap())
-        .await;
+    let not_found = load.handle(lambda_http::request::from_str(&unknown.to_string()).unwrap()).await;
     assert_eq!(not_found.status(), StatusCode::NOT_FOUND);
 
-    assert!(
-        env.read_stream(&env.names.event_stream).await.is_empty(),
-        "nothing was put for bad input"
-    );
+    assert!(env.read_stream(&env.names.event_stream).await.is_empty(), "nothing was put for bad input");
 
     let missing_stream = self::load(&env, "no-such-stream");
-    let unavailable = missing_stream
-        .handle(request("load-track-gif-v2.json"))
-        .await;
+    let unavailable = missing_stream.handle(request("load-track-gif-v2.json")).await;
     assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let message = body_json(&unavailable)["error"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(
-        message, "event stream unavailable, retry later",
-        "no internals leak"
-    );
+    let message = body_json(&unavailable)["error"].as_str().unwrap().to_owned();
+    assert_eq!(message, "event stream unavailable, retry later", "no internals leak");
 }

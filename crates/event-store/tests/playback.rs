@@ -24,9 +24,7 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
         .map(|i| {
             (
                 format!("user-{}", i % 5),
-                json!({"n": i, "pad": "x".repeat(100)})
-                    .to_string()
-                    .into_bytes(),
+                json!({"n": i, "pad": "x".repeat(100)}).to_string().into_bytes(),
                 T0 + i * slots * 1000 / n,
             )
         })
@@ -41,19 +39,11 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
         page_items: None,
     };
     let (invoker, mut rx) = LocalInvoker::channel();
-    let scan = Arc::new(Scan::new(
-        env.dynamo.clone(),
-        config,
-        Arc::new(invoker.clone()),
-    ));
+    let scan = Arc::new(Scan::new(env.dynamo.clone(), config, Arc::new(invoker.clone())));
     invoker.send(json!({})).unwrap();
     run_until_idle(&mut rx, move |p: Value| {
         let scan = scan.clone();
-        async move {
-            scan.handle(p, SystemTime::now() + Duration::from_secs(900))
-                .await
-                .unwrap()
-        }
+        async move { scan.handle(p, SystemTime::now() + Duration::from_secs(900)).await.unwrap() }
     })
     .await;
     assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
@@ -77,12 +67,7 @@ async fn play(
     deadline: fn() -> SystemTime,
 ) -> Vec<PlaybackSummary> {
     let (invoker, mut rx) = LocalInvoker::channel();
-    let playback = Arc::new(Playback::new(
-        env.dynamo.clone(),
-        env.kinesis.clone(),
-        config,
-        Arc::new(invoker.clone()),
-    ));
+    let playback = Arc::new(Playback::new(env.dynamo.clone(), env.kinesis.clone(), config, Arc::new(invoker.clone())));
     invoker.send(request).unwrap();
     run_until_idle(&mut rx, move |p: Value| {
         let playback = playback.clone();
@@ -96,9 +81,7 @@ async fn played(env: &TestEnv) -> HashMap<String, Vec<i64>> {
     let mut out: HashMap<String, Vec<i64>> = HashMap::new();
     for (_, record) in env.read_stream(&env.names.playback_stream).await {
         let data: Value = serde_json::from_slice(record.data().as_ref()).unwrap();
-        out.entry(record.partition_key().unwrap().to_owned())
-            .or_default()
-            .push(data["n"].as_i64().unwrap());
+        out.entry(record.partition_key().unwrap().to_owned()).or_default().push(data["n"].as_i64().unwrap());
     }
     out
 }
@@ -112,28 +95,22 @@ async fn a_window_plays_back_in_order_per_partition_key_at_under_1_request_per_1
     let env = TestEnv::start(2).await;
     stored_events(&env, 1500, 4).await;
     env.counter.reset();
-    let summaries = play(&env, config(&env, Some(100)), window(T0, T0 + 4000), || {
-        SystemTime::now() + Duration::from_secs(900)
-    })
-    .await;
+    let summaries =
+        play(&env, config(&env, Some(100)), window(T0, T0 + 4000), || SystemTime::now() + Duration::from_secs(900))
+            .await;
     assert_eq!(summaries.len(), 1);
     let summary = &summaries[0];
-    assert_eq!(
-        (summary.slots, summary.events, summary.continued),
-        (4, 1500, false)
-    );
+    assert_eq!((summary.slots, summary.events, summary.continued), (4, 1500, false));
     assert_eq!(summary.first_event.as_deref(), Some(format_ms(T0).as_str()));
     let kinesis = env.counter.service_total("Kinesis");
+    common::assert_only_declared_actions(&env.counter, event_store::playback::AWS_ACTIONS);
     println!(
         "playback: {kinesis} Kinesis requests for 1500 events = {:.4} per event; {:?}",
         kinesis as f64 / 1500.0,
         env.counter.snapshot()
     );
     assert!(kinesis as f64 / 1500.0 <= 0.01);
-    assert!(
-        env.counter.get("DynamoDB.Query") >= 15,
-        "several query pages per slot"
-    );
+    assert!(env.counter.get("DynamoDB.Query") >= 15, "several query pages per slot");
 
     let played = played(&env).await;
     assert_eq!(played.len(), 5);
@@ -148,13 +125,9 @@ async fn a_window_plays_back_in_order_per_partition_key_at_under_1_request_per_1
 async fn only_the_window_is_played_and_its_edges_are_exact() {
     let env = TestEnv::start(1).await;
     stored_events(&env, 300, 3).await; // event n arrives at T0 + 10 n ms
-    let summaries = play(
-        &env,
-        config(&env, None),
-        window(T0 + 500, T0 + 2500),
-        || SystemTime::now() + Duration::from_secs(900),
-    )
-    .await;
+    let summaries =
+        play(&env, config(&env, None), window(T0 + 500, T0 + 2500), || SystemTime::now() + Duration::from_secs(900))
+            .await;
     assert_eq!(summaries[0].events, 200);
     let mut all: Vec<i64> = played(&env).await.into_values().flatten().collect();
     all.sort();
@@ -166,24 +139,14 @@ async fn near_the_deadline_it_continues_asynchronously_from_where_it_stopped() {
     let env = TestEnv::start(2).await;
     stored_events(&env, 700, 3).await;
     // 50 items a page and no time left: every page ends in a continuation.
-    let summaries = play(
-        &env,
-        config(&env, Some(50)),
-        window(T0, T0 + 3000),
-        SystemTime::now,
-    )
-    .await;
+    let summaries = play(&env, config(&env, Some(50)), window(T0, T0 + 3000), SystemTime::now).await;
     let continued = summaries.iter().filter(|s| s.continued).count();
     assert!(continued >= 700 / 50 - 1, "{continued} continuations");
     assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 700);
     let played = played(&env).await;
     for (key, ns) in &played {
         let user: i64 = key.trim_start_matches("user-").parse().unwrap();
-        assert_eq!(
-            ns,
-            &(0..700).filter(|n| n % 5 == user).collect::<Vec<_>>(),
-            "{key}"
-        );
+        assert_eq!(ns, &(0..700).filter(|n| n % 5 == user).collect::<Vec<_>>(), "{key}");
     }
 }
 
@@ -191,12 +154,7 @@ async fn near_the_deadline_it_continues_asynchronously_from_where_it_stopped() {
 async fn empty_and_invalid_windows() {
     let env = TestEnv::start(1).await;
     let (invoker, _rx) = LocalInvoker::channel();
-    let playback = Playback::new(
-        env.dynamo.clone(),
-        env.kinesis.clone(),
-        config(&env, None),
-        Arc::new(invoker),
-    );
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
     let later = SystemTime::now() + Duration::from_secs(900);
 
     let sample: Value = serde_json::from_str(&sample_event("playback.json")).unwrap();
@@ -204,23 +162,11 @@ async fn empty_and_invalid_windows() {
     assert_eq!((empty.events, empty.slots, empty.first_event), (0, 0, None));
     assert_eq!(empty.start, "2026-11-21T05:58:00.000Z");
 
-    let reversed = playback
-        .handle(window(T0 + 1000, T0), later)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(reversed, Error::BadInput(ref m) if m.contains("before start")),
-        "{reversed}"
-    );
-    let garbage = playback
-        .handle(json!({"start": "noon"}), later)
-        .await
-        .unwrap_err();
+    let reversed = playback.handle(window(T0 + 1000, T0), later).await.unwrap_err();
+    assert!(matches!(reversed, Error::BadInput(ref m) if m.contains("before start")), "{reversed}");
+    let garbage = playback.handle(json!({"start": "noon"}), later).await.unwrap_err();
     assert!(matches!(garbage, Error::BadInput(_)));
-    let wrong_shape = playback
-        .handle(json!({"start": 5, "end": []}), later)
-        .await
-        .unwrap_err();
+    let wrong_shape = playback.handle(json!({"start": 5, "end": []}), later).await.unwrap_err();
     assert!(matches!(wrong_shape, Error::BadInput(_)));
     assert_eq!(env.counter.service_total("Kinesis"), 0);
 }

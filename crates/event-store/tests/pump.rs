@@ -11,12 +11,7 @@ use event_store::config::PumpConfig;
 use event_store::pump::Pump;
 
 fn pump(env: &TestEnv, table: &str) -> Pump {
-    Pump::new(
-        env.dynamo.clone(),
-        PumpConfig {
-            buffer_table: table.into(),
-        },
-    )
+    Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: table.into() })
 }
 
 async fn buffer(env: &TestEnv) -> HashMap<String, BufferItem> {
@@ -36,110 +31,62 @@ async fn records_from_the_stream_are_buffered_once_even_when_redelivered() {
         .map(|i| {
             aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
                 .partition_key(format!("user-{}", i % 7))
-                .data(aws_sdk_kinesis::primitives::Blob::new(format!(
-                    "{{\"n\":{i}}}"
-                )))
+                .data(aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}")))
                 .build()
                 .unwrap()
         })
         .collect();
-    env.kinesis
-        .put_records()
-        .stream_name(&env.names.event_stream)
-        .set_records(Some(entries))
-        .send()
-        .await
-        .unwrap();
+    env.kinesis.put_records().stream_name(&env.names.event_stream).set_records(Some(entries)).send().await.unwrap();
 
     let batches = env.event_source_batches().await;
     let pump = pump(&env, &env.names.buffer_table);
     for batch in &batches {
-        assert!(pump
-            .handle(batch.clone())
-            .await
-            .batch_item_failures
-            .is_empty());
+        assert!(pump.handle(batch.clone()).await.batch_item_failures.is_empty());
     }
     let first = buffer(&env).await;
     assert_eq!(first.len(), 60);
     for record in batches.iter().flat_map(|b| &b.records) {
         let key = buffer_key(&arn, record.event_id.as_deref().unwrap());
         let item = &first[&key];
-        assert_eq!(
-            item.data, record.kinesis.data.0,
-            "raw bytes, not base64 text"
-        );
+        assert_eq!(item.data, record.kinesis.data.0, "raw bytes, not base64 text");
         assert_eq!(item.partition_key, record.kinesis.partition_key);
-        assert_eq!(
-            item.arrival,
-            record
-                .kinesis
-                .approximate_arrival_timestamp
-                .timestamp_millis()
-        );
+        assert_eq!(item.arrival, record.kinesis.approximate_arrival_timestamp.timestamp_millis());
     }
 
     // The event source retries a whole batch (and a bisected half of it): same keys, no new items.
     for batch in &batches {
         let mut half = batch.clone();
         half.records.truncate(batch.records.len() / 2);
-        assert!(pump
-            .handle(batch.clone())
-            .await
-            .batch_item_failures
-            .is_empty());
+        assert!(pump.handle(batch.clone()).await.batch_item_failures.is_empty());
         assert!(pump.handle(half).await.batch_item_failures.is_empty());
     }
-    assert_eq!(
-        buffer(&env).await,
-        first,
-        "redelivery overwrote, did not duplicate"
-    );
+    assert_eq!(buffer(&env).await, first, "redelivery overwrote, did not duplicate");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sample_event_is_buffered_with_json_and_binary_data() {
     let env = TestEnv::start(1).await;
-    let event =
-        event_store::pump::parse_event(serde_json::from_str(&sample_event("pump.json")).unwrap())
-            .unwrap();
+    let event = event_store::pump::parse_event(serde_json::from_str(&sample_event("pump.json")).unwrap()).unwrap();
     let response = pump(&env, &env.names.buffer_table).handle(event).await;
     assert!(response.batch_item_failures.is_empty());
     let items = buffer(&env).await;
     let mut data: Vec<Vec<u8>> = items.values().map(|b| b.data.clone()).collect();
     data.sort();
-    assert_eq!(
-        data,
-        vec![
-            b"\x00\xff\x10not json".to_vec(),
-            br#"{"id":"1b4e8c60","path":"/track.gif"}"#.to_vec()
-        ]
-    );
-    assert!(items
-        .values()
-        .all(|b| b.arrival == 1_795_327_124_123 || b.arrival == 1_795_327_124_456));
+    assert_eq!(data, vec![b"\x00\xff\x10not json".to_vec(), br#"{"id":"1b4e8c60","path":"/track.gif"}"#.to_vec()]);
+    assert!(items.values().all(|b| b.arrival == 1_795_327_124_123 || b.arrival == 1_795_327_124_456));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_of_500_costs_at_most_one_request_per_20_events() {
     let env = TestEnv::start(1).await;
-    let records: Vec<_> = (0..500)
-        .map(|i| {
-            (
-                format!("pk-{}", i % 10),
-                vec![b'x'; 200],
-                1_795_327_124_000 + i,
-            )
-        })
-        .collect();
+    let records: Vec<_> =
+        (0..500).map(|i| (format!("pk-{}", i % 10), vec![b'x'; 200], 1_795_327_124_000 + i)).collect();
     let event = kinesis_event("arn:aws:kinesis:us-east-1:123456789012:stream/s", &records);
     let response = pump(&env, &env.names.buffer_table).handle(event).await;
     assert!(response.batch_item_failures.is_empty());
     let requests = env.counter.service_total("DynamoDB");
-    println!(
-        "pump: {requests} DynamoDB requests for 500 events = {:.3} per event",
-        requests as f64 / 500.0
-    );
+    common::assert_only_declared_actions(&env.counter, event_store::pump::AWS_ACTIONS);
+    println!("pump: {requests} DynamoDB requests for 500 events = {:.3} per event", requests as f64 / 500.0);
     assert_eq!(buffer(&env).await.len(), 500);
     assert!(requests as f64 / 500.0 <= 1.0 / 20.0, "{requests} requests");
 }
@@ -147,31 +94,21 @@ async fn a_batch_of_500_costs_at_most_one_request_per_20_events() {
 #[tokio::test(flavor = "multi_thread")]
 async fn records_that_cannot_be_written_are_named_and_the_rest_written() {
     let env = TestEnv::start(1).await;
-    let mut records: Vec<_> = (0..30)
-        .map(|i| ("pk".to_string(), vec![b'a'; 10], 1_795_327_124_000 + i))
-        .collect();
+    let mut records: Vec<_> = (0..30).map(|i| ("pk".to_string(), vec![b'a'; 10], 1_795_327_124_000 + i)).collect();
     records[7].1 = vec![b'z'; 420 * 1024]; // over DynamoDB's 400 KB item limit
     let mut event = kinesis_event("arn:aws:kinesis:us-east-1:123456789012:stream/s", &records);
     event.records[12].event_id = None; // not a record an event source would deliver
-    let expected = vec![
-        event.records[7].kinesis.sequence_number.clone(),
-        event.records[12].kinesis.sequence_number.clone(),
-    ];
+    let expected =
+        vec![event.records[7].kinesis.sequence_number.clone(), event.records[12].kinesis.sequence_number.clone()];
     let response = pump(&env, &env.names.buffer_table).handle(event).await;
-    let mut failed: Vec<String> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.clone().unwrap())
-        .collect();
+    let mut failed: Vec<String> =
+        response.batch_item_failures.iter().map(|f| f.item_identifier.clone().unwrap()).collect();
     failed.sort();
     assert_eq!(failed, expected);
     assert_eq!(buffer(&env).await.len(), 28);
 
     // A missing table fails every record, by name: nothing is reported as written.
-    let event = kinesis_event(
-        "arn:aws:kinesis:us-east-1:123456789012:stream/s",
-        &records[..3],
-    );
+    let event = kinesis_event("arn:aws:kinesis:us-east-1:123456789012:stream/s", &records[..3]);
     let response = pump(&env, "no-such-table").handle(event).await;
     assert_eq!(response.batch_item_failures.len(), 3);
 }

@@ -27,20 +27,10 @@ fn config(env: &TestEnv, page_items: Option<i32>) -> ScanConfig {
 }
 
 /// Runs one scheduled scan and every fork it causes; `deadline` gives each invocation its deadline.
-async fn scan_until_idle(
-    env: &TestEnv,
-    config: ScanConfig,
-    deadline: fn() -> SystemTime,
-) -> Vec<ScanSummary> {
+async fn scan_until_idle(env: &TestEnv, config: ScanConfig, deadline: fn() -> SystemTime) -> Vec<ScanSummary> {
     let (invoker, mut rx) = LocalInvoker::channel();
-    let scan = Arc::new(Scan::new(
-        env.dynamo.clone(),
-        config,
-        Arc::new(invoker.clone()),
-    ));
-    invoker
-        .send(serde_json::from_str(&sample_event("scan.json")).unwrap())
-        .unwrap();
+    let scan = Arc::new(Scan::new(env.dynamo.clone(), config, Arc::new(invoker.clone())));
+    invoker.send(serde_json::from_str(&sample_event("scan.json")).unwrap()).unwrap();
     run_until_idle(&mut rx, move |payload: Value| {
         let scan = scan.clone();
         async move { scan.handle(payload, deadline()).await.expect("scan run") }
@@ -58,23 +48,11 @@ fn no_time() -> SystemTime {
 
 /// `n` events over three slots, for four entities, arrivals strictly increasing.
 fn events(n: i64) -> Vec<(String, Vec<u8>, i64)> {
-    (0..n)
-        .map(|i| {
-            (
-                format!("user-{}", i % 4),
-                format!("{{\"n\":{i}}}").into_bytes(),
-                T0 + i * 3000 / n,
-            )
-        })
-        .collect()
+    (0..n).map(|i| (format!("user-{}", i % 4), format!("{{\"n\":{i}}}").into_bytes(), T0 + i * 3000 / n)).collect()
 }
 
 async fn event_items(env: &TestEnv) -> Vec<EventItem> {
-    env.scan_table(&env.names.event_table)
-        .await
-        .into_iter()
-        .map(|i| EventItem::from_item(i).unwrap())
-        .collect()
+    env.scan_table(&env.names.event_table).await.into_iter().map(|i| EventItem::from_item(i).unwrap()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -84,34 +62,20 @@ async fn a_scheduled_scan_moves_everything_into_time_slots() {
     buffer_through_pump(&env, &[("bin".into(), vec![0xff, 0xfe, 0x00], T0 + 500)]).await;
 
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
-    assert_eq!(
-        summaries.iter().map(|s| s.forked).sum::<u32>(),
-        4,
-        "one fork per segment, no continuations"
-    );
+    assert_eq!(summaries.iter().map(|s| s.forked).sum::<u32>(), 4, "one fork per segment, no continuations");
     assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 301);
-    assert!(
-        env.scan_table(&env.names.buffer_table).await.is_empty(),
-        "buffer drained"
-    );
+    assert!(env.scan_table(&env.names.buffer_table).await.is_empty(), "buffer drained");
 
     let items = event_items(&env).await;
     assert_eq!(items.len(), 301);
     for item in &items {
-        assert_eq!(
-            item.slot,
-            item.arrival - item.arrival.rem_euclid(1000),
-            "slot is the truncated arrival"
-        );
+        assert_eq!(item.slot, item.arrival - item.arrival.rem_euclid(1000), "slot is the truncated arrival");
         assert!(item.sort_key.starts_with(&format!("{:013}#", item.arrival)));
     }
     let binary = items.iter().find(|i| i.partition_key == "bin").unwrap();
     assert_eq!(binary.data.as_deref(), Some(&[0xff, 0xfe, 0x00][..]));
     let json = items.iter().find(|i| i.partition_key == "user-1").unwrap();
-    assert!(
-        json.payload.as_ref().unwrap()["n"].is_number(),
-        "JSON is stored decoded"
-    );
+    assert!(json.payload.as_ref().unwrap()["n"].is_number(), "JSON is stored decoded");
 
     let mut slots: Vec<i64> = items.iter().map(|i| i.slot).collect();
     slots.dedup();
@@ -124,15 +88,8 @@ async fn a_scheduled_scan_moves_everything_into_time_slots() {
 async fn a_query_of_a_slot_returns_events_in_arrival_order() {
     let env = TestEnv::start(1).await;
     // Same arrival ms for a run of events: the sequence number breaks the tie.
-    let records: Vec<_> = (0..120)
-        .map(|i| {
-            (
-                "k".to_string(),
-                format!("{{\"n\":{i}}}").into_bytes(),
-                T0 + i / 10,
-            )
-        })
-        .collect();
+    let records: Vec<_> =
+        (0..120).map(|i| ("k".to_string(), format!("{{\"n\":{i}}}").into_bytes(), T0 + i / 10)).collect();
     buffer_through_pump(&env, &records).await;
     scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let out = env
@@ -140,21 +97,14 @@ async fn a_query_of_a_slot_returns_events_in_arrival_order() {
         .query()
         .table_name(&env.names.event_table)
         .key_condition_expression("slot = :s")
-        .expression_attribute_values(
-            ":s",
-            aws_sdk_dynamodb::types::AttributeValue::N(T0.to_string()),
-        )
+        .expression_attribute_values(":s", aws_sdk_dynamodb::types::AttributeValue::N(T0.to_string()))
         .send()
         .await
         .unwrap();
     let order: Vec<i64> = out
         .items()
         .iter()
-        .map(|i| {
-            EventItem::from_item(i.clone()).unwrap().payload.unwrap()["n"]
-                .as_i64()
-                .unwrap()
-        })
+        .map(|i| EventItem::from_item(i.clone()).unwrap().payload.unwrap()["n"].as_i64().unwrap())
         .collect();
     assert_eq!(order, (0..120).collect::<Vec<_>>());
 }
@@ -165,18 +115,9 @@ async fn a_multi_page_buffer_is_finished_by_self_invoked_continuations() {
     buffer_through_pump(&env, &events(400)).await;
     // 20 items a page and no time left: every page ends in a continuation.
     let summaries = scan_until_idle(&env, config(&env, Some(20)), no_time).await;
-    let continuations = summaries
-        .iter()
-        .filter(|s| s.pages > 0 && s.forked == 1)
-        .count();
-    assert!(
-        continuations >= 400 / 20 - 4,
-        "{continuations} continuations"
-    );
-    assert!(
-        summaries.iter().all(|s| s.pages <= 1),
-        "each run did one page, then handed over"
-    );
+    let continuations = summaries.iter().filter(|s| s.pages > 0 && s.forked == 1).count();
+    assert!(continuations >= 400 / 20 - 4, "{continuations} continuations");
+    assert!(summaries.iter().all(|s| s.pages <= 1), "each run did one page, then handed over");
     assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 400);
     assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
     assert_eq!(event_items(&env).await.len(), 400);
@@ -193,24 +134,22 @@ async fn moving_costs_at_most_one_request_per_10_events_and_overlapping_scans_do
         scan_until_idle(&env, config(&env, None), plenty_of_time)
     );
     let requests = env.counter.service_total("DynamoDB");
-    println!("scan (two overlapping runs): {requests} DynamoDB requests for 1000 events = {:.3} per event: {:?}", requests as f64 / 1000.0, env.counter.snapshot());
+    println!(
+        "scan (two overlapping runs): {requests} DynamoDB requests for 1000 events = {:.3} per event: {:?}",
+        requests as f64 / 1000.0,
+        env.counter.snapshot()
+    );
     assert!(a.iter().chain(&b).map(|s| s.moved).sum::<usize>() >= 1000);
     assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
     let items = event_items(&env).await;
     assert_eq!(items.len(), 1000, "no duplicates, no loss");
 
     // A single run's cost.
-    buffer_through_pump(
-        &env,
-        &events(1000)
-            .into_iter()
-            .map(|(k, d, t)| (k, d, t + 10_000))
-            .collect::<Vec<_>>(),
-    )
-    .await;
+    buffer_through_pump(&env, &events(1000).into_iter().map(|(k, d, t)| (k, d, t + 10_000)).collect::<Vec<_>>()).await;
     env.counter.reset();
     scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let requests = env.counter.service_total("DynamoDB");
+    common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
     println!(
         "scan: {requests} DynamoDB requests for 1000 events = {:.3} per event: {:?}",
         requests as f64 / 1000.0,

@@ -11,8 +11,5 @@ async fn main() -> Result<(), Error> {
     let aws = event_store::aws_config().await;
     let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config);
     let load = &load;
-    run(service_fn(move |request: Request| async move {
-        Ok::<_, Error>(load.handle(request).await)
-    }))
-    .await
+    run(service_fn(move |request: Request| async move { Ok::<_, Error>(load.handle(request).await) })).await
 }

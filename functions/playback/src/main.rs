@@ -16,21 +16,12 @@ async fn main() -> Result<(), Error> {
     let config = PlaybackConfig::from_env()?;
     let aws = event_store::aws_config().await;
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
-    let invoker = Arc::new(LambdaInvoker::new(
-        aws_sdk_lambda::Client::new(&aws),
-        myself,
-    ));
-    let playback = Playback::new(
-        aws_sdk_dynamodb::Client::new(&aws),
-        aws_sdk_kinesis::Client::new(&aws),
-        config,
-        invoker,
-    );
+    let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
+    let playback =
+        Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker);
     let playback = &playback;
     run(service_fn(move |event: LambdaEvent<Value>| async move {
-        playback
-            .handle(event.payload, event.context.deadline())
-            .await
+        playback.handle(event.payload, event.context.deadline()).await
     }))
     .await
 }

@@ -42,8 +42,7 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn start(shards: i32) -> Self {
-        let moto = Emulator::start_on_free_port(&moto_server(&repo_root()))
-            .expect("moto_server (run `make test`)");
+        let moto = Emulator::start_on_free_port(&moto_server(&repo_root())).expect("moto_server (run `make test`)");
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .endpoint_url(&moto.endpoint)
             .region(Region::new(REGION))
@@ -52,54 +51,26 @@ impl TestEnv {
             .await;
         let counter = RequestCounter::default();
         let dynamo = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk)
-                .interceptor(counter.clone())
-                .build(),
+            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
         let kinesis = aws_sdk_kinesis::Client::from_conf(
-            aws_sdk_kinesis::config::Builder::from(&sdk)
-                .interceptor(counter.clone())
-                .build(),
+            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
         let names = Names::for_stack("event-store-test");
         create_tables(&dynamo, &names).await.expect("tables");
-        create_streams(&kinesis, &names, shards)
-            .await
-            .expect("streams");
+        create_streams(&kinesis, &names, shards).await.expect("streams");
         counter.reset();
-        Self {
-            moto,
-            sdk,
-            counter,
-            dynamo,
-            kinesis,
-            names,
-        }
+        Self { moto, sdk, counter, dynamo, kinesis, names }
     }
 
     pub async fn stream_arn(&self, stream: &str) -> String {
-        let out = self
-            .kinesis
-            .describe_stream_summary()
-            .stream_name(stream)
-            .send()
-            .await
-            .expect("describe");
-        out.stream_description_summary()
-            .expect("summary")
-            .stream_arn()
-            .to_owned()
+        let out = self.kinesis.describe_stream_summary().stream_name(stream).send().await.expect("describe");
+        out.stream_description_summary().expect("summary").stream_arn().to_owned()
     }
 
     /// Every record of a stream, shard by shard, each shard in sequence order.
     pub async fn read_stream(&self, stream: &str) -> Vec<(String, aws_sdk_kinesis::types::Record)> {
-        let shards = self
-            .kinesis
-            .list_shards()
-            .stream_name(stream)
-            .send()
-            .await
-            .expect("list shards");
+        let shards = self.kinesis.list_shards().stream_name(stream).send().await.expect("list shards");
         let mut all = Vec::new();
         for shard in shards.shards() {
             let mut iterator = self
@@ -114,24 +85,10 @@ impl TestEnv {
                 .shard_iterator()
                 .map(str::to_owned);
             while let Some(it) = iterator {
-                let out = self
-                    .kinesis
-                    .get_records()
-                    .shard_iterator(it)
-                    .limit(10_000)
-                    .send()
-                    .await
-                    .expect("get records");
-                all.extend(
-                    out.records()
-                        .iter()
-                        .map(|r| (shard.shard_id().to_owned(), r.clone())),
-                );
-                iterator = if out.records().is_empty() {
-                    None
-                } else {
-                    out.next_shard_iterator().map(str::to_owned)
-                };
+                let out =
+                    self.kinesis.get_records().shard_iterator(it).limit(10_000).send().await.expect("get records");
+                all.extend(out.records().iter().map(|r| (shard.shard_id().to_owned(), r.clone())));
+                iterator = if out.records().is_empty() { None } else { out.next_shard_iterator().map(str::to_owned) };
             }
         }
         all
@@ -150,9 +107,7 @@ impl TestEnv {
         }
         by_shard
             .iter()
-            .map(|(shard, records)| {
-                event_store::event_source::kinesis_event(&arn, shard, REGION, records)
-            })
+            .map(|(shard, records)| event_store::event_source::kinesis_event(&arn, shard, REGION, records))
             .collect()
     }
 
@@ -160,14 +115,7 @@ impl TestEnv {
         let mut items = Vec::new();
         let mut start = None;
         loop {
-            let out = self
-                .dynamo
-                .scan()
-                .table_name(table)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .expect("scan");
+            let out = self.dynamo.scan().table_name(table).set_exclusive_start_key(start).send().await.expect("scan");
             items.extend(out.items().iter().cloned());
             start = out.last_evaluated_key().cloned();
             if start.is_none() {
@@ -183,10 +131,7 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
     let records: Vec<serde_json::Value> = records
         .iter()
         .map(|(pk, data, arrival)| {
-            let sequence = format!(
-                "4959{:052}",
-                SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            );
+            let sequence = format!("4959{:052}", SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
             serde_json::json!({
                 "kinesis": {
                     "kinesisSchemaVersion": "1.0",
@@ -204,8 +149,7 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
             })
         })
         .collect();
-    event_store::pump::parse_event(serde_json::json!({ "Records": records }))
-        .expect("kinesis event")
+    event_store::pump::parse_event(serde_json::json!({ "Records": records })).expect("kinesis event")
 }
 
 fn base64(data: &[u8]) -> String {
@@ -218,14 +162,22 @@ pub const TEST_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/event-
 /// Puts `records` (partition key, data, arrival ms) into the buffer table through the real pump.
 pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
     use event_store::config::PumpConfig;
-    let pump = event_store::pump::Pump::new(
-        env.dynamo.clone(),
-        PumpConfig {
-            buffer_table: env.names.buffer_table.clone(),
-        },
-    );
+    let pump =
+        event_store::pump::Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: env.names.buffer_table.clone() });
     for chunk in records.chunks(500) {
         let event = kinesis_event(TEST_ARN, chunk);
         assert!(pump.handle(event).await.batch_item_failures.is_empty());
     }
+}
+
+/// Every AWS operation counted so far is one the stage declares in its
+/// `AWS_ACTIONS` (which the template grants): the declaration is checked
+/// against what the code really calls.
+pub fn assert_only_declared_actions(counter: &RequestCounter, declared: &[&str]) {
+    for operation in counter.snapshot().keys() {
+        let (service, op) = operation.split_once('.').unwrap();
+        let action = format!("{}:{op}", service.to_ascii_lowercase());
+        assert!(declared.contains(&action.as_str()), "called {action}, which is not in {declared:?}");
+    }
+    assert!(!counter.snapshot().is_empty(), "nothing was called");
 }

@@ -1,0 +1,114 @@
+//! template.yaml against the code: each function's environment is what its
+//! configuration reads, and its IAM role grants exactly the actions its
+//! stage calls (plus what the platform needs for it), on named resources only.
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+
+use event_store::config::{LoadConfig, PlaybackConfig, PumpConfig, ScanConfig, Variables};
+use serde_yaml::Value;
+
+fn template() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `(logical id, the stage's variables, the stage's actions, actions the platform needs on top)`.
+fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'static [&'static str])> {
+    vec![
+        ("LoadFunction", LoadConfig::VARIABLES, event_store::load::AWS_ACTIONS, &[]),
+        (
+            "PumpFunction",
+            PumpConfig::VARIABLES,
+            event_store::pump::AWS_ACTIONS,
+            // The Kinesis event source mapping reads the stream and writes failures to the DLQ.
+            &[
+                "kinesis:DescribeStream",
+                "kinesis:DescribeStreamSummary",
+                "kinesis:GetRecords",
+                "kinesis:GetShardIterator",
+                "kinesis:ListShards",
+                "sqs:SendMessage",
+            ],
+        ),
+        ("ScanFunction", ScanConfig::VARIABLES, event_store::scan::AWS_ACTIONS, &[]),
+        ("PlaybackFunction", PlaybackConfig::VARIABLES, event_store::playback::AWS_ACTIONS, &[]),
+    ]
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    match value {
+        Value::String(s) => vec![s.clone()],
+        Value::Sequence(items) => items.iter().flat_map(strings).collect(),
+        _ => vec![],
+    }
+}
+
+#[test]
+fn environment_variables_are_exactly_the_ones_the_code_reads() {
+    let template = template();
+    for (name, variables, _, _) in functions() {
+        let env = &template["Resources"][name]["Properties"]["Environment"]["Variables"];
+        let set: BTreeSet<String> = env.as_mapping().unwrap().keys().map(|k| k.as_str().unwrap().to_owned()).collect();
+        for required in variables.required {
+            assert!(set.contains(*required), "{name} must set {required}");
+        }
+        for key in &set {
+            assert!(variables.declares(key), "{name} sets {key}, which its code never reads");
+        }
+        for value in env.as_mapping().unwrap().values() {
+            assert!(
+                matches!(value, Value::Tagged(_)),
+                "{name}: {value:?} should come from !Ref/!GetAtt, not be hard-coded"
+            );
+        }
+    }
+}
+
+#[test]
+fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
+    let template = template();
+    for (name, _, actions, platform) in functions() {
+        let policies = &template["Resources"][name]["Properties"]["Policies"];
+        let statements: Vec<&Value> =
+            policies.as_sequence().unwrap().iter().flat_map(|p| p["Statement"].as_sequence().unwrap().iter()).collect();
+        let mut granted = BTreeSet::new();
+        for statement in &statements {
+            assert_eq!(statement["Effect"], Value::String("Allow".into()));
+            let resource = &statement["Resource"];
+            assert!(!strings(resource).iter().any(|r| r == "*"), "{name}: resource * in {statement:?}");
+            assert!(matches!(resource, Value::Tagged(_)), "{name}: resources are named by !GetAtt/!Sub: {resource:?}");
+            for action in strings(&statement["Action"]) {
+                assert!(!action.contains('*'), "{name}: wildcard action {action}");
+                granted.insert(action);
+            }
+        }
+        let expected: BTreeSet<String> = actions.iter().chain(platform).map(|a| a.to_string()).collect();
+        assert_eq!(granted, expected, "{name}");
+    }
+}
+
+#[test]
+fn self_invocation_is_granted_on_the_function_itself_only() {
+    let template = template();
+    for (name, suffix) in [("ScanFunction", "-scan"), ("PlaybackFunction", "-playback")] {
+        let function_name = format!("{:?}", template["Resources"][name]["Properties"]["FunctionName"]);
+        assert!(function_name.contains(&format!("${{Stage}}{suffix}")), "{function_name}");
+        let statements = template["Resources"][name]["Properties"]["Policies"][0]["Statement"].as_sequence().unwrap();
+        let invoke =
+            statements.iter().find(|s| strings(&s["Action"]).contains(&"lambda:InvokeFunction".into())).unwrap();
+        let resource = format!("{:?}", invoke["Resource"]);
+        assert!(resource.contains(&format!(":function:${{Service}}-${{Stage}}{suffix}")), "{name}: {resource}");
+    }
+}
+
+#[test]
+fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
+    let template = template();
+    let mapping = &template["Resources"]["PumpEventSource"]["Properties"];
+    assert_eq!(strings(&mapping["FunctionResponseTypes"]), vec!["ReportBatchItemFailures"]);
+    assert_eq!(mapping["BisectBatchOnFunctionError"], Value::Bool(true));
+    assert!(mapping["MaximumRetryAttempts"].as_u64().is_some());
+    assert!(mapping["MaximumRecordAgeInSeconds"].as_u64().is_some());
+    assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("PumpDeadLetterQueue"));
+}
