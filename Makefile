@@ -2,11 +2,17 @@
 # Every target installs what it needs: Python tools into .venv (pinned below),
 # Rust crates through cargo (Cargo.lock), Debian packages with apt-get.
 SHELL := /bin/bash
+space := $(subst ,, )
 .DEFAULT_GOAL := help
 
 VENV        ?= .venv
 BIN         := $(CURDIR)/$(VENV)/bin
 MOTO_PIN    := moto[server]==5.2.5
+# Build and deploy tools (PyPI): cargo-lambda with zig for the arm64 cross build,
+# the SAM CLI (with its translator), cfn-lint, pytest for the deployment tests.
+TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0
+FUNCTIONS   := load pump scan playback
+STACK       ?= event-store-prod
 CARGO       ?= cargo
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
@@ -18,8 +24,9 @@ PORT        ?= 3000
 LOCAL_BIN   := target/release/event-store-local
 export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER := $(BIN)/moto_server
+export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback load test lint fmt clean local-bin tools-moto tools-ab tools-chromium
+.PHONY: help demo local playback load test build lint deploy destroy fmt clean local-bin tools-moto tools tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -37,17 +44,41 @@ load: tools-ab ## ab -n N -c C against the local pixel (start `make local` first
 	@echo "== ab -n $(N) -c $(C) against http://127.0.0.1:$(PORT)/track.gif"
 	ab -n $(N) -c $(C) 'http://127.0.0.1:$(PORT)/track.gif?EntityId=ab&page=load-test'
 
-test: tools-moto tools-chromium ## run all tests: unit, integration (moto_server), end to end, browser
+test: tools-moto tools tools-chromium build ## run all tests: unit, integration (moto_server), end to end, browser, template
 	@echo "== cargo test: unit tests, integration tests against moto_server, demo and browser tests"
 	@mkdir -p target
 	set -o pipefail; $(CARGO) test --workspace --locked 2>&1 | tee target/test.log
-	@awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} END {printf "%d passed, %d failed, %d skipped\n", p, f, s}' target/test.log
+	@echo "== pytest: template translated, linted, deployed into moto's CloudFormation, functions under cargo lambda watch"
+	set -o pipefail; PATH=$(BIN):$$PATH $(BIN)/pytest -q tests 2>&1 | tee target/pytest.log
+	@cat target/test.log target/pytest.log | awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} \
+	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
+	  END {printf "%d passed, %d failed, %d skipped\n", p, f, s}'
 
-lint: ## rustfmt check and clippy with warnings as errors
+build: tools ## arm64 bootstraps of the four functions: target/lambda/<fn>/bootstrap
+	@echo "== cargo lambda build --release --arm64 (zig cross-linker from .venv)"
+	@command -v rustup >/dev/null && rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+	PATH=$(BIN):$$PATH $(BIN)/cargo-lambda lambda build --release --arm64 --locked $(addprefix -p ,$(FUNCTIONS))
+	@for f in $(FUNCTIONS); do ls -l target/lambda/$$f/bootstrap | awk '{printf "   %-9s %6.1f MB\n", "'$$f'", $$5 / 1048576}'; done
+
+lint: tools ## rustfmt, clippy -D warnings, cfn-lint and sam validate --lint on template.yaml
 	@echo "== cargo fmt --check"
 	$(CARGO) fmt --all -- --check
 	@echo "== cargo clippy -D warnings"
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	@echo "== cfn-lint template.yaml"
+	$(BIN)/cfn-lint template.yaml
+	@echo "== sam validate --lint"
+	AWS_DEFAULT_REGION=us-east-1 $(BIN)/sam validate --lint --template template.yaml
+
+deploy: build ## build, then sam deploy (guided the first time, when the stack does not exist yet)
+	@if $(BIN)/sam list stack-outputs --stack-name $(STACK) >/dev/null 2>&1; then \
+	  echo "== sam deploy ($(STACK))"; $(BIN)/sam deploy --stack-name $(STACK); \
+	else \
+	  echo "== first deploy: sam deploy --guided"; $(BIN)/sam deploy --guided --stack-name $(STACK); fi
+	$(BIN)/sam list stack-outputs --stack-name $(STACK)
+
+destroy: tools ## delete the deployed stack (the event table is retained)
+	$(BIN)/sam delete --stack-name $(STACK)
 
 fmt: ## format the code
 	$(CARGO) fmt --all
@@ -72,6 +103,13 @@ $(VENV)/.moto-$(MOTO_PIN): | $(BIN)/python
 	touch '$@'
 
 tools-moto: $(VENV)/.moto-$(MOTO_PIN)
+
+$(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS)): | $(BIN)/python
+	@echo "== installing $(TOOLS_PINS)"
+	$(BIN)/pip install -q $(TOOLS_PINS)
+	touch '$@'
+
+tools: tools-moto $(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS))
 
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::event_item::{self, sort_key_floor, EventItem};
 use crate::invoke::Invoker;
 use crate::kinesis::{put_ordered, send_put_records, Record};
-use crate::scan::remaining;
+use crate::scan::{effective_deadline, remaining};
 use crate::time::{format_ms, now_ms, parse_time, slot_of};
 
 /// Window played back when the request names no start: the last 15 minutes.
@@ -132,6 +132,13 @@ impl Playback {
             serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("playback request: {e}")))?
         };
         let window = Window::parse(&request, now_ms())?;
+        let deadline = effective_deadline(deadline, SystemTime::now());
+        info!(
+            start = %format_ms(window.start),
+            end = %format_ms(window.end),
+            remaining_ms = remaining(deadline).as_millis() as u64,
+            "playback run"
+        );
         self.play(&window, deadline).await
     }
 

@@ -68,6 +68,21 @@ pub fn remaining(deadline: SystemTime) -> Duration {
     deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
 }
 
+/// Time budget of a run whose deadline had already passed when it started.
+pub const FALLBACK_BUDGET: Duration = Duration::from_secs(60);
+
+/// The deadline a run works to. Lambda never starts a run past its deadline,
+/// so a deadline already gone at the start is a clock that cannot be trusted
+/// (skew, or a runtime emulator that sends none): the run then takes
+/// `FALLBACK_BUDGET` rather than handing over after every page.
+pub fn effective_deadline(deadline: SystemTime, started: SystemTime) -> SystemTime {
+    if deadline <= started {
+        started + FALLBACK_BUDGET
+    } else {
+        deadline
+    }
+}
+
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
 pub const AWS_ACTIONS: &[&str] = &["dynamodb:Scan", "dynamodb:BatchWriteItem", "lambda:InvokeFunction"];
@@ -87,6 +102,7 @@ impl Scan {
     /// A payload with `segment` runs that segment; anything else (the
     /// schedule's event) starts one run per segment.
     pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<ScanSummary> {
+        let deadline = effective_deadline(deadline, SystemTime::now());
         if payload.get("segment").is_some() {
             let task: SegmentTask =
                 serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("segment task: {e}")))?;
@@ -223,6 +239,15 @@ mod tests {
         assert_eq!(next_step(Some("k".into()), Duration::from_secs(60), margin), Next::Page("k".into()));
         assert_eq!(next_step(Some("k".into()), Duration::from_secs(10), margin), Next::Fork("k".into()));
         assert_eq!(next_step(Some("k".into()), Duration::ZERO, margin), Next::Fork("k".into()));
+    }
+
+    #[test]
+    fn a_deadline_gone_before_the_start_gets_the_fallback_budget() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let later = start + Duration::from_secs(5);
+        assert_eq!(effective_deadline(later, start), later);
+        assert_eq!(effective_deadline(start, start), start + FALLBACK_BUDGET);
+        assert_eq!(effective_deadline(SystemTime::UNIX_EPOCH, start), start + FALLBACK_BUDGET);
     }
 
     #[test]

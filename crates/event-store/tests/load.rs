@@ -30,7 +30,7 @@ async fn pixel_hit_answers_the_gif_and_puts_one_envelope() {
     let env = TestEnv::start(2).await;
     let load = load(&env, &env.names.event_stream);
 
-    let response = load.handle(request("load-track-gif-v2.json")).await;
+    let response = load.handle(request("load.json")).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "image/gif");
     assert_eq!(response.headers()["cache-control"], "no-cache, no-store, must-revalidate");
@@ -123,7 +123,7 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     let too_many = format!("[{}]", vec!["{}"; 501].join(","));
     assert_eq!(load.handle(post(&too_many, "application/json")).await.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
-    let mut unknown: Value = serde_json::from_str(&sample_event("load-track-gif-v2.json")).unwrap();
+    let mut unknown: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
     unknown["rawPath"] = json!("/admin");
     let not_found = load.handle(lambda_http::request::from_str(&unknown.to_string()).unwrap()).await;
     assert_eq!(not_found.status(), StatusCode::NOT_FOUND);
@@ -131,7 +131,7 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     assert!(env.read_stream(&env.names.event_stream).await.is_empty(), "nothing was put for bad input");
 
     let missing_stream = self::load(&env, "no-such-stream");
-    let unavailable = missing_stream.handle(request("load-track-gif-v2.json")).await;
+    let unavailable = missing_stream.handle(request("load.json")).await;
     assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
     let message = body_json(&unavailable)["error"].as_str().unwrap().to_owned();
     assert_eq!(message, "event stream unavailable, retry later", "no internals leak");

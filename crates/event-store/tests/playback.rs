@@ -139,7 +139,8 @@ async fn near_the_deadline_it_continues_asynchronously_from_where_it_stopped() {
     let env = TestEnv::start(2).await;
     stored_events(&env, 700, 3).await;
     // 50 items a page and no time left: every page ends in a continuation.
-    let summaries = play(&env, config(&env, Some(50)), window(T0, T0 + 3000), SystemTime::now).await;
+    let summaries =
+        play(&env, config(&env, Some(50)), window(T0, T0 + 3000), || SystemTime::now() + Duration::from_secs(1)).await;
     let continued = summaries.iter().filter(|s| s.continued).count();
     assert!(continued >= 700 / 50 - 1, "{continued} continuations");
     assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 700);

@@ -1,0 +1,256 @@
+"""template.yaml, proven offline: translated by the SAM translator, linted as
+CloudFormation, deployed into moto's CloudFormation with the real arm64
+bootstraps, and the deployed functions run under `cargo lambda watch`
+against the deployed resources with the sample events of events/."""
+
+import ast
+import base64
+import copy
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from cfnlint.api import lint_all
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+from conftest import REGION, ROOT, free_port, wait_for_port
+
+FUNCTIONS = ["load", "pump", "scan", "playback"]
+BUCKET = "event-store-artifacts"
+PARAMETERS = {"Stage": "ci"}
+PREFIX = "event-store-ci"
+# Resource types the emulator's CloudFormation does not create (it skips them
+# with a warning); README "Deploy" lists the same.
+UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm"}
+
+
+class NoManagedPolicyLookup:
+    """The template names no managed policy by name, so none is looked up in IAM."""
+
+    def load(self):
+        return {}
+
+
+def sam_template():
+    return yaml_parse((ROOT / "template.yaml").read_text())
+
+
+def translate(template):
+    os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+    return transform(copy.deepcopy(template), dict(PARAMETERS), NoManagedPolicyLookup())
+
+
+def packaged(template):
+    """What `sam package` does: CodeUri folders become S3 objects."""
+    template = copy.deepcopy(template)
+    for name in FUNCTIONS:
+        props = template["Resources"][f"{name.capitalize()}Function"]["Properties"]
+        assert props["CodeUri"] == f"target/lambda/{name}/"
+        props["CodeUri"] = {"Bucket": BUCKET, "Key": f"{name}.zip"}
+    return template
+
+
+def bootstrap_zip(name):
+    path = ROOT / "target" / "lambda" / name / "bootstrap"
+    assert path.exists(), f"{path} missing: run `make build`"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        info = zipfile.ZipInfo("bootstrap")
+        info.external_attr = 0o755 << 16
+        z.writestr(info, path.read_bytes())
+    return buffer.getvalue()
+
+
+def problems(template):
+    """cfn-lint errors and warnings (informational findings are advice, not faults)."""
+    return [str(m) for m in lint_all(json.dumps(template)) if m.rule.id[0] in "EW"]
+
+
+def test_translated_template_passes_cfn_lint():
+    assert problems(translate(packaged(sam_template()))) == []
+
+
+def test_translation_catches_what_sam_validate_misses():
+    """A bad !GetAtt inside a Serverless::Function only shows after translation."""
+    broken = packaged(sam_template())
+    broken["Resources"]["PumpFunction"]["Properties"]["Environment"]["Variables"]["DYNAMO_BUFFER_TABLE"] = {
+        "Fn::GetAtt": ["NoSuchTable", "Arn"]}
+    assert any("NoSuchTable" in p for p in problems(translate(broken)))
+
+
+@pytest.fixture(scope="module")
+def stack(aws):
+    s3 = aws("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    for name in FUNCTIONS:
+        s3.put_object(Bucket=BUCKET, Key=f"{name}.zip", Body=bootstrap_zip(name))
+    translated = translate(packaged(sam_template()))
+    cfn = aws("cloudformation")
+    cfn.create_stack(StackName=PREFIX, TemplateBody=json.dumps(translated),
+                     Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in PARAMETERS.items()],
+                     Capabilities=["CAPABILITY_IAM"])
+    status = cfn.describe_stacks(StackName=PREFIX)["Stacks"][0]["StackStatus"]
+    assert status == "CREATE_COMPLETE", status
+    created = {r["LogicalResourceId"]: r for r in cfn.list_stack_resources(StackName=PREFIX)["StackResourceSummaries"]}
+    return translated, created
+
+
+def test_every_supported_resource_is_created_and_the_rest_is_known(stack):
+    translated, created = stack
+    declared = translated["Resources"]
+    missing = {name: r["Type"] for name, r in declared.items() if name not in created}
+    assert set(missing.values()) == UNSUPPORTED, missing
+    assert {r["ResourceType"] for r in created.values()} >= {
+        "AWS::DynamoDB::Table", "AWS::Kinesis::Stream", "AWS::Lambda::Function", "AWS::IAM::Role",
+        "AWS::Lambda::EventSourceMapping", "AWS::Events::Rule", "AWS::Lambda::Permission",
+        "AWS::SQS::Queue", "AWS::SNS::Topic"}
+
+
+def test_tables_and_streams_are_keyed_as_declared(stack, aws):
+    dynamo = aws("dynamodb")
+    buffer = dynamo.describe_table(TableName=f"{PREFIX}-buffer-table")["Table"]
+    assert buffer["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
+    events = dynamo.describe_table(TableName=f"{PREFIX}-event-table")["Table"]
+    assert events["KeySchema"] == [{"AttributeName": "slot", "KeyType": "HASH"},
+                                   {"AttributeName": "sort_key", "KeyType": "RANGE"}]
+    assert not events.get("LocalSecondaryIndexes")
+    assert events["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    kinesis = aws("kinesis")
+    for stream in (f"{PREFIX}-stream", f"{PREFIX}-playback"):
+        assert kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["OpenShardCount"] == 1
+
+
+def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws):
+    translated, _ = stack
+    lam = aws("lambda")
+    env = {}
+    for name in FUNCTIONS:
+        # The emulator's CloudFormation records every function as x86_64 without
+        # tracing or log settings, so those are checked in the template it was given.
+        declared = translated["Resources"][f"{name.capitalize()}Function"]["Properties"]
+        assert declared["Architectures"] == ["arm64"]
+        assert declared["TracingConfig"] == {"Mode": "Active"}
+        assert declared["LoggingConfig"]["LogFormat"] == "JSON"
+        config = lam.get_function_configuration(FunctionName=f"{PREFIX}-{name}")
+        assert config["Runtime"] == "provided.al2023"
+        assert config["Handler"] == "bootstrap"
+        env[name] = config["Environment"]["Variables"]
+    assert env["load"]["EVENT_STREAM"] == f"{PREFIX}-stream"
+    assert env["pump"] == {"DYNAMO_BUFFER_TABLE": f"{PREFIX}-buffer-table"}
+    assert env["scan"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
+    assert env["playback"]["PLAYBACK_STREAM"] == f"{PREFIX}-playback"
+
+
+def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_letter_queue(stack, aws):
+    mappings = aws("lambda").list_event_source_mappings(FunctionName=f"{PREFIX}-pump")["EventSourceMappings"]
+    assert len(mappings) == 1
+    mapping = mappings[0]
+    assert mapping["EventSourceArn"].endswith(f":stream/{PREFIX}-stream")
+    assert mapping["BatchSize"] == 100
+    assert mapping.get("FunctionResponseTypes") == ["ReportBatchItemFailures"]
+    assert mapping.get("BisectBatchOnFunctionError") is True
+    assert mapping["DestinationConfig"]["OnFailure"]["Destination"].endswith(f":{PREFIX}-pump-dlq")
+
+
+def test_scan_is_scheduled_and_allowed_to_be_invoked_by_the_schedule(stack, aws):
+    events = aws("events")
+    rules = [r for r in events.list_rules()["Rules"] if r.get("ScheduleExpression")]
+    assert [r["ScheduleExpression"] for r in rules] == ["rate(1 minute)"]
+    targets = events.list_targets_by_rule(Rule=rules[0]["Name"])["Targets"]
+    assert [t["Arn"].split(":")[-1] for t in targets] == [f"{PREFIX}-scan"]
+    policy = json.loads(aws("lambda").get_policy(FunctionName=f"{PREFIX}-scan")["Policy"])
+    assert any(s["Principal"] == {"Service": "events.amazonaws.com"} for s in policy["Statement"])
+
+
+def test_roles_grant_only_named_resources(stack, aws):
+    iam = aws("iam")
+    _, created = stack
+    roles = [r["PhysicalResourceId"] for r in created.values() if r["ResourceType"] == "AWS::IAM::Role"]
+    assert len(roles) == 4
+    for role in roles:
+        for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
+            document = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+            if isinstance(document, str):  # the emulator answers the document as Python text
+                document = ast.literal_eval(document)
+            for statement in document["Statement"]:
+                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                assert all("*" not in a for a in actions), statement
+                assert statement["Resource"] != "*", statement
+
+
+# ---- the functions for real, under the Lambda runtime API emulator ---------
+
+def cargo_lambda():
+    return shutil.which("cargo-lambda") or str(ROOT / ".venv" / "bin" / "cargo-lambda")
+
+
+@pytest.fixture(scope="module")
+def watch(stack, aws, moto_endpoint):
+    lam = aws("lambda")
+    env = {"AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": REGION,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "RUST_LOG": "info"}
+    for name in FUNCTIONS:  # the deployed functions' environment, as CloudFormation resolved it
+        env.update(lam.get_function_configuration(FunctionName=f"{PREFIX}-{name}")["Environment"]["Variables"])
+    # The runtime emulator gives each invocation Lambda's default 3 s, not the
+    # template's timeout: a 10 s margin would hand every page to a continuation.
+    env["DEADLINE_MARGIN_MS"] = "500"
+    port = free_port()
+    # Self-invocations (scan forks) go to the runtime emulator's Invoke API.
+    env["AWS_ENDPOINT_URL_LAMBDA"] = f"http://127.0.0.1:{port}"
+    env_vars = ",".join(f"{k}={v}" for k, v in env.items() if v != "")
+    process = subprocess.Popen(
+        [cargo_lambda(), "lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", str(port),
+         "--concurrency", "8", "--env-vars", env_vars],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 120)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def invoke(port, function, event_file):
+    out = subprocess.run(
+        [cargo_lambda(), "lambda", "invoke", function, "--invoke-port", str(port), "--invoke-address", "127.0.0.1",
+         "--data-file", str(ROOT / "events" / event_file), "--output-format", "json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_sample_events_under_cargo_lambda_watch(watch, aws):
+    response = invoke(watch, "load", "load.json")
+    assert response["statusCode"] == 200
+    assert response["headers"]["content-type"] == "image/gif"
+    body = base64.b64decode(response["body"]) if response.get("isBase64Encoded") else response["body"].encode()
+    assert len(body) == 43 and body.startswith(b"GIF89a")
+    kinesis = aws("kinesis")
+    shard = kinesis.list_shards(StreamName=f"{PREFIX}-stream")["Shards"][0]["ShardId"]
+    iterator = kinesis.get_shard_iterator(StreamName=f"{PREFIX}-stream", ShardId=shard,
+                                          ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    records = kinesis.get_records(ShardIterator=iterator)["Records"]
+    assert [json.loads(r["Data"])["query"]["EntityId"] for r in records] == [["user-42"]]
+
+    assert invoke(watch, "pump", "pump.json") == {"batchItemFailures": []}
+    dynamo = aws("dynamodb")
+    assert dynamo.scan(TableName=f"{PREFIX}-buffer-table", Select="COUNT")["Count"] == 2
+
+    scheduled = invoke(watch, "scan", "scan.json")
+    assert scheduled["forked"] == 4
+    assert dynamo.scan(TableName=f"{PREFIX}-buffer-table", Select="COUNT")["Count"] == 0, "the forks moved both"
+    assert dynamo.scan(TableName=f"{PREFIX}-event-table", Select="COUNT")["Count"] == 2
+
+    summary = invoke(watch, "playback", "playback.json")
+    assert (summary["events"], summary["slots"]) == (2, 1)
+    assert summary["first_event"] == "2026-11-21T05:58:44.123Z"
