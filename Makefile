@@ -23,7 +23,7 @@ C           ?= 10
 PORT        ?= 3000
 LOCAL_BIN   := target/release/event-store-local
 export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
-export MOTO_SERVER := $(BIN)/moto_server
+export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
 .PHONY: help demo local playback load test build lint deploy destroy fmt clean local-bin tools-moto tools tools-ab tools-chromium

@@ -23,11 +23,12 @@ from conftest import REGION, ROOT, free_port, wait_for_port
 
 FUNCTIONS = ["load", "pump", "scan", "playback"]
 BUCKET = "event-store-artifacts"
-PARAMETERS = {"Stage": "ci"}
+PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
 PREFIX = "event-store-ci"
 # Resource types the emulator's CloudFormation does not create (it skips them
 # with a warning); README "Deploy" lists the same.
-UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm"}
+UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm",
+               "AWS::Lambda::EventInvokeConfig"}
 
 
 class NoManagedPolicyLookup:

@@ -11,7 +11,7 @@ use event_store::invoke::{run_until_idle, LocalInvoker};
 use event_store::playback::{Playback, PlaybackRequest, PlaybackSummary};
 use event_store::time::format_ms;
 
-use crate::stack::LOCAL_TIMEOUT;
+use crate::stack::PLAYBACK_TIMEOUT;
 
 /// Runs the playback of `request` and its continuations to the end; prints
 /// each non-empty slot when `print_slots`. Returns one summary per run.
@@ -32,7 +32,7 @@ pub async fn play(
     invoker.send(serde_json::to_value(&request)?)?;
     let results = run_until_idle(&mut invocations, move |payload| {
         let playback = playback.clone();
-        async move { playback.handle(payload, SystemTime::now() + LOCAL_TIMEOUT).await }
+        async move { playback.handle(payload, SystemTime::now() + PLAYBACK_TIMEOUT).await }
     })
     .await;
     let mut summaries = Vec::new();

@@ -75,6 +75,7 @@ impl Settings {
         set("DYNAMO_EVENT_TABLE", &self.names.event_table);
         default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
         default("AWS_REGION", "us-east-1");
+        default("IP_SALT", "local-stack-salt-not-secret");
         default("AWS_ACCESS_KEY_ID", "local");
         default("AWS_SECRET_ACCESS_KEY", "local");
     }

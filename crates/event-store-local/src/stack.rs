@@ -24,8 +24,9 @@ use crate::settings::Settings;
 use crate::source::{count_records, feed_pump, shard_ids, stream_arn, ShardReader};
 use crate::stats::Stats;
 
-/// Each local invocation gets the deadline a Lambda with the template's timeout would.
-pub const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Local invocations get the deadlines the template's timeouts give them in Lambda.
+pub const SCAN_TIMEOUT: Duration = Duration::from_secs(120);
+pub const PLAYBACK_TIMEOUT: Duration = Duration::from_secs(900);
 
 pub struct Stack {
     pub settings: Settings,
@@ -96,7 +97,7 @@ impl Stack {
                     Some(payload) = invocations.recv() => {
                         let (scan, stats) = (scan.clone(), stats.clone());
                         tokio::spawn(async move {
-                            match scan.handle(payload, SystemTime::now() + LOCAL_TIMEOUT).await {
+                            match scan.handle(payload, SystemTime::now() + SCAN_TIMEOUT).await {
                                 Ok(summary) => stats.add_moved(summary.moved as u64),
                                 Err(err) => error!(error = %err, "scan invocation failed"),
                             }

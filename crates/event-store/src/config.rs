@@ -7,6 +7,9 @@ use crate::error::{Error, Result};
 
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;
+/// Hand over to a continuation with this much time left (`DEADLINE_MARGIN_MS`):
+/// more than a page's writes can take with all their retries.
+pub const DEFAULT_DEADLINE_MARGIN_MS: u64 = 30_000;
 
 /// The environment variables a function reads: the template must set every
 /// required one and nothing that is not listed (checked by tests/template.rs).
@@ -57,7 +60,7 @@ impl Env {
     }
 
     fn deadline_margin(&self) -> Result<Duration> {
-        Ok(Duration::from_millis(self.var_or("DEADLINE_MARGIN_MS", 10_000)?))
+        Ok(Duration::from_millis(self.var_or("DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN_MS)?))
     }
 }
 
@@ -93,7 +96,13 @@ impl LoadConfig {
         let ip_mode = match env.var_or("IP_MODE", String::from("hash"))?.as_str() {
             "full" => IpMode::Full,
             "none" => IpMode::None,
-            "hash" => IpMode::Hash { salt: env.raw("IP_SALT").unwrap_or_default() },
+            "hash" => {
+                let salt = env.raw("IP_SALT").unwrap_or_default();
+                if salt.len() < 16 {
+                    tracing::warn!("IP_SALT is shorter than 16 characters: hashed IPv4 addresses can be reversed");
+                }
+                IpMode::Hash { salt }
+            }
             other => return Err(Error::Config(format!("IP_MODE={other:?}: expected full, hash or none"))),
         };
         Ok(Self {
@@ -129,12 +138,14 @@ pub struct ScanConfig {
     pub deadline_margin: Duration,
     /// Items per scan page (`SCAN_PAGE_ITEMS`); unset = DynamoDB's 1 MB pages.
     pub page_items: Option<i32>,
+    /// Days an event is kept (`RETENTION_DAYS`, written as the `expires_at` TTL); unset or 0 = forever.
+    pub retention_days: Option<u32>,
 }
 
 impl ScanConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"],
-        optional: &["TIME_UNIT", "SCAN_SEGMENTS", "DEADLINE_MARGIN_MS", "SCAN_PAGE_ITEMS"],
+        optional: &["TIME_UNIT", "SCAN_SEGMENTS", "DEADLINE_MARGIN_MS", "SCAN_PAGE_ITEMS", "RETENTION_DAYS"],
     };
 
     pub fn from_env() -> Result<Self> {
@@ -150,6 +161,7 @@ impl ScanConfig {
             segments,
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("SCAN_PAGE_ITEMS")?,
+            retention_days: env.optional("RETENTION_DAYS")?.filter(|days| *days > 0),
         })
     }
 }

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::future::Future;
 
-use aws_sdk_dynamodb::types::WriteRequest;
+use std::hash::Hash;
+
+use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use futures::StreamExt;
 use tracing::warn;
 
@@ -79,14 +81,36 @@ where
     pending.into_iter().map(|(tag, _)| tag).collect()
 }
 
-/// Groups equal keys so a batch never names one item twice (DynamoDB rejects
-/// such a batch as a whole); the last write of a key wins.
-pub fn dedupe_by_key<K: std::hash::Hash + Eq + Clone, V>(items: Vec<(K, V)>) -> Vec<(K, V)> {
-    let mut last: HashMap<K, usize> = HashMap::new();
-    for (i, (k, _)) in items.iter().enumerate() {
-        last.insert(k.clone(), i);
+/// Put requests for a batch of items, one per key, with the tags of every
+/// source item under its key: DynamoDB rejects a batch that names an item
+/// twice, and a failed put must be reported for each source (a pump record's
+/// sequence number, a scan's buffer key).
+pub struct KeyedPuts<K, T> {
+    pub requests: Vec<(K, WriteRequest)>,
+    pub sources: HashMap<K, Vec<T>>,
+    /// Sources whose request could not be built (reported as failed, never dropped).
+    pub failed: Vec<T>,
+}
+
+pub fn keyed_puts<K, T>(items: impl IntoIterator<Item = (K, T, HashMap<String, AttributeValue>)>) -> KeyedPuts<K, T>
+where
+    K: Hash + Eq + Clone,
+{
+    let mut puts = KeyedPuts { requests: Vec::new(), sources: HashMap::new(), failed: Vec::new() };
+    for (key, tag, item) in items {
+        if let Some(tags) = puts.sources.get_mut(&key) {
+            tags.push(tag);
+            continue;
+        }
+        match PutRequest::builder().set_item(Some(item)).build() {
+            Ok(put) => {
+                puts.requests.push((key.clone(), WriteRequest::builder().put_request(put).build()));
+                puts.sources.insert(key, vec![tag]);
+            }
+            Err(_) => puts.failed.push(tag),
+        }
     }
-    items.into_iter().enumerate().filter(|(i, (k, _))| last.get(k) == Some(i)).map(|(_, kv)| kv).collect()
+    puts
 }
 
 #[cfg(test)]
@@ -134,8 +158,12 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_keys_keep_the_last_write() {
-        let items = vec![("a", 1), ("b", 2), ("a", 3)];
-        assert_eq!(dedupe_by_key(items), vec![("b", 2), ("a", 3)]);
+    fn a_key_named_twice_gets_one_request_and_both_sources() {
+        let item = |v: &str| HashMap::from([("id".to_string(), AttributeValue::S(v.to_string()))]);
+        let puts = keyed_puts(vec![("a", 1, item("a")), ("b", 2, item("b")), ("a", 3, item("a"))]);
+        assert_eq!(puts.requests.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec!["a", "b"]);
+        assert_eq!(puts.sources["a"], vec![1, 3]);
+        assert_eq!(puts.sources["b"], vec![2]);
+        assert!(puts.failed.is_empty());
     }
 }

@@ -34,6 +34,9 @@ pub struct EventItem {
     /// The event's bytes, when they are not JSON (or too large as a map).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "serde_bytes")]
     pub data: Option<Vec<u8>>,
+    /// TTL (epoch seconds) when a retention is configured; absent = kept forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
 }
 
 /// Sort key for an event: `<arrival ms, 13 digits>#<shard>#<len><sequence>`.
@@ -70,8 +73,10 @@ impl EventItem {
             partition_key: buffer.partition_key.clone(),
             data: None,
             payload,
+            expires_at: None,
         };
-        if item.payload.is_none() || item_size(&item.to_item()) > MAX_ITEM_BYTES {
+        let storable = item.payload.as_ref().is_some_and(|p| fits_dynamodb(p, 1));
+        if !storable || item_size(&item.to_item()) > MAX_ITEM_BYTES {
             item.payload = None;
             item.data = Some(buffer.data.clone());
         }
@@ -83,6 +88,12 @@ impl EventItem {
             )));
         }
         Ok(item)
+    }
+
+    /// Sets the TTL to `days` after the event's arrival (so a repeated move writes the same value).
+    pub fn with_retention(mut self, days: Option<u32>) -> Self {
+        self.expires_at = days.map(|d| self.arrival.div_euclid(1000) + i64::from(d) * 86_400);
+        self
     }
 
     pub fn to_item(&self) -> HashMap<String, AttributeValue> {
@@ -100,6 +111,25 @@ impl EventItem {
             (None, Some(value)) => serde_json::to_vec(value).unwrap_or_default(),
             (None, None) => b"null".to_vec(),
         }
+    }
+}
+
+/// DynamoDB nests maps and lists at most 32 levels deep.
+const MAX_DEPTH: usize = 32;
+
+/// True when DynamoDB can store this JSON as a document: numbers within its
+/// range (magnitude 1e-130 to below 1e126), at most 32 levels of nesting, no
+/// empty map keys. Anything else would fail the whole `BatchWriteItem` it
+/// travels in, so such events are stored as bytes instead.
+pub fn fits_dynamodb(value: &serde_json::Value, depth: usize) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => n.as_f64().is_some_and(|f| f == 0.0 || (f.abs() >= 1e-130 && f.abs() < 1e126)),
+        Value::Array(items) => depth <= MAX_DEPTH && items.iter().all(|v| fits_dynamodb(v, depth + 1)),
+        Value::Object(map) => {
+            depth <= MAX_DEPTH && map.iter().all(|(k, v)| !k.is_empty() && fits_dynamodb(v, depth + 1))
+        }
+        _ => true,
     }
 }
 
@@ -175,6 +205,23 @@ mod tests {
         assert!(binary.payload.is_none());
         assert_eq!(EventItem::from_item(binary.to_item()).unwrap(), binary);
         assert_eq!(EventItem::from_item(json.to_item()).unwrap(), json);
+        assert!(!json.to_item().contains_key("expires_at"), "kept forever by default");
+        let kept = json.clone().with_retention(Some(30));
+        assert_eq!(kept.expires_at, Some(1 + 30 * 86_400));
+        assert_eq!(kept.to_item()["expires_at"], AttributeValue::N((1 + 30 * 86_400).to_string()));
+    }
+
+    #[test]
+    fn json_dynamodb_cannot_hold_is_kept_as_bytes() {
+        for text in
+            [r#"{"x":1e200}"#, r#"{"x":1e-200}"#, r#"{"":1}"#, &format!("{}1{}", "[".repeat(40), "]".repeat(40))]
+        {
+            let item = EventItem::from_buffer(&buffered(1, "s:1", text.as_bytes()), 1000).unwrap();
+            assert!(item.payload.is_none(), "{text}");
+            assert_eq!(item.data.as_deref(), Some(text.as_bytes()));
+        }
+        let fine = format!("{}{{\"n\":[0,1.5e125,-2e-129]}}{}", "[".repeat(30), "]".repeat(30));
+        assert!(EventItem::from_buffer(&buffered(1, "s:1", fine.as_bytes()), 1000).unwrap().payload.is_some());
     }
 
     #[test]

@@ -73,8 +73,9 @@ pub async fn send_put_records(
 }
 
 /// Puts every record, retrying only the failed ones with backoff. Returns the
-/// records that still failed (by index into `records`); a request-level error
-/// (after the SDK's own retries) is returned as `Err`.
+/// records that still failed (by index into `records`); a request that fails
+/// as a whole (after the SDK's own retries) counts as all its records failing,
+/// so the answer can still say which events were stored.
 pub async fn put_unordered<F, Fut>(records: &[Record], backoff: &Backoff, mut send: F) -> Result<Vec<Failure>>
 where
     F: FnMut(Vec<Record>) -> Fut,
@@ -96,7 +97,11 @@ where
             let sizes: Vec<usize> = pending[start..].iter().map(|&i| records[i].size()).collect();
             let end = start + first_chunk_len(&sizes, KINESIS_BATCH_RECORDS, KINESIS_BATCH_BYTES);
             let batch: Vec<Record> = pending[start..end].iter().map(|&i| records[i].clone()).collect();
-            let outcomes = send(batch).await?;
+            // A failed request fails its records, not the records earlier requests stored.
+            let outcomes = match send(batch).await {
+                Ok(outcomes) => outcomes,
+                Err(err) => vec![Some(format!("RequestFailed: {err}")); end - start],
+            };
             for (&index, outcome) in pending[start..end].iter().zip(outcomes) {
                 if let Some(code) = outcome {
                     still.push(index);
@@ -229,6 +234,16 @@ mod tests {
         };
         let failures = put_unordered(&recs, &fast(), always).await.unwrap();
         assert_eq!(failures, vec![Failure { index: 2, code: "InternalFailure".into() }]);
+
+        // A request failing as a whole fails its records only.
+        let big = records(700);
+        let mut calls = 0;
+        let second_request_down = |batch: Vec<Record>| {
+            calls += 1;
+            let result = if calls == 2 { Err(Error::Config("down".into())) } else { Ok(vec![None; batch.len()]) };
+            futures::future::ready(result)
+        };
+        assert!(put_unordered(&big, &fast(), second_request_down).await.unwrap().is_empty(), "retried and stored");
     }
 
     #[tokio::test]

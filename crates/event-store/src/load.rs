@@ -4,6 +4,7 @@
 //! stream a 503, and no internal error text ever reaches the client.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use aws_sdk_kinesis::primitives::Blob;
 use lambda_http::http::{header, Method, StatusCode};
@@ -69,7 +70,9 @@ pub struct Load {
 
 impl Load {
     pub fn new(kinesis: aws_sdk_kinesis::Client, config: LoadConfig) -> Self {
-        Self { kinesis, config, backoff: Backoff::default() }
+        // Short: API Gateway gives up after 30 s, and a client retry would duplicate.
+        let backoff = Backoff { base: Duration::from_millis(50), cap: Duration::from_millis(500), max_attempts: 4 };
+        Self { kinesis, config, backoff }
     }
 
     /// Answers one HTTP request. Never fails: every outcome is a response.

@@ -19,8 +19,7 @@ use crate::error::{Error, Result};
 use crate::event_item::{self, sort_key_floor, EventItem};
 use crate::invoke::Invoker;
 use crate::kinesis::{put_ordered, send_put_records, Record};
-use crate::scan::{effective_deadline, remaining};
-use crate::time::{format_ms, now_ms, parse_time, slot_of};
+use crate::time::{effective_deadline, format_ms, now_ms, parse_time, remaining, slot_of};
 
 /// Window played back when the request names no start: the last 15 minutes.
 pub const DEFAULT_WINDOW_MS: i64 = 15 * 60 * 1000;

@@ -3,12 +3,9 @@
 //! `BatchWriteItem`; the response names exactly the records that could not
 //! be written, so the event source retries those and nothing else.
 
-use std::collections::HashMap;
-
 use aws_lambda_events::encodings::SecondTimestamp;
 use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
-use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::{error, info};
@@ -16,7 +13,7 @@ use tracing::{error, info};
 use crate::batch::Backoff;
 use crate::buffer_item::BufferItem;
 use crate::config::PumpConfig;
-use crate::dynamo::write_all;
+use crate::dynamo::{keyed_puts, write_all};
 use crate::error::{Error, Result};
 use crate::event_item::{item_size, MAX_ITEM_BYTES};
 
@@ -68,9 +65,7 @@ impl Pump {
 
     pub async fn handle(&self, event: KinesisEvent) -> KinesisEventResponse {
         let mut failed: Vec<String> = Vec::new();
-        // Sequence numbers by buffer key: a batch may carry a record twice.
-        let mut sequences: HashMap<String, Vec<String>> = HashMap::new();
-        let mut writes: Vec<(String, WriteRequest)> = Vec::new();
+        let mut items = Vec::new();
         for record in &event.records {
             let sequence = record.kinesis.sequence_number.clone();
             let item = match BufferItem::from_kinesis(record) {
@@ -91,25 +86,18 @@ impl Pump {
                 failed.push(sequence);
                 continue;
             }
-            let seen = sequences.entry(item.id.clone()).or_default();
-            seen.push(sequence);
-            if seen.len() == 1 {
-                let put = PutRequest::builder().set_item(Some(attributes)).build();
-                match put {
-                    Ok(put) => writes.push((item.id, WriteRequest::builder().put_request(put).build())),
-                    Err(err) => {
-                        error!(error = %err, "cannot build put request");
-                        failed.extend(sequences.remove(&item.id).unwrap_or_default());
-                    }
-                }
-            }
+            items.push((item.id, sequence, attributes));
         }
-        let written = writes.len();
-        let unwritten = write_all(&self.dynamo, &self.config.buffer_table, writes, &self.backoff).await;
+        // A batch may carry a record twice (same key): one put, both sequence numbers.
+        let puts = keyed_puts(items);
+        failed.extend(puts.failed);
+        let requested = puts.requests.len();
+        let unwritten = write_all(&self.dynamo, &self.config.buffer_table, puts.requests, &self.backoff).await;
+        let mut sources = puts.sources;
         for key in &unwritten {
-            failed.extend(sequences.remove(key).unwrap_or_default());
+            failed.extend(sources.remove(key).unwrap_or_default());
         }
-        info!(records = event.records.len(), items = written - unwritten.len(), failed = failed.len(), "buffered");
+        info!(records = event.records.len(), items = requested - unwritten.len(), failed = failed.len(), "buffered");
         let mut response = KinesisEventResponse::default();
         response.batch_item_failures = failed
             .into_iter()

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{info, warn};
@@ -16,10 +16,11 @@ use tracing::{info, warn};
 use crate::batch::Backoff;
 use crate::buffer_item::{self, BufferItem};
 use crate::config::ScanConfig;
-use crate::dynamo::write_all;
+use crate::dynamo::{keyed_puts, write_all};
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::Invoker;
+use crate::time::{effective_deadline, remaining};
 
 /// The payload of a segment run (a fork or a continuation).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,26 +61,6 @@ pub fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration
         None => Next::Done,
         Some(key) if remaining > margin => Next::Page(key),
         Some(key) => Next::Fork(key),
-    }
-}
-
-/// Time left before `deadline`, zero when past it.
-pub fn remaining(deadline: SystemTime) -> Duration {
-    deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
-}
-
-/// Time budget of a run whose deadline had already passed when it started.
-pub const FALLBACK_BUDGET: Duration = Duration::from_secs(60);
-
-/// The deadline a run works to. Lambda never starts a run past its deadline,
-/// so a deadline already gone at the start is a clock that cannot be trusted
-/// (skew, or a runtime emulator that sends none): the run then takes
-/// `FALLBACK_BUDGET` rather than handing over after every page.
-pub fn effective_deadline(deadline: SystemTime, started: SystemTime) -> SystemTime {
-    if deadline <= started {
-        started + FALLBACK_BUDGET
-    } else {
-        deadline
     }
 }
 
@@ -173,38 +154,29 @@ impl Scan {
     /// buffer exactly the items whose put succeeded (invariant 2).
     async fn move_items(&self, items: Vec<HashMap<String, AttributeValue>>) -> Moved {
         let mut result = Moved::default();
-        // Buffer ids by event-table key (slot, sort key), so a batch never names an item twice.
-        let mut sources: HashMap<(i64, String), Vec<String>> = HashMap::new();
-        let mut puts = Vec::new();
+        let mut events = Vec::new();
         for attributes in items {
             let id = attributes.get(buffer_item::KEY).and_then(|v| v.as_s().ok()).cloned();
             let event = BufferItem::from_item(attributes)
-                .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms).map(|e| (b.id, e)));
-            let (id, event) = match event {
-                Ok(ok) => ok,
+                .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms).map(|e| (b.id, e)))
+                .map(|(id, e)| (id, e.with_retention(self.config.retention_days)));
+            match event {
+                Ok((id, event)) => events.push(((event.slot, event.sort_key.clone()), id, event.to_item())),
                 Err(err) => {
                     warn!(id = id.as_deref().unwrap_or("?"), error = %err, "buffer item left in place");
                     result.unreadable += 1;
-                    continue;
-                }
-            };
-            let key = (event.slot, event.sort_key.clone());
-            let ids = sources.entry(key.clone()).or_default();
-            ids.push(id);
-            if ids.len() == 1 {
-                match PutRequest::builder().set_item(Some(event.to_item())).build() {
-                    Ok(put) => puts.push((key, WriteRequest::builder().put_request(put).build())),
-                    Err(err) => {
-                        warn!(error = %err, "cannot build put request");
-                        result.failed += sources.remove(&key).map_or(0, |ids| ids.len());
-                    }
                 }
             }
         }
-        let not_put = write_all(&self.dynamo, &self.config.event_table, puts, &self.backoff).await;
+        // Buffer ids by event-table key (slot, sort key): one put per key.
+        let puts = keyed_puts(events);
+        result.failed += puts.failed.len();
+        let not_put = write_all(&self.dynamo, &self.config.event_table, puts.requests, &self.backoff).await;
+        let mut sources = puts.sources;
         for key in &not_put {
             result.failed += sources.remove(key).map_or(0, |ids| ids.len());
         }
+        // Only what is now in the event table leaves the buffer.
         let deletes: Vec<(String, WriteRequest)> = sources
             .into_values()
             .flatten()
@@ -239,21 +211,6 @@ mod tests {
         assert_eq!(next_step(Some("k".into()), Duration::from_secs(60), margin), Next::Page("k".into()));
         assert_eq!(next_step(Some("k".into()), Duration::from_secs(10), margin), Next::Fork("k".into()));
         assert_eq!(next_step(Some("k".into()), Duration::ZERO, margin), Next::Fork("k".into()));
-    }
-
-    #[test]
-    fn a_deadline_gone_before_the_start_gets_the_fallback_budget() {
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
-        let later = start + Duration::from_secs(5);
-        assert_eq!(effective_deadline(later, start), later);
-        assert_eq!(effective_deadline(start, start), start + FALLBACK_BUDGET);
-        assert_eq!(effective_deadline(SystemTime::UNIX_EPOCH, start), start + FALLBACK_BUDGET);
-    }
-
-    #[test]
-    fn remaining_time_is_zero_past_the_deadline() {
-        assert_eq!(remaining(SystemTime::now() - Duration::from_secs(1)), Duration::ZERO);
-        assert!(remaining(SystemTime::now() + Duration::from_secs(100)) > Duration::from_secs(99));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Time slots and timestamps. Times are kept as milliseconds since the Unix
 //! epoch (UTC) everywhere; ISO 8601 text only at the edges (envelope, playback input).
 
+use std::time::{Duration, SystemTime};
+
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::error::{Error, Result};
@@ -32,9 +34,44 @@ pub fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
+/// Time left before `deadline`, zero when past it.
+pub fn remaining(deadline: SystemTime) -> Duration {
+    deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
+}
+
+/// Time budget of a run whose deadline had already passed when it started.
+pub const FALLBACK_BUDGET: Duration = Duration::from_secs(60);
+
+/// The deadline a run works to. Lambda never starts a run past its deadline,
+/// so a deadline already gone at the start is a clock that cannot be trusted
+/// (skew, or a runtime emulator that sends none): the run then takes
+/// `FALLBACK_BUDGET` rather than handing over after every page.
+pub fn effective_deadline(deadline: SystemTime, started: SystemTime) -> SystemTime {
+    if deadline <= started {
+        started + FALLBACK_BUDGET
+    } else {
+        deadline
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_gone_before_the_start_gets_the_fallback_budget() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let later = start + Duration::from_secs(5);
+        assert_eq!(effective_deadline(later, start), later);
+        assert_eq!(effective_deadline(start, start), start + FALLBACK_BUDGET);
+        assert_eq!(effective_deadline(SystemTime::UNIX_EPOCH, start), start + FALLBACK_BUDGET);
+    }
+
+    #[test]
+    fn remaining_time_is_zero_past_the_deadline() {
+        assert_eq!(remaining(SystemTime::now() - Duration::from_secs(1)), Duration::ZERO);
+        assert!(remaining(SystemTime::now() + Duration::from_secs(100)) > Duration::from_secs(99));
+    }
 
     #[test]
     fn slots_truncate_down_including_before_epoch() {

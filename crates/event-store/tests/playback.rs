@@ -37,6 +37,7 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
         segments: 2,
         deadline_margin: Duration::from_secs(10),
         page_items: None,
+        retention_days: None,
     };
     let (invoker, mut rx) = LocalInvoker::channel();
     let scan = Arc::new(Scan::new(env.dynamo.clone(), config, Arc::new(invoker.clone())));

@@ -23,6 +23,7 @@ fn config(env: &TestEnv, page_items: Option<i32>) -> ScanConfig {
         segments: 4,
         deadline_margin: Duration::from_secs(10),
         page_items,
+        retention_days: None,
     }
 }
 
