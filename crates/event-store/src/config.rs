@@ -174,12 +174,14 @@ pub struct PlaybackConfig {
     pub deadline_margin: Duration,
     /// Items per query page (`QUERY_PAGE_ITEMS`); unset = DynamoDB's 1 MB pages.
     pub page_items: Option<i32>,
+    /// Longest window one request may ask for (`PLAYBACK_MAX_HOURS`, default 24).
+    pub max_window: Duration,
 }
 
 impl PlaybackConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["DYNAMO_EVENT_TABLE", "PLAYBACK_STREAM"],
-        optional: &["TIME_UNIT", "DEADLINE_MARGIN_MS", "QUERY_PAGE_ITEMS"],
+        optional: &["TIME_UNIT", "DEADLINE_MARGIN_MS", "QUERY_PAGE_ITEMS", "PLAYBACK_MAX_HOURS"],
     };
 
     pub fn from_env() -> Result<Self> {
@@ -190,6 +192,7 @@ impl PlaybackConfig {
             time_unit_ms: env.time_unit()?,
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("QUERY_PAGE_ITEMS")?,
+            max_window: Duration::from_secs(env.var_or("PLAYBACK_MAX_HOURS", 24u64)? * 3600),
         })
     }
 }

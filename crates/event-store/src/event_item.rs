@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 use crate::time::slot_of;
 
 pub const PARTITION_KEY: &str = "slot";
+/// The event table's quarantine partition: buffer items the scan could not
+/// turn into events, kept with the reason (`slot = -1`, sort key = buffer id).
+/// Playback never reads it: windows start at or after 1970.
+pub const QUARANTINE_SLOT: i64 = -1;
 pub const SORT_KEY: &str = "sort_key";
 /// DynamoDB's item size limit.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
@@ -112,6 +116,25 @@ impl EventItem {
             (None, None) => b"null".to_vec(),
         }
     }
+}
+
+/// The quarantine item for a buffer item that cannot become an event: its
+/// original attributes and the reason. `None` when even that would not fit
+/// in an item (the buffer item then stays where it is, logged).
+pub fn quarantine_item(
+    buffer_id: &str,
+    reason: &str,
+    original: HashMap<String, AttributeValue>,
+    now_ms: i64,
+) -> Option<HashMap<String, AttributeValue>> {
+    let item = HashMap::from([
+        (PARTITION_KEY.to_owned(), AttributeValue::N(QUARANTINE_SLOT.to_string())),
+        (SORT_KEY.to_owned(), AttributeValue::S(buffer_id.to_owned())),
+        ("reason".to_owned(), AttributeValue::S(reason.chars().take(1000).collect())),
+        ("quarantined_at".to_owned(), AttributeValue::N(now_ms.to_string())),
+        ("original".to_owned(), AttributeValue::M(original)),
+    ]);
+    (item_size(&item) <= MAX_ITEM_BYTES).then_some(item)
 }
 
 /// DynamoDB nests maps and lists at most 32 levels deep.
@@ -222,6 +245,17 @@ mod tests {
         }
         let fine = format!("{}{{\"n\":[0,1.5e125,-2e-129]}}{}", "[".repeat(30), "]".repeat(30));
         assert!(EventItem::from_buffer(&buffered(1, "s:1", fine.as_bytes()), 1000).unwrap().payload.is_some());
+    }
+
+    #[test]
+    fn quarantine_keeps_the_original_and_the_reason_when_it_fits() {
+        let original = HashMap::from([("id".to_string(), AttributeValue::S("abc".into()))]);
+        let item = quarantine_item("abc", "buffer item: missing field `arrival`", original.clone(), 7).unwrap();
+        assert_eq!(item[PARTITION_KEY], AttributeValue::N("-1".into()));
+        assert_eq!(item[SORT_KEY], AttributeValue::S("abc".into()));
+        assert_eq!(item["original"], AttributeValue::M(original));
+        let huge = HashMap::from([("data".to_string(), AttributeValue::B(vec![0; MAX_ITEM_BYTES].into()))]);
+        assert!(quarantine_item("abc", "too large", huge, 7).is_none());
     }
 
     #[test]

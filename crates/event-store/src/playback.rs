@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
@@ -46,12 +46,24 @@ pub struct Window {
 }
 
 impl Window {
-    /// Defaults: `end` = now, `start` = `end` - 15 minutes. `end` before `start` is an error.
-    pub fn parse(request: &PlaybackRequest, now: i64) -> Result<Self> {
+    /// Defaults: `end` = now, `start` = `end` - 15 minutes. `end` before
+    /// `start`, a start before 1970 or a window over `max` is an error.
+    pub fn parse(request: &PlaybackRequest, now: i64, max: Duration) -> Result<Self> {
         let end = request.end.as_deref().map(parse_time).transpose()?.unwrap_or(now);
         let start = request.start.as_deref().map(parse_time).transpose()?.unwrap_or(end - DEFAULT_WINDOW_MS);
         if end < start {
             return Err(Error::BadInput(format!("end {} is before start {}", format_ms(end), format_ms(start))));
+        }
+        if start < 0 {
+            return Err(Error::BadInput("start is before 1970".into()));
+        }
+        let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+        if end - start > max_ms {
+            return Err(Error::BadInput(format!(
+                "the window is {} hours long; at most {} per request (PLAYBACK_MAX_HOURS)",
+                (end - start) / 3_600_000,
+                max_ms / 3_600_000
+            )));
         }
         Ok(Self { start, end, resume_after: request.resume_after.clone() })
     }
@@ -130,7 +142,7 @@ impl Playback {
         } else {
             serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("playback request: {e}")))?
         };
-        let window = Window::parse(&request, now_ms())?;
+        let window = Window::parse(&request, now_ms(), self.config.max_window)?;
         let deadline = effective_deadline(deadline, SystemTime::now());
         info!(
             start = %format_ms(window.start),
@@ -272,13 +284,17 @@ mod tests {
     use super::*;
     use crate::event_item::sort_key;
 
+    const DAY: Duration = Duration::from_secs(86_400);
+
     #[test]
     fn window_defaults_to_the_last_15_minutes() {
         let now = 1_800_000_000_000;
-        let w = Window::parse(&PlaybackRequest::default(), now).unwrap();
+        let w = Window::parse(&PlaybackRequest::default(), now, DAY).unwrap();
         assert_eq!((w.start, w.end), (now - 900_000, now));
         let only_start = PlaybackRequest { start: Some("1970-01-01T00:00:01Z".into()), ..Default::default() };
-        assert_eq!(Window::parse(&only_start, now).unwrap().start, 1000);
+        assert!(Window::parse(&only_start, now, DAY).is_err(), "decades: over the maximum");
+        let recent = PlaybackRequest { start: Some(format_ms(now - 3_600_000)), ..Default::default() };
+        assert_eq!(Window::parse(&recent, now, DAY).unwrap().start, now - 3_600_000);
     }
 
     #[test]
@@ -288,9 +304,21 @@ mod tests {
             end: Some("2026-01-01T00:00:00Z".into()),
             ..Default::default()
         };
-        assert!(matches!(Window::parse(&reversed, 0), Err(Error::BadInput(_))));
+        assert!(matches!(Window::parse(&reversed, 0, DAY), Err(Error::BadInput(_))));
+        let too_long = PlaybackRequest {
+            start: Some("2026-01-01T00:00:00Z".into()),
+            end: Some("2026-01-03T00:00:00Z".into()),
+            ..Default::default()
+        };
+        assert!(matches!(Window::parse(&too_long, 0, DAY), Err(Error::BadInput(m)) if m.contains("48 hours")));
+        let before_1970 = PlaybackRequest {
+            start: Some("1969-12-31T23:00:00Z".into()),
+            end: Some("1970-01-01T00:00:00Z".into()),
+            ..Default::default()
+        };
+        assert!(matches!(Window::parse(&before_1970, 0, DAY), Err(Error::BadInput(_))));
         let garbage = PlaybackRequest { start: Some("last tuesday".into()), ..Default::default() };
-        assert!(matches!(Window::parse(&garbage, 0), Err(Error::BadInput(_))));
+        assert!(matches!(Window::parse(&garbage, 0, DAY), Err(Error::BadInput(_))));
     }
 
     #[test]

@@ -11,16 +11,16 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::batch::Backoff;
 use crate::buffer_item::{self, BufferItem};
 use crate::config::ScanConfig;
 use crate::dynamo::{keyed_puts, write_all};
 use crate::error::{Error, Result};
-use crate::event_item::EventItem;
+use crate::event_item::{quarantine_item, EventItem, QUARANTINE_SLOT};
 use crate::invoke::Invoker;
-use crate::time::{effective_deadline, remaining};
+use crate::time::{effective_deadline, now_ms, remaining};
 
 /// The payload of a segment run (a fork or a continuation).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +42,8 @@ pub struct ScanSummary {
     pub moved: usize,
     /// Items whose put or delete failed; they stay in the buffer for the next scan.
     pub failed: usize,
-    /// Buffer items that cannot be decoded or stored; left in the buffer, logged.
-    pub unreadable: usize,
+    /// Buffer items that cannot become events: moved to the quarantine partition with the reason.
+    pub quarantined: usize,
 }
 
 /// What a segment run does after a page.
@@ -78,6 +78,12 @@ pub struct Scan {
 impl Scan {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, config: ScanConfig, invoker: Arc<dyn Invoker>) -> Self {
         Self { dynamo, config, invoker, backoff: Backoff::default() }
+    }
+
+    /// Retries of unprocessed items with another schedule (tests shorten it).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
     }
 
     /// A payload with `segment` runs that segment; anything else (the
@@ -125,7 +131,7 @@ impl Scan {
             let moved = self.move_items(page.items().to_vec()).await;
             summary.moved += moved.moved;
             summary.failed += moved.failed;
-            summary.unreadable += moved.unreadable;
+            summary.quarantined += moved.quarantined;
             let last_key =
                 page.last_evaluated_key().and_then(|k| k.get(buffer_item::KEY)).and_then(|v| v.as_s().ok()).cloned();
             match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
@@ -143,7 +149,7 @@ impl Scan {
             pages = summary.pages,
             moved = summary.moved,
             failed = summary.failed,
-            unreadable = summary.unreadable,
+            quarantined = summary.quarantined,
             continued = summary.forked > 0,
             "segment scanned"
         );
@@ -156,16 +162,27 @@ impl Scan {
         let mut result = Moved::default();
         let mut events = Vec::new();
         for attributes in items {
-            let id = attributes.get(buffer_item::KEY).and_then(|v| v.as_s().ok()).cloned();
-            let event = BufferItem::from_item(attributes)
-                .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms).map(|e| (b.id, e)))
-                .map(|(id, e)| (id, e.with_retention(self.config.retention_days)));
+            let Some(id) = attributes.get(buffer_item::KEY).and_then(|v| v.as_s().ok()).cloned() else {
+                warn!("buffer item without a string id: left in place");
+                result.failed += 1;
+                continue;
+            };
+            let event = BufferItem::from_item(attributes.clone())
+                .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms))
+                .map(|e| e.with_retention(self.config.retention_days));
             match event {
-                Ok((id, event)) => events.push(((event.slot, event.sort_key.clone()), id, event.to_item())),
-                Err(err) => {
-                    warn!(id = id.as_deref().unwrap_or("?"), error = %err, "buffer item left in place");
-                    result.unreadable += 1;
-                }
+                Ok(event) => events.push(((event.slot, event.sort_key.clone()), id, event.to_item())),
+                Err(err) => match quarantine_item(&id, &err.to_string(), attributes, now_ms()) {
+                    Some(item) => {
+                        warn!(id, reason = %err, "buffer item quarantined");
+                        result.quarantined += 1;
+                        events.push(((QUARANTINE_SLOT, id.clone()), id, item));
+                    }
+                    None => {
+                        error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place");
+                        result.failed += 1;
+                    }
+                },
             }
         }
         // Buffer ids by event-table key (slot, sort key): one put per key.
@@ -197,7 +214,7 @@ impl Scan {
 struct Moved {
     moved: usize,
     failed: usize,
-    unreadable: usize,
+    quarantined: usize,
 }
 
 #[cfg(test)]

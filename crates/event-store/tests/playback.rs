@@ -57,6 +57,7 @@ fn config(env: &TestEnv, page_items: Option<i32>) -> PlaybackConfig {
         time_unit_ms: 1000,
         deadline_margin: Duration::from_secs(10),
         page_items,
+        max_window: Duration::from_secs(86_400),
     }
 }
 

@@ -160,3 +160,104 @@ async fn moving_costs_at_most_one_request_per_10_events_and_overlapping_scans_do
     assert!(requests as f64 / 1000.0 <= 0.1, "{requests} requests");
     assert_eq!(event_items(&env).await.len(), 2000);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn items_that_cannot_become_events_are_quarantined_with_the_reason_and_the_scan_goes_on() {
+    use aws_sdk_dynamodb::types::AttributeValue::{B, N, S};
+    let env = TestEnv::start(1).await;
+    buffer_through_pump(&env, &events(50)).await;
+    let bad = [
+        ("no-arrival", vec![("event_id", S("shardId-000000000000:1".into())), ("partition_key", S("k".into()))]),
+        (
+            "text-arrival",
+            vec![
+                ("event_id", S("shardId-000000000000:2".into())),
+                ("arrival", S("soon".into())),
+                ("partition_key", S("k".into())),
+                ("data", B(b"{}".to_vec().into())),
+            ],
+        ),
+        (
+            "number-data",
+            vec![
+                ("event_id", S("shardId-000000000000:3".into())),
+                ("arrival", N(T0.to_string())),
+                ("partition_key", S("k".into())),
+                ("data", N("7".into())),
+            ],
+        ),
+    ];
+    for (id, attributes) in &bad {
+        let mut request = env.dynamo.put_item().table_name(&env.names.buffer_table).item("id", S(id.to_string()));
+        for (name, value) in attributes {
+            request = request.item(*name, value.clone());
+        }
+        request.send().await.unwrap();
+    }
+
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    assert_eq!(summaries.iter().map(|s| s.quarantined).sum::<usize>(), 3);
+    assert!(env.scan_table(&env.names.buffer_table).await.is_empty(), "good items moved, bad ones quarantined");
+    let all = env.scan_table(&env.names.event_table).await;
+    let (quarantined, events): (Vec<_>, Vec<_>) = all.into_iter().partition(|i| i["slot"] == N("-1".into()));
+    assert_eq!(events.len(), 50, "the good events all went through");
+    let mut ids: Vec<String> = quarantined.iter().map(|i| i["sort_key"].as_s().unwrap().clone()).collect();
+    ids.sort();
+    assert_eq!(ids, vec!["no-arrival", "number-data", "text-arrival"]);
+    for item in &quarantined {
+        let reason = item["reason"].as_s().unwrap();
+        assert!(reason.starts_with("malformed item: buffer item"), "{reason}");
+        assert!(item["original"].as_m().unwrap().contains_key("partition_key"), "the original is kept");
+    }
+}
+
+/// Fails every `BatchWriteItem` that deletes: a crash between the event-table
+/// put and the buffer delete, as seen from the buffer.
+#[derive(Debug)]
+struct FailDeletes;
+
+impl aws_sdk_dynamodb::config::Intercept for FailDeletes {
+    fn name(&self) -> &'static str {
+        "FailDeletes"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let body = context.request().body().bytes().unwrap_or_default();
+        if body.windows(13).any(|w| w == b"DeleteRequest") {
+            return Err("injected: the process died before deleting".into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_between_put_and_delete_is_repaired_by_the_next_scan_without_duplicates() {
+    let env = TestEnv::start(1).await;
+    buffer_through_pump(&env, &events(120)).await;
+    let crashing = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk).interceptor(FailDeletes).build(),
+    );
+    let fast =
+        event_store::batch::Backoff { base: Duration::from_millis(1), cap: Duration::from_millis(5), max_attempts: 3 };
+    let (invoker, _rx) = LocalInvoker::channel();
+    let scan = Scan::new(crashing, config(&env, None), Arc::new(invoker)).with_backoff(fast);
+    let task = serde_json::json!({"segment": 0, "total_segments": 1});
+    let summary = scan.handle(task, plenty_of_time()).await.unwrap();
+    assert_eq!((summary.moved, summary.failed), (0, 120), "nothing counted as moved");
+    assert_eq!(env.scan_table(&env.names.buffer_table).await.len(), 120, "the buffer still holds everything");
+    assert_eq!(event_items(&env).await.len(), 120, "the puts happened");
+
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 120);
+    assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
+    let items = event_items(&env).await;
+    assert_eq!(items.len(), 120, "the repeated put overwrote: no duplicate");
+    let mut ns: Vec<i64> = items.iter().map(|i| i.payload.as_ref().unwrap()["n"].as_i64().unwrap()).collect();
+    ns.sort();
+    assert_eq!(ns, (0..120).collect::<Vec<_>>());
+}
