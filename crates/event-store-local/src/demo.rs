@@ -31,6 +31,8 @@ pub struct Report {
     pub sent: usize,
     pub failed_requests: usize,
     pub stored: usize,
+    /// Event-table items repeating an event already stored (must be 0).
+    pub stored_duplicates: usize,
     pub played_back: usize,
     pub duplicates: usize,
     pub lost: usize,
@@ -41,7 +43,11 @@ pub struct Report {
 
 impl Report {
     pub fn ok(&self) -> bool {
-        self.lost == 0 && self.out_of_order == 0 && self.failed_requests == 0 && self.sent > 0
+        self.lost == 0
+            && self.out_of_order == 0
+            && self.stored_duplicates == 0
+            && self.failed_requests == 0
+            && self.sent > 0
     }
 }
 
@@ -61,7 +67,7 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let load_time = load_started.elapsed();
 
     println!("== waiting until pump and scan have moved every event into the event table");
-    let stored = wait_until_stored(&stack, &run_id, accepted).await?;
+    let (stored, stored_duplicates) = wait_until_stored(&stack, &run_id, accepted).await?;
     let stored_time = load_started.elapsed();
 
     println!("== playing back [{}, now) onto the playback stream", format_ms(window_start));
@@ -81,6 +87,7 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     while services.join_next().await.is_some() {}
 
     let mut report = check(&stored, &played, accepted);
+    report.stored_duplicates = stored_duplicates;
     report.sent = events;
     report.failed_requests = failed_requests;
     report.wall = started.elapsed();
@@ -149,9 +156,11 @@ fn run_of(envelope: &Envelope) -> Option<&str> {
     envelope.query.get("run").and_then(|v| v.first()).map(String::as_str)
 }
 
-/// This run's event items by envelope id: (partition key, sort key).
-async fn stored_items(stack: &Stack, run_id: &str) -> Result<HashMap<String, (String, String)>> {
+/// This run's event items by envelope id: (partition key, sort key), and how
+/// many items repeated an envelope id already seen (duplicates in the table).
+async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (String, String)>, usize)> {
     let mut items = HashMap::new();
+    let mut duplicates = 0;
     let mut start = None;
     loop {
         let page = stack
@@ -170,23 +179,29 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<HashMap<String, (St
                 continue;
             };
             if run_of(&envelope) == Some(run_id) {
-                items.insert(envelope.id, (event.partition_key, event.sort_key));
+                if items.insert(envelope.id, (event.partition_key, event.sort_key)).is_some() {
+                    duplicates += 1;
+                }
             }
         }
         start = page.last_evaluated_key().cloned();
         if start.is_none() {
-            return Ok(items);
+            return Ok((items, duplicates));
         }
     }
 }
 
-async fn wait_until_stored(stack: &Stack, run_id: &str, expected: usize) -> Result<HashMap<String, (String, String)>> {
+async fn wait_until_stored(
+    stack: &Stack,
+    run_id: &str,
+    expected: usize,
+) -> Result<(HashMap<String, (String, String)>, usize)> {
     let mut last_progress = Instant::now();
     let mut seen = 0;
     loop {
-        let items = stored_items(stack, run_id).await?;
+        let (items, duplicates) = stored_items(stack, run_id).await?;
         if items.len() >= expected || last_progress.elapsed() > DRAIN_TIMEOUT {
-            return Ok(items);
+            return Ok((items, duplicates));
         }
         if items.len() > seen {
             seen = items.len();
@@ -203,8 +218,17 @@ async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<
     let mut played: HashMap<String, Vec<String>> = HashMap::new();
     for shard in shard_ids(&stack.kinesis, stream).await? {
         let mut reader = ShardReader::new(stack.kinesis.clone(), stream, &shard);
+        let mut errors = 0;
         loop {
-            let records = reader.next().await?;
+            let records = match reader.next().await {
+                Ok(records) => records,
+                Err(err) if errors < 10 => {
+                    errors += 1;
+                    tracing::warn!(error = format!("{err:#}"), "reading the playback stream; retrying");
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             if records.is_empty() {
                 break;
             }
@@ -222,7 +246,9 @@ async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<
 }
 
 /// Compares what was stored with what was played: lost events, duplicates,
-/// and records played before one that precedes them in time (per partition key).
+/// and records out of time order per partition key. A record sent again
+/// after a partial failure counts at its last delivery (playback resends from
+/// the first failed record on, so the last deliveries are the ordered ones).
 pub fn check(
     stored: &HashMap<String, (String, String)>,
     played: &HashMap<String, Vec<String>>,
@@ -231,20 +257,20 @@ pub fn check(
     let mut report = Report { stored: stored.len(), ..Default::default() };
     let mut seen = HashSet::new();
     for (partition_key, ids) in played {
+        report.played_back += ids.len();
+        let last_delivery: HashMap<&str, usize> = ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect();
         let mut last: Option<&str> = None;
-        for id in ids {
-            report.played_back += 1;
+        for (i, id) in ids.iter().enumerate() {
             if !seen.insert(id.as_str()) {
                 report.duplicates += 1;
+            }
+            if last_delivery.get(id.as_str()) != Some(&i) {
                 continue;
             }
             let Some((stored_key, sort_key)) = stored.get(id) else {
                 continue;
             };
-            if stored_key != partition_key {
-                report.out_of_order += 1;
-            }
-            if last.is_some_and(|l| sort_key.as_str() < l) {
+            if stored_key != partition_key || last.is_some_and(|l| sort_key.as_str() < l) {
                 report.out_of_order += 1;
             }
             last = Some(sort_key);
@@ -258,7 +284,7 @@ pub fn check(
 pub fn print(report: &Report) {
     println!("== report");
     println!("events sent          {:>7}  ({} failed requests)", report.sent, report.failed_requests);
-    println!("events stored        {:>7}", report.stored);
+    println!("events stored        {:>7}  ({} duplicates)", report.stored, report.stored_duplicates);
     println!("events played back   {:>7}  ({} duplicates)", report.played_back, report.duplicates);
     println!("lost                 {:>7}", report.lost);
     println!("out of order         {:>7}", report.out_of_order);
@@ -291,10 +317,19 @@ mod tests {
     #[test]
     fn losses_reorders_and_duplicates_are_counted() {
         let s = stored(&[("a", "k", "1"), ("b", "k", "2"), ("c", "k", "3")]);
-        let report = check(&s, &played(&[("k", &["b", "a", "a"])]), 4);
+        let report = check(&s, &played(&[("k", &["b", "a"])]), 4);
         assert_eq!(report.out_of_order, 1, "a after b");
-        assert_eq!(report.duplicates, 1);
         assert_eq!(report.lost, 2, "c not played, one accepted hit never stored");
         assert!(!report.ok());
+    }
+
+    #[test]
+    fn a_resend_from_the_first_failure_is_in_order_by_last_delivery() {
+        // a, [b failed], c stored; then b, c sent again.
+        let s = stored(&[("a", "k", "1"), ("b", "k", "2"), ("c", "k", "3")]);
+        let report = check(&s, &played(&[("k", &["a", "c", "b", "c"])]), 3);
+        assert_eq!((report.out_of_order, report.duplicates, report.lost, report.played_back), (0, 1, 0, 4));
+        let reordered = check(&s, &played(&[("k", &["a", "c", "b"])]), 3);
+        assert_eq!(reordered.out_of_order, 1, "c before b with no later c");
     }
 }

@@ -173,3 +173,33 @@ async fn empty_and_invalid_windows() {
     assert!(matches!(wrong_shape, Error::BadInput(_)));
     assert_eq!(env.counter.service_total("Kinesis"), 0);
 }
+
+/// Keeps each record at its last delivery (the resend after a partial failure).
+fn last_deliveries(ns: &[i64]) -> Vec<i64> {
+    let last: HashMap<i64, usize> = ns.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    ns.iter().enumerate().filter(|(i, n)| last[n] == *i).map(|(_, n)| *n).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_kinesis_rejects_are_resent_from_the_first_failure_keeping_order() {
+    use event_store_fault_proxy::{Config, Fault, FaultProxy};
+    let env = TestEnv::start(2).await;
+    stored_events(&env, 1200, 3).await;
+    let only: &'static [Fault] = &[Fault::PartialPutRecords];
+    let proxy = FaultProxy::start(&env.moto.endpoint, Config { seed: 5, rate: 0.5, only: Some(only) }).await.unwrap();
+    let faulty = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
+    );
+    let (invoker, _rx) = LocalInvoker::channel();
+    let playback = Playback::new(env.dynamo.clone(), faulty, config(&env, None), Arc::new(invoker));
+    let summary = playback.handle(window(T0, T0 + 3000), SystemTime::now() + Duration::from_secs(900)).await.unwrap();
+    let injected = proxy.counts().get("PartialPutRecords").copied().unwrap_or(0);
+    println!("partial PutRecords failures injected: {injected}; resent {} records", summary.resent);
+    assert!(injected > 0 && summary.resent > 0);
+    assert_eq!(summary.events, 1200);
+    for (key, ns) in played(&env).await {
+        let user: i64 = key.trim_start_matches("user-").parse().unwrap();
+        let expected: Vec<i64> = (0..1200).filter(|n| n % 5 == user).collect();
+        assert_eq!(last_deliveries(&ns), expected, "{key}: in order by last delivery, none missing");
+    }
+}
