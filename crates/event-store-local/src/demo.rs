@@ -178,10 +178,10 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             let Some(envelope) = event.payload.and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
                 continue;
             };
-            if run_of(&envelope) == Some(run_id) {
-                if items.insert(envelope.id, (event.partition_key, event.sort_key)).is_some() {
-                    duplicates += 1;
-                }
+            if run_of(&envelope) == Some(run_id)
+                && items.insert(envelope.id, (event.partition_key, event.sort_key)).is_some()
+            {
+                duplicates += 1;
             }
         }
         start = page.last_evaluated_key().cloned();
