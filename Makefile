@@ -11,6 +11,8 @@ MOTO_PIN    := moto[server]==5.2.5
 # Build and deploy tools (PyPI): cargo-lambda with zig for the arm64 cross build,
 # the SAM CLI (with its translator), cfn-lint, pytest for the deployment tests.
 TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0
+# The stricter second pair of emulators (npm), installed into .node.
+NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3
 FUNCTIONS   := load pump scan playback
 STACK       ?= event-store-prod
 CARGO       ?= cargo
@@ -26,7 +28,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback load test build lint deploy destroy fmt clean local-bin tools-moto tools tools-ab tools-chromium
+.PHONY: help demo local playback load test build lint deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,10 +46,12 @@ load: tools-ab ## ab -n N -c C against the local pixel (start `make local` first
 	@echo "== ab -n $(N) -c $(C) against http://127.0.0.1:$(PORT)/track.gif"
 	ab -n $(N) -c $(C) 'http://127.0.0.1:$(PORT)/track.gif?EntityId=ab&page=load-test'
 
-test: tools-moto tools tools-chromium build ## run all tests: unit, integration (moto_server), end to end, browser, template
-	@echo "== cargo test: unit tests, integration tests against moto_server, demo and browser tests"
+test: tools-moto tools tools-node tools-chromium build ## all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
+	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo and browser tests"
 	@mkdir -p target
 	set -o pipefail; $(CARGO) test --workspace --locked 2>&1 | tee target/test.log
+	@echo "== the integration suite again, against dynalite + kinesalite (strict about AWS limits)"
+	set -o pipefail; EMULATOR=strict $(CARGO) test --locked -p event-store --test load --test pump --test scan --test playback 2>&1 | tee -a target/test.log
 	@echo "== pytest: template translated, linted, deployed into moto's CloudFormation, functions under cargo lambda watch"
 	set -o pipefail; PATH=$(BIN):$$PATH $(BIN)/pytest -q tests 2>&1 | tee target/pytest.log
 	@cat target/test.log target/pytest.log | awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} \
@@ -83,9 +87,9 @@ destroy: tools ## delete the deployed stack (the event table is retained)
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-clean: ## remove build output and the venv
+clean: ## remove build output, the venv and .node
 	$(CARGO) clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .node
 
 local-bin:
 	@echo "== building the local stack (release)"
@@ -110,6 +114,13 @@ $(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS)): | $(BIN)/python
 	touch '$@'
 
 tools: tools-moto $(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS))
+
+$(CURDIR)/.node/.pins-$(subst $(space),_,$(NODE_PINS)):
+	@echo "== installing $(NODE_PINS) into .node"
+	npm install --prefix .node --no-save --no-package-lock --no-audit --no-fund $(NODE_PINS)
+	touch '$@'
+
+tools-node: $(CURDIR)/.node/.pins-$(subst $(space),_,$(NODE_PINS))
 
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }

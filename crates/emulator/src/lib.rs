@@ -1,6 +1,8 @@
-//! A local AWS emulator process (moto_server) on 127.0.0.1: reused when one
-//! already answers on the port, else started, and then stopped by PID when
-//! dropped. Shared by the local stack and the integration tests.
+//! A local AWS emulator process on 127.0.0.1: moto_server (DynamoDB, Kinesis,
+//! Lambda, CloudFormation...) by default, or dynalite / kinesalite (npm; one
+//! service each, stricter about AWS's limits). Reused when one already answers
+//! on the port, else started, and then stopped by PID when dropped. Shared by
+//! the local stack and the integration tests.
 
 use std::fmt;
 use std::net::{TcpListener, TcpStream};
@@ -56,11 +58,30 @@ impl Emulator {
         Self::start(port, binary)
     }
 
-    /// Starts `binary` on a free port (retrying if another process takes it first).
+    /// Starts moto_server `binary` on a free port (retrying if another process takes it first).
     pub fn start_on_free_port(binary: &Path) -> Result<Self, Error> {
+        Self::on_free_port(|port| Self::start(port, binary))
+    }
+
+    /// Starts dynalite or kinesalite (`script` from node_modules/.bin) on a free port, in memory,
+    /// creating tables and streams at once.
+    pub fn start_node_on_free_port(script: &Path) -> Result<Self, Error> {
+        let instant =
+            ["--createTableMs", "0", "--deleteTableMs", "0", "--createStreamMs", "0", "--deleteStreamMs", "0"];
+        let name = script.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let flags: Vec<&str> =
+            instant.chunks(2).filter(|f| f[0].contains("Table") == (name == "dynalite")).flatten().copied().collect();
+        Self::on_free_port(|port| {
+            let mut command = Command::new(script);
+            command.args(["--port", &port.to_string()]).args(&flags);
+            Self::launch(port, command, script)
+        })
+    }
+
+    fn on_free_port(start: impl Fn(u16) -> Result<Self, Error>) -> Result<Self, Error> {
         let mut last = Error("no attempt".into());
         for _ in 0..5 {
-            match Self::start(free_port(), binary) {
+            match start(free_port()) {
                 Ok(emulator) => return Ok(emulator),
                 Err(err) => last = err,
             }
@@ -69,14 +90,19 @@ impl Emulator {
     }
 
     fn start(port: u16, binary: &Path) -> Result<Self, Error> {
+        let mut command = Command::new(binary);
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        Self::launch(port, command, binary)
+    }
+
+    fn launch(port: u16, mut command: Command, binary: &Path) -> Result<Self, Error> {
         if !binary.exists() {
             return Err(Error(format!(
-                "{} not found: `make test`, `make local` and `make demo` install moto into .venv",
+                "{} not found: `make test` installs moto into .venv and dynalite/kinesalite into .node",
                 binary.display()
             )));
         }
-        let mut child = Command::new(binary)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -92,7 +118,7 @@ impl Emulator {
             std::thread::sleep(Duration::from_millis(50));
         }
         let endpoint = format!("http://127.0.0.1:{port}");
-        info!(%endpoint, pid = child.id(), "started moto_server");
+        info!(%endpoint, pid = child.id(), emulator = %binary.display(), "started");
         Ok(Self { port, endpoint, child: Some(child) })
     }
 

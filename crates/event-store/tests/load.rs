@@ -1,4 +1,4 @@
-//! load → event stream, against moto_server.
+//! load → event stream, against a real emulator (moto_server, or dynalite + kinesalite with EMULATOR=strict).
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;

@@ -1,4 +1,4 @@
-//! playback → playback stream, against moto_server, continuations run in-process.
+//! playback → playback stream, against a real emulator (moto_server, or dynalite + kinesalite with EMULATOR=strict), continuations run in-process.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;
@@ -186,7 +186,8 @@ async fn records_kinesis_rejects_are_resent_from_the_first_failure_keeping_order
     let env = TestEnv::start(2).await;
     stored_events(&env, 1200, 3).await;
     let only: &'static [Fault] = &[Fault::PartialPutRecords];
-    let proxy = FaultProxy::start(&env.moto.endpoint, Config { seed: 5, rate: 0.5, only: Some(only) }).await.unwrap();
+    let proxy =
+        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 5, rate: 0.5, only: Some(only) }).await.unwrap();
     let faulty = aws_sdk_kinesis::Client::from_conf(
         aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
     );

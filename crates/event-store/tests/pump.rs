@@ -1,4 +1,4 @@
-//! pump → buffer table, against moto_server.
+//! pump → buffer table, against a real emulator (moto_server, or dynalite + kinesalite with EMULATOR=strict).
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;
@@ -111,4 +111,22 @@ async fn records_that_cannot_be_written_are_named_and_the_rest_written() {
     let event = kinesis_event("arn:aws:kinesis:us-east-1:123456789012:stream/s", &records[..3]);
     let response = pump(&env, "no-such-table").handle(event).await;
     assert_eq!(response.batch_item_failures.len(), 3);
+}
+
+/// Why the suite also runs on dynalite: it refuses a 26-item batch as
+/// DynamoDB does, where moto accepts it. Our code never sends one (the batch
+/// tests count requests), and in strict mode it could not get away with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_strict_emulator_refuses_what_aws_refuses() {
+    use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+    let env = TestEnv::start(1).await;
+    let writes: Vec<WriteRequest> = (0..26)
+        .map(|i| {
+            let item = std::collections::HashMap::from([("id".to_string(), AttributeValue::S(format!("k{i}")))]);
+            WriteRequest::builder().put_request(PutRequest::builder().set_item(Some(item)).build().unwrap()).build()
+        })
+        .collect();
+    let result = env.dynamo.batch_write_item().request_items(&env.names.buffer_table, writes).send().await;
+    let strict = std::env::var("EMULATOR").as_deref() == Ok("strict");
+    assert_eq!(result.is_err(), strict, "strict: refused; moto: accepted ({result:?})");
 }

@@ -1,4 +1,4 @@
-//! scan → event table, against moto_server, with forks run in-process.
+//! scan → event table, against a real emulator (moto_server, or dynalite + kinesalite with EMULATOR=strict), with forks run in-process.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;

@@ -30,9 +30,38 @@ pub fn sample_event(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// One test's world: its own emulator, clients that count their requests, and resource names.
+/// The emulators behind the tests: moto_server for both services (default), or
+/// with `EMULATOR=strict` dynalite (DynamoDB) and kinesalite (Kinesis), which
+/// reject what AWS rejects (26-item batches, unused expression values, > 1 MiB records).
+struct Emulators {
+    dynamo: Emulator,
+    kinesis: Option<Emulator>,
+}
+
+impl Emulators {
+    fn start() -> Self {
+        let root = repo_root();
+        if std::env::var("EMULATOR").as_deref() == Ok("strict") {
+            let bin = root.join(".node/node_modules/.bin");
+            let dynamo = Emulator::start_node_on_free_port(&bin.join("dynalite")).expect("dynalite (run `make test`)");
+            let kinesis =
+                Emulator::start_node_on_free_port(&bin.join("kinesalite")).expect("kinesalite (run `make test`)");
+            return Self { dynamo, kinesis: Some(kinesis) };
+        }
+        let moto = Emulator::start_on_free_port(&moto_server(&root)).expect("moto_server (run `make test`)");
+        Self { dynamo: moto, kinesis: None }
+    }
+
+    fn kinesis(&self) -> &Emulator {
+        self.kinesis.as_ref().unwrap_or(&self.dynamo)
+    }
+}
+
+/// One test's world: its own emulators, clients that count their requests, and resource names.
 pub struct TestEnv {
-    pub moto: Emulator,
+    emulators: Emulators,
+    /// Where Kinesis requests go (for tests that put a proxy in front of it).
+    pub kinesis_endpoint: String,
     pub sdk: SdkConfig,
     pub counter: RequestCounter,
     pub dynamo: aws_sdk_dynamodb::Client,
@@ -42,9 +71,10 @@ pub struct TestEnv {
 
 impl TestEnv {
     pub async fn start(shards: i32) -> Self {
-        let moto = Emulator::start_on_free_port(&moto_server(&repo_root())).expect("moto_server (run `make test`)");
+        let emulators = Emulators::start();
+        let kinesis_endpoint = emulators.kinesis().endpoint.clone();
         let sdk = aws_config::defaults(BehaviorVersion::latest())
-            .endpoint_url(&moto.endpoint)
+            .endpoint_url(&emulators.dynamo.endpoint)
             .region(Region::new(REGION))
             .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
             .load()
@@ -54,13 +84,16 @@ impl TestEnv {
             aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
         let kinesis = aws_sdk_kinesis::Client::from_conf(
-            aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
+            aws_sdk_kinesis::config::Builder::from(&sdk)
+                .endpoint_url(&kinesis_endpoint)
+                .interceptor(counter.clone())
+                .build(),
         );
         let names = Names::for_stack("event-store-test");
         create_tables(&dynamo, &names).await.expect("tables");
         create_streams(&kinesis, &names, shards).await.expect("streams");
         counter.reset();
-        Self { moto, sdk, counter, dynamo, kinesis, names }
+        Self { emulators, kinesis_endpoint, sdk, counter, dynamo, kinesis, names }
     }
 
     pub async fn stream_arn(&self, stream: &str) -> String {
