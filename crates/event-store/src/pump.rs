@@ -52,6 +52,9 @@ pub fn parse_event(mut value: Value) -> Result<KinesisEvent> {
 /// grants (tests check the code against this list, and the template against it).
 pub const AWS_ACTIONS: &[&str] = &["dynamodb:BatchWriteItem"];
 
+/// Bytes an event-table item may need beyond its buffer item (slot, sort key, reason...).
+pub const ITEM_HEADROOM: usize = 1024;
+
 pub struct Pump {
     dynamo: aws_sdk_dynamodb::Client,
     config: PumpConfig,
@@ -78,7 +81,9 @@ impl Pump {
             };
             let attributes = item.to_item();
             let size = item_size(&attributes);
-            if size > MAX_ITEM_BYTES {
+            // Room for what the event (or quarantine) item adds, so whatever is
+            // buffered can always be moved on: nothing gets stuck in the buffer.
+            if size + ITEM_HEADROOM > MAX_ITEM_BYTES {
                 error!(
                     sequence,
                     size, "record too large for a DynamoDB item; left to the event source's failure destination"

@@ -100,6 +100,28 @@ async fn posted_events_go_out_in_one_put_records() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_event_at_the_size_limit_is_accepted_and_one_byte_more_is_refused() {
+    let env = TestEnv::start(1).await;
+    let load = load(&env, &env.names.event_stream);
+    let post = |pad: usize| {
+        let mut event: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+        event["body"] = json!(json!({"EntityId": "big", "pad": "p".repeat(pad)}).to_string());
+        lambda_http::request::from_str(&event.to_string()).unwrap()
+    };
+    // Find the padding that makes the envelope exactly MAX_EVENT_BYTES (the envelope adds a fixed overhead).
+    let probe = load.handle(post(1000)).await;
+    assert_eq!(probe.status(), StatusCode::ACCEPTED);
+    let records = env.read_stream(&env.names.event_stream).await;
+    let overhead = records[0].1.data().as_ref().len() - 1000;
+    let at_limit = load.handle(post(DEFAULT_MAX_EVENT_BYTES - overhead)).await;
+    assert_eq!(at_limit.status(), StatusCode::ACCEPTED);
+    let records = env.read_stream(&env.names.event_stream).await;
+    assert_eq!(records[1].1.data().as_ref().len(), DEFAULT_MAX_EVENT_BYTES);
+    let over = load.handle(post(DEFAULT_MAX_EVENT_BYTES - overhead + 1)).await;
+    assert_eq!(over.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     let env = TestEnv::start(1).await;
     let load = load(&env, &env.names.event_stream);
@@ -127,6 +149,29 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     unknown["rawPath"] = json!("/admin");
     let not_found = load.handle(lambda_http::request::from_str(&unknown.to_string()).unwrap()).await;
     assert_eq!(not_found.status(), StatusCode::NOT_FOUND);
+
+    let mut invalid_utf8: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+    invalid_utf8["body"] = json!("/w==");
+    invalid_utf8["isBase64Encoded"] = json!(true);
+    let invalid_utf8 = load.handle(lambda_http::request::from_str(&invalid_utf8.to_string()).unwrap()).await;
+    assert_eq!(invalid_utf8.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(body_json(&invalid_utf8)["error"], "body is not valid UTF-8");
+
+    // A pixel hit with a huge query string or header makes an envelope over the limit
+    // (API Gateway itself stops request lines and headers over 10 KB; a URI over 64 KB
+    // cannot even be represented, so 40 KB against a 16 KiB limit shows the rule).
+    let small = Load::new(
+        env.kinesis.clone(),
+        LoadConfig { event_stream: env.names.event_stream.clone(), max_event_bytes: 16 * 1024, ip_mode: IpMode::None },
+    );
+    let mut huge_query: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
+    huge_query["rawQueryString"] = json!(format!("page={}", "q".repeat(40_000)));
+    let huge_query = small.handle(lambda_http::request::from_str(&huge_query.to_string()).unwrap()).await;
+    assert_eq!(huge_query.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let mut huge_header: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
+    huge_header["headers"]["user-agent"] = json!("u".repeat(40_000));
+    let huge_header = small.handle(lambda_http::request::from_str(&huge_header.to_string()).unwrap()).await;
+    assert_eq!(huge_header.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
     assert!(env.read_stream(&env.names.event_stream).await.is_empty(), "nothing was put for bad input");
 

@@ -204,3 +204,55 @@ async fn records_kinesis_rejects_are_resent_from_the_first_failure_keeping_order
         assert_eq!(last_deliveries(&ns), expected, "{key}: in order by last delivery, none missing");
     }
 }
+
+/// Lets `allowed` PutRecords through, then fails every one: a playback that dies mid-window.
+#[derive(Debug)]
+struct DiesAfter {
+    allowed: usize,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl aws_sdk_kinesis::config::Intercept for DiesAfter {
+    fn name(&self) -> &'static str {
+        "DiesAfter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_sdk_kinesis::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_kinesis::config::RuntimeComponents,
+        _: &mut aws_sdk_kinesis::config::ConfigBag,
+    ) -> Result<(), aws_sdk_kinesis::error::BoxError> {
+        if self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= self.allowed {
+            return Err("injected: the playback process died".into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in_order() {
+    let env = TestEnv::start(2).await;
+    stored_events(&env, 1300, 3).await;
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    let dying = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::config::Builder::from(&env.sdk)
+            .endpoint_url(&env.kinesis_endpoint)
+            .interceptor(DiesAfter { allowed: 1, seen: Default::default() })
+            .build(),
+    );
+    let (invoker, _rx) = LocalInvoker::channel();
+    let first = Playback::new(env.dynamo.clone(), dying, config(&env, Some(200)), Arc::new(invoker));
+    assert!(first.handle(window(T0, T0 + 3000), later()).await.is_err(), "the first run died");
+    let delivered_before: usize = played(&env).await.values().map(Vec::len).sum();
+    assert_eq!(delivered_before, 500, "one request of 500 got out before it died");
+
+    // The same payload again (what a retried invocation does).
+    let summaries = play(&env, config(&env, Some(200)), window(T0, T0 + 3000), later).await;
+    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 1300);
+    for (key, ns) in played(&env).await {
+        let user: i64 = key.trim_start_matches("user-").parse().unwrap();
+        let expected: Vec<i64> = (0..1300).filter(|n| n % 5 == user).collect();
+        assert_eq!(last_deliveries(&ns), expected, "{key}: every event at least once, in order");
+    }
+}

@@ -261,3 +261,31 @@ async fn a_crash_between_put_and_delete_is_repaired_by_the_next_scan_without_dup
     ns.sort();
     assert_eq!(ns, (0..120).collect::<Vec<_>>());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_near_the_400_kb_item_limit_are_moved_or_refused_at_the_pump_never_stuck() {
+    let env = TestEnv::start(1).await;
+    let pump = event_store::pump::Pump::new(
+        env.dynamo.clone(),
+        event_store::config::PumpConfig { buffer_table: env.names.buffer_table.clone() },
+    );
+    let limit = event_store::event_item::MAX_ITEM_BYTES - event_store::pump::ITEM_HEADROOM;
+    let records = vec![
+        ("near".to_string(), vec![b'n'; limit - 400], T0), // fits with its attributes
+        ("over".to_string(), vec![b'o'; limit], T0 + 1),   // does not, with them
+        ("json".to_string(), format!("{{\"s\":\"{}\"}}", "j".repeat(limit - 400)).into_bytes(), T0 + 2),
+    ];
+    let event = common::kinesis_event(common::TEST_ARN, &records);
+    let over_sequence = event.records[1].kinesis.sequence_number.clone();
+    let response = pump.handle(event).await;
+    let failed: Vec<String> = response.batch_item_failures.iter().map(|f| f.item_identifier.clone().unwrap()).collect();
+    assert_eq!(failed, vec![over_sequence], "refused at the pump, reported to the event source");
+
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 2);
+    assert_eq!(summaries.iter().map(|s| s.quarantined).sum::<usize>(), 0);
+    assert!(env.scan_table(&env.names.buffer_table).await.is_empty(), "nothing stuck in the buffer");
+    let items = event_items(&env).await;
+    assert_eq!(items.len(), 2);
+    assert!(items.iter().all(|i| i.bytes().len() >= limit - 400));
+}
