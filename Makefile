@@ -28,7 +28,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback load test build lint deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+.PHONY: help demo local playback load test build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,6 +73,14 @@ lint: tools ## rustfmt, clippy -D warnings, cfn-lint and sam validate --lint on 
 	$(BIN)/cfn-lint template.yaml
 	@echo "== sam validate --lint"
 	AWS_DEFAULT_REGION=us-east-1 $(BIN)/sam validate --lint --template template.yaml
+
+FUZZ_SECONDS ?= 30
+fuzz: ## run each fuzz target for FUZZ_SECONDS (cargo fuzz on nightly; not part of make test)
+	@command -v cargo-fuzz >/dev/null || { echo "== installing cargo-fuzz"; $(CARGO) install cargo-fuzz --version 0.13.2 --locked; }
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@for target in load_request buffer_item; do \
+	  echo "== cargo fuzz run $$target ($(FUZZ_SECONDS) s)"; \
+	  $(CARGO) +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; done
 
 deploy: build ## build, then sam deploy (guided the first time, when the stack does not exist yet)
 	@if $(BIN)/sam list stack-outputs --stack-name $(STACK) >/dev/null 2>&1; then \

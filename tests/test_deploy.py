@@ -225,7 +225,7 @@ def invoke(port, function, event_file):
     out = subprocess.run(
         [cargo_lambda(), "lambda", "invoke", function, "--invoke-port", str(port), "--invoke-address", "127.0.0.1",
          "--data-file", str(ROOT / "events" / event_file), "--output-format", "json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        cwd=ROOT, capture_output=True, text=True, timeout=600)  # the first call may compile
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

@@ -143,11 +143,13 @@ const MAX_DEPTH: usize = 32;
 
 /// True when DynamoDB can store this JSON as a document: numbers within its
 /// range (magnitude 1e-130 to below 1e126), at most 32 levels of nesting, no
-/// empty map keys. Anything else would fail the whole `BatchWriteItem` it
+/// empty map keys. (Floats come back bit for bit: serde_json parses them with
+/// `float_roundtrip`, which the fuzzer showed is needed.) Anything else would fail the whole `BatchWriteItem` it
 /// travels in, so such events are stored as bytes instead.
 pub fn fits_dynamodb(value: &serde_json::Value, depth: usize) -> bool {
     use serde_json::Value;
     match value {
+        Value::Number(n) if n.is_i64() || n.is_u64() => true,
         Value::Number(n) => n.as_f64().is_some_and(|f| f == 0.0 || (f.abs() >= 1e-130 && f.abs() < 1e126)),
         Value::Array(items) => depth <= MAX_DEPTH && items.iter().all(|v| fits_dynamodb(v, depth + 1)),
         Value::Object(map) => {
@@ -244,7 +246,11 @@ mod tests {
             assert!(item.payload.is_none(), "{text}");
             assert_eq!(item.data.as_deref(), Some(text.as_bytes()));
         }
-        let fine = format!("{}{{\"n\":[0,1.5e125,-2e-129]}}{}", "[".repeat(30), "]".repeat(30));
+        let fine = format!(
+            "{}{{\"n\":[0,-0,1.5e125,-2e-129,18446744073709551615,230.9920888880188182]}}{}",
+            "[".repeat(30),
+            "]".repeat(30)
+        );
         assert!(EventItem::from_buffer(&buffered(1, "s:1", fine.as_bytes()), 1000).unwrap().payload.is_some());
     }
 
