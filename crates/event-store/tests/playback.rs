@@ -205,31 +205,6 @@ async fn records_kinesis_rejects_are_resent_from_the_first_failure_keeping_order
     }
 }
 
-/// Lets `allowed` PutRecords through, then fails every one: a playback that dies mid-window.
-#[derive(Debug)]
-struct DiesAfter {
-    allowed: usize,
-    seen: std::sync::atomic::AtomicUsize,
-}
-
-impl aws_sdk_kinesis::config::Intercept for DiesAfter {
-    fn name(&self) -> &'static str {
-        "DiesAfter"
-    }
-
-    fn read_before_transmit(
-        &self,
-        _: &aws_sdk_kinesis::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_kinesis::config::RuntimeComponents,
-        _: &mut aws_sdk_kinesis::config::ConfigBag,
-    ) -> Result<(), aws_sdk_kinesis::error::BoxError> {
-        if self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= self.allowed {
-            return Err("injected: the playback process died".into());
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in_order() {
     let env = TestEnv::start(2).await;
@@ -238,7 +213,8 @@ async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in
     let dying = aws_sdk_kinesis::Client::from_conf(
         aws_sdk_kinesis::config::Builder::from(&env.sdk)
             .endpoint_url(&env.kinesis_endpoint)
-            .interceptor(DiesAfter { allowed: 1, seen: Default::default() })
+            // The first request gets through, every later one fails.
+            .interceptor(common::FailRequests::new(|_, seen| seen >= 1))
             .build(),
     );
     let (invoker, _rx) = LocalInvoker::channel();

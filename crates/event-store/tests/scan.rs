@@ -211,36 +211,15 @@ async fn items_that_cannot_become_events_are_quarantined_with_the_reason_and_the
     }
 }
 
-/// Fails every `BatchWriteItem` that deletes: a crash between the event-table
-/// put and the buffer delete, as seen from the buffer.
-#[derive(Debug)]
-struct FailDeletes;
-
-impl aws_sdk_dynamodb::config::Intercept for FailDeletes {
-    fn name(&self) -> &'static str {
-        "FailDeletes"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let body = context.request().body().bytes().unwrap_or_default();
-        if body.windows(13).any(|w| w == b"DeleteRequest") {
-            return Err("injected: the process died before deleting".into());
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_between_put_and_delete_is_repaired_by_the_next_scan_without_duplicates() {
     let env = TestEnv::start(1).await;
     buffer_through_pump(&env, &events(120)).await;
     let crashing = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&env.sdk).interceptor(FailDeletes).build(),
+        // Every BatchWriteItem that deletes fails: the crash between put and delete.
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk)
+            .interceptor(common::FailRequests::new(|body, _| body.windows(13).any(|w| w == b"DeleteRequest")))
+            .build(),
     );
     let fast =
         event_store::batch::Backoff { base: Duration::from_millis(1), cap: Duration::from_millis(5), max_attempts: 3 };

@@ -214,3 +214,41 @@ pub fn assert_only_declared_actions(counter: &RequestCounter, declared: &[&str])
     }
     assert!(!counter.snapshot().is_empty(), "nothing was called");
 }
+
+/// An SDK interceptor that fails the requests `fails` picks (by body, and the
+/// count of requests seen before): a process dying at a chosen point.
+pub struct FailRequests {
+    fails: Box<dyn Fn(&[u8], usize) -> bool + Send + Sync>,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl FailRequests {
+    pub fn new(fails: impl Fn(&[u8], usize) -> bool + Send + Sync + 'static) -> Self {
+        Self { fails: Box::new(fails), seen: Default::default() }
+    }
+}
+
+impl std::fmt::Debug for FailRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FailRequests")
+    }
+}
+
+impl aws_sdk_dynamodb::config::Intercept for FailRequests {
+    fn name(&self) -> &'static str {
+        "FailRequests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let seen = self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if (self.fails)(context.request().body().bytes().unwrap_or_default(), seen) {
+            return Err("injected: the process died here".into());
+        }
+        Ok(())
+    }
+}
