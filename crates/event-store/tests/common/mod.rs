@@ -217,8 +217,11 @@ pub fn assert_only_declared_actions(counter: &RequestCounter, declared: &[&str])
 
 /// An SDK interceptor that fails the requests `fails` picks (by body, and the
 /// count of requests seen before): a process dying at a chosen point.
+/// Decides from a request's body and the number of requests before it.
+type FailRule = Box<dyn Fn(&[u8], usize) -> bool + Send + Sync>;
+
 pub struct FailRequests {
-    fails: Box<dyn Fn(&[u8], usize) -> bool + Send + Sync>,
+    fails: FailRule,
     seen: std::sync::atomic::AtomicUsize,
 }
 
