@@ -28,7 +28,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback load test build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+.PHONY: help demo local playback load test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,6 +73,12 @@ lint: tools ## rustfmt, clippy -D warnings, cfn-lint and sam validate --lint on 
 	$(BIN)/cfn-lint template.yaml
 	@echo "== sam validate --lint"
 	AWS_DEFAULT_REGION=us-east-1 $(BIN)/sam validate --lint --template template.yaml
+
+BENCH_EVENTS ?= 20000
+export BENCH_EVENTS
+bench: tools-moto ## throughput per stage vs the emulator's raw capacity, requests per event -> bench/results.{md,json}
+	@echo "== cargo run --release -p event-store-bench ($(BENCH_EVENTS) events per payload size)"
+	$(CARGO) run --release --locked -p event-store-bench
 
 FUZZ_SECONDS ?= 30
 fuzz: ## run each fuzz target for FUZZ_SECONDS (cargo fuzz on nightly; not part of make test)
