@@ -175,7 +175,7 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             let Ok(event) = EventItem::from_item(item.clone()) else {
                 continue;
             };
-            let Some(envelope) = event.payload.and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
+            let Some(envelope) = event.json().and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
                 continue;
             };
             if run_of(&envelope) == Some(run_id)

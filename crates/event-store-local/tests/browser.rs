@@ -119,7 +119,7 @@ async fn page_view_and_button_click_reach_the_event_table() {
         let envelopes: Vec<Envelope> = out
             .items()
             .iter()
-            .filter_map(|i| EventItem::from_item(i.clone()).ok()?.payload)
+            .filter_map(|i| EventItem::from_item(i.clone()).ok()?.json())
             .filter_map(|p| serde_json::from_value(p).ok())
             .collect();
         if envelopes.len() >= 2 || started.elapsed() > Duration::from_secs(30) {

@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::encoding::{decode, encode};
 use crate::error::{Error, Result};
 
 /// Name of the buffer table's hash key.
@@ -25,9 +26,16 @@ pub struct BufferItem {
     /// Kinesis approximate arrival time, ms since the epoch.
     pub arrival: i64,
     pub partition_key: String,
-    /// The record's data bytes, as sent.
+    /// The record's data bytes, compressed when that saves space (see [`crate::encoding`]).
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// `zstd` when `data` is compressed; absent when it is the bytes as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// When the pump wrote the item (ms): `buffered_at - arrival` is the pump's
+    /// lag, which the scan's completeness watermark allows for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffered_at: Option<i64>,
 }
 
 /// The buffer key of a Kinesis record.
@@ -39,16 +47,20 @@ pub fn buffer_key(event_source_arn: &str, event_id: &str) -> String {
 }
 
 impl BufferItem {
-    pub fn from_kinesis(record: &KinesisEventRecord) -> Result<Self> {
+    /// The buffer item of a record, its data compressed when that pays, stamped `now_ms`.
+    pub fn from_kinesis(record: &KinesisEventRecord, now_ms: i64) -> Result<Self> {
         let missing = |what: &str| Error::Malformed(format!("kinesis record without {what}"));
         let arn = record.event_source_arn.as_deref().ok_or_else(|| missing("eventSourceARN"))?;
         let event_id = record.event_id.as_deref().ok_or_else(|| missing("eventID"))?;
+        let (data, encoding) = encode(&record.kinesis.data.0);
         Ok(Self {
             id: buffer_key(arn, event_id),
             event_id: event_id.to_owned(),
             arrival: record.kinesis.approximate_arrival_timestamp.timestamp_millis(),
             partition_key: record.kinesis.partition_key.clone(),
-            data: record.kinesis.data.0.clone(),
+            data,
+            encoding,
+            buffered_at: Some(now_ms),
         })
     }
 
@@ -59,6 +71,11 @@ impl BufferItem {
 
     pub fn from_item(item: HashMap<String, AttributeValue>) -> Result<Self> {
         serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("buffer item: {e}")))
+    }
+
+    /// The record's data as it was sent.
+    pub fn raw_data(&self) -> Result<Vec<u8>> {
+        decode(&self.data, self.encoding.as_deref())
     }
 
     /// The key attributes of a buffer item with this id.
@@ -94,8 +111,9 @@ mod tests {
 
     #[test]
     fn converts_a_kinesis_record_keeping_raw_bytes_and_ms() {
-        let item = BufferItem::from_kinesis(&record(RECORD)).unwrap();
-        assert_eq!(item.data, b"hello");
+        let item = BufferItem::from_kinesis(&record(RECORD), 7).unwrap();
+        assert_eq!((item.data.as_slice(), item.encoding.as_deref()), (&b"hello"[..], None), "too small to compress");
+        assert_eq!(item.buffered_at, Some(7));
         assert_eq!(item.arrival, 1_480_641_523_477);
         assert_eq!(item.partition_key, "pk-1");
         assert_eq!(item.event_id, "shardId-000000000000:4956");
@@ -106,10 +124,22 @@ mod tests {
     }
 
     #[test]
+    fn compressible_data_is_stored_compressed_and_read_back_as_sent() {
+        use base64::Engine;
+        let sent = br#"{"path":"/track.gif","query":{"page":"/docs/getting-started"}}"#.repeat(10);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&sent);
+        let item = BufferItem::from_kinesis(&record(&RECORD.replace("aGVsbG8=", &encoded)), 0).unwrap();
+        assert_eq!(item.encoding.as_deref(), Some(crate::encoding::ZSTD));
+        assert!(item.data.len() < sent.len() / 4);
+        let back = BufferItem::from_item(item.to_item()).unwrap();
+        assert_eq!(back.raw_data().unwrap(), sent);
+    }
+
+    #[test]
     fn rejects_records_without_identity_and_items_of_the_wrong_shape() {
         let no_id = RECORD.replace("\"eventID\"", "\"other\"");
-        assert!(matches!(BufferItem::from_kinesis(&record(&no_id)), Err(Error::Malformed(_))));
-        let mut attrs = BufferItem::from_kinesis(&record(RECORD)).unwrap().to_item();
+        assert!(matches!(BufferItem::from_kinesis(&record(&no_id), 0), Err(Error::Malformed(_))));
+        let mut attrs = BufferItem::from_kinesis(&record(RECORD), 0).unwrap().to_item();
         attrs.insert("arrival".into(), AttributeValue::S("soon".into()));
         assert!(matches!(BufferItem::from_item(attrs), Err(Error::Malformed(_))));
     }

@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 
 use crate::buffer_item::BufferItem;
+use crate::encoding::{decode, ZSTD};
 use crate::error::{Error, Result};
 use crate::time::slot_of;
 
@@ -33,15 +34,22 @@ pub struct EventItem {
     /// Kinesis approximate arrival time, ms since the epoch.
     pub arrival: i64,
     pub partition_key: String,
-    /// The event, decoded, when its data is JSON (readable in the console).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload: Option<serde_json::Value>,
-    /// The event's bytes, when they are not JSON (or too large as a map).
+    /// The event's bytes, compressed when that saves space (see [`crate::encoding`]).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "serde_bytes")]
     pub data: Option<Vec<u8>>,
+    /// `zstd` when `data` is compressed; absent when it is the bytes as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// Items written before compression kept JSON events as a document; read, never written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
     /// TTL (epoch seconds) when a retention is configured; absent = kept forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
+    /// When the scan moved it here (ms): `moved_at - arrival` is the event's
+    /// time from stream to table (the benchmark's latency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_at: Option<i64>,
 }
 
 /// Sort key for an event: `<arrival ms, 13 digits>#<shard>#<len><sequence>`.
@@ -63,28 +71,25 @@ pub fn sort_key_floor(ms: i64) -> String {
 }
 
 impl EventItem {
-    /// The event-table form of a buffered record. JSON data is stored decoded
-    /// unless that would push the item over DynamoDB's limit, in which case the
-    /// bytes are kept as they are; an item too large either way is an error.
+    /// The event-table form of a buffered record: its stored bytes and
+    /// encoding are copied as they are (no recompression). An unknown encoding
+    /// or an item over DynamoDB's limit is an error (the scan quarantines it).
     pub fn from_buffer(buffer: &BufferItem, time_unit_ms: u64) -> Result<Self> {
-        let payload = std::str::from_utf8(&buffer.data)
-            .ok()
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok());
-        let mut item = Self {
+        if let Some(other) = buffer.encoding.as_deref().filter(|e| *e != ZSTD) {
+            return Err(Error::Malformed(format!("event {} has unknown encoding {other:?}", buffer.event_id)));
+        }
+        let item = Self {
             slot: slot_of(buffer.arrival, time_unit_ms),
             sort_key: sort_key(buffer.arrival, &buffer.event_id),
             event_id: buffer.event_id.clone(),
             arrival: buffer.arrival,
             partition_key: buffer.partition_key.clone(),
-            data: None,
-            payload,
+            data: Some(buffer.data.clone()),
+            encoding: buffer.encoding.clone(),
+            payload: None,
             expires_at: None,
+            moved_at: None,
         };
-        let storable = item.payload.as_ref().is_some_and(|p| fits_dynamodb(p, 1));
-        if !storable || item_size(&item.to_item()) > MAX_ITEM_BYTES {
-            item.payload = None;
-            item.data = Some(buffer.data.clone());
-        }
         let size = item_size(&item.to_item());
         if size > MAX_ITEM_BYTES {
             return Err(Error::Malformed(format!(
@@ -101,6 +106,11 @@ impl EventItem {
         self
     }
 
+    pub fn moved(mut self, now_ms: i64) -> Self {
+        self.moved_at = Some(now_ms);
+        self
+    }
+
     pub fn to_item(&self) -> HashMap<String, AttributeValue> {
         serde_dynamo::to_item(self).unwrap_or_default()
     }
@@ -109,12 +119,20 @@ impl EventItem {
         serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("event item: {e}")))
     }
 
-    /// The event's bytes as they should go out again: raw data, or the JSON payload re-encoded.
-    pub fn bytes(&self) -> Vec<u8> {
+    /// The event's bytes as they were sent (decompressed; a legacy JSON document re-encoded).
+    pub fn bytes(&self) -> Result<Vec<u8>> {
         match (&self.data, &self.payload) {
-            (Some(data), _) => data.clone(),
-            (None, Some(value)) => serde_json::to_vec(value).unwrap_or_default(),
-            (None, None) => b"null".to_vec(),
+            (Some(data), _) => decode(data, self.encoding.as_deref()),
+            (None, Some(value)) => serde_json::to_vec(value).map_err(|e| Error::Malformed(e.to_string())),
+            (None, None) => Err(Error::Malformed(format!("event {} has no data", self.event_id))),
+        }
+    }
+
+    /// The event as JSON, when it is JSON.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        match &self.payload {
+            Some(value) => Some(value.clone()),
+            None => serde_json::from_slice(&self.bytes().ok()?).ok(),
         }
     }
 }
@@ -136,27 +154,6 @@ pub fn quarantine_item(
         ("original".to_owned(), AttributeValue::M(original)),
     ]);
     (item_size(&item) <= MAX_ITEM_BYTES).then_some(item)
-}
-
-/// DynamoDB nests maps and lists at most 32 levels deep.
-const MAX_DEPTH: usize = 32;
-
-/// True when DynamoDB can store this JSON as a document: numbers within its
-/// range (magnitude 1e-130 to below 1e126), at most 32 levels of nesting, no
-/// empty map keys. (Floats come back bit for bit: serde_json parses them with
-/// `float_roundtrip`, which the fuzzer showed is needed.) Anything else would fail the whole `BatchWriteItem` it
-/// travels in, so such events are stored as bytes instead.
-pub fn fits_dynamodb(value: &serde_json::Value, depth: usize) -> bool {
-    use serde_json::Value;
-    match value {
-        Value::Number(n) if n.is_i64() || n.is_u64() => true,
-        Value::Number(n) => n.as_f64().is_some_and(|f| f == 0.0 || (f.abs() >= 1e-130 && f.abs() < 1e126)),
-        Value::Array(items) => depth <= MAX_DEPTH && items.iter().all(|v| fits_dynamodb(v, depth + 1)),
-        Value::Object(map) => {
-            depth <= MAX_DEPTH && map.iter().all(|(k, v)| !k.is_empty() && fits_dynamodb(v, depth + 1))
-        }
-        _ => true,
-    }
 }
 
 /// DynamoDB's size of an item: attribute names plus values, as documented.
@@ -185,12 +182,15 @@ mod tests {
     use super::*;
 
     fn buffered(arrival: i64, event_id: &str, data: &[u8]) -> BufferItem {
+        let (data, encoding) = crate::encoding::encode(data);
         BufferItem {
             id: "k".into(),
             event_id: event_id.into(),
             arrival,
             partition_key: "pk".into(),
-            data: data.to_vec(),
+            data,
+            encoding,
+            buffered_at: None,
         }
     }
 
@@ -218,40 +218,42 @@ mod tests {
     }
 
     #[test]
-    fn json_is_stored_decoded_and_other_bytes_as_binary() {
-        let json = EventItem::from_buffer(&buffered(1_234, "s:1", br#"{"a":[1,"x"]}"#), 1000).unwrap();
+    fn events_keep_their_stored_bytes_and_read_back_as_sent() {
+        let text = br#"{"a":[1,"x"],"path":"/track.gif","ua":"Mozilla/5.0 (X11; Linux x86_64)"}"#.repeat(8);
+        let json = EventItem::from_buffer(&buffered(1_234, "s:1", &text), 1000).unwrap();
         assert_eq!(json.slot, 1_000);
-        assert_eq!(json.payload, Some(serde_json::json!({"a": [1, "x"]})));
-        assert!(json.data.is_none());
-        assert!(matches!(json.to_item()["payload"], AttributeValue::M(_)));
-        assert_eq!(json.bytes(), br#"{"a":[1,"x"]}"#);
+        assert_eq!(json.encoding.as_deref(), Some(ZSTD), "stored compressed, as the pump wrote it");
+        assert!(json.data.as_ref().unwrap().len() < text.len() / 4);
+        assert_eq!(json.bytes().unwrap(), text);
+        assert_eq!(EventItem::from_item(json.to_item()).unwrap(), json);
 
         let binary = EventItem::from_buffer(&buffered(1_234, "s:1", &[0xff, 0x00, 0x7b]), 1000).unwrap();
-        assert_eq!(binary.data.as_deref(), Some(&[0xff, 0x00, 0x7b][..]));
-        assert!(binary.payload.is_none());
-        assert_eq!(EventItem::from_item(binary.to_item()).unwrap(), binary);
-        assert_eq!(EventItem::from_item(json.to_item()).unwrap(), json);
+        assert_eq!((binary.data.as_deref(), binary.encoding.as_deref()), (Some(&[0xff, 0x00, 0x7b][..]), None));
+        assert_eq!(EventItem::from_item(binary.to_item()).unwrap().bytes().unwrap(), [0xff, 0x00, 0x7b]);
+        assert!(binary.json().is_none());
+
         assert!(!json.to_item().contains_key("expires_at"), "kept forever by default");
-        let kept = json.clone().with_retention(Some(30));
+        let kept = json.clone().with_retention(Some(30)).moved(5);
         assert_eq!(kept.expires_at, Some(1 + 30 * 86_400));
         assert_eq!(kept.to_item()["expires_at"], AttributeValue::N((1 + 30 * 86_400).to_string()));
+        assert_eq!(kept.to_item()["moved_at"], AttributeValue::N("5".into()));
     }
 
     #[test]
-    fn json_dynamodb_cannot_hold_is_kept_as_bytes() {
-        for text in
-            [r#"{"x":1e200}"#, r#"{"x":1e-200}"#, r#"{"":1}"#, &format!("{}1{}", "[".repeat(40), "]".repeat(40))]
-        {
-            let item = EventItem::from_buffer(&buffered(1, "s:1", text.as_bytes()), 1000).unwrap();
-            assert!(item.payload.is_none(), "{text}");
-            assert_eq!(item.data.as_deref(), Some(text.as_bytes()));
-        }
-        let fine = format!(
-            "{}{{\"n\":[0,-0,1.5e125,-2e-129,18446744073709551615,230.9920888880188182]}}{}",
-            "[".repeat(30),
-            "]".repeat(30)
-        );
-        assert!(EventItem::from_buffer(&buffered(1, "s:1", fine.as_bytes()), 1000).unwrap().payload.is_some());
+    fn items_written_as_json_documents_still_read() {
+        let mut item = EventItem::from_buffer(&buffered(1, "s:1", b"{}"), 1000).unwrap().to_item();
+        item.remove("data");
+        item.insert("payload".into(), AttributeValue::M(HashMap::from([("n".into(), AttributeValue::N("7".into()))])));
+        let legacy = EventItem::from_item(item).unwrap();
+        assert_eq!(legacy.json(), Some(serde_json::json!({"n": 7})));
+        assert_eq!(legacy.bytes().unwrap(), br#"{"n":7}"#);
+    }
+
+    #[test]
+    fn unknown_encodings_are_refused() {
+        let mut odd = buffered(1, "s:1", b"x");
+        odd.encoding = Some("lz4".into());
+        assert!(matches!(EventItem::from_buffer(&odd, 1000), Err(Error::Malformed(m)) if m.contains("lz4")));
     }
 
     #[test]
@@ -266,15 +268,11 @@ mod tests {
     }
 
     #[test]
-    fn large_json_falls_back_to_binary_and_oversized_items_are_refused() {
-        // Many tiny numbers: the map form costs more than the text.
-        let many: Vec<u32> = vec![1; 150_000];
-        let text = serde_json::to_vec(&many).unwrap();
-        assert!(text.len() < MAX_ITEM_BYTES);
-        let item = EventItem::from_buffer(&buffered(1, "s:1", &text), 1000).unwrap();
-        assert!(item.payload.is_none() && item.data.as_deref() == Some(&text[..]));
-
-        let huge = vec![b'x'; MAX_ITEM_BYTES + 1];
-        assert!(matches!(EventItem::from_buffer(&buffered(1, "s:1", &huge), 1000), Err(Error::Malformed(_))));
+    fn oversized_items_are_refused() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let noise: Vec<u8> = (0..=MAX_ITEM_BYTES).map(|_| rng.u8(..)).collect();
+        assert!(matches!(EventItem::from_buffer(&buffered(1, "s:1", &noise), 1000), Err(Error::Malformed(_))));
+        let compressible = vec![b'x'; MAX_ITEM_BYTES + 1];
+        assert!(EventItem::from_buffer(&buffered(1, "s:1", &compressible), 1000).is_ok(), "compressed, it fits");
     }
 }

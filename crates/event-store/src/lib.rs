@@ -6,7 +6,7 @@
 //!   [`load`] (HTTP → event stream), [`pump`] (event stream → buffer table),
 //!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream).
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
-//!   [`buffer_item`], [`event_item`] (table codecs and keys).
+//!   [`buffer_item`], [`event_item`] (table codecs and keys), [`encoding`] (zstd).
 //! - Shared mechanics: [`batch`] (limits, chunking, backoff), [`dynamo`] and
 //!   [`kinesis`] (batch APIs with partial-failure retries), [`invoke`] (the
 //!   asynchronous self-invocation port), [`time`] (slots), [`config`], [`error`].
@@ -15,6 +15,7 @@ pub mod batch;
 pub mod buffer_item;
 pub mod config;
 pub mod dynamo;
+pub mod encoding;
 pub mod envelope;
 pub mod error;
 pub mod event_item;

@@ -183,13 +183,13 @@ impl Playback {
                     .await
                     .map_err(|e| Error::dynamo("Query", e))?;
                 for item in page.items() {
-                    match EventItem::from_item(item.clone()) {
-                        Ok(event) => {
+                    match EventItem::from_item(item.clone()).and_then(|e| Ok((e.bytes()?, e))) {
+                        Ok((data, event)) => {
                             first_in_slot.get_or_insert(event.arrival);
                             summary.first_event.get_or_insert_with(|| format_ms(event.arrival));
                             summary.last_event = Some(format_ms(event.arrival));
                             in_slot += 1;
-                            pending.push(Record { partition_key: event.partition_key.clone(), data: event.bytes() });
+                            pending.push(Record { partition_key: event.partition_key.clone(), data });
                         }
                         Err(err) => {
                             warn!(slot, error = %err, "event item skipped");

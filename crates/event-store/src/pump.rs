@@ -69,9 +69,10 @@ impl Pump {
     pub async fn handle(&self, event: KinesisEvent) -> KinesisEventResponse {
         let mut failed: Vec<String> = Vec::new();
         let mut items = Vec::new();
+        let now = crate::time::now_ms();
         for record in &event.records {
             let sequence = record.kinesis.sequence_number.clone();
-            let item = match BufferItem::from_kinesis(record) {
+            let item = match BufferItem::from_kinesis(record, now) {
                 Ok(item) => item,
                 Err(err) => {
                     error!(error = %err, sequence, "record cannot be buffered");

@@ -161,6 +161,7 @@ impl Scan {
     async fn move_items(&self, items: Vec<HashMap<String, AttributeValue>>) -> Moved {
         let mut result = Moved::default();
         let mut events = Vec::new();
+        let now = now_ms();
         for attributes in items {
             let Some(id) = attributes.get(buffer_item::KEY).and_then(|v| v.as_s().ok()).cloned() else {
                 warn!("buffer item without a string id: left in place");
@@ -169,10 +170,10 @@ impl Scan {
             };
             let event = BufferItem::from_item(attributes.clone())
                 .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms))
-                .map(|e| e.with_retention(self.config.retention_days));
+                .map(|e| e.with_retention(self.config.retention_days).moved(now));
             match event {
                 Ok(event) => events.push(((event.slot, event.sort_key.clone()), id, event.to_item())),
-                Err(err) => match quarantine_item(&id, &err.to_string(), attributes, now_ms()) {
+                Err(err) => match quarantine_item(&id, &err.to_string(), attributes, now) {
                     Some(item) => {
                         warn!(id, reason = %err, "buffer item quarantined");
                         result.quarantined += 1;
