@@ -70,11 +70,18 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let (stored, stored_duplicates) = wait_until_stored(&stack, &run_id, accepted).await?;
     let stored_time = load_started.elapsed();
 
-    println!("== playing back [{}, now) onto the playback stream", format_ms(window_start));
+    let window_end = now_ms() + 1;
+    println!(
+        "== playing back [{}, {}) onto the playback stream, once the watermark has passed it",
+        format_ms(window_start),
+        format_ms(window_end)
+    );
     let request = PlaybackRequest {
         start: Some(format_ms(window_start)),
-        end: Some(format_ms(now_ms() + 1)),
-        resume_after: None,
+        end: Some(format_ms(window_end)),
+        wait_seconds: Some(120),
+        restart: true,
+        ..Default::default()
     };
     let playback_started = Instant::now();
     let summaries = crate::playback::play(stack.dynamo.clone(), stack.kinesis.clone(), request, false).await?;

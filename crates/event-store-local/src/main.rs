@@ -49,9 +49,22 @@ enum Command {
         /// Window start, ISO 8601 (e.g. 2026-11-21T06:00:00Z) or epoch ms.
         #[arg(long, env = "START")]
         start: Option<String>,
-        /// Window end (exclusive); default now.
+        /// Window end (exclusive); default: the end of the last sealed slot (the watermark).
         #[arg(long, env = "END")]
         end: Option<String>,
+        /// When END is past the watermark, wait up to this many seconds for it.
+        #[arg(long, env = "WAIT", default_value_t = 0)]
+        wait: u64,
+        /// Records per second onto the playback stream (default: its shards × 1,000).
+        #[arg(long, env = "RATE")]
+        rate: Option<u64>,
+        /// Only events whose JSON has this value at this pointer: `/path=/track.gif`
+        /// (the value is read as JSON when it parses, else as a string). Repeatable.
+        #[arg(long = "filter", env = "FILTER", value_delimiter = ',')]
+        filters: Vec<String>,
+        /// Play again even if this window was already played back completely.
+        #[arg(long, env = "RESTART", default_value_t = false)]
+        restart: bool,
     },
 }
 
@@ -100,15 +113,24 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
             demo::print(&report);
             Ok(report.ok())
         }
-        Command::Playback { start, end } => {
+        Command::Playback { start, end, wait, rate, filters, restart } => {
             playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
             let sdk = event_store::aws_config().await;
-            let request = PlaybackRequest { start, end, resume_after: None };
+            let request = PlaybackRequest {
+                start,
+                end,
+                wait_seconds: Some(wait),
+                max_records_per_second: rate,
+                filter: filters.iter().map(|f| playback::parse_filter(f)).collect::<Result<_>>()?,
+                restart,
+                ..Default::default()
+            };
             let summaries =
                 playback::play(aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk), request, true)
                     .await?;
-            playback::print_summary(&playback::total(&summaries), summaries.len());
-            Ok(true)
+            let total = playback::total(&summaries);
+            playback::print_summary(&total, summaries.len());
+            Ok(total.status != event_store::playback::Status::Incomplete)
         }
     }
 }

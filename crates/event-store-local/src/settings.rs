@@ -76,6 +76,8 @@ impl Settings {
         default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
         default("AWS_REGION", "us-east-1");
         default("IP_SALT", "local-stack-salt-not-secret");
+        // The in-process event source hands records to the pump within a second.
+        default("WATERMARK_LAG_MS", "2000");
         default("AWS_ACCESS_KEY_ID", "local");
         default("AWS_SECRET_ACCESS_KEY", "local");
     }

@@ -140,12 +140,25 @@ pub struct ScanConfig {
     pub page_items: Option<i32>,
     /// Days an event is kept (`RETENTION_DAYS`, written as the `expires_at` TTL); unset or 0 = forever.
     pub retention_days: Option<u32>,
+    /// Least pump lag the watermark allows for (`WATERMARK_LAG_MS`, default 30 s); a
+    /// larger lag seen in the pass is used instead.
+    pub watermark_lag_ms: u64,
 }
+
+/// Default `WATERMARK_LAG_MS`.
+pub const DEFAULT_WATERMARK_LAG_MS: u64 = 30_000;
 
 impl ScanConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"],
-        optional: &["TIME_UNIT", "SCAN_SEGMENTS", "DEADLINE_MARGIN_MS", "SCAN_PAGE_ITEMS", "RETENTION_DAYS"],
+        optional: &[
+            "TIME_UNIT",
+            "SCAN_SEGMENTS",
+            "DEADLINE_MARGIN_MS",
+            "SCAN_PAGE_ITEMS",
+            "RETENTION_DAYS",
+            "WATERMARK_LAG_MS",
+        ],
     };
 
     pub fn from_env() -> Result<Self> {
@@ -162,6 +175,7 @@ impl ScanConfig {
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("SCAN_PAGE_ITEMS")?,
             retention_days: env.optional("RETENTION_DAYS")?.filter(|days| *days > 0),
+            watermark_lag_ms: env.var_or("WATERMARK_LAG_MS", DEFAULT_WATERMARK_LAG_MS)?,
         })
     }
 }

@@ -8,7 +8,7 @@ use std::future::Future;
 
 use std::hash::Hash;
 
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, ReturnConsumedCapacity, WriteRequest};
 use futures::StreamExt;
 use tracing::warn;
 
@@ -27,6 +27,7 @@ pub async fn send_batch_write(
     let out = client
         .batch_write_item()
         .request_items(table, requests)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await
         .map_err(|e| Error::dynamo("BatchWriteItem", e))?;

@@ -23,6 +23,7 @@ pub mod event_source;
 pub mod invoke;
 pub mod kinesis;
 pub mod load;
+pub mod meta;
 pub mod metrics;
 pub mod playback;
 pub mod pump;

@@ -3,12 +3,16 @@
 //! page (put into the event table, then delete from the buffer only what was
 //! put) until its deadline nears, then hands the rest of its segment to a
 //! fresh invocation of itself with the key where it stopped.
+//!
+//! Before deleting a page from the buffer it records the page's slots in the
+//! slot index, and when a segment finishes a pass it moves its part of the
+//! completeness watermark forward (see [`crate::meta`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnConsumedCapacity, WriteRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{error, info, warn};
@@ -20,16 +24,41 @@ use crate::dynamo::{keyed_puts, write_all};
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, EventItem, QUARANTINE_SLOT};
 use crate::invoke::Invoker;
-use crate::time::{effective_deadline, now_ms, remaining};
+use crate::meta::{add_to_index, advance_watermark, count_late, read_watermark, segment_watermark};
+use crate::time::{effective_deadline, format_ms, now_ms, remaining};
 
 /// The payload of a segment run (a fork or a continuation).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentTask {
     pub segment: u32,
     pub total_segments: u32,
     /// Buffer key after which to resume; absent at the segment's start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclusive_start_key: Option<String>,
+    /// When the scheduled run that started this pass began (ms). Absent (a
+    /// segment invoked by hand): the pass moves events but no watermark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_started_at: Option<i64>,
+    /// Oldest arrival the pass so far had to leave in the buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_left: Option<i64>,
+    /// Largest pump lag (`buffered_at - arrival`) seen by the pass so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lag_ms: Option<i64>,
+}
+
+impl SegmentTask {
+    fn saw(&mut self, moved: &Moved) {
+        self.oldest_left = min_opt(self.oldest_left, moved.oldest_left);
+        self.max_lag_ms = self.max_lag_ms.max(moved.max_lag_ms);
+    }
+}
+
+fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// What one invocation did.
@@ -44,6 +73,11 @@ pub struct ScanSummary {
     pub failed: usize,
     /// Buffer items that cannot become events: moved to the quarantine partition with the reason.
     pub quarantined: usize,
+    /// Events moved after the watermark had passed their arrival time (see the README's late-event policy).
+    pub late: usize,
+    /// The watermark this run moved its segment's part to, when it finished a pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<i64>,
 }
 
 /// What a segment run does after a page.
@@ -66,7 +100,13 @@ pub fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] = &["dynamodb:Scan", "dynamodb:BatchWriteItem", "lambda:InvokeFunction"];
+pub const AWS_ACTIONS: &[&str] = &[
+    "dynamodb:Scan",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:GetItem",
+    "lambda:InvokeFunction",
+];
 
 pub struct Scan {
     dynamo: aws_sdk_dynamodb::Client,
@@ -99,8 +139,9 @@ impl Scan {
             return self.run_segment(task, deadline).await;
         }
         let total_segments = self.config.segments;
+        let pass_started_at = Some(now_ms());
         for segment in 0..total_segments {
-            let task = SegmentTask { segment, total_segments, exclusive_start_key: None };
+            let task = SegmentTask { segment, total_segments, pass_started_at, ..Default::default() };
             self.fork(&task).await?;
         }
         info!(segments = total_segments, "scan started");
@@ -112,9 +153,14 @@ impl Scan {
         self.invoker.invoke_async(payload).await
     }
 
-    async fn run_segment(&self, task: SegmentTask, deadline: SystemTime) -> Result<ScanSummary> {
+    async fn run_segment(&self, mut task: SegmentTask, deadline: SystemTime) -> Result<ScanSummary> {
         let mut summary = ScanSummary::default();
         let mut start_key = task.exclusive_start_key.clone();
+        // Events arriving before the current watermark are late: counted, never misplaced.
+        let watermark = match task.pass_started_at {
+            Some(_) => read_watermark(&self.dynamo, &self.config.event_table).await?.time,
+            None => None,
+        };
         loop {
             let page = self
                 .dynamo
@@ -122,20 +168,33 @@ impl Scan {
                 .table_name(&self.config.buffer_table)
                 .segment(task.segment as i32)
                 .total_segments(task.total_segments as i32)
+                // Strongly consistent: a pass must see everything buffered before it started.
+                .consistent_read(true)
                 .set_limit(self.config.page_items)
                 .set_exclusive_start_key(start_key.as_deref().map(BufferItem::key_of))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await
                 .map_err(|e| Error::dynamo("Scan", e))?;
             summary.pages += 1;
-            let moved = self.move_items(page.items().to_vec()).await;
+            let moved = self.move_items(page.items().to_vec(), watermark).await;
             summary.moved += moved.moved;
             summary.failed += moved.failed;
             summary.quarantined += moved.quarantined;
+            summary.late += moved.late;
+            task.saw(&moved);
+            if moved.late > 0 {
+                if let Err(err) = count_late(&self.dynamo, &self.config.event_table, moved.late).await {
+                    warn!(error = %err, late = moved.late, "late events moved but not counted");
+                }
+            }
             let last_key =
                 page.last_evaluated_key().and_then(|k| k.get(buffer_item::KEY)).and_then(|v| v.as_s().ok()).cloned();
             match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
-                Next::Done => break,
+                Next::Done => {
+                    summary.watermark = self.finish_pass(&task).await?;
+                    break;
+                }
                 Next::Page(key) => start_key = Some(key),
                 Next::Fork(key) => {
                     self.fork(&SegmentTask { exclusive_start_key: Some(key), ..task.clone() }).await?;
@@ -150,17 +209,31 @@ impl Scan {
             moved = summary.moved,
             failed = summary.failed,
             quarantined = summary.quarantined,
+            late = summary.late,
+            watermark = summary.watermark.map(format_ms),
             continued = summary.forked > 0,
             "segment scanned"
         );
         Ok(summary)
     }
 
-    /// Moves one page: puts into the event table, then deletes from the
-    /// buffer exactly the items whose put succeeded (invariant 2).
-    async fn move_items(&self, items: Vec<HashMap<String, AttributeValue>>) -> Moved {
+    /// A segment's pass is over: its part of the watermark moves forward.
+    async fn finish_pass(&self, task: &SegmentTask) -> Result<Option<i64>> {
+        let Some(started) = task.pass_started_at else { return Ok(None) };
+        let lag = task.max_lag_ms.unwrap_or(0).max(self.config.watermark_lag_ms as i64);
+        let time = segment_watermark(started, lag, task.oldest_left);
+        advance_watermark(&self.dynamo, &self.config.event_table, task.segment, task.total_segments, time).await?;
+        Ok(Some(time))
+    }
+
+    /// Moves one page: puts into the event table, records the slots in the
+    /// index, then deletes from the buffer exactly the items whose put and
+    /// index update succeeded (invariant 2).
+    async fn move_items(&self, items: Vec<HashMap<String, AttributeValue>>, watermark: Option<i64>) -> Moved {
         let mut result = Moved::default();
         let mut events = Vec::new();
+        // Arrival and slot of each buffer id that became an event.
+        let mut arrivals: HashMap<String, (i64, i64)> = HashMap::new();
         let now = now_ms();
         for attributes in items {
             let Some(id) = attributes.get(buffer_item::KEY).and_then(|v| v.as_s().ok()).cloned() else {
@@ -168,11 +241,18 @@ impl Scan {
                 result.failed += 1;
                 continue;
             };
-            let event = BufferItem::from_item(attributes.clone())
-                .and_then(|b| EventItem::from_buffer(&b, self.config.time_unit_ms))
-                .map(|e| e.with_retention(self.config.retention_days).moved(now));
+            let event = BufferItem::from_item(attributes.clone()).and_then(|b| {
+                let event = EventItem::from_buffer(&b, self.config.time_unit_ms)?;
+                Ok((event.with_retention(self.config.retention_days).moved(now), b.buffered_at))
+            });
             match event {
-                Ok(event) => events.push(((event.slot, event.sort_key.clone()), id, event.to_item())),
+                Ok((event, buffered_at)) => {
+                    if let Some(at) = buffered_at {
+                        result.max_lag_ms = result.max_lag_ms.max(Some(at - event.arrival));
+                    }
+                    arrivals.insert(id.clone(), (event.arrival, event.slot));
+                    events.push(((event.slot, event.sort_key.clone()), id, event.to_item()));
+                }
                 Err(err) => match quarantine_item(&id, &err.to_string(), attributes, now) {
                     Some(item) => {
                         warn!(id, reason = %err, "buffer item quarantined");
@@ -188,13 +268,20 @@ impl Scan {
         }
         // Buffer ids by event-table key (slot, sort key): one put per key.
         let puts = keyed_puts(events);
-        result.failed += puts.failed.len();
+        let mut left: Vec<String> = puts.failed.clone();
         let not_put = write_all(&self.dynamo, &self.config.event_table, puts.requests, &self.backoff).await;
         let mut sources = puts.sources;
         for key in &not_put {
-            result.failed += sources.remove(key).map_or(0, |ids| ids.len());
+            left.extend(sources.remove(key).unwrap_or_default());
         }
-        // Only what is now in the event table leaves the buffer.
+        // The index must know a slot before its events leave the buffer, or playback would miss them.
+        let slots = sources.keys().map(|(slot, _)| *slot);
+        if let Err(err) = add_to_index(&self.dynamo, &self.config.event_table, slots, self.config.time_unit_ms).await {
+            warn!(error = %err, "slot index not updated: the page stays in the buffer for the next pass");
+            left.extend(sources.into_values().flatten());
+            sources = HashMap::new();
+        }
+        // Only what is now in the event table and its index leaves the buffer.
         let deletes: Vec<(String, WriteRequest)> = sources
             .into_values()
             .flatten()
@@ -205,8 +292,17 @@ impl Scan {
             .collect();
         let to_delete = deletes.len();
         let not_deleted = write_all(&self.dynamo, &self.config.buffer_table, deletes, &self.backoff).await;
-        result.failed += not_deleted.len();
         result.moved += to_delete - not_deleted.len();
+        left.extend(not_deleted);
+        result.failed += left.len();
+        result.oldest_left = left.iter().filter_map(|id| arrivals.get(id)).map(|(arrival, _)| *arrival).min();
+        if let Some(watermark) = watermark {
+            let late: Vec<i64> = arrivals.values().filter(|(arrival, _)| *arrival < watermark).map(|(_, s)| *s).collect();
+            if !late.is_empty() {
+                warn!(late = late.len(), first_slot = late.iter().min().map(|s| format_ms(*s)), "late events: moved into slots already sealed");
+                result.late = late.len();
+            }
+        }
         result
     }
 }
@@ -216,6 +312,9 @@ struct Moved {
     moved: usize,
     failed: usize,
     quarantined: usize,
+    late: usize,
+    oldest_left: Option<i64>,
+    max_lag_ms: Option<i64>,
 }
 
 #[cfg(test)]
@@ -233,9 +332,18 @@ mod tests {
 
     #[test]
     fn segment_tasks_round_trip_as_the_documented_payload() {
-        let task = SegmentTask { segment: 1, total_segments: 4, exclusive_start_key: Some("ab12".into()) };
+        let task = SegmentTask {
+            segment: 1,
+            total_segments: 4,
+            exclusive_start_key: Some("ab12".into()),
+            pass_started_at: Some(1_000),
+            ..Default::default()
+        };
         let json = serde_json::to_value(&task).unwrap();
-        assert_eq!(json, serde_json::json!({"segment": 1, "total_segments": 4, "exclusive_start_key": "ab12"}));
+        assert_eq!(
+            json,
+            serde_json::json!({"segment": 1, "total_segments": 4, "exclusive_start_key": "ab12", "pass_started_at": 1000})
+        );
         assert_eq!(serde_json::from_value::<SegmentTask>(json).unwrap(), task);
     }
 }

@@ -3,20 +3,24 @@
 
 mod common;
 
+static PUTS: AtomicUsize = AtomicUsize::new(0);
+
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::{buffer_through_pump, sample_event, TestEnv};
 use event_store::config::{PlaybackConfig, ScanConfig};
 use event_store::invoke::{run_until_idle, LocalInvoker};
-use event_store::playback::{Playback, PlaybackSummary};
+use event_store::playback::{PlayedEvent, Playback, PlaybackSummary, Status};
 use event_store::scan::Scan;
-use event_store::time::format_ms;
+use event_store::time::{format_ms, now_ms};
 use event_store::Error;
 use serde_json::{json, Value};
 
-const T0: i64 = 1_795_327_124_000;
+/// Weeks before any run of these tests: sealed as soon as a scan pass ends.
+const T0: i64 = 1_790_000_000_000;
 
 /// Fills the event table through pump and scan: `n` events for 5 entities, spread over `slots` seconds.
 async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
@@ -38,7 +42,14 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
         deadline_margin: Duration::from_secs(10),
         page_items: None,
         retention_days: None,
+        watermark_lag_ms: 0,
     };
+    scan_pass(env, config).await;
+    assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
+}
+
+/// One scheduled scan run and its forks: moves the buffer, indexes, moves the watermark.
+async fn scan_pass(env: &TestEnv, config: ScanConfig) {
     let (invoker, mut rx) = LocalInvoker::channel();
     let scan = Arc::new(Scan::new(env.dynamo.clone(), config, Arc::new(invoker.clone())));
     invoker.send(json!({})).unwrap();
@@ -47,7 +58,19 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
         async move { scan.handle(p, SystemTime::now() + Duration::from_secs(900)).await.unwrap() }
     })
     .await;
-    assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
+}
+
+fn scan_config(env: &TestEnv, watermark_lag_ms: u64) -> ScanConfig {
+    ScanConfig {
+        buffer_table: env.names.buffer_table.clone(),
+        event_table: env.names.event_table.clone(),
+        time_unit_ms: 1000,
+        segments: 2,
+        deadline_margin: Duration::from_secs(10),
+        page_items: None,
+        retention_days: None,
+        watermark_lag_ms,
+    }
 }
 
 fn config(env: &TestEnv, page_items: Option<i32>) -> PlaybackConfig {
@@ -78,12 +101,23 @@ async fn play(
     .await
 }
 
+/// Every played-back record, in stream order per shard.
+async fn played_events(env: &TestEnv) -> Vec<PlayedEvent> {
+    let mut out = Vec::new();
+    for (_, record) in env.read_stream(&env.names.playback_stream).await {
+        let event: PlayedEvent = serde_json::from_slice(record.data().as_ref()).unwrap();
+        assert_eq!(record.partition_key().unwrap(), event.partition_key, "the original partition key");
+        out.push(event);
+    }
+    out
+}
+
 /// The `n` of every played-back record, per partition key, in stream order.
 async fn played(env: &TestEnv) -> HashMap<String, Vec<i64>> {
     let mut out: HashMap<String, Vec<i64>> = HashMap::new();
-    for (_, record) in env.read_stream(&env.names.playback_stream).await {
-        let data: Value = serde_json::from_slice(record.data().as_ref()).unwrap();
-        out.entry(record.partition_key().unwrap().to_owned()).or_default().push(data["n"].as_i64().unwrap());
+    for event in played_events(env).await {
+        let n = event.data.as_ref().unwrap()["n"].as_i64().unwrap();
+        out.entry(event.partition_key).or_default().push(n);
     }
     out
 }
@@ -121,6 +155,13 @@ async fn a_window_plays_back_in_order_per_partition_key_at_under_1_request_per_1
         let expected: Vec<i64> = (0..1500).filter(|n| n % 5 == user).collect();
         assert_eq!(ns, &expected, "{key}: every event once, in order");
     }
+    // Metadata: playback sequence numbers 0..n in event order, and the original event time.
+    let mut events = played_events(&env).await;
+    events.sort_by_key(|e| e.playback_seq);
+    assert_eq!(events.iter().map(|e| e.playback_seq).collect::<Vec<_>>(), (0..1500).collect::<Vec<u64>>());
+    assert!(events.windows(2).all(|w| w[0].event_ms <= w[1].event_ms), "sequence numbers follow event time");
+    assert_eq!(events[0].event_time, format_ms(T0));
+    assert_eq!(summary.next_seq, 1500);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -161,9 +202,17 @@ async fn empty_and_invalid_windows() {
     let later = SystemTime::now() + Duration::from_secs(900);
 
     let sample: Value = serde_json::from_str(&sample_event("playback.json")).unwrap();
+    let before_any_pass = playback.handle(sample.clone(), later).await.unwrap();
+    assert_eq!((before_any_pass.status, before_any_pass.events), (Status::Incomplete, 0), "nothing sealed yet");
+    scan_pass(&env, scan_config(&env, 0)).await;
     let empty = playback.handle(sample, later).await.unwrap();
-    assert_eq!((empty.events, empty.slots, empty.first_event), (0, 0, None));
-    assert_eq!(empty.start, "2026-11-21T05:58:00.000Z");
+    assert_eq!((empty.status, empty.events, empty.slots, empty.first_event), (Status::Complete, 0, 0, None));
+    assert_eq!(empty.start, "2026-11-01T05:58:00.000Z");
+    assert_eq!(env.counter.get("DynamoDB.Query"), 1, "one index read, no slot queried");
+    let typo = playback.handle(json!({"start": format_ms(T0), "ned": format_ms(T0)}), later).await.unwrap_err();
+    assert!(matches!(typo, Error::BadInput(ref m) if m.contains("ned")), "{typo}");
+    let filter = json!({"start": format_ms(T0), "end": format_ms(T0), "filter": [{"field": "path", "equals": 1}]});
+    assert!(matches!(playback.handle(filter, later).await, Err(Error::BadInput(_))), "not a JSON pointer");
 
     let reversed = playback.handle(window(T0 + 1000, T0), later).await.unwrap_err();
     assert!(matches!(reversed, Error::BadInput(ref m) if m.contains("before start")), "{reversed}");
@@ -214,7 +263,10 @@ async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in
         aws_sdk_kinesis::config::Builder::from(&env.sdk)
             .endpoint_url(&env.kinesis_endpoint)
             // The first request gets through, every later one fails.
-            .interceptor(common::FailRequests::new(|_, seen| seen >= 1))
+            .interceptor(common::FailRequests::new(|body, _| {
+                // DescribeStreamSummary gets through, and the first PutRecords; every later one fails.
+                body.windows(7).any(|w| w == b"Records") && PUTS.fetch_add(1, Ordering::SeqCst) >= 1
+            }))
             .build(),
     );
     let (invoker, _rx) = LocalInvoker::channel();
@@ -223,12 +275,121 @@ async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in
     let delivered_before: usize = played(&env).await.values().map(Vec::len).sum();
     assert_eq!(delivered_before, 500, "one request of 500 got out before it died");
 
-    // The same payload again (what a retried invocation does).
+    // The same payload again (what a retried invocation does): it starts from the checkpoint.
     let summaries = play(&env, config(&env, Some(200)), window(T0, T0 + 3000), later).await;
-    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 1300);
+    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 800, "only what the first run had not put");
+    let delivered: usize = played(&env).await.values().map(Vec::len).sum();
+    assert!(delivered <= 1300 + 500, "at most one batch repeated: {delivered}");
     for (key, ns) in played(&env).await {
         let user: i64 = key.trim_start_matches("user-").parse().unwrap();
         let expected: Vec<i64> = (0..1300).filter(|n| n % 5 == user).collect();
         assert_eq!(last_deliveries(&ns), expected, "{key}: every event at least once, in order");
     }
+    let mut seqs: Vec<u64> = played_events(&env).await.iter().map(|e| e.playback_seq).collect();
+    seqs.sort();
+    seqs.dedup();
+    assert_eq!(seqs, (0..1300).collect::<Vec<u64>>(), "sequence numbers continue across the crash");
+
+    // Done: the same request again plays nothing, unless asked to.
+    let again = play(&env, config(&env, None), window(T0, T0 + 3000), later).await;
+    assert_eq!((again[0].status, again[0].events), (Status::AlreadyDone, 1300));
+    let mut restart = window(T0, T0 + 3000);
+    restart["restart"] = json!(true);
+    let replayed = play(&env, config(&env, None), restart, later).await;
+    assert_eq!((replayed[0].status, replayed[0].events), (Status::Complete, 1300));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomplete() {
+    let env = TestEnv::start(1).await;
+    let lag: i64 = 100;
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    // Batch A now; then, once A's slot is over, batch B: the next pass seals A's slot but not B's.
+    let a = now_ms();
+    buffer_through_pump(&env, &[("k".into(), json!({"n": 1}).to_string().into_bytes(), a)]).await;
+    let a_slot_end = a - a.rem_euclid(1000) + 1000;
+    tokio::time::sleep(Duration::from_millis((a_slot_end + lag + 50 - now_ms()).max(0) as u64)).await;
+    let b = now_ms();
+    buffer_through_pump(&env, &[("k".into(), json!({"n": 2}).to_string().into_bytes(), b)]).await;
+    scan_pass(&env, scan_config(&env, lag as u64)).await;
+    assert!(env.scan_table(&env.names.buffer_table).await.is_empty(), "both moved");
+
+    let (invoker, _rx) = LocalInvoker::channel();
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
+    let past_the_watermark = playback.handle(window(a - 1000, b + 1), later()).await.unwrap();
+    assert_eq!((past_the_watermark.status, past_the_watermark.events), (Status::Incomplete, 0));
+    assert!(played_events(&env).await.is_empty(), "nothing of an unsealed slot went out");
+
+    // Default end: the sealed bound. A is played, B (moved, but its slot not sealed) is not.
+    let sealed = playback.handle(json!({"start": format_ms(a - 1000)}), later()).await.unwrap();
+    assert_eq!((sealed.status, sealed.events), (Status::Complete, 1), "{sealed:?}");
+    let ns: Vec<i64> = played(&env).await.into_values().flatten().collect();
+    assert_eq!(ns, vec![1]);
+
+    // Waiting: a pass that starts while playback waits seals B's slot.
+    let b_slot_end = b - b.rem_euclid(1000) + 1000;
+    let sealer = {
+        let dynamo = env.dynamo.clone();
+        let config = scan_config(&env, lag as u64);
+        async move {
+            tokio::time::sleep(Duration::from_millis((b_slot_end + lag + 50 - now_ms()).max(0) as u64)).await;
+            let (invoker, mut rx) = LocalInvoker::channel();
+            let scan = Arc::new(Scan::new(dynamo, config, Arc::new(invoker.clone())));
+            invoker.send(json!({})).unwrap();
+            run_until_idle(&mut rx, move |p: Value| {
+                let scan = scan.clone();
+                async move { scan.handle(p, SystemTime::now() + Duration::from_secs(60)).await.unwrap() }
+            })
+            .await;
+        }
+    };
+    let mut waiting = window(b - 1, b + 1);
+    waiting["wait_seconds"] = json!(20);
+    let (waited, ()) = tokio::join!(playback.handle(waiting, later()), sealer);
+    let waited = waited.unwrap();
+    assert_eq!((waited.status, waited.events), (Status::Complete, 1), "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sparse_day_costs_one_query_per_non_empty_slot() {
+    let env = TestEnv::start(1).await;
+    // 10 events in 10 seconds scattered over a day.
+    let seconds = [3, 4_000, 9_999, 20_000, 33_333, 50_000, 61_234, 70_000, 80_000, 86_399];
+    let records: Vec<_> = seconds
+        .iter()
+        .enumerate()
+        .map(|(n, s)| (format!("user-{n}"), json!({"n": n}).to_string().into_bytes(), T0 + s * 1000 + 17))
+        .collect();
+    buffer_through_pump(&env, &records).await;
+    scan_pass(&env, scan_config(&env, 0)).await;
+    env.counter.reset();
+    let summaries = play(&env, config(&env, None), window(T0, T0 + 86_400_000), || {
+        SystemTime::now() + Duration::from_secs(900)
+    })
+    .await;
+    let summary = &summaries[0];
+    assert_eq!((summary.events, summary.slots, summary.queries), (10, 10, 10), "{summary:?}");
+    let queries = env.counter.get("DynamoDB.Query") as usize;
+    println!("a day with 10 non-empty seconds: {queries} Query requests ({} for the index)", summary.index_queries);
+    assert_eq!(queries, 10 + summary.index_queries, "0 queries for the 86,390 empty slots");
+    assert!(summary.index_queries <= 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rate_limit_holds_and_filters_pick_events_by_a_json_field() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 1500, 3).await;
+    let mut request = window(T0, T0 + 3000);
+    request["max_records_per_second"] = json!(500);
+    let started = std::time::Instant::now();
+    let summaries = play(&env, config(&env, None), request, || SystemTime::now() + Duration::from_secs(900)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(summaries[0].events, 1500);
+    // Batches of 500 at 500/s: the first at once, the second after 1 s, the third after 2 s.
+    assert!(elapsed >= Duration::from_secs(2), "{elapsed:?}");
+
+    let mut filtered = window(T0, T0 + 3000);
+    filtered["filter"] = json!([{"field": "/n", "equals": 7}]);
+    let summaries = play(&env, config(&env, None), filtered, || SystemTime::now() + Duration::from_secs(900)).await;
+    assert_eq!((summaries[0].events, summaries[0].filtered_out), (1, 1499));
 }

@@ -8,7 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use common::{buffer_through_pump, sample_event, TestEnv};
 use event_store::config::ScanConfig;
+use aws_sdk_dynamodb::types::AttributeValue;
 use event_store::event_item::EventItem;
+use event_store::meta;
+use event_store::time::now_ms;
 use event_store::invoke::{run_until_idle, LocalInvoker};
 use event_store::scan::{Scan, ScanSummary};
 use serde_json::Value;
@@ -24,6 +27,7 @@ fn config(env: &TestEnv, page_items: Option<i32>) -> ScanConfig {
         deadline_margin: Duration::from_secs(10),
         page_items,
         retention_days: None,
+        watermark_lag_ms: 0,
     }
 }
 
@@ -53,8 +57,14 @@ fn events(n: i64) -> Vec<(String, Vec<u8>, i64)> {
     (0..n).map(|i| (format!("user-{}", i % 4), format!("{{\"n\":{i}}}").into_bytes(), T0 + i * 3000 / n)).collect()
 }
 
+/// The events in the event table (not the bookkeeping partition).
 async fn event_items(env: &TestEnv) -> Vec<EventItem> {
-    env.scan_table(&env.names.event_table).await.into_iter().map(|i| EventItem::from_item(i).unwrap()).collect()
+    env.scan_table(&env.names.event_table)
+        .await
+        .into_iter()
+        .filter(|i| i["slot"] != AttributeValue::N(meta::META_SLOT.to_string()))
+        .map(|i| EventItem::from_item(i).unwrap())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -270,4 +280,79 @@ async fn events_near_the_400_kb_item_limit_are_moved_or_refused_at_the_pump_neve
     let items = event_items(&env).await;
     assert_eq!(items.len(), 2);
     assert!(items.iter().all(|i| i.bytes().unwrap().len() >= limit - 400));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only() {
+    let env = TestEnv::start(1).await;
+    let table = &env.names.event_table;
+    assert_eq!(meta::read_watermark(&env.dynamo, table).await.unwrap().time, None, "no pass yet");
+    // Three non-empty slots with gaps between them.
+    let records: Vec<_> = [0, 5_000, 5_400, 61_000].iter().map(|&dt| ("k".to_string(), b"{}".to_vec(), T0 + dt)).collect();
+    buffer_through_pump(&env, &records).await;
+    let before = now_ms();
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    let marks: Vec<i64> = summaries.iter().filter_map(|s| s.watermark).collect();
+    assert_eq!(marks.len(), 4, "each of the 4 segments finished its pass");
+    let (slots, _) = meta::read_index(&env.dynamo, table, T0 - 60_000, T0 + 120_000, 1000).await.unwrap();
+    assert_eq!(slots, vec![T0, T0 + 5_000, T0 + 61_000]);
+    let first = meta::read_watermark(&env.dynamo, table).await.unwrap().time.unwrap();
+    assert!(first >= before - 1 && first <= now_ms(), "pass start, no lag allowed in this config: {first} vs {before}");
+
+    scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    let second = meta::read_watermark(&env.dynamo, table).await.unwrap().time.unwrap();
+    assert!(second > first, "a later pass moves it on");
+    // A stale pass (started before the last one) cannot move it back.
+    let (invoker, _rx) = LocalInvoker::channel();
+    let scan = Scan::new(env.dynamo.clone(), config(&env, None), Arc::new(invoker));
+    let stale = serde_json::json!({"segment": 0, "total_segments": 4, "pass_started_at": first - 60_000});
+    scan.handle(stale, plenty_of_time()).await.unwrap();
+    assert_eq!(meta::read_watermark(&env.dynamo, table).await.unwrap().time, Some(second));
+    common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn late_events_go_to_their_own_slot_and_are_counted() {
+    let env = TestEnv::start(1).await;
+    let table = &env.names.event_table;
+    let now = now_ms();
+    buffer_through_pump(&env, &[("k".to_string(), b"{\"n\":1}".to_vec(), now - 2_000)]).await;
+    scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    let watermark = meta::read_watermark(&env.dynamo, table).await.unwrap().time.unwrap();
+    // Arrived (by its Kinesis timestamp) before the watermark, buffered only now: late.
+    let late_at = watermark - 10_000;
+    buffer_through_pump(&env, &[("k".to_string(), b"{\"n\":2}".to_vec(), late_at)]).await;
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    assert_eq!(summaries.iter().map(|s| s.late).sum::<usize>(), 1);
+    assert_eq!(meta::read_watermark(&env.dynamo, table).await.unwrap().late, 1);
+    let item = event_items(&env).await.into_iter().find(|e| e.arrival == late_at).unwrap();
+    assert_eq!(item.slot, late_at - late_at.rem_euclid(1000), "in the slot of its arrival, never elsewhere");
+    let (slots, _) = meta::read_index(&env.dynamo, table, late_at - 1000, late_at + 1000, 1000).await.unwrap();
+    assert_eq!(slots, vec![item.slot], "and indexed, so a replay of that window finds it");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
+    let env = TestEnv::start(1).await;
+    // A day old: the pump lag allowance (at most 6 h) does not reach back to them.
+    let base = (now_ms() - 86_400_000) / 1000 * 1000;
+    let records: Vec<_> = (0..40).map(|i| ("k".to_string(), b"{}".to_vec(), base + i * 75)).collect();
+    buffer_through_pump(&env, &records).await;
+    let failing = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk)
+            .interceptor(common::FailRequests::new(|body, _| body.windows(10).any(|w| w == b"ADD #slots")))
+            .build(),
+    );
+    let (invoker, _rx) = LocalInvoker::channel();
+    let scan = Scan::new(failing, config(&env, None), Arc::new(invoker));
+    let task = serde_json::json!({"segment": 0, "total_segments": 1, "pass_started_at": now_ms()});
+    let summary = scan.handle(task, plenty_of_time()).await.unwrap();
+    assert_eq!((summary.moved, summary.failed), (0, 40));
+    assert_eq!(env.scan_table(&env.names.buffer_table).await.len(), 40, "nothing deleted");
+    assert_eq!(summary.watermark, Some(base), "held back at the oldest event left behind");
+
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 40);
+    let (slots, _) = meta::read_index(&env.dynamo, &env.names.event_table, base, base + 3000, 1000).await.unwrap();
+    assert_eq!(slots, vec![base, base + 1000, base + 2000]);
 }
