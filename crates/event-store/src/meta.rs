@@ -4,18 +4,19 @@
 //!
 //! | sort key | attributes | written by |
 //! |---|---|---|
-//! | `index#<bucket start ms, 13 digits>` | `slots`: NS of the non-empty slots' offsets in the bucket (0..59) | scan, `ADD` (a set union: idempotent) |
-//! | `watermark` | `segment_<i>`: N per scan segment, `total_segments`: N, `late`: N | scan, forward only |
-//! | `playback#<id>` | `slot`, `after`, `seq`, `events`, `done` | playback, after every put |
+//! | `index#<slot start ms, 13 digits>` | none: the item says "this slot has events" | scan, a put with the slot's events (idempotent) |
+//! | `watermark#<segment, 4 digits>` | `time`, `total_segments`, `updated_at`, `late` (N) | scan, forward only; `late` by `ADD` |
+//! | `playback#<id>` | `checkpoint`: M of `slot`, `after`, `seq`, `events`, `done` | playback, after every put |
 //!
+//! Every item is written by one writer at a time (a scan page, a scan
+//! segment, a playback run), never read-modified-written by two at once.
 //! Playback never reads negative slots, so neither this partition nor the
 //! quarantine (`slot = -1`) is ever played back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
-use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -23,30 +24,22 @@ use crate::event_item::{PARTITION_KEY, SORT_KEY};
 
 /// The bookkeeping partition's `slot`.
 pub const META_SLOT: i64 = -2;
-/// Slots per index item: a minute at the default one-second `TIME_UNIT`.
-/// Small enough that an update stays within one write unit (an update is
-/// billed on the item's full size), few enough that a day is 1,440 items,
-/// read in one or two `Query` pages.
-pub const SLOTS_PER_BUCKET: i64 = 60;
-const WATERMARK_KEY: &str = "watermark";
+const WATERMARK_PREFIX: &str = "watermark#";
+const INDEX_PREFIX: &str = "index#";
 
-/// Start of the index bucket holding `slot`.
-pub fn bucket_of(slot: i64, unit_ms: u64) -> i64 {
-    slot - slot.rem_euclid(unit_ms as i64 * SLOTS_PER_BUCKET)
+/// The index entry's sort key for a slot: 13 digits, so text order is time order.
+pub fn index_key(slot: i64) -> String {
+    format!("{INDEX_PREFIX}{slot:013}")
 }
 
-fn index_key(bucket: i64) -> String {
-    format!("index#{bucket:013}")
+/// The slot an index entry's sort key names.
+pub fn slot_of_index_key(key: &str) -> Option<i64> {
+    key.strip_prefix(INDEX_PREFIX)?.parse().ok()
 }
 
-/// Non-empty slots grouped by index bucket, as offsets within the bucket.
-pub fn index_entries(slots: impl IntoIterator<Item = i64>, unit_ms: u64) -> BTreeMap<i64, BTreeSet<i64>> {
-    let mut buckets: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new();
-    for slot in slots.into_iter().filter(|s| *s >= 0) {
-        let bucket = bucket_of(slot, unit_ms);
-        buckets.entry(bucket).or_default().insert((slot - bucket) / unit_ms as i64);
-    }
-    buckets
+/// The index entry saying `slot` has events (put with them, by the scan).
+pub fn index_item(slot: i64) -> HashMap<String, AttributeValue> {
+    key(index_key(slot))
 }
 
 fn key(sort_key: String) -> HashMap<String, AttributeValue> {
@@ -56,38 +49,15 @@ fn key(sort_key: String) -> HashMap<String, AttributeValue> {
     ])
 }
 
-/// Records slots as non-empty: one `UpdateItem ADD` per bucket, all in flight at once.
-pub async fn add_to_index(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    slots: impl IntoIterator<Item = i64>,
-    unit_ms: u64,
-) -> Result<usize> {
-    let updates = index_entries(slots, unit_ms).into_iter().map(|(bucket, offsets)| {
-        dynamo
-            .update_item()
-            .table_name(table)
-            .set_key(Some(key(index_key(bucket))))
-            .update_expression("ADD #slots :offsets")
-            .expression_attribute_names("#slots", "slots")
-            .expression_attribute_values(":offsets", AttributeValue::Ns(offsets.iter().map(i64::to_string).collect()))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-    });
-    let done = try_join_all(updates).await.map_err(|e| Error::dynamo("UpdateItem", e))?;
-    Ok(done.len())
-}
-
-/// The non-empty slots in `[from, to)`, in order, from the index.
+/// All items of the bookkeeping partition whose sort key is in `[from, to]`, page by page.
 /// Returns them with the number of `Query` requests it took.
-pub async fn read_index(
+async fn query_meta(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    from: i64,
-    to: i64,
-    unit_ms: u64,
-) -> Result<(Vec<i64>, usize)> {
-    let mut slots = Vec::new();
+    from: String,
+    to: String,
+) -> Result<(Vec<HashMap<String, AttributeValue>>, usize)> {
+    let mut items = Vec::new();
     let mut start_key = None;
     let mut queries = 0;
     loop {
@@ -99,32 +69,36 @@ pub async fn read_index(
             .expression_attribute_names("#slot", PARTITION_KEY)
             .expression_attribute_names("#sk", SORT_KEY)
             .expression_attribute_values(":meta", AttributeValue::N(META_SLOT.to_string()))
-            .expression_attribute_values(":from", AttributeValue::S(index_key(bucket_of(from, unit_ms))))
-            .expression_attribute_values(":to", AttributeValue::S(index_key(bucket_of(to, unit_ms))))
+            .expression_attribute_values(":from", AttributeValue::S(from.clone()))
+            .expression_attribute_values(":to", AttributeValue::S(to.clone()))
             .set_exclusive_start_key(start_key.take())
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| Error::dynamo("Query", e))?;
         queries += 1;
-        for item in page.items() {
-            let bucket = item
-                .get(SORT_KEY)
-                .and_then(|v| v.as_s().ok())
-                .and_then(|k| k.strip_prefix("index#"))
-                .and_then(|b| b.parse::<i64>().ok());
-            let offsets = item.get("slots").and_then(|v| v.as_ns().ok());
-            let (Some(bucket), Some(offsets)) = (bucket, offsets) else { continue };
-            slots.extend(offsets.iter().filter_map(|o| o.parse::<i64>().ok()).map(|o| bucket + o * unit_ms as i64));
-        }
+        items.extend(page.items().iter().cloned());
         match page.last_evaluated_key() {
             Some(last) => start_key = Some(last.clone()),
-            None => break,
+            None => return Ok((items, queries)),
         }
     }
-    slots.retain(|s| (from..to).contains(s));
-    slots.sort_unstable();
-    slots.dedup();
+}
+
+/// The non-empty slots in `[from, to)`, in order, from the index.
+/// Returns them with the number of `Query` requests it took.
+pub async fn read_index(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    from: i64,
+    to: i64,
+) -> Result<(Vec<i64>, usize)> {
+    if to <= from {
+        return Ok((Vec::new(), 0));
+    }
+    let (items, queries) = query_meta(dynamo, table, index_key(from.max(0)), index_key(to - 1)).await?;
+    let slots =
+        items.iter().filter_map(|item| item.get(SORT_KEY)?.as_s().ok().and_then(|k| slot_of_index_key(k))).collect();
     Ok((slots, queries))
 }
 
@@ -151,6 +125,10 @@ pub fn segment_watermark(pass_started_at: i64, lag_ms: i64, oldest_left: Option<
     oldest_left.map_or(bound, |oldest| oldest.min(bound))
 }
 
+fn watermark_key(segment: u32) -> String {
+    format!("{WATERMARK_PREFIX}{segment:04}")
+}
+
 /// Moves segment `segment`'s part of the watermark forward to `time`
 /// (a conditional write: never backward, so overlapping passes are harmless).
 /// Returns false when it was already at or past `time`.
@@ -160,16 +138,18 @@ pub async fn advance_watermark(
     segment: u32,
     total_segments: u32,
     time: i64,
+    now_ms: i64,
 ) -> Result<bool> {
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(WATERMARK_KEY.into())))
-        .update_expression("SET #seg = :time, total_segments = :total")
-        .condition_expression("attribute_not_exists(#seg) OR #seg < :time")
-        .expression_attribute_names("#seg", format!("segment_{segment}"))
+        .set_key(Some(key(watermark_key(segment))))
+        .update_expression("SET #time = :time, total_segments = :total, updated_at = :now")
+        .condition_expression("attribute_not_exists(#time) OR #time < :time")
+        .expression_attribute_names("#time", "time")
         .expression_attribute_values(":time", AttributeValue::N(time.to_string()))
         .expression_attribute_values(":total", AttributeValue::N(total_segments.to_string()))
+        .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await;
@@ -182,12 +162,12 @@ pub async fn advance_watermark(
     }
 }
 
-/// Counts events that came in behind the watermark.
-pub async fn count_late(dynamo: &aws_sdk_dynamodb::Client, table: &str, late: usize) -> Result<()> {
+/// Counts events that came in behind the watermark (on the segment's own item).
+pub async fn count_late(dynamo: &aws_sdk_dynamodb::Client, table: &str, segment: u32, late: usize) -> Result<()> {
     dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(WATERMARK_KEY.into())))
+        .set_key(Some(key(watermark_key(segment))))
         .update_expression("ADD late :n")
         .expression_attribute_values(":n", AttributeValue::N(late.to_string()))
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
@@ -197,27 +177,31 @@ pub async fn count_late(dynamo: &aws_sdk_dynamodb::Client, table: &str, late: us
     Ok(())
 }
 
-/// The watermark as stored: the lowest of the segments' parts.
-pub fn watermark_of(item: &HashMap<String, AttributeValue>) -> Watermark {
-    let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
-    let late = number("late").unwrap_or(0).max(0) as u64;
-    let time = number("total_segments").filter(|n| *n > 0).and_then(|total| {
-        (0..total).map(|i| number(&format!("segment_{i}"))).collect::<Option<Vec<i64>>>()?.into_iter().min()
+/// The watermark from the segments' items: the lowest `time` of the segments
+/// of the latest configuration (the `total_segments` most recently written),
+/// absent until each of them has finished a pass.
+pub fn watermark_of(items: &[HashMap<String, AttributeValue>]) -> Watermark {
+    let number = |item: &HashMap<String, AttributeValue>, name: &str| {
+        item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok())
+    };
+    let late = items.iter().filter_map(|i| number(i, "late")).sum::<i64>().max(0) as u64;
+    let latest = items.iter().filter(|i| number(i, "time").is_some()).max_by_key(|i| number(i, "updated_at"));
+    let time = latest.and_then(|l| number(l, "total_segments")).filter(|n| *n > 0).and_then(|total| {
+        let times: Vec<i64> = (0..total)
+            .map(|segment| {
+                let key = watermark_key(segment as u32);
+                items.iter().find(|i| i.get(SORT_KEY).and_then(|v| v.as_s().ok()) == Some(&key))
+            })
+            .map(|item| item.and_then(|i| number(i, "time")))
+            .collect::<Option<Vec<i64>>>()?;
+        times.into_iter().min()
     });
     Watermark { time, late }
 }
 
 pub async fn read_watermark(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Watermark> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(WATERMARK_KEY.into())))
-        .consistent_read(true)
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    Ok(out.item().map(watermark_of).unwrap_or(Watermark { time: None, late: 0 }))
+    let (items, _) = query_meta(dynamo, table, watermark_key(0), watermark_key(9999)).await?;
+    Ok(watermark_of(&items))
 }
 
 /// Where a playback stands: every event before `slot`, and in `slot` up to
@@ -235,6 +219,9 @@ pub struct Checkpoint {
     pub done: bool,
 }
 
+/// The checkpoint's fields live in one map attribute (its `slot` would clash with the key's).
+const CHECKPOINT: &str = "checkpoint";
+
 fn checkpoint_key(id: &str) -> String {
     format!("playback#{id}")
 }
@@ -245,9 +232,10 @@ pub async fn save_checkpoint(
     id: &str,
     checkpoint: &Checkpoint,
 ) -> Result<()> {
-    let mut item = serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
+    let fields = serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
         .map_err(|e| Error::Malformed(format!("checkpoint: {e}")))?;
-    item.extend(key(checkpoint_key(id)));
+    let mut item = key(checkpoint_key(id));
+    item.insert(CHECKPOINT.to_owned(), AttributeValue::M(fields));
     dynamo
         .put_item()
         .table_name(table)
@@ -270,7 +258,9 @@ pub async fn load_checkpoint(dynamo: &aws_sdk_dynamodb::Client, table: &str, id:
         .await
         .map_err(|e| Error::dynamo("GetItem", e))?;
     out.item()
-        .map(|item| serde_dynamo::from_item(item.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}"))))
+        .and_then(|item| item.get(CHECKPOINT))
+        .and_then(|value| value.as_m().ok())
+        .map(|fields| serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}"))))
         .transpose()
 }
 
@@ -279,18 +269,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_indexed_by_minute_as_offsets() {
-        let t = 1_795_240_740_000; // 12:59:00 UTC, a minute boundary
-        assert_eq!(bucket_of(t + 59_999, 1000), t);
-        assert_eq!(bucket_of(t + 60_000, 1000), t + 60_000);
-        let entries = index_entries([t + 59_000, t, t + 3_000, t + 60_000, -1_000], 1000);
-        assert_eq!(
-            entries,
-            BTreeMap::from([(t, BTreeSet::from([0, 3, 59])), (t + 60_000, BTreeSet::from([0]))]),
-            "negative slots (quarantine, bookkeeping) are never indexed"
-        );
-        assert_eq!(bucket_of(t + 250, 10), t, "600 ms buckets at 10 ms slots");
-        assert!(index_key(t) < index_key(t + 60_000) && index_key(999) < index_key(t));
+    fn index_keys_sort_in_time_order_and_name_their_slot() {
+        let t = 1_795_240_740_000;
+        assert!(index_key(999) < index_key(t) && index_key(t) < index_key(t + 1000));
+        assert_eq!(slot_of_index_key(&index_key(t)), Some(t));
+        assert_eq!(slot_of_index_key("watermark#0001"), None);
+        assert_eq!(index_item(t)[SORT_KEY], AttributeValue::S(index_key(t)));
     }
 
     #[test]
@@ -300,21 +284,34 @@ mod tests {
         assert_eq!(segment_watermark(10_000, 2_000, Some(9_000)), 8_000);
         assert_eq!(segment_watermark(10_000, -5, None), 10_000);
         let now = 1_800_000_000_000;
-        assert_eq!(segment_watermark(now, 90 * 86_400_000, None), now - MAX_PUMP_LAG_MS, "no lag beyond the max record age");
+        assert_eq!(
+            segment_watermark(now, 90 * 86_400_000, None),
+            now - MAX_PUMP_LAG_MS,
+            "no lag beyond the max record age"
+        );
     }
 
     #[test]
-    fn the_watermark_is_the_lowest_segment_and_absent_until_all_have_one() {
+    fn the_watermark_is_the_lowest_segment_of_the_latest_configuration() {
         let n = |v: i64| AttributeValue::N(v.to_string());
-        let mut item = HashMap::from([
-            ("total_segments".to_string(), n(3)),
-            ("segment_0".to_string(), n(500)),
-            ("segment_1".to_string(), n(300)),
-        ]);
-        assert_eq!(watermark_of(&item), Watermark { time: None, late: 0 });
-        item.insert("segment_2".into(), n(400));
-        item.insert("segment_7".into(), n(1), /* from an older, wider configuration: ignored */);
-        item.insert("late".into(), n(4));
-        assert_eq!(watermark_of(&item), Watermark { time: Some(300), late: 4 });
+        let segment = |i: u32, time: i64, total: i64, updated: i64| {
+            let mut item = key(watermark_key(i));
+            item.extend([
+                ("time".to_string(), n(time)),
+                ("total_segments".to_string(), n(total)),
+                ("updated_at".to_string(), n(updated)),
+            ]);
+            item
+        };
+        let mut items = vec![segment(0, 500, 3, 1), segment(1, 300, 3, 2)];
+        assert_eq!(watermark_of(&items), Watermark { time: None, late: 0 }, "segment 2 has not finished a pass");
+        items.push(segment(2, 400, 3, 3));
+        assert_eq!(watermark_of(&items).time, Some(300));
+        // Reconfigured to 2 segments: the newest item says so, segment 2 no longer counts.
+        items[1] = segment(1, 450, 2, 9);
+        items[2].insert("time".into(), n(10));
+        items[2].insert("late".into(), n(4));
+        assert_eq!(watermark_of(&items), Watermark { time: Some(450), late: 4 });
+        assert_eq!(watermark_of(&[]), Watermark { time: None, late: 0 });
     }
 }

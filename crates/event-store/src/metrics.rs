@@ -52,7 +52,9 @@ impl RequestCounter {
 }
 
 /// The capacity units a DynamoDB response reports, if it is one that can.
-fn consumed_units(output: &aws_smithy_runtime_api::client::interceptors::context::Output) -> Option<(&'static str, f64)> {
+fn consumed_units(
+    output: &aws_smithy_runtime_api::client::interceptors::context::Output,
+) -> Option<(&'static str, f64)> {
     use aws_sdk_dynamodb::operation as op;
     use aws_sdk_dynamodb::types::ConsumedCapacity;
     let total = |c: Option<&ConsumedCapacity>| c.and_then(ConsumedCapacity::capacity_units).unwrap_or(0.0);

@@ -198,7 +198,9 @@ pub struct SlotPlayed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
     /// The non-empty slots this run will read.
-    Planned { slots: usize },
+    Planned {
+        slots: usize,
+    },
     Slot(SlotPlayed),
 }
 
@@ -425,7 +427,7 @@ impl Playback {
     ) -> Result<PlaybackSummary> {
         let unit = self.config.time_unit_ms;
         let table = self.config.event_table.as_str();
-        let (mut slots, index_queries) = read_index(&self.dynamo, table, position.slot, window.end, unit).await?;
+        let (mut slots, index_queries) = read_index(&self.dynamo, table, position.slot, window.end).await?;
         slots.retain(|s| *s + unit as i64 > window.start);
         summary.index_queries = index_queries;
         summary.slots = slots.len();
@@ -475,7 +477,11 @@ impl Playback {
                 }
                 if page.last_key.is_none() {
                     if let Some(first) = slot_first.take() {
-                        self.tell(Progress::Slot(SlotPlayed { slot: page.slot, first_event: first, count: slot_count }));
+                        self.tell(Progress::Slot(SlotPlayed {
+                            slot: page.slot,
+                            first_event: first,
+                            count: slot_count,
+                        }));
                         info!(slot = %format_ms(page.slot), first = %format_ms(first), count = slot_count, "{}: {} [{slot_count}]", format_ms(page.slot), format_ms(first));
                     }
                     slot_count = 0;
@@ -570,11 +576,8 @@ impl Playback {
                 }
             }
         }
-        page.last_key = out
-            .last_evaluated_key()
-            .and_then(|k| k.get(event_item::SORT_KEY))
-            .and_then(|v| v.as_s().ok())
-            .cloned();
+        page.last_key =
+            out.last_evaluated_key().and_then(|k| k.get(event_item::SORT_KEY)).and_then(|v| v.as_s().ok()).cloned();
         Ok(page)
     }
 
@@ -725,7 +728,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(request.filter.len(), 1);
-        assert!(serde_json::from_value::<PlaybackRequest>(serde_json::json!({"strat": "x"})).is_err(), "typos are errors");
+        assert!(
+            serde_json::from_value::<PlaybackRequest>(serde_json::json!({"strat": "x"})).is_err(),
+            "typos are errors"
+        );
         let w = Window { start: 1, end: 2 };
         assert_eq!(run_id(&w, &[]), run_id(&w, &[]));
         assert_ne!(run_id(&w, &[]), run_id(&w, &request.filter));

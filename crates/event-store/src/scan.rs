@@ -4,15 +4,14 @@
 //! put) until its deadline nears, then hands the rest of its segment to a
 //! fresh invocation of itself with the key where it stopped.
 //!
-//! Before deleting a page from the buffer it records the page's slots in the
-//! slot index, and when a segment finishes a pass it moves its part of the
+//! With a page's events it writes the page's slots into the slot index, and when a segment finishes a pass it moves its part of the
 //! completeness watermark forward (see [`crate::meta`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnConsumedCapacity, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, ReturnConsumedCapacity, WriteRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{error, info, warn};
@@ -24,7 +23,10 @@ use crate::dynamo::{keyed_puts, write_all};
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, EventItem, QUARANTINE_SLOT};
 use crate::invoke::Invoker;
-use crate::meta::{add_to_index, advance_watermark, count_late, read_watermark, segment_watermark};
+use crate::meta::{
+    advance_watermark, count_late, index_item, index_key, read_watermark, segment_watermark, slot_of_index_key,
+    META_SLOT,
+};
 use crate::time::{effective_deadline, format_ms, now_ms, remaining};
 
 /// The payload of a segment run (a fork or a continuation).
@@ -100,13 +102,8 @@ pub fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] = &[
-    "dynamodb:Scan",
-    "dynamodb:BatchWriteItem",
-    "dynamodb:UpdateItem",
-    "dynamodb:GetItem",
-    "lambda:InvokeFunction",
-];
+pub const AWS_ACTIONS: &[&str] =
+    &["dynamodb:Scan", "dynamodb:BatchWriteItem", "dynamodb:UpdateItem", "dynamodb:Query", "lambda:InvokeFunction"];
 
 pub struct Scan {
     dynamo: aws_sdk_dynamodb::Client,
@@ -184,7 +181,7 @@ impl Scan {
             summary.late += moved.late;
             task.saw(&moved);
             if moved.late > 0 {
-                if let Err(err) = count_late(&self.dynamo, &self.config.event_table, moved.late).await {
+                if let Err(err) = count_late(&self.dynamo, &self.config.event_table, task.segment, moved.late).await {
                     warn!(error = %err, late = moved.late, "late events moved but not counted");
                 }
             }
@@ -222,7 +219,8 @@ impl Scan {
         let Some(started) = task.pass_started_at else { return Ok(None) };
         let lag = task.max_lag_ms.unwrap_or(0).max(self.config.watermark_lag_ms as i64);
         let time = segment_watermark(started, lag, task.oldest_left);
-        advance_watermark(&self.dynamo, &self.config.event_table, task.segment, task.total_segments, time).await?;
+        let table = &self.config.event_table;
+        advance_watermark(&self.dynamo, table, task.segment, task.total_segments, time, now_ms()).await?;
         Ok(Some(time))
     }
 
@@ -268,18 +266,30 @@ impl Scan {
         }
         // Buffer ids by event-table key (slot, sort key): one put per key.
         let puts = keyed_puts(events);
-        let mut left: Vec<String> = puts.failed.clone();
-        let not_put = write_all(&self.dynamo, &self.config.event_table, puts.requests, &self.backoff).await;
+        let mut left: Vec<String> = puts.failed;
+        let mut requests = puts.requests;
+        // With the events, one index entry per non-empty slot of the page: playback
+        // finds a slot only through the index, so its events leave the buffer only once both are written.
+        let slots: BTreeSet<i64> = puts.sources.keys().map(|(slot, _)| *slot).filter(|s| *s >= 0).collect();
+        requests.extend(slots.iter().filter_map(|&slot| {
+            let put = PutRequest::builder().set_item(Some(index_item(slot))).build().ok()?;
+            Some(((META_SLOT, index_key(slot)), WriteRequest::builder().put_request(put).build()))
+        }));
+        let not_written = write_all(&self.dynamo, &self.config.event_table, requests, &self.backoff).await;
         let mut sources = puts.sources;
-        for key in &not_put {
-            left.extend(sources.remove(key).unwrap_or_default());
+        let mut unindexed = BTreeSet::new();
+        for key in &not_written {
+            match key {
+                (META_SLOT, index) => unindexed.extend(slot_of_index_key(index)),
+                key => left.extend(sources.remove(key).unwrap_or_default()),
+            }
         }
-        // The index must know a slot before its events leave the buffer, or playback would miss them.
-        let slots = sources.keys().map(|(slot, _)| *slot);
-        if let Err(err) = add_to_index(&self.dynamo, &self.config.event_table, slots, self.config.time_unit_ms).await {
-            warn!(error = %err, "slot index not updated: the page stays in the buffer for the next pass");
-            left.extend(sources.into_values().flatten());
-            sources = HashMap::new();
+        if !unindexed.is_empty() {
+            warn!(slots = unindexed.len(), "slot index not written: those slots' events stay in the buffer");
+            let (kept, rest): (HashMap<_, _>, HashMap<_, _>) =
+                sources.into_iter().partition(|((slot, _), _)| unindexed.contains(slot));
+            left.extend(kept.into_values().flatten());
+            sources = rest;
         }
         // Only what is now in the event table and its index leaves the buffer.
         let deletes: Vec<(String, WriteRequest)> = sources
@@ -297,9 +307,14 @@ impl Scan {
         result.failed += left.len();
         result.oldest_left = left.iter().filter_map(|id| arrivals.get(id)).map(|(arrival, _)| *arrival).min();
         if let Some(watermark) = watermark {
-            let late: Vec<i64> = arrivals.values().filter(|(arrival, _)| *arrival < watermark).map(|(_, s)| *s).collect();
+            let late: Vec<i64> =
+                arrivals.values().filter(|(arrival, _)| *arrival < watermark).map(|(_, s)| *s).collect();
             if !late.is_empty() {
-                warn!(late = late.len(), first_slot = late.iter().min().map(|s| format_ms(*s)), "late events: moved into slots already sealed");
+                warn!(
+                    late = late.len(),
+                    first_slot = late.iter().min().map(|s| format_ms(*s)),
+                    "late events: moved into slots already sealed"
+                );
                 result.late = late.len();
             }
         }
