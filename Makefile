@@ -76,7 +76,7 @@ lint: tools ## rustfmt, clippy -D warnings, cfn-lint and sam validate --lint on 
 
 BENCH_EVENTS ?= 20000
 export BENCH_EVENTS
-bench: tools-moto ## throughput per stage vs the emulator's raw capacity, requests per event -> bench/results.{md,json}
+bench: tools-moto tools-node build ## throughput per stage vs the emulator's raw capacity, requests per event -> bench/results.{md,json}
 	@echo "== cargo run --release -p event-store-bench ($(BENCH_EVENTS) events per payload size)"
 	$(CARGO) run --release --locked -p event-store-bench
 

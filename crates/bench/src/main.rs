@@ -2,10 +2,10 @@
 //! emulator's own raw capacity measured in the same run by a tight client
 //! loop, so the figures are ratios that hold on a noisy machine.
 //!
-//! First cut for issue #6: throughput per stage and its ratio to the raw
-//! batch APIs, and AWS requests per event by operation. Still to come:
-//! consumed capacity and $ per million events, pixel-to-table latency,
-//! bootstrap size, init time and RSS, payload compression.
+//! Per payload size: throughput per stage on moto and its ratio to the raw
+//! batch APIs, AWS requests per event by operation; DynamoDB capacity units
+//! per event on dynalite (moto reports a constant) with and without
+//! compression, and $ per million events; the arm64 bootstrap sizes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,8 +33,15 @@ use serde::Serialize;
 const CONCURRENCY: usize = 8;
 /// Records per pump invocation (the template's batch size).
 const PUMP_BATCH: usize = 100;
-/// Arrival time of the first synthetic event.
-const T0: i64 = 1_795_240_724_000;
+/// DynamoDB on-demand prices, us-east-1, per million request units: $0.625 per
+/// million write request units and $0.125 per million read request units
+/// (aws.amazon.com/dynamodb/pricing/on-demand/, the prices since the
+/// 2024-11-01 reduction; not re-read on 2026-11-21: no internet on this machine).
+const USD_PER_MILLION_WRU: f64 = 0.625;
+const USD_PER_MILLION_RRU: f64 = 0.125;
+/// Events per payload size for the capacity pass on dynalite (which, unlike
+/// moto, reports consumed capacity as DynamoDB computes it).
+const CAPACITY_EVENTS: usize = 2000;
 
 #[derive(Debug, Serialize)]
 struct StageResult {
@@ -52,12 +59,85 @@ struct PayloadResult {
     raw_batch_write_items_per_second: f64,
     raw_put_records_per_second: f64,
     stages: Vec<StageResult>,
+    capacity: Option<Capacity>,
 }
 
+/// Capacity units per event through pump, scan and playback, as dynalite reports them.
+#[derive(Debug, Serialize, Default)]
+struct Capacity {
+    events: usize,
+    /// By operation, e.g. `DynamoDB.BatchWriteItem` (pump and scan writes).
+    units_per_event: BTreeMap<String, f64>,
+    write_units_per_event: f64,
+    read_units_per_event: f64,
+    /// The same events' write units computed from item sizes, data stored as sent (no compression).
+    uncompressed_write_units_per_event: f64,
+    usd_per_million_events: f64,
+}
+
+const WORDS: &[&str] = &[
+    "home",
+    "pricing",
+    "docs",
+    "blog",
+    "signup",
+    "checkout",
+    "cart",
+    "search",
+    "product",
+    "account",
+    "settings",
+    "click",
+    "view",
+    "scroll",
+    "submit",
+    "play",
+    "pause",
+    "share",
+    "like",
+    "download",
+    "en-US",
+    "de-DE",
+    "fr-FR",
+    "mobile",
+    "desktop",
+    "tablet",
+    "chrome",
+    "firefox",
+    "safari",
+    "edge",
+    "newsletter",
+    "campaign",
+    "spring-sale",
+];
+
+/// A tracking event like the ones load produces (an envelope with query,
+/// headers and a hashed IP), padded with a property bag drawn from a small
+/// vocabulary, as real analytics events are; ids and hashes are random.
 fn payload(n: usize, size: usize) -> Vec<u8> {
-    let head = format!("{{\"n\":{n},\"EntityId\":\"user-{}\",\"pad\":\"", n % 50);
-    let pad = size.saturating_sub(head.len() + 2);
-    format!("{head}{}\"}}", "x".repeat(pad)).into_bytes()
+    let mut rng = fastrand::Rng::with_seed(n as u64);
+    let hex = |rng: &mut fastrand::Rng, len: usize| (0..len).map(|_| rng.digit(16)).collect::<String>();
+    let word = |rng: &mut fastrand::Rng| WORDS[rng.usize(..WORDS.len())];
+    let mut event = serde_json::json!({
+        "id": hex(&mut rng, 32),
+        "received_at": format_ms(1_795_240_724_000 + n as i64),
+        "method": "GET",
+        "path": "/track.gif",
+        "query": {"EntityId": [format!("user-{}", n % 50)], "page": [format!("/{}/{}", word(&mut rng), word(&mut rng))]},
+        "headers": {
+            "user-agent": "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
+            "accept-language": "en-US,en;q=0.9",
+            "referer": format!("https://www.example.com/{}/{}", word(&mut rng), word(&mut rng)),
+        },
+        "ip": hex(&mut rng, 64),
+        "props": {},
+    });
+    let mut i = 0;
+    while serde_json::to_vec(&event).map_or(0, |v| v.len()) + 24 < size {
+        event["props"][format!("{}_{i}", word(&mut rng))] = serde_json::json!(word(&mut rng));
+        i += 1;
+    }
+    serde_json::to_vec(&event).unwrap_or_default()
 }
 
 fn per_second(n: usize, elapsed: Duration) -> f64 {
@@ -129,14 +209,21 @@ async fn raw_put_records(kinesis: &aws_sdk_kinesis::Client, stream: &str, events
     Ok(per_second(events, started.elapsed()))
 }
 
-async fn bench_payload(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Result<PayloadResult> {
+async fn bench_payload(
+    dynamo_sdk: &aws_config::SdkConfig,
+    kinesis_sdk: &aws_config::SdkConfig,
+    events: usize,
+    size: usize,
+) -> Result<PayloadResult> {
     let counter = RequestCounter::default();
     let dynamo = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(counter.clone()).build(),
+        aws_sdk_dynamodb::config::Builder::from(dynamo_sdk).interceptor(counter.clone()).build(),
     );
     let kinesis = aws_sdk_kinesis::Client::from_conf(
-        aws_sdk_kinesis::config::Builder::from(sdk).interceptor(counter.clone()).build(),
+        aws_sdk_kinesis::config::Builder::from(kinesis_sdk).interceptor(counter.clone()).build(),
     );
+    // A week ago: sealed as soon as the scan has passed (the pump lag allowance is at most 6 h).
+    let t0 = (event_store::time::now_ms() - 7 * 86_400_000) / 60_000 * 60_000;
     let names = Names::for_stack(&format!("bench-{size}"));
     let raw = Names::for_stack(&format!("bench-raw-{size}"));
     for n in [&names, &raw] {
@@ -146,7 +233,11 @@ async fn bench_payload(sdk: &aws_config::SdkConfig, events: usize, size: usize) 
     let raw_writes = raw_batch_write(&dynamo, &raw.buffer_table, events, size).await?;
     let raw_puts = raw_put_records(&kinesis, &raw.event_stream, events, size).await?;
     let mut stages = Vec::new();
+    let mut units: BTreeMap<String, f64> = BTreeMap::new();
     let mut stage = |name: &'static str, eps: f64, baseline: &'static str, raw: f64, counter: &RequestCounter| {
+        for (op, n) in counter.capacity() {
+            *units.entry(op).or_default() += n;
+        }
         stages.push(StageResult {
             stage: name,
             events_per_second: eps,
@@ -170,7 +261,7 @@ async fn bench_payload(sdk: &aws_config::SdkConfig, events: usize, size: usize) 
                     let sequence = format!("4959{:052}", i + 1);
                     serde_json::json!({
                         "kinesis": {"partitionKey": format!("user-{}", i % 50), "sequenceNumber": sequence,
-                                    "data": base64(data), "approximateArrivalTimestamp": (T0 + *i as i64) as f64 / 1000.0},
+                                    "data": base64(data), "approximateArrivalTimestamp": (t0 + *i as i64) as f64 / 1000.0},
                         "eventID": format!("shardId-000000000000:{sequence}"), "eventSourceARN": arn,
                     })
                 })
@@ -200,6 +291,7 @@ async fn bench_payload(sdk: &aws_config::SdkConfig, events: usize, size: usize) 
         deadline_margin: Duration::from_secs(30),
         page_items: None,
         retention_days: None,
+        watermark_lag_ms: 0,
     };
     let (invoker, mut rx) = LocalInvoker::channel();
     let scan = Arc::new(Scan::new(dynamo.clone(), config, Arc::new(invoker.clone())));
@@ -227,19 +319,61 @@ async fn bench_payload(sdk: &aws_config::SdkConfig, events: usize, size: usize) 
     };
     let (invoker, _rx) = LocalInvoker::channel();
     let playback = Playback::new(dynamo.clone(), kinesis.clone(), config, Arc::new(invoker));
-    let window = serde_json::json!({"start": format_ms(T0), "end": format_ms(T0 + events as i64 + 1)});
+    let window = serde_json::json!({"start": format_ms(t0), "end": format_ms(t0 + events as i64 + 1), "restart": true});
     let started = Instant::now();
     let summary = playback.handle(window, SystemTime::now() + Duration::from_secs(900)).await?;
     anyhow::ensure!(summary.events == events, "playback played {} of {events}", summary.events);
     stage("playback", per_second(events, started.elapsed()), "raw PutRecords", raw_puts, &counter);
 
+    let per_event = |n: f64| n / events as f64;
+    let writes: f64 = ["DynamoDB.BatchWriteItem", "DynamoDB.UpdateItem", "DynamoDB.PutItem"]
+        .iter()
+        .filter_map(|op| units.get(*op))
+        .sum();
+    let reads: f64 =
+        ["DynamoDB.Scan", "DynamoDB.Query", "DynamoDB.GetItem"].iter().filter_map(|op| units.get(*op)).sum();
+    let capacity = Capacity {
+        events,
+        units_per_event: units.iter().map(|(op, n)| (op.clone(), per_event(*n))).collect(),
+        write_units_per_event: per_event(writes),
+        read_units_per_event: per_event(reads),
+        uncompressed_write_units_per_event: uncompressed_write_units(events, size, t0)?,
+        usd_per_million_events: per_event(writes) * USD_PER_MILLION_WRU + per_event(reads) * USD_PER_MILLION_RRU,
+    };
     Ok(PayloadResult {
         payload_bytes: size,
         events,
         raw_batch_write_items_per_second: raw_writes,
         raw_put_records_per_second: raw_puts,
         stages,
+        capacity: Some(capacity),
     })
+}
+
+/// Write units per event (buffer put + buffer delete + event put) computed
+/// from item sizes as DynamoDB bills them (per started KB) had the data been
+/// stored as sent: the "before" of compression.
+fn uncompressed_write_units(events: usize, size: usize, t0: i64) -> Result<f64> {
+    use event_store::buffer_item::{buffer_key, BufferItem};
+    use event_store::event_item::{item_size, EventItem};
+    let kb = |bytes: usize| bytes.div_ceil(1024) as f64;
+    let mut total = 0.0;
+    for i in 0..events {
+        let event_id = format!("shardId-000000000000:4959{:052}", i + 1);
+        let arrival = t0 + i as i64;
+        let buffered = BufferItem {
+            id: buffer_key("arn:aws:kinesis:us-east-1:123456789012:stream/bench", &event_id),
+            event_id,
+            arrival,
+            partition_key: format!("user-{}", i % 50),
+            data: payload(i, size),
+            encoding: None,
+            buffered_at: Some(arrival),
+        };
+        let event = EventItem::from_buffer(&buffered, 1000)?.moved(arrival);
+        total += 2.0 * kb(item_size(&buffered.to_item())) + kb(item_size(&event.to_item()));
+    }
+    Ok(total / events as f64)
 }
 
 fn base64(data: &[u8]) -> String {
@@ -267,7 +401,40 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
             ));
         }
     }
+    md.push_str(
+        "\nDynamoDB capacity per event (pump + scan + playback), as dynalite reports it (moto reports a constant), \
+         and the cost at on-demand prices (us-east-1: $0.625 per million write units, $0.125 per million read units):\n\n\
+         | payload | write units/event | write units/event if stored uncompressed | read units/event | $ per million events |\n|---|---|---|---|---|\n",
+    );
+    for r in results {
+        if let Some(c) = &r.capacity {
+            md.push_str(&format!(
+                "| {} B | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                r.payload_bytes,
+                c.write_units_per_event,
+                c.uncompressed_write_units_per_event,
+                c.read_units_per_event,
+                c.usd_per_million_events
+            ));
+        }
+    }
+    let sizes = bootstrap_sizes();
+    if !sizes.is_empty() {
+        md.push_str("\narm64 bootstrap sizes (`make build`, release, LTO, stripped):\n\n| function | bytes | MB |\n|---|---|---|\n");
+        for (name, bytes) in sizes {
+            md.push_str(&format!("| {name} | {bytes} | {:.2} |\n", bytes as f64 / 1e6));
+        }
+    }
     md
+}
+
+/// Sizes of the arm64 bootstraps `make build` left in target/lambda.
+fn bootstrap_sizes() -> Vec<(&'static str, u64)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/lambda");
+    ["load", "pump", "scan", "playback"]
+        .into_iter()
+        .filter_map(|name| Some((name, std::fs::metadata(root.join(name).join("bootstrap")).ok()?.len())))
+        .collect()
 }
 
 #[tokio::main]
@@ -281,10 +448,29 @@ async fn main() -> Result<()> {
         .credentials_provider(Credentials::new("bench", "bench", None, None, "bench"))
         .load()
         .await;
+    let node = root.join(".node/node_modules/.bin");
     let mut results = Vec::new();
-    for size in [200, 1024, 4096] {
+    for size in [200, 1024, 3072, 4096] {
         println!("== {events} events of {size} B");
-        let result = bench_payload(&sdk, events, size).await?;
+        let mut result = bench_payload(&sdk, &sdk, events, size).await?;
+        // Fresh dynalite + kinesalite per size (kinesalite allows 10 shards an account).
+        let dynalite =
+            Emulator::start_node_on_free_port(&node.join("dynalite")).context("dynalite (make tools-node)")?;
+        let kinesalite =
+            Emulator::start_node_on_free_port(&node.join("kinesalite")).context("kinesalite (make tools-node)")?;
+        let strict_dynamo = sdk.to_builder().endpoint_url(&dynalite.endpoint).build();
+        let strict_kinesis = sdk.to_builder().endpoint_url(&kinesalite.endpoint).build();
+        let strict = bench_payload(&strict_dynamo, &strict_kinesis, CAPACITY_EVENTS.min(events), size).await?;
+        result.capacity = strict.capacity;
+        if let Some(c) = &result.capacity {
+            println!(
+                "   capacity  {:.2} WCU/event ({:.2} uncompressed), {:.2} RCU/event, ${:.2} per million events",
+                c.write_units_per_event,
+                c.uncompressed_write_units_per_event,
+                c.read_units_per_event,
+                c.usd_per_million_events
+            );
+        }
         for s in &result.stages {
             println!(
                 "   {:<9} {:>8.0} events/s = {:.2} x {}",
@@ -297,7 +483,8 @@ async fn main() -> Result<()> {
     let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
     let dir = root.join("bench");
     std::fs::create_dir_all(&dir)?;
-    let json = serde_json::json!({ "date": date, "machine": machine, "results": results });
+    let bootstraps: BTreeMap<&str, u64> = bootstrap_sizes().into_iter().collect();
+    let json = serde_json::json!({ "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     std::fs::write(dir.join("results.md"), markdown(&results, &machine, &date))?;
     println!("wrote bench/results.md and bench/results.json");

@@ -487,7 +487,7 @@ impl Playback {
                     slot_count = 0;
                 }
                 if remaining(deadline) <= self.config.deadline_margin {
-                    let batch: Vec<_> = pending.drain(..).collect();
+                    let batch = std::mem::take(&mut pending);
                     self.put(&batch, seq, &mut pacer, started, &mut checkpoint, &mut summary).await?;
                     // Everything consumed so far is done, filtered events included.
                     let resume = match page.last_key {
@@ -502,7 +502,7 @@ impl Playback {
                     return Ok(summary);
                 }
             }
-            let batch: Vec<_> = pending.drain(..).collect();
+            let batch = std::mem::take(&mut pending);
             self.put(&batch, seq, &mut pacer, started, &mut checkpoint, &mut summary).await?;
             checkpoint.done = true;
             checkpoint.seq = seq;
