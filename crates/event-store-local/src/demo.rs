@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use event_store::envelope::Envelope;
 use event_store::event_item::EventItem;
-use event_store::playback::PlaybackRequest;
+use event_store::playback::{PlaybackRequest, PlayedEvent};
 use event_store::time::{format_ms, now_ms};
 use futures::StreamExt;
 use http_body_util::{BodyExt, Empty};
@@ -240,7 +240,11 @@ async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<
                 break;
             }
             for record in records {
-                let Ok(envelope) = serde_json::from_slice::<Envelope>(record.data().as_ref()) else {
+                // A played record wraps the event (the envelope) with its time and sequence number.
+                let Some(envelope) = serde_json::from_slice::<PlayedEvent>(record.data().as_ref())
+                    .ok()
+                    .and_then(|played| serde_json::from_value::<Envelope>(played.data?).ok())
+                else {
                     continue;
                 };
                 if run_of(&envelope) == Some(run_id) {
