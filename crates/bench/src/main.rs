@@ -29,6 +29,8 @@ use event_store_emulator::{moto_server, Emulator};
 use futures::StreamExt;
 use serde::Serialize;
 
+mod cold_start;
+
 /// In-flight requests for the raw loops and the stages alike.
 const CONCURRENCY: usize = 8;
 /// Records per pump invocation (the template's batch size).
@@ -437,6 +439,96 @@ fn bootstrap_sizes() -> Vec<(&'static str, u64)> {
         .collect()
 }
 
+/// Scan interval of the latency run.
+const DEMO_SCAN_INTERVAL: u64 = 1;
+/// Cold starts per function (the median is reported).
+const COLD_STARTS: usize = 5;
+
+/// Runs the real local stack (`event-store-local demo`, release) against the
+/// bench's emulator and returns its report, pixel-to-table latency included.
+async fn demo_latency(root: &std::path::Path, emulator: &Emulator) -> Result<serde_json::Value> {
+    let report = root.join("target/bench-demo.json");
+    let status = tokio::process::Command::new(root.join("target/release/event-store-local"))
+        .args(["demo", "--events", "1000", "--concurrency", "10", "--report-json"])
+        .arg(&report)
+        .env("SCAN_INTERVAL", DEMO_SCAN_INTERVAL.to_string())
+        .env("EMULATOR_PORT", emulator.port.to_string())
+        .env("PORT", event_store_emulator::free_port().to_string())
+        .env("STAGE", "bench-demo")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .context("running target/release/event-store-local (cargo build --release first)")?;
+    anyhow::ensure!(status.success(), "the demo failed");
+    Ok(serde_json::from_slice(&std::fs::read(&report)?)?)
+}
+
+/// A function's own environment variables.
+type Env<'a> = Vec<(&'a str, &'a str)>;
+
+/// Each function's cold start, the median of `COLD_STARTS` runs, against the bench's moto.
+async fn cold_starts(
+    root: &std::path::Path,
+    sdk: &aws_config::SdkConfig,
+    endpoint: &str,
+) -> Result<Vec<(&'static str, cold_start::ColdStart)>> {
+    let names = Names::for_stack("bench-cold");
+    create_tables(&aws_sdk_dynamodb::Client::new(sdk), &names).await?;
+    create_streams(&aws_sdk_kinesis::Client::new(sdk), &names, 1).await?;
+    // (function, sample event, its environment variables)
+    let functions: [(&str, &str, Env); 4] = [
+        ("load", "load.json", vec![("EVENT_STREAM", &names.event_stream), ("IP_SALT", "bench-salt-not-secret")]),
+        ("pump", "pump.json", vec![("DYNAMO_BUFFER_TABLE", &names.buffer_table)]),
+        (
+            "scan",
+            "scan-segment.json",
+            vec![("DYNAMO_BUFFER_TABLE", &names.buffer_table), ("DYNAMO_EVENT_TABLE", &names.event_table)],
+        ),
+        (
+            "playback",
+            "playback.json",
+            vec![("DYNAMO_EVENT_TABLE", &names.event_table), ("PLAYBACK_STREAM", &names.playback_stream)],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, event, vars) in functions {
+        let mut env: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "bench"),
+            ("AWS_SECRET_ACCESS_KEY", "bench"),
+            ("AWS_LAMBDA_FUNCTION_NAME", name),
+            ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128"),
+            ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"),
+            ("AWS_LAMBDA_LOG_STREAM_NAME", "bench"),
+            ("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/bench"),
+        ] {
+            env.push((k.to_string(), v.to_string()));
+        }
+        let payload = std::fs::read(root.join("events").join(event))?;
+        let mut runs = Vec::new();
+        for _ in 0..COLD_STARTS {
+            runs.push(cold_start::measure(&root.join("target/release").join(name), &env, payload.clone()).await?);
+        }
+        let median = |f: fn(&cold_start::ColdStart) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        out.push((
+            name,
+            cold_start::ColdStart {
+                init_ms: median(|c| c.init_ms),
+                first_response_ms: median(|c| c.first_response_ms),
+                peak_rss_mb: median(|c| c.peak_rss_mb),
+                outcome: runs.iter().find(|c| c.outcome != "ok").map_or("ok".into(), |c| c.outcome.clone()),
+            },
+        ));
+    }
+    Ok(out)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let events: usize = std::env::var("BENCH_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
@@ -479,14 +571,43 @@ async fn main() -> Result<()> {
         }
         results.push(result);
     }
+    println!("== latency: `event-store-local demo` with a scan every {DEMO_SCAN_INTERVAL} s");
+    let latency = demo_latency(&root, &emulator).await?;
+    println!("   {latency}");
+    println!("== cold starts of the x86_64 release binaries under a Lambda runtime API ({COLD_STARTS} each)");
+    let cold = cold_starts(&root, &sdk, &emulator.endpoint).await?;
+    for (name, c) in &cold {
+        println!(
+            "   {name:<9} init {:.1} ms, first response {:.1} ms, peak RSS {:.1} MB ({})",
+            c.init_ms, c.first_response_ms, c.peak_rss_mb, c.outcome
+        );
+    }
     let machine = format!("{} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
     let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
     let dir = root.join("bench");
     std::fs::create_dir_all(&dir)?;
     let bootstraps: BTreeMap<&str, u64> = bootstrap_sizes().into_iter().collect();
-    let json = serde_json::json!({ "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps });
+    let json = serde_json::json!({
+        "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps,
+        "latency": latency, "cold_starts": cold,
+    });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
-    std::fs::write(dir.join("results.md"), markdown(&results, &machine, &date))?;
+    let mut md = markdown(&results, &machine, &date);
+    md.push_str(&format!(
+        "\nPixel hit to event-table item (`event-store-local demo`, {} hits, scan every {} s): p50 {} ms, p99 {} ms.\n",
+        latency["sent"], latency["scan_interval_seconds"], latency["latency_p50_ms"], latency["latency_p99_ms"]
+    ));
+    md.push_str(&format!(
+        "\nCold start of each x86_64 release binary under a minimal Lambda runtime API (median of {COLD_STARTS}; \
+         absolute times, so noisy on a shared machine):\n\n| function | init ms | first response ms | peak RSS MB | outcome |\n|---|---|---|---|---|\n"
+    ));
+    for (name, c) in &cold {
+        md.push_str(&format!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {} |\n",
+            c.init_ms, c.first_response_ms, c.peak_rss_mb, c.outcome
+        ));
+    }
+    std::fs::write(dir.join("results.md"), md)?;
     println!("wrote bench/results.md and bench/results.json");
     Ok(())
 }

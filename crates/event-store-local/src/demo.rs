@@ -38,7 +38,19 @@ pub struct Report {
     pub lost: usize,
     pub out_of_order: usize,
     pub wall: Duration,
+    /// Pixel hit (load's `received_at`) to event-table item (the scan's `moved_at`), ms.
+    pub latency_p50_ms: Option<i64>,
+    pub latency_p99_ms: Option<i64>,
+    pub scan_interval: Duration,
     pub lines: Vec<String>,
+}
+
+/// The `q` quantile (0..=1) of `values`, nearest rank.
+pub fn quantile(values: &[i64], q: f64) -> Option<i64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied()
 }
 
 impl Report {
@@ -67,7 +79,7 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let load_time = load_started.elapsed();
 
     println!("== waiting until pump and scan have moved every event into the event table");
-    let (stored, stored_duplicates) = wait_until_stored(&stack, &run_id, accepted).await?;
+    let (stored, stored_duplicates, latencies) = wait_until_stored(&stack, &run_id, accepted).await?;
     let stored_time = load_started.elapsed();
 
     let window_end = now_ms() + 1;
@@ -98,6 +110,9 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     report.sent = events;
     report.failed_requests = failed_requests;
     report.wall = started.elapsed();
+    report.latency_p50_ms = quantile(&latencies, 0.5);
+    report.latency_p99_ms = quantile(&latencies, 0.99);
+    report.scan_interval = stack.settings.scan_interval;
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     let since_load = |t: Option<Instant>| t.map(|t| t.duration_since(load_started)).unwrap_or(stored_time);
     report.lines = vec![
@@ -123,6 +138,12 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
             total.events,
             total.put_requests,
             playback_time.as_secs_f64()
+        ),
+        format!(
+            "latency   pixel hit to event table: p50 {} ms, p99 {} ms (scan every {:.1} s)",
+            report.latency_p50_ms.map_or("-".into(), |v| v.to_string()),
+            report.latency_p99_ms.map_or("-".into(), |v| v.to_string()),
+            stack.settings.scan_interval.as_secs_f64()
         ),
         format!("AWS requests by operation (whole run, incl. the demo's own checks): {:?}", stack.counter.snapshot()),
     ];
@@ -163,11 +184,13 @@ fn run_of(envelope: &Envelope) -> Option<&str> {
     envelope.query.get("run").and_then(|v| v.first()).map(String::as_str)
 }
 
-/// This run's event items by envelope id: (partition key, sort key), and how
-/// many items repeated an envelope id already seen (duplicates in the table).
-async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (String, String)>, usize)> {
+/// This run's event items by envelope id: (partition key, sort key), how
+/// many items repeated an envelope id already seen (duplicates in the table),
+/// and each item's time from pixel hit to table (ms).
+async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (String, String)>, usize, Vec<i64>)> {
     let mut items = HashMap::new();
     let mut duplicates = 0;
+    let mut latencies = Vec::new();
     let mut start = None;
     loop {
         let page = stack
@@ -185,15 +208,19 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             let Some(envelope) = event.json().and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
                 continue;
             };
-            if run_of(&envelope) == Some(run_id)
-                && items.insert(envelope.id, (event.partition_key, event.sort_key)).is_some()
-            {
+            if run_of(&envelope) != Some(run_id) {
+                continue;
+            }
+            if let (Some(moved), Ok(hit)) = (event.moved_at, event_store::time::parse_time(&envelope.received_at)) {
+                latencies.push(moved - hit);
+            }
+            if items.insert(envelope.id, (event.partition_key, event.sort_key)).is_some() {
                 duplicates += 1;
             }
         }
         start = page.last_evaluated_key().cloned();
         if start.is_none() {
-            return Ok((items, duplicates));
+            return Ok((items, duplicates, latencies));
         }
     }
 }
@@ -202,13 +229,13 @@ async fn wait_until_stored(
     stack: &Stack,
     run_id: &str,
     expected: usize,
-) -> Result<(HashMap<String, (String, String)>, usize)> {
+) -> Result<(HashMap<String, (String, String)>, usize, Vec<i64>)> {
     let mut last_progress = Instant::now();
     let mut seen = 0;
     loop {
-        let (items, duplicates) = stored_items(stack, run_id).await?;
+        let (items, duplicates, latencies) = stored_items(stack, run_id).await?;
         if items.len() >= expected || last_progress.elapsed() > DRAIN_TIMEOUT {
-            return Ok((items, duplicates));
+            return Ok((items, duplicates, latencies));
         }
         if items.len() > seen {
             seen = items.len();
@@ -306,9 +333,32 @@ pub fn print(report: &Report) {
     println!("{}", if report.ok() { "RESULT: OK" } else { "RESULT: FAILED" });
 }
 
+impl Report {
+    /// The figures as JSON (`demo --report-json`), for the benchmark.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "sent": self.sent, "stored": self.stored, "played_back": self.played_back, "lost": self.lost,
+            "duplicates": self.duplicates, "out_of_order": self.out_of_order, "ok": self.ok(),
+            "wall_seconds": self.wall.as_secs_f64(), "scan_interval_seconds": self.scan_interval.as_secs_f64(),
+            "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let values: Vec<i64> = (1..=100).rev().collect();
+        assert_eq!(
+            (quantile(&values, 0.5), quantile(&values, 0.99), quantile(&values, 1.0)),
+            (Some(50), Some(99), Some(100))
+        );
+        assert_eq!(quantile(&[7], 0.99), Some(7));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
 
     fn stored(entries: &[(&str, &str, &str)]) -> HashMap<String, (String, String)> {
         entries.iter().map(|(id, pk, sk)| (id.to_string(), (pk.to_string(), sk.to_string()))).collect()

@@ -16,7 +16,7 @@ mod stats;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use event_store::playback::PlaybackRequest;
 use tokio::sync::watch;
@@ -43,6 +43,9 @@ enum Command {
         /// Hits in flight at once.
         #[arg(long, env = "C", default_value_t = 10)]
         concurrency: usize,
+        /// Also write the report as JSON to this file (the benchmark reads it).
+        #[arg(long)]
+        report_json: Option<std::path::PathBuf>,
     },
     /// Play back a window from the running local stack (default: the last 15 minutes).
     Playback {
@@ -108,9 +111,13 @@ fn main() -> ExitCode {
 async fn run(command: Command, settings: Settings) -> Result<bool> {
     match command {
         Command::Local => local(settings).await.map(|_| true),
-        Command::Demo { events, concurrency } => {
+        Command::Demo { events, concurrency, report_json } => {
             let report = demo::run(settings, events, concurrency).await?;
             demo::print(&report);
+            if let Some(path) = report_json {
+                std::fs::write(&path, serde_json::to_vec_pretty(&report.to_json())?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
             Ok(report.ok())
         }
         Command::Playback { start, end, wait, rate, filters, restart } => {
