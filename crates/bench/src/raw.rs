@@ -1,0 +1,169 @@
+//! The emulator's raw capacity for exactly the work each stage does: the same
+//! items and records, built beforehand, sent in tight loops with
+//! `CONCURRENCY` requests in flight and nothing else in between. A stage's
+//! ratio to this is how much of the emulator it uses; below 1, the rest is
+//! our code (CPU, or requests waiting on each other).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use event_store::buffer_item::{self, BufferItem};
+use event_store::event_item::{self, EventItem};
+use event_store::kinesis::Record;
+use event_store::meta::index_item;
+use event_store::playback::PlayedEvent;
+use futures::StreamExt;
+
+use crate::CONCURRENCY;
+
+type Item = HashMap<String, AttributeValue>;
+
+/// `BatchWriteItem` of `requests` to `table`, 25 a request, `CONCURRENCY` in flight.
+async fn batch_write(dynamo: &aws_sdk_dynamodb::Client, table: &str, requests: Vec<WriteRequest>) -> Result<()> {
+    let chunks: Vec<Vec<WriteRequest>> = requests.chunks(25).map(<[WriteRequest]>::to_vec).collect();
+    let results: Vec<_> = futures::stream::iter(chunks)
+        .map(|chunk| dynamo.batch_write_item().request_items(table, chunk).send())
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    for result in results {
+        let out = result.context("raw BatchWriteItem")?;
+        anyhow::ensure!(out.unprocessed_items().is_none_or(|u| u.is_empty()), "unprocessed items in a raw loop");
+    }
+    Ok(())
+}
+
+pub async fn put_items(dynamo: &aws_sdk_dynamodb::Client, table: &str, items: Vec<Item>) -> Result<()> {
+    let requests = items
+        .into_iter()
+        .filter_map(|item| {
+            let put = PutRequest::builder().set_item(Some(item)).build().ok()?;
+            Some(WriteRequest::builder().put_request(put).build())
+        })
+        .collect();
+    batch_write(dynamo, table, requests).await
+}
+
+/// Every item of `table`, `segments` parallel scans of consistent pages.
+async fn scan_all(dynamo: &aws_sdk_dynamodb::Client, table: &str, segments: i32) -> Result<Vec<Item>> {
+    let runs = (0..segments).map(|segment| async move {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let page = dynamo
+                .scan()
+                .table_name(table)
+                .segment(segment)
+                .total_segments(segments)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .context("raw Scan")?;
+            items.extend(page.items().iter().cloned());
+            start = page.last_evaluated_key().cloned();
+            if start.is_none() {
+                return anyhow::Ok(items);
+            }
+        }
+    });
+    Ok(futures::future::try_join_all(runs).await?.into_iter().flatten().collect())
+}
+
+/// The scan's work, raw: read the buffer, put the events and their slots'
+/// index entries, delete the buffer items. Returns events/s.
+pub async fn scan(dynamo: &aws_sdk_dynamodb::Client, buffer: &str, events: &str, now: i64) -> Result<f64> {
+    let started = Instant::now();
+    let items = scan_all(dynamo, buffer, 4).await?;
+    let mut puts = Vec::new();
+    let mut slots = std::collections::BTreeSet::new();
+    let mut deletes = Vec::new();
+    for attributes in &items {
+        let buffered = BufferItem::from_item(attributes.clone())?;
+        let event = EventItem::from_buffer(&buffered, 1000)?.moved(now);
+        slots.insert(event.slot);
+        puts.push(event.to_item());
+        let delete = DeleteRequest::builder().set_key(Some(BufferItem::key_of(&buffered.id))).build()?;
+        deletes.push(WriteRequest::builder().delete_request(delete).build());
+    }
+    puts.extend(slots.into_iter().map(index_item));
+    put_items(dynamo, events, puts).await?;
+    batch_write(dynamo, buffer, deletes).await?;
+    anyhow::ensure!(!items.is_empty() && items.iter().all(|i| i.contains_key(buffer_item::KEY)));
+    Ok(items.len() as f64 / started.elapsed().as_secs_f64().max(1e-9))
+}
+
+/// Every event of `slot`, its pages one after the other.
+async fn query_slot(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Vec<Item>> {
+    let mut items = Vec::new();
+    let mut start = None;
+    loop {
+        let page = dynamo
+            .query()
+            .table_name(table)
+            .consistent_read(true)
+            .key_condition_expression("#slot = :slot")
+            .expression_attribute_names("#slot", event_item::PARTITION_KEY)
+            .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .context("raw Query")?;
+        items.extend(page.items().iter().cloned());
+        start = page.last_evaluated_key().cloned();
+        if start.is_none() {
+            return Ok(items);
+        }
+    }
+}
+
+/// Playback's work, raw: query every slot (`CONCURRENCY` slots at once),
+/// make the played records, put them. Returns events/s.
+pub async fn playback(
+    dynamo: &aws_sdk_dynamodb::Client,
+    kinesis: &aws_sdk_kinesis::Client,
+    table: &str,
+    stream: &str,
+    slots: Vec<i64>,
+) -> Result<f64> {
+    let started = Instant::now();
+    let pages: Vec<Result<Vec<Item>>> =
+        futures::stream::iter(slots).map(|slot| query_slot(dynamo, table, slot)).buffered(CONCURRENCY).collect().await;
+    let mut records = Vec::new();
+    for item in pages.into_iter().collect::<Result<Vec<_>>>()?.into_iter().flatten() {
+        let event = EventItem::from_item(item)?;
+        let bytes = event.bytes()?;
+        let json = serde_json::from_slice(&bytes).ok();
+        let data = serde_json::to_vec(&PlayedEvent::new(&event, json, &bytes, records.len() as u64))?;
+        records.push(Record { partition_key: event.partition_key, data });
+    }
+    let count = records.len();
+    let batches: Vec<Vec<PutRecordsRequestEntry>> = records
+        .chunks(500)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .filter_map(|r| {
+                    PutRecordsRequestEntry::builder()
+                        .partition_key(&r.partition_key)
+                        .data(Blob::new(r.data.clone()))
+                        .build()
+                        .ok()
+                })
+                .collect()
+        })
+        .collect();
+    let results: Vec<_> = futures::stream::iter(batches)
+        .map(|batch| kinesis.put_records().stream_name(stream).set_records(Some(batch)).send())
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    for result in results {
+        result.context("raw PutRecords")?;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64().max(1e-9))
+}
