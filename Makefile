@@ -79,7 +79,7 @@ export BENCH_EVENTS
 bench: tools-moto tools-node build ## throughput per stage vs the emulator's raw capacity, requests per event -> bench/results.{md,json}
 	@echo "== cargo run --release -p event-store-bench ($(BENCH_EVENTS) events per payload size)"
 	$(CARGO) build --release --locked -p load -p pump -p scan -p playback -p event-store-local -p event-store-bench
-	$(CARGO) run --release --locked -p event-store-bench
+	./target/release/event-store-bench
 
 FUZZ_SECONDS ?= 30
 fuzz: ## run each fuzz target for FUZZ_SECONDS (cargo fuzz on nightly; not part of make test)
