@@ -140,13 +140,14 @@ pub struct ScanConfig {
     pub page_items: Option<i32>,
     /// Days an event is kept (`RETENTION_DAYS`, written as the `expires_at` TTL); unset or 0 = forever.
     pub retention_days: Option<u32>,
-    /// Least pump lag the watermark allows for (`WATERMARK_LAG_MS`, default 30 s); a
-    /// larger lag seen in the pass is used instead.
+    /// How long after stamping `buffered_at` a pump write may still land
+    /// (`WATERMARK_LAG_MS`, default 60 s: the pump's timeout). The watermark
+    /// allows for this on top of the largest pump lag seen in the pass.
     pub watermark_lag_ms: u64,
 }
 
-/// Default `WATERMARK_LAG_MS`.
-pub const DEFAULT_WATERMARK_LAG_MS: u64 = 30_000;
+/// Default `WATERMARK_LAG_MS`: the pump's Lambda timeout in the template (checked by a test).
+pub const DEFAULT_WATERMARK_LAG_MS: u64 = 60_000;
 
 impl ScanConfig {
     pub const VARIABLES: Variables = Variables {

@@ -5,7 +5,7 @@
 //! | sort key | attributes | written by |
 //! |---|---|---|
 //! | `index#<slot start ms, 13 digits>` | none: the item says "this slot has events" | scan, a put with the slot's events (idempotent) |
-//! | `watermark#<segment, 4 digits>` | `time`, `total_segments`, `updated_at`, `late` (N) | scan, forward only; `late` by `ADD` |
+//! | `watermark#<segments, 4 digits>#<segment, 4 digits>` | `time`, `updated_at`, `late` (N) | scan, forward only; `late` by `ADD` |
 //! | `playback#<id>` | `checkpoint`: M of `slot`, `after`, `seq`, `events`, `done` | playback, after every put |
 //!
 //! Every item is written by one writer at a time (a scan page, a scan
@@ -119,14 +119,16 @@ pub const MAX_PUMP_LAG_MS: i64 = 6 * 3600 * 1000;
 
 /// The watermark one finished segment pass allows: the oldest arrival it had
 /// to leave in the buffer, or else the pass's start less the pump's lag
-/// (anything buffered after the pass started arrived at most `lag` before it).
+/// (anything that lands in the buffer after the pass started arrived at most `lag` before it).
 pub fn segment_watermark(pass_started_at: i64, lag_ms: i64, oldest_left: Option<i64>) -> i64 {
     let bound = pass_started_at - lag_ms.clamp(0, MAX_PUMP_LAG_MS);
     oldest_left.map_or(bound, |oldest| oldest.min(bound))
 }
 
-fn watermark_key(segment: u32) -> String {
-    format!("{WATERMARK_PREFIX}{segment:04}")
+/// Keyed by the segment count too: segments of different counts cover
+/// different parts of the table, so only a full set of one count is a watermark.
+fn watermark_key(total_segments: u32, segment: u32) -> String {
+    format!("{WATERMARK_PREFIX}{total_segments:04}#{segment:04}")
 }
 
 /// Moves segment `segment`'s part of the watermark forward to `time`
@@ -143,12 +145,11 @@ pub async fn advance_watermark(
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(watermark_key(segment))))
-        .update_expression("SET #time = :time, total_segments = :total, updated_at = :now")
+        .set_key(Some(key(watermark_key(total_segments, segment))))
+        .update_expression("SET #time = :time, updated_at = :now")
         .condition_expression("attribute_not_exists(#time) OR #time < :time")
         .expression_attribute_names("#time", "time")
         .expression_attribute_values(":time", AttributeValue::N(time.to_string()))
-        .expression_attribute_values(":total", AttributeValue::N(total_segments.to_string()))
         .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
@@ -163,11 +164,17 @@ pub async fn advance_watermark(
 }
 
 /// Counts events that came in behind the watermark (on the segment's own item).
-pub async fn count_late(dynamo: &aws_sdk_dynamodb::Client, table: &str, segment: u32, late: usize) -> Result<()> {
+pub async fn count_late(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    segment: u32,
+    total_segments: u32,
+    late: usize,
+) -> Result<()> {
     dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(watermark_key(segment))))
+        .set_key(Some(key(watermark_key(total_segments, segment))))
         .update_expression("ADD late :n")
         .expression_attribute_values(":n", AttributeValue::N(late.to_string()))
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
@@ -177,30 +184,40 @@ pub async fn count_late(dynamo: &aws_sdk_dynamodb::Client, table: &str, segment:
     Ok(())
 }
 
-/// The watermark from the segments' items: the lowest `time` of the segments
-/// of the latest configuration (the `total_segments` most recently written),
-/// absent until each of them has finished a pass.
+/// The watermark from the segments' items: among the segment counts whose
+/// every segment has finished a pass, the one written to most recently, and
+/// its lowest `time`. Absent until one count is complete.
 pub fn watermark_of(items: &[HashMap<String, AttributeValue>]) -> Watermark {
     let number = |item: &HashMap<String, AttributeValue>, name: &str| {
         item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok())
     };
     let late = items.iter().filter_map(|i| number(i, "late")).sum::<i64>().max(0) as u64;
-    let latest = items.iter().filter(|i| number(i, "time").is_some()).max_by_key(|i| number(i, "updated_at"));
-    let time = latest.and_then(|l| number(l, "total_segments")).filter(|n| *n > 0).and_then(|total| {
-        let times: Vec<i64> = (0..total)
-            .map(|segment| {
-                let key = watermark_key(segment as u32);
-                items.iter().find(|i| i.get(SORT_KEY).and_then(|v| v.as_s().ok()) == Some(&key))
-            })
-            .map(|item| item.and_then(|i| number(i, "time")))
-            .collect::<Option<Vec<i64>>>()?;
-        times.into_iter().min()
-    });
+    // segment count -> (segment -> time), and the latest write to that count.
+    let mut counts: HashMap<u32, (HashMap<u32, i64>, i64)> = HashMap::new();
+    for item in items {
+        let Some(rest) = item.get(SORT_KEY).and_then(|v| v.as_s().ok()).and_then(|k| k.strip_prefix(WATERMARK_PREFIX))
+        else {
+            continue;
+        };
+        let Some((total, segment)) = rest.split_once('#') else { continue };
+        let (Ok(total), Ok(segment), Some(time)) = (total.parse::<u32>(), segment.parse::<u32>(), number(item, "time"))
+        else {
+            continue;
+        };
+        let entry = counts.entry(total).or_default();
+        entry.0.insert(segment, time);
+        entry.1 = entry.1.max(number(item, "updated_at").unwrap_or(0));
+    }
+    let time = counts
+        .into_iter()
+        .filter(|(total, (times, _))| *total > 0 && (0..*total).all(|s| times.contains_key(&s)))
+        .max_by_key(|(_, (_, updated))| *updated)
+        .and_then(|(_, (times, _))| times.into_values().min());
     Watermark { time, late }
 }
 
 pub async fn read_watermark(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Watermark> {
-    let (items, _) = query_meta(dynamo, table, watermark_key(0), watermark_key(9999)).await?;
+    let (items, _) = query_meta(dynamo, table, format!("{WATERMARK_PREFIX}0"), format!("{WATERMARK_PREFIX}9")).await?;
     Ok(watermark_of(&items))
 }
 
@@ -292,26 +309,24 @@ mod tests {
     }
 
     #[test]
-    fn the_watermark_is_the_lowest_segment_of_the_latest_configuration() {
+    fn the_watermark_is_the_lowest_segment_of_the_latest_complete_configuration() {
         let n = |v: i64| AttributeValue::N(v.to_string());
-        let segment = |i: u32, time: i64, total: i64, updated: i64| {
-            let mut item = key(watermark_key(i));
-            item.extend([
-                ("time".to_string(), n(time)),
-                ("total_segments".to_string(), n(total)),
-                ("updated_at".to_string(), n(updated)),
-            ]);
+        let segment = |total: u32, i: u32, time: i64, updated: i64| {
+            let mut item = key(watermark_key(total, i));
+            item.extend([("time".to_string(), n(time)), ("updated_at".to_string(), n(updated))]);
             item
         };
-        let mut items = vec![segment(0, 500, 3, 1), segment(1, 300, 3, 2)];
+        let mut items = vec![segment(3, 0, 500, 1), segment(3, 1, 300, 2)];
         assert_eq!(watermark_of(&items), Watermark { time: None, late: 0 }, "segment 2 has not finished a pass");
-        items.push(segment(2, 400, 3, 3));
+        items.push(segment(3, 2, 400, 3));
         assert_eq!(watermark_of(&items).time, Some(300));
-        // Reconfigured to 2 segments: the newest item says so, segment 2 no longer counts.
-        items[1] = segment(1, 450, 2, 9);
-        items[2].insert("time".into(), n(10));
-        items[2].insert("late".into(), n(4));
-        assert_eq!(watermark_of(&items), Watermark { time: Some(450), late: 4 });
+        // Reconfigured to 2 segments: until both have finished a pass, the 3-segment set still holds.
+        items.push(segment(2, 0, 900, 9));
+        assert_eq!(watermark_of(&items).time, Some(300), "half a new configuration proves nothing");
+        items.push(segment(2, 1, 800, 10));
+        items[0].insert("late".into(), n(4));
+        assert_eq!(watermark_of(&items), Watermark { time: Some(800), late: 4 });
         assert_eq!(watermark_of(&[]), Watermark { time: None, late: 0 });
+        assert!(watermark_key(4, 1).starts_with("watermark#0004#"));
     }
 }

@@ -294,6 +294,13 @@ pub struct Playback {
     observer: Option<ProgressObserver>,
 }
 
+/// The pace of one run's puts, and the deadline it must not wait into (none: the last put).
+struct Pace<'a> {
+    pacer: &'a mut Pacer,
+    started: Instant,
+    deadline: Option<SystemTime>,
+}
+
 /// One page of one slot, decoded.
 struct Page {
     slot: i64,
@@ -366,7 +373,8 @@ impl Playback {
             late_events: watermark.late,
             ..Default::default()
         };
-        if sealed(&watermark).is_none_or(|sealed_end| window.end > sealed_end) {
+        // A continuation's window was found complete by the run that started it.
+        if request.resume.is_none() && sealed(&watermark).is_none_or(|sealed_end| window.end > sealed_end) {
             info!(id, end = %summary.end, watermark = ?summary.watermark, "window not yet complete");
             summary.status = Status::Incomplete;
             return Ok(summary);
@@ -472,8 +480,12 @@ impl Playback {
                 }
                 while pending.len() >= KINESIS_BATCH_RECORDS {
                     let batch: Vec<_> = pending.drain(..KINESIS_BATCH_RECORDS).collect();
-                    self.put(&batch, seq - pending.len() as u64, &mut pacer, started, &mut checkpoint, &mut summary)
-                        .await?;
+                    let next = seq - pending.len() as u64;
+                    let pace = Pace { pacer: &mut pacer, started, deadline: Some(deadline) };
+                    if !self.put(&batch, next, pace, &mut checkpoint, &mut summary).await? {
+                        // Pacing would cross the deadline: the next run starts after the last put.
+                        return self.hand_over(request, window, checkpoint.clone(), summary).await;
+                    }
                 }
                 if page.last_key.is_none() {
                     if let Some(first) = slot_first.take() {
@@ -488,22 +500,22 @@ impl Playback {
                 }
                 if remaining(deadline) <= self.config.deadline_margin {
                     let batch = std::mem::take(&mut pending);
-                    self.put(&batch, seq, &mut pacer, started, &mut checkpoint, &mut summary).await?;
+                    let pace = Pace { pacer: &mut pacer, started, deadline: Some(deadline) };
+                    if !self.put(&batch, seq, pace, &mut checkpoint, &mut summary).await? {
+                        return self.hand_over(request, window, checkpoint.clone(), summary).await;
+                    }
                     // Everything consumed so far is done, filtered events included.
                     let resume = match page.last_key {
                         Some(key) => Checkpoint { slot: page.slot, after: Some(key), seq, ..checkpoint.clone() },
                         None => Checkpoint { slot: page.slot + unit as i64, after: None, seq, ..checkpoint.clone() },
                     };
                     save_checkpoint(&self.dynamo, table, &summary.id, &resume).await?;
-                    self.continue_with(request, window, resume, &summary.id).await?;
-                    summary.status = Status::Continued;
-                    summary.continued = true;
-                    summary.next_seq = seq;
-                    return Ok(summary);
+                    return self.hand_over(request, window, resume, summary).await;
                 }
             }
             let batch = std::mem::take(&mut pending);
-            self.put(&batch, seq, &mut pacer, started, &mut checkpoint, &mut summary).await?;
+            let pace = Pace { pacer: &mut pacer, started, deadline: None };
+            self.put(&batch, seq, pace, &mut checkpoint, &mut summary).await?;
             checkpoint.done = true;
             checkpoint.seq = seq;
             save_checkpoint(&self.dynamo, table, &summary.id, &checkpoint).await?;
@@ -581,22 +593,45 @@ impl Playback {
         Ok(page)
     }
 
-    /// Puts `batch` in order, at the pace, then saves the checkpoint after its last event.
+    /// Hands the rest of the window, from `resume`, to a continuation.
+    async fn hand_over(
+        &self,
+        request: &PlaybackRequest,
+        window: &Window,
+        resume: Checkpoint,
+        mut summary: PlaybackSummary,
+    ) -> Result<PlaybackSummary> {
+        summary.next_seq = resume.seq;
+        self.continue_with(request, window, resume, &summary.id).await?;
+        summary.status = Status::Continued;
+        summary.continued = true;
+        Ok(summary)
+    }
+
+    /// Puts `batch` in order, at the pace, then saves the checkpoint after its
+    /// last event. Returns false, sending nothing, when waiting for the pace
+    /// would run into the deadline margin and this run has already put
+    /// something (so every run makes progress).
     async fn put(
         &self,
         batch: &[((i64, String), Record)],
         next_seq: u64,
-        pacer: &mut Pacer,
-        started: Instant,
+        pace: Pace<'_>,
         checkpoint: &mut Checkpoint,
         summary: &mut PlaybackSummary,
-    ) -> Result<()> {
-        let Some(((slot, sort_key), _)) = batch.last() else { return Ok(()) };
+    ) -> Result<bool> {
+        let Some(((slot, sort_key), _)) = batch.last() else { return Ok(true) };
         let records: Vec<Record> = batch.iter().map(|(_, r)| r.clone()).collect();
-        let wait = pacer.next_at().saturating_sub(started.elapsed());
+        let wait = pace.pacer.next_at().saturating_sub(pace.started.elapsed());
+        if let Some(deadline) = pace.deadline {
+            if summary.put_requests > 0 && remaining(deadline) <= self.config.deadline_margin + wait {
+                return Ok(false);
+            }
+        }
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
+        let pacer = pace.pacer;
         let stream = self.config.playback_stream.as_str();
         let stats = put_ordered(&records, &self.backoff, |batch| async move {
             send_put_records(&self.kinesis, stream, &batch).await
@@ -613,7 +648,8 @@ impl Playback {
             events: checkpoint.events + records.len() as u64,
             done: false,
         };
-        save_checkpoint(&self.dynamo, &self.config.event_table, &summary.id, checkpoint).await
+        save_checkpoint(&self.dynamo, &self.config.event_table, &summary.id, checkpoint).await?;
+        Ok(true)
     }
 
     async fn continue_with(

@@ -158,6 +158,8 @@ impl Scan {
             Some(_) => read_watermark(&self.dynamo, &self.config.event_table).await?.time,
             None => None,
         };
+        // Slots this run has already indexed: each gets one index write per run, not one per page.
+        let mut indexed = BTreeSet::new();
         loop {
             let page = self
                 .dynamo
@@ -174,14 +176,17 @@ impl Scan {
                 .await
                 .map_err(|e| Error::dynamo("Scan", e))?;
             summary.pages += 1;
-            let moved = self.move_items(page.items().to_vec(), watermark).await;
+            let moved = self.move_items(page.items().to_vec(), watermark, &mut indexed).await;
             summary.moved += moved.moved;
             summary.failed += moved.failed;
             summary.quarantined += moved.quarantined;
             summary.late += moved.late;
             task.saw(&moved);
             if moved.late > 0 {
-                if let Err(err) = count_late(&self.dynamo, &self.config.event_table, task.segment, moved.late).await {
+                if let Err(err) =
+                    count_late(&self.dynamo, &self.config.event_table, task.segment, task.total_segments, moved.late)
+                        .await
+                {
                     warn!(error = %err, late = moved.late, "late events moved but not counted");
                 }
             }
@@ -217,7 +222,8 @@ impl Scan {
     /// A segment's pass is over: its part of the watermark moves forward.
     async fn finish_pass(&self, task: &SegmentTask) -> Result<Option<i64>> {
         let Some(started) = task.pass_started_at else { return Ok(None) };
-        let lag = task.max_lag_ms.unwrap_or(0).max(self.config.watermark_lag_ms as i64);
+        // The stamp is taken before the pump's writes, which may land up to its timeout later.
+        let lag = task.max_lag_ms.unwrap_or(0).max(0) + self.config.watermark_lag_ms as i64;
         let time = segment_watermark(started, lag, task.oldest_left);
         let table = &self.config.event_table;
         advance_watermark(&self.dynamo, table, task.segment, task.total_segments, time, now_ms()).await?;
@@ -227,7 +233,12 @@ impl Scan {
     /// Moves one page: puts into the event table, records the slots in the
     /// index, then deletes from the buffer exactly the items whose put and
     /// index update succeeded (invariant 2).
-    async fn move_items(&self, items: Vec<HashMap<String, AttributeValue>>, watermark: Option<i64>) -> Moved {
+    async fn move_items(
+        &self,
+        items: Vec<HashMap<String, AttributeValue>>,
+        watermark: Option<i64>,
+        indexed: &mut BTreeSet<i64>,
+    ) -> Moved {
         let mut result = Moved::default();
         let mut events = Vec::new();
         // Arrival and slot of each buffer id that became an event.
@@ -270,7 +281,8 @@ impl Scan {
         let mut requests = puts.requests;
         // With the events, one index entry per non-empty slot of the page: playback
         // finds a slot only through the index, so its events leave the buffer only once both are written.
-        let slots: BTreeSet<i64> = puts.sources.keys().map(|(slot, _)| *slot).filter(|s| *s >= 0).collect();
+        let slots: BTreeSet<i64> =
+            puts.sources.keys().map(|(slot, _)| *slot).filter(|s| *s >= 0 && !indexed.contains(s)).collect();
         requests.extend(slots.iter().filter_map(|&slot| {
             let put = PutRequest::builder().set_item(Some(index_item(slot))).build().ok()?;
             Some(((META_SLOT, index_key(slot)), WriteRequest::builder().put_request(put).build()))
@@ -284,6 +296,7 @@ impl Scan {
                 key => left.extend(sources.remove(key).unwrap_or_default()),
             }
         }
+        indexed.extend(slots.difference(&unindexed));
         if !unindexed.is_empty() {
             warn!(slots = unindexed.len(), "slot index not written: those slots' events stay in the buffer");
             let (kept, rest): (HashMap<_, _>, HashMap<_, _>) =
@@ -292,23 +305,29 @@ impl Scan {
             sources = rest;
         }
         // Only what is now in the event table and its index leaves the buffer.
-        let deletes: Vec<(String, WriteRequest)> = sources
-            .into_values()
-            .flatten()
+        let ids: Vec<String> = sources.into_values().flatten().collect();
+        let deletes: Vec<(String, WriteRequest)> = ids
+            .iter()
             .filter_map(|id| {
-                let delete = DeleteRequest::builder().set_key(Some(BufferItem::key_of(&id))).build().ok()?;
-                Some((id, WriteRequest::builder().delete_request(delete).build()))
+                let delete = DeleteRequest::builder().set_key(Some(BufferItem::key_of(id))).build().ok()?;
+                Some((id.clone(), WriteRequest::builder().delete_request(delete).build()))
             })
             .collect();
-        let to_delete = deletes.len();
-        let not_deleted = write_all(&self.dynamo, &self.config.buffer_table, deletes, &self.backoff).await;
-        result.moved += to_delete - not_deleted.len();
+        let not_deleted: BTreeSet<String> =
+            write_all(&self.dynamo, &self.config.buffer_table, deletes, &self.backoff).await.into_iter().collect();
+        let moved: Vec<&String> = ids.iter().filter(|id| !not_deleted.contains(*id)).collect();
+        result.moved += moved.len();
         left.extend(not_deleted);
         result.failed += left.len();
         result.oldest_left = left.iter().filter_map(|id| arrivals.get(id)).map(|(arrival, _)| *arrival).min();
         if let Some(watermark) = watermark {
-            let late: Vec<i64> =
-                arrivals.values().filter(|(arrival, _)| *arrival < watermark).map(|(_, s)| *s).collect();
+            // Late: moved (so counted once) into a slot the watermark had already passed.
+            let late: Vec<i64> = moved
+                .iter()
+                .filter_map(|id| arrivals.get(*id))
+                .filter(|(arrival, _)| *arrival < watermark)
+                .map(|(_, slot)| *slot)
+                .collect();
             if !late.is_empty() {
                 warn!(
                     late = late.len(),

@@ -309,7 +309,7 @@ async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomp
     let a = now_ms();
     buffer_through_pump(&env, &[("k".into(), json!({"n": 1}).to_string().into_bytes(), a)]).await;
     let a_slot_end = a - a.rem_euclid(1000) + 1000;
-    tokio::time::sleep(Duration::from_millis((a_slot_end + lag + 50 - now_ms()).max(0) as u64)).await;
+    tokio::time::sleep(Duration::from_millis((a_slot_end + lag + 300 - now_ms()).max(0) as u64)).await;
     let b = now_ms();
     buffer_through_pump(&env, &[("k".into(), json!({"n": 2}).to_string().into_bytes(), b)]).await;
     scan_pass(&env, scan_config(&env, lag as u64)).await;
@@ -333,7 +333,7 @@ async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomp
         let dynamo = env.dynamo.clone();
         let config = scan_config(&env, lag as u64);
         async move {
-            tokio::time::sleep(Duration::from_millis((b_slot_end + lag + 50 - now_ms()).max(0) as u64)).await;
+            tokio::time::sleep(Duration::from_millis((b_slot_end + lag + 300 - now_ms()).max(0) as u64)).await;
             let (invoker, mut rx) = LocalInvoker::channel();
             let scan = Arc::new(Scan::new(dynamo, config, Arc::new(invoker.clone())));
             invoker.send(json!({})).unwrap();
@@ -392,4 +392,23 @@ async fn the_rate_limit_holds_and_filters_pick_events_by_a_json_field() {
     filtered["filter"] = json!([{"field": "/n", "equals": 7}]);
     let summaries = play(&env, config(&env, None), filtered, || SystemTime::now() + Duration::from_secs(900)).await;
     assert_eq!((summaries[0].events, summaries[0].filtered_out), (1, 1499));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_that_would_wait_for_the_pace_into_its_deadline_hands_over_instead() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 1500, 3).await;
+    let mut request = window(T0, T0 + 3000);
+    request["max_records_per_second"] = json!(500);
+    // 10.5 s left and a 10 s margin: the second batch would have to wait 1 s, into the margin.
+    let summaries = play(&env, config(&env, None), request, || SystemTime::now() + Duration::from_millis(10_500)).await;
+    assert!(summaries.len() >= 3, "{} runs", summaries.len());
+    assert!(summaries.iter().all(|s| s.events <= 500), "one batch a run: {summaries:?}");
+    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 1500);
+    let played = played(&env).await;
+    assert_eq!(played.values().map(Vec::len).sum::<usize>(), 1500, "nothing put twice");
+    for (key, ns) in &played {
+        let user: i64 = key.trim_start_matches("user-").parse().unwrap();
+        assert_eq!(ns, &(0..1500).filter(|n| n % 5 == user).collect::<Vec<_>>(), "{key}");
+    }
 }
