@@ -31,6 +31,8 @@ mod raw;
 
 /// In-flight requests for the raw loops and the stages alike.
 pub(crate) const CONCURRENCY: usize = 8;
+/// Alternating rounds of pump and its raw loop (the best of each is kept).
+const PUMP_ROUNDS: usize = 3;
 /// Records per pump invocation (the template's batch size).
 const PUMP_BATCH: usize = 100;
 /// DynamoDB on-demand prices, us-east-1, per million request units: $0.625 per
@@ -217,25 +219,36 @@ async fn bench_payload(
         let set: std::collections::BTreeSet<i64> = (0..events as i64).map(|i| (t0 + i) / 1000 * 1000).collect();
         set.into_iter().collect()
     };
-    let started = Instant::now();
-    raw::put_items(&dynamo, &raw.buffer_table, buffer_items).await?;
-    let raw_pump = per_second(events, started.elapsed());
-    let raw_scan = raw::scan(&dynamo, &raw.buffer_table, &raw.event_table, now).await?;
-    let raw_playback = raw::playback(&dynamo, &kinesis, &raw.event_table, &raw.playback_stream, slots).await?;
-    counter.reset();
+    // The raw loops go through clients that the request counter does not see.
+    let plain = aws_sdk_dynamodb::Client::new(dynamo_sdk);
+    let plain_kinesis = aws_sdk_kinesis::Client::new(kinesis_sdk);
 
+    // pump, and its raw loop, in alternating rounds: the best of each, so a
+    // moment of noise on the shared machine does not decide the ratio.
+    // Pump writes are idempotent, so a round overwrites the previous one's items.
     let pump = Pump::new(dynamo.clone(), PumpConfig { buffer_table: names.buffer_table.clone() });
-    let started = Instant::now();
-    let failures: usize = futures::stream::iter(batches)
-        .map(|batch| pump.handle(batch))
-        .buffer_unordered(CONCURRENCY)
-        .map(|response| response.batch_item_failures.len())
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .sum();
-    anyhow::ensure!(failures == 0, "pump failed {failures} records");
-    stage("pump", per_second(events, started.elapsed()), "BatchWriteItem of the same items", raw_pump, &counter);
+    let (mut raw_pump, mut pumped) = (0.0f64, 0.0f64);
+    for _ in 0..PUMP_ROUNDS {
+        let started = Instant::now();
+        raw::put_items(&plain, &raw.buffer_table, buffer_items.clone()).await?;
+        raw_pump = raw_pump.max(per_second(events, started.elapsed()));
+        counter.reset();
+        let started = Instant::now();
+        let failures: usize = futures::stream::iter(batches.clone())
+            .map(|batch| pump.handle(batch))
+            .buffer_unordered(CONCURRENCY)
+            .map(|response| response.batch_item_failures.len())
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .sum();
+        anyhow::ensure!(failures == 0, "pump failed {failures} records");
+        pumped = pumped.max(per_second(events, started.elapsed()));
+    }
+    stage("pump", pumped, "BatchWriteItem of the same items", raw_pump, &counter);
+    let raw_scan = raw::scan(&plain, &raw.buffer_table, &raw.event_table, now).await?;
+    let raw_playback = raw::playback(&plain, &plain_kinesis, &raw.event_table, &raw.playback_stream, slots).await?;
+    counter.reset();
 
     // scan: one scheduled run and its forks.
     let config = ScanConfig {
