@@ -34,17 +34,7 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
         })
         .collect();
     buffer_through_pump(env, &records).await;
-    let config = ScanConfig {
-        buffer_table: env.names.buffer_table.clone(),
-        event_table: env.names.event_table.clone(),
-        time_unit_ms: 1000,
-        segments: 2,
-        deadline_margin: Duration::from_secs(10),
-        page_items: None,
-        retention_days: None,
-        watermark_lag_ms: 0,
-    };
-    scan_pass(env, config).await;
+    scan_pass(env, scan_config(env, 0)).await;
     assert!(env.scan_table(&env.names.buffer_table).await.is_empty());
 }
 
