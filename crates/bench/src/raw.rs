@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
-use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use event_store::batch::{DYNAMO_BATCH_ITEMS, KINESIS_BATCH_RECORDS};
 use event_store::buffer_item::{self, BufferItem};
+use event_store::dynamo::send_batch_write;
 use event_store::event_item::{self, EventItem};
-use event_store::kinesis::Record;
+use event_store::kinesis::{send_put_records, Record};
 use event_store::meta::index_item;
 use event_store::playback::PlayedEvent;
 use futures::StreamExt;
@@ -22,17 +22,16 @@ use crate::CONCURRENCY;
 
 type Item = HashMap<String, AttributeValue>;
 
-/// `BatchWriteItem` of `requests` to `table`, 25 a request, `CONCURRENCY` in flight.
+/// `BatchWriteItem` of `requests` to `table`, full requests, `CONCURRENCY` in flight, no retries.
 async fn batch_write(dynamo: &aws_sdk_dynamodb::Client, table: &str, requests: Vec<WriteRequest>) -> Result<()> {
-    let chunks: Vec<Vec<WriteRequest>> = requests.chunks(25).map(<[WriteRequest]>::to_vec).collect();
+    let chunks: Vec<Vec<WriteRequest>> = requests.chunks(DYNAMO_BATCH_ITEMS).map(<[WriteRequest]>::to_vec).collect();
     let results: Vec<_> = futures::stream::iter(chunks)
-        .map(|chunk| dynamo.batch_write_item().request_items(table, chunk).send())
+        .map(|chunk| send_batch_write(dynamo, table, chunk))
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
     for result in results {
-        let out = result.context("raw BatchWriteItem")?;
-        anyhow::ensure!(out.unprocessed_items().is_none_or(|u| u.is_empty()), "unprocessed items in a raw loop");
+        anyhow::ensure!(result.context("raw BatchWriteItem")?.is_empty(), "unprocessed items in a raw loop");
     }
     Ok(())
 }
@@ -142,28 +141,13 @@ pub async fn playback(
         records.push(Record { partition_key: event.partition_key, data });
     }
     let count = records.len();
-    let batches: Vec<Vec<PutRecordsRequestEntry>> = records
-        .chunks(500)
-        .map(|chunk| {
-            chunk
-                .iter()
-                .filter_map(|r| {
-                    PutRecordsRequestEntry::builder()
-                        .partition_key(&r.partition_key)
-                        .data(Blob::new(r.data.clone()))
-                        .build()
-                        .ok()
-                })
-                .collect()
-        })
-        .collect();
-    let results: Vec<_> = futures::stream::iter(batches)
-        .map(|batch| kinesis.put_records().stream_name(stream).set_records(Some(batch)).send())
+    let results: Vec<_> = futures::stream::iter(records.chunks(KINESIS_BATCH_RECORDS))
+        .map(|batch| send_put_records(kinesis, stream, batch))
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
     for result in results {
-        result.context("raw PutRecords")?;
+        anyhow::ensure!(result.context("raw PutRecords")?.iter().all(Option::is_none), "failed records in a raw loop");
     }
     Ok(count as f64 / started.elapsed().as_secs_f64().max(1e-9))
 }
