@@ -12,7 +12,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
-        let _ = event_store::pump::parse_event(value);
+        let _ = event_store::pump::parse_kinesis_event(value);
     }
     let _ = decode(data, Some(ZSTD));
     let (stored, encoding) = encode(data);

@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(events) = event_store::load::parse_events(text) else { return };
+    let Ok(events) = event_store::load::parse_posted_events(text) else { return };
     assert!((1..=event_store::load::MAX_EVENTS_PER_POST).contains(&events.len()));
     for event in events {
         assert!(event.is_object());

@@ -15,13 +15,13 @@ use anyhow::{Context, Result};
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 use event_store::config::{PlaybackConfig, PumpConfig, ScanConfig};
-use event_store::invoke::{run_until_idle, LocalInvoker};
-use event_store::metrics::RequestCounter;
 use event_store::playback::Playback;
 use event_store::pump::Pump;
-use event_store::resources::{create_streams, create_tables, Names};
-use event_store::scan::Scan;
 use event_store::time::format_ms;
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::request_counter::RequestCounter;
+use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::runs::{self, deadline_in, run_scan};
 use event_store_emulator::{moto_server, Emulator};
 use futures::StreamExt;
 use serde::Serialize;
@@ -204,7 +204,7 @@ async fn bench_payload(
                     })
                 })
                 .collect();
-            event_store::pump::parse_event(serde_json::json!({ "Records": json }))
+            event_store::pump::parse_kinesis_event(serde_json::json!({ "Records": json }))
         })
         .collect::<event_store::Result<_>>()?;
 
@@ -251,39 +251,18 @@ async fn bench_payload(
     counter.reset();
 
     // scan: one scheduled run and its forks.
-    let config = ScanConfig {
-        buffer_table: names.buffer_table.clone(),
-        event_table: names.event_table.clone(),
-        time_unit_ms: 1000,
-        segments: 4,
-        deadline_margin: Duration::from_secs(30),
-        page_items: None,
-        retention_days: None,
-        watermark_lag_ms: 0,
-    };
-    let (invoker, mut rx) = LocalInvoker::channel();
-    let scan = Arc::new(Scan::new(dynamo.clone(), config, Arc::new(invoker.clone())));
-    invoker.send(serde_json::json!({}))?;
+    let config = ScanConfig { deadline_margin: Duration::from_secs(30), ..runs::scan_config(&names) };
     let started = Instant::now();
-    let moved: usize = run_until_idle(&mut rx, move |p| {
-        let scan = scan.clone();
-        async move { scan.handle(p, SystemTime::now() + Duration::from_secs(900)).await.map(|s| s.moved).unwrap_or(0) }
-    })
-    .await
-    .into_iter()
-    .sum();
+    let moved: usize = run_scan(dynamo.clone(), config, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
+        .await
+        .into_iter()
+        .map(|run| run.map(|s| s.moved).unwrap_or(0))
+        .sum();
     anyhow::ensure!(moved == events, "scan moved {moved} of {events}");
     stage("scan", per_second(events, started.elapsed()), "Scan + puts + deletes of the same items", raw_scan, &counter);
 
     // playback: the whole window.
-    let config = PlaybackConfig {
-        event_table: names.event_table.clone(),
-        playback_stream: names.playback_stream.clone(),
-        time_unit_ms: 1000,
-        deadline_margin: Duration::from_secs(30),
-        page_items: None,
-        max_window: Duration::from_secs(86_400),
-    };
+    let config = PlaybackConfig { deadline_margin: Duration::from_secs(30), ..runs::playback_config(&names) };
     let (invoker, _rx) = LocalInvoker::channel();
     let playback = Playback::new(dynamo.clone(), kinesis.clone(), config, Arc::new(invoker));
     let window = serde_json::json!({"start": format_ms(t0), "end": format_ms(t0 + events as i64 + 1), "restart": true});

@@ -10,11 +10,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
 use event_store::batch::{DYNAMO_BATCH_ITEMS, KINESIS_BATCH_RECORDS};
+use event_store::bookkeeping::slot_index::index_item;
 use event_store::buffer_item::{self, BufferItem};
 use event_store::dynamo::send_batch_write;
 use event_store::event_item::{self, EventItem};
-use event_store::kinesis::{send_put_records, Record};
-use event_store::meta::index_item;
+use event_store::kinesis::{send_put_records, OutgoingRecord, RecordResult};
 use event_store::playback::PlayedEvent;
 use futures::StreamExt;
 
@@ -92,7 +92,7 @@ pub async fn scan(dynamo: &aws_sdk_dynamodb::Client, buffer: &str, events: &str,
     puts.extend(slots.into_iter().map(index_item));
     put_items(dynamo, events, puts).await?;
     batch_write(dynamo, buffer, deletes).await?;
-    anyhow::ensure!(!items.is_empty() && items.iter().all(|i| i.contains_key(buffer_item::KEY)));
+    anyhow::ensure!(!items.is_empty() && items.iter().all(|i| i.contains_key(buffer_item::HASH_KEY)));
     Ok(items.len() as f64 / started.elapsed().as_secs_f64().max(1e-9))
 }
 
@@ -106,7 +106,7 @@ async fn query_slot(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -
             .table_name(table)
             .consistent_read(true)
             .key_condition_expression("#slot = :slot")
-            .expression_attribute_names("#slot", event_item::PARTITION_KEY)
+            .expression_attribute_names("#slot", event_item::HASH_KEY)
             .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
             .set_exclusive_start_key(start)
             .send()
@@ -138,7 +138,7 @@ pub async fn playback(
         let bytes = event.bytes()?;
         let json = serde_json::from_slice(&bytes).ok();
         let data = serde_json::to_vec(&PlayedEvent::new(&event, json, &bytes, records.len() as u64))?;
-        records.push(Record { partition_key: event.partition_key, data });
+        records.push(OutgoingRecord { partition_key: event.partition_key, data });
     }
     let count = records.len();
     let results: Vec<_> = futures::stream::iter(records.chunks(KINESIS_BATCH_RECORDS))
@@ -147,7 +147,10 @@ pub async fn playback(
         .collect()
         .await;
     for result in results {
-        anyhow::ensure!(result.context("raw PutRecords")?.iter().all(Option::is_none), "failed records in a raw loop");
+        anyhow::ensure!(
+            result.context("raw PutRecords")?.iter().all(RecordResult::is_stored),
+            "failed records in a raw loop"
+        );
     }
     Ok(count as f64 / started.elapsed().as_secs_f64().max(1e-9))
 }

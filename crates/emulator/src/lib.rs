@@ -1,138 +1,19 @@
-//! A local AWS emulator process on 127.0.0.1: moto_server (DynamoDB, Kinesis,
-//! Lambda, CloudFormation...) by default, or dynalite / kinesalite (npm; one
-//! service each, stricter about AWS's limits). Reused when one already answers
-//! on the port, else started, and then stopped by PID when dropped. Shared by
-//! the local stack and the integration tests.
+//! What AWS provides around the Lambda functions, for the places that run
+//! them without AWS: the local stack, the integration tests and the bench.
+//! Nothing here is compiled into a Lambda binary.
+//!
+//! - [`process`]: the emulator itself (moto_server, or dynalite + kinesalite) on 127.0.0.1;
+//! - [`resources`]: the tables and streams `template.yaml` would create;
+//! - [`event_source`]: what a Kinesis event source mapping hands `pump`;
+//! - [`invoke`]: asynchronous invocations, run in-process;
+//! - [`runs`]: a scan pass or a playback with all its forks and continuations;
+//! - [`request_counter`]: AWS requests and capacity units, counted by an SDK interceptor.
 
-use std::fmt;
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+pub mod event_source;
+pub mod invoke;
+pub mod process;
+pub mod request_counter;
+pub mod resources;
+pub mod runs;
 
-use tracing::info;
-
-/// How long a starting emulator may take to answer.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Debug)]
-pub struct Error(String);
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Error {}
-
-pub struct Emulator {
-    pub port: u16,
-    pub endpoint: String,
-    child: Option<Child>,
-}
-
-/// True when something accepts connections on 127.0.0.1:`port`.
-pub fn answers(port: u16) -> bool {
-    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(300)).is_ok()
-}
-
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
-}
-
-/// The moto_server to run: `$MOTO_SERVER`, else `.venv/bin/moto_server` under `root`.
-pub fn moto_server(root: &Path) -> PathBuf {
-    std::env::var_os("MOTO_SERVER").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/moto_server"))
-}
-
-impl Emulator {
-    /// Reuses the emulator on `port`, or starts `binary` there.
-    pub fn ensure(port: u16, binary: &Path) -> Result<Self, Error> {
-        let endpoint = format!("http://127.0.0.1:{port}");
-        if answers(port) {
-            info!(%endpoint, "reusing the emulator already running");
-            return Ok(Self { port, endpoint, child: None });
-        }
-        Self::start(port, binary)
-    }
-
-    /// Starts moto_server `binary` on a free port (retrying if another process takes it first).
-    pub fn start_on_free_port(binary: &Path) -> Result<Self, Error> {
-        Self::on_free_port(|port| Self::start(port, binary))
-    }
-
-    /// Starts dynalite or kinesalite (`script` from node_modules/.bin) on a free port, in memory,
-    /// creating tables and streams at once.
-    pub fn start_node_on_free_port(script: &Path) -> Result<Self, Error> {
-        let instant =
-            ["--createTableMs", "0", "--deleteTableMs", "0", "--createStreamMs", "0", "--deleteStreamMs", "0"];
-        let name = script.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let flags: Vec<&str> =
-            instant.chunks(2).filter(|f| f[0].contains("Table") == (name == "dynalite")).flatten().copied().collect();
-        Self::on_free_port(|port| {
-            let mut command = Command::new(script);
-            command.args(["--port", &port.to_string()]).args(&flags);
-            Self::launch(port, command, script)
-        })
-    }
-
-    fn on_free_port(start: impl Fn(u16) -> Result<Self, Error>) -> Result<Self, Error> {
-        let mut last = Error("no attempt".into());
-        for _ in 0..5 {
-            match start(free_port()) {
-                Ok(emulator) => return Ok(emulator),
-                Err(err) => last = err,
-            }
-        }
-        Err(last)
-    }
-
-    fn start(port: u16, binary: &Path) -> Result<Self, Error> {
-        let mut command = Command::new(binary);
-        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-        Self::launch(port, command, binary)
-    }
-
-    fn launch(port: u16, mut command: Command, binary: &Path) -> Result<Self, Error> {
-        if !binary.exists() {
-            return Err(Error(format!(
-                "{} not found: `make test` installs moto into .venv and dynalite/kinesalite into .node",
-                binary.display()
-            )));
-        }
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| Error(format!("starting {}: {e}", binary.display())))?;
-        let started = Instant::now();
-        while !answers(port) {
-            let exited = child.try_wait().ok().flatten();
-            if exited.is_some() || started.elapsed() > START_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error(format!("moto_server did not start on port {port} (is it free?)")));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let endpoint = format!("http://127.0.0.1:{port}");
-        info!(%endpoint, pid = child.id(), emulator = %binary.display(), "started");
-        Ok(Self { port, endpoint, child: Some(child) })
-    }
-
-    /// True when this value started the emulator (and will stop it).
-    pub fn owned(&self) -> bool {
-        self.child.is_some()
-    }
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+pub use process::{answers, free_port, moto_server, Emulator, Error};

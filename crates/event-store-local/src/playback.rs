@@ -5,13 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 use event_store::config::PlaybackConfig;
-use event_store::invoke::{run_until_idle, LocalInvoker};
-use event_store::playback::{Filter, Playback, PlaybackRequest, PlaybackSummary, Progress, Status};
+use event_store::playback::{Filter, Playback, PlaybackRequest, PlaybackSummary, Progress, ProgressObserver, Status};
 use event_store::time::format_ms;
+use event_store_emulator::runs::{deadline_in, run_playback};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::stack::PLAYBACK_TIMEOUT;
@@ -32,19 +31,17 @@ pub async fn play(
     request: PlaybackRequest,
     interactive: bool,
 ) -> Result<Vec<PlaybackSummary>> {
-    let (invoker, mut invocations) = LocalInvoker::channel();
     let config = PlaybackConfig::from_env()?;
     let unit = config.time_unit_ms;
-    let mut playback = Playback::new(dynamo, kinesis, config, Arc::new(invoker.clone()));
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} slots  {msg}  {per_sec}  ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let per_slot: Arc<Mutex<BTreeMap<i64, usize>>> = Arc::default();
-    if interactive {
+    let observer: Option<ProgressObserver> = interactive.then(|| {
         let (bar, per_slot) = (bar.clone(), per_slot.clone());
-        playback = playback.with_observer(Arc::new(move |progress| match progress {
+        Arc::new(move |progress: &Progress| match progress {
             Progress::Planned { slots } => bar.inc_length(*slots as u64),
             Progress::Slot(slot) => {
                 bar.inc(1);
@@ -53,15 +50,16 @@ pub async fn play(
                     bar.set_message(format!("{} events", counts.values().sum::<usize>()));
                 }
             }
-        }));
-    }
-    let playback = Arc::new(playback);
-    invoker.send(serde_json::to_value(&request)?)?;
-    let results = run_until_idle(&mut invocations, move |payload| {
-        let playback = playback.clone();
-        async move { playback.handle(payload, SystemTime::now() + PLAYBACK_TIMEOUT).await }
-    })
-    .await;
+        }) as ProgressObserver
+    });
+    let make = |invoker| {
+        let playback = Playback::new(dynamo, kinesis, config, invoker);
+        match observer {
+            Some(observer) => playback.with_observer(observer),
+            None => playback,
+        }
+    };
+    let results = run_playback(make, serde_json::to_value(&request)?, deadline_in(PLAYBACK_TIMEOUT)).await;
     bar.finish_and_clear();
     let mut summaries = Vec::new();
     for result in results {
@@ -98,7 +96,6 @@ pub fn total(summaries: &[PlaybackSummary]) -> PlaybackSummary {
         total.next_seq = s.next_seq;
         total.status = s.status;
     }
-    total.continued = false;
     total
 }
 

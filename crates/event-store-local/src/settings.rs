@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use event_store::resources::Names;
+use event_store_emulator::resources::Names;
 
 /// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
 pub const SERVICE: &str = "event-store";

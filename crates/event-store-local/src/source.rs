@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use aws_sdk_kinesis::types::{Record, ShardIteratorType};
 use event_store::batch::Backoff;
-use event_store::event_source::{done_before_first_failure, kinesis_event};
 use event_store::pump::Pump;
+use event_store_emulator::event_source::{done_before_first_failure, kinesis_event};
 use tokio::sync::watch;
 use tracing::warn;
 

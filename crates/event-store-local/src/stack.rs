@@ -7,12 +7,12 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use event_store::config::{LoadConfig, PumpConfig, ScanConfig};
-use event_store::invoke::LocalInvoker;
 use event_store::load::Load;
-use event_store::metrics::RequestCounter;
 use event_store::pump::Pump;
-use event_store::resources::{create_streams, create_tables};
 use event_store::scan::Scan;
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::request_counter::RequestCounter;
+use event_store_emulator::resources::{create_streams, create_tables};
 use event_store_emulator::Emulator;
 use serde_json::json;
 use tokio::net::TcpListener;

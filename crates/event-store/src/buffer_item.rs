@@ -15,7 +15,7 @@ use crate::encoding::{decode, encode};
 use crate::error::{Error, Result};
 
 /// Name of the buffer table's hash key.
-pub const KEY: &str = "id";
+pub const HASH_KEY: &str = "id";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferItem {
@@ -80,7 +80,7 @@ impl BufferItem {
 
     /// The key attributes of a buffer item with this id.
     pub fn key_of(id: &str) -> HashMap<String, AttributeValue> {
-        HashMap::from([(KEY.to_owned(), AttributeValue::S(id.to_owned()))])
+        HashMap::from([(HASH_KEY.to_owned(), AttributeValue::S(id.to_owned()))])
     }
 }
 

@@ -1,8 +1,15 @@
-//! One error type for the whole crate. SDK errors are flattened to text with
-//! `DisplayErrorContext` at the point they happen, because the plain `Display`
-//! of an SDK error says only "service error".
+//! One error type for the whole crate. AWS errors keep their source (so
+//! `Error::source()` reaches the SDK's error and its request id), and
+//! throttling has a variant of its own: it is the one failure a caller should
+//! answer by slowing down rather than by reporting a fault.
 
-use aws_sdk_dynamodb::error::DisplayErrorContext;
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+
+/// An error from below us, kept whole.
+pub type Source = Box<dyn StdError + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -12,31 +19,138 @@ pub enum Error {
     /// The caller sent something we cannot act on; the message is safe to show them.
     #[error("bad input: {0}")]
     BadInput(String),
+    /// AWS kept answering "slow down" after the SDK's own retries.
+    #[error("{service} {operation} throttled: {}", chain(source.as_ref()))]
+    Throttled { service: &'static str, operation: &'static str, source: Source },
     /// A DynamoDB call failed after the SDK's own retries.
-    #[error("dynamodb {operation}: {message}")]
-    Dynamo { operation: &'static str, message: String },
+    #[error("dynamodb {operation}: {}", chain(source.as_ref()))]
+    Dynamo { operation: &'static str, source: Source },
     /// A Kinesis call failed after the SDK's own retries.
-    #[error("kinesis {operation}: {message}")]
-    Kinesis { operation: &'static str, message: String },
+    #[error("kinesis {operation}: {}", chain(source.as_ref()))]
+    Kinesis { operation: &'static str, source: Source },
     /// Records that Kinesis kept rejecting after our retries.
     #[error("kinesis {operation}: {failed} records still failing after retries ({code})")]
     KinesisPartial { operation: &'static str, failed: usize, code: String },
     /// The asynchronous self-invocation (fork / continuation) could not be sent.
-    #[error("invoke: {0}")]
-    Invoke(String),
+    #[error("invoke: {}", chain(source.as_ref()))]
+    Invoke { source: Source },
+    /// A request to AWS could not be built (a required field was missing).
+    #[error("building a request: {0}")]
+    Build(#[from] aws_sdk_dynamodb::error::BuildError),
+    /// A value of ours could not be serialized: a bug, never the caller's input.
+    #[error("encoding {what}: {source}")]
+    Encode { what: &'static str, source: Source },
     /// A stored item does not have the shape this code writes.
     #[error("malformed item: {0}")]
     Malformed(String),
 }
 
+/// Error codes AWS uses for "slow down" (the SDK's own retry classifier list,
+/// plus DynamoDB's and Kinesis' provisioned-throughput codes).
+const THROTTLING_CODES: &[&str] = &[
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "LimitExceededException",
+    "SlowDown",
+];
+
+/// True for an AWS error code that means "slow down".
+pub fn is_throttling(code: &str) -> bool {
+    THROTTLING_CODES.contains(&code)
+}
+
 impl Error {
-    pub(crate) fn dynamo<E: std::error::Error>(operation: &'static str, err: E) -> Self {
-        Error::Dynamo { operation, message: DisplayErrorContext(&err).to_string() }
+    /// A failed AWS call, classified by the error code the service sent.
+    fn aws<E>(service: &'static str, operation: &'static str, err: E, other: fn(&'static str, Source) -> Self) -> Self
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        if err.code().is_some_and(is_throttling) {
+            return Error::Throttled { service, operation, source: Box::new(err) };
+        }
+        other(operation, Box::new(err))
     }
 
-    pub(crate) fn kinesis<E: std::error::Error>(operation: &'static str, err: E) -> Self {
-        Error::Kinesis { operation, message: DisplayErrorContext(&err).to_string() }
+    pub(crate) fn dynamo<E>(operation: &'static str, err: E) -> Self
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        Self::aws("dynamodb", operation, err, |operation, source| Error::Dynamo { operation, source })
+    }
+
+    pub(crate) fn kinesis<E>(operation: &'static str, err: E) -> Self
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        Self::aws("kinesis", operation, err, |operation, source| Error::Kinesis { operation, source })
+    }
+
+    pub(crate) fn invoke<E>(err: E) -> Self
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        Self::aws("lambda", "Invoke", err, |_, source| Error::Invoke { source })
+    }
+
+    pub(crate) fn encode(what: &'static str, err: impl StdError + Send + Sync + 'static) -> Self {
+        Error::Encode { what, source: Box::new(err) }
+    }
+
+    /// The name Lambda reports as the error type.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "ConfigError",
+            Error::BadInput(_) => "BadInput",
+            Error::Throttled { .. } => "Throttled",
+            Error::Dynamo { .. } => "DynamoDbError",
+            Error::Kinesis { .. } | Error::KinesisPartial { .. } => "KinesisError",
+            Error::Invoke { .. } => "InvokeError",
+            Error::Build(_) | Error::Encode { .. } => "InternalError",
+            Error::Malformed(_) => "MalformedItem",
+        }
     }
 }
 
+/// An error and its sources, `: `-separated: an SDK error's own `Display`
+/// says only "service error"; the cause is in its sources.
+fn chain(err: &(dyn StdError + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(source) = next {
+        let _ = write!(text, ": {source}");
+        next = source.source();
+    }
+    text
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::error::ErrorMetadata;
+    use aws_sdk_dynamodb::operation::put_item::PutItemError;
+
+    use super::*;
+
+    fn service_error(code: &str) -> PutItemError {
+        PutItemError::generic(ErrorMetadata::builder().code(code).message("slow down, please").build())
+    }
+
+    #[test]
+    fn throttling_has_its_own_variant_and_keeps_its_source() {
+        let err = Error::dynamo("PutItem", service_error("ProvisionedThroughputExceededException"));
+        assert!(matches!(err, Error::Throttled { service: "dynamodb", operation: "PutItem", .. }), "{err:?}");
+        assert_eq!(err.kind(), "Throttled");
+        assert!(StdError::source(&err).is_some(), "the SDK error is kept as the source");
+        assert!(err.to_string().contains("slow down, please"), "{err}");
+
+        let other = Error::dynamo("PutItem", service_error("ValidationException"));
+        assert!(matches!(other, Error::Dynamo { operation: "PutItem", .. }), "{other:?}");
+        assert!(is_throttling("ThrottlingException") && !is_throttling("ResourceNotFoundException"));
+    }
+}

@@ -3,7 +3,7 @@
 //! Partition key `slot` = arrival time truncated to `TIME_UNIT`; sort key
 //! `sort_key` = zero-padded arrival ms, then the event id with its sequence
 //! number made sortable, so a plain `Query` of a slot returns events in
-//! arrival order with a deterministic tie-break (invariant 3).
+//! arrival order with a deterministic tie-break (`docs/design.md#3-order`).
 
 use std::collections::HashMap;
 
@@ -15,12 +15,15 @@ use crate::encoding::{decode, ZSTD};
 use crate::error::{Error, Result};
 use crate::time::slot_of;
 
-pub const PARTITION_KEY: &str = "slot";
+/// The event table's hash key: the slot (named for DynamoDB's key kind, not
+/// to be confused with an event's Kinesis `partition_key`).
+pub const HASH_KEY: &str = "slot";
 /// The event table's quarantine partition: buffer items the scan could not
 /// turn into events, kept with the reason (`slot = -1`, sort key = buffer id).
 /// Playback never reads it: windows start at or after 1970.
 pub const QUARANTINE_SLOT: i64 = -1;
-pub const SORT_KEY: &str = "sort_key";
+/// The event table's range key: arrival time, then the event id.
+pub const RANGE_KEY: &str = "sort_key";
 /// DynamoDB's item size limit, "400 KB", taken as 400,000 bytes: AWS allows a
 /// little more and moto a little less than 400 KiB; 400,000 holds on both.
 pub const MAX_ITEM_BYTES: usize = 400_000;
@@ -147,8 +150,8 @@ pub fn quarantine_item(
     now_ms: i64,
 ) -> Option<HashMap<String, AttributeValue>> {
     let item = HashMap::from([
-        (PARTITION_KEY.to_owned(), AttributeValue::N(QUARANTINE_SLOT.to_string())),
-        (SORT_KEY.to_owned(), AttributeValue::S(buffer_id.to_owned())),
+        (HASH_KEY.to_owned(), AttributeValue::N(QUARANTINE_SLOT.to_string())),
+        (RANGE_KEY.to_owned(), AttributeValue::S(buffer_id.to_owned())),
         ("reason".to_owned(), AttributeValue::S(reason.chars().take(1000).collect())),
         ("quarantined_at".to_owned(), AttributeValue::N(now_ms.to_string())),
         ("original".to_owned(), AttributeValue::M(original)),
@@ -260,8 +263,8 @@ mod tests {
     fn quarantine_keeps_the_original_and_the_reason_when_it_fits() {
         let original = HashMap::from([("id".to_string(), AttributeValue::S("abc".into()))]);
         let item = quarantine_item("abc", "buffer item: missing field `arrival`", original.clone(), 7).unwrap();
-        assert_eq!(item[PARTITION_KEY], AttributeValue::N("-1".into()));
-        assert_eq!(item[SORT_KEY], AttributeValue::S("abc".into()));
+        assert_eq!(item[HASH_KEY], AttributeValue::N("-1".into()));
+        assert_eq!(item[RANGE_KEY], AttributeValue::S("abc".into()));
         assert_eq!(item["original"], AttributeValue::M(original));
         let huge = HashMap::from([("data".to_string(), AttributeValue::B(vec![0; MAX_ITEM_BYTES].into()))]);
         assert!(quarantine_item("abc", "too large", huge, 7).is_none());

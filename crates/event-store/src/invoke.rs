@@ -1,22 +1,25 @@
 //! "Invoke myself asynchronously": the one port with two implementations.
 //! In Lambda, `Invoke` with `InvocationType::Event` on the function's own
-//! name; locally (stack, tests), a message to an in-process runner that
-//! spawns the handler as a task.
-
-use std::future::Future;
+//! name ([`LambdaInvoker`]); locally (stack, tests, bench), a message to an
+//! in-process runner (in the `event-store-emulator` crate).
 
 use aws_sdk_lambda::primitives::Blob;
 use aws_sdk_lambda::types::InvocationType;
 use futures::future::BoxFuture;
+use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 
 use crate::error::{Error, Result};
 
 pub trait Invoker: Send + Sync {
     /// Starts another run of this function with `payload`, without waiting for it.
     fn invoke_async(&self, payload: Value) -> BoxFuture<'_, Result<()>>;
+}
+
+/// Sends `payload` (a fork's or a continuation's) to a new asynchronous run.
+pub async fn continue_with(invoker: &dyn Invoker, payload: &impl Serialize) -> Result<()> {
+    let payload = serde_json::to_value(payload).map_err(|e| Error::encode("continuation payload", e))?;
+    invoker.invoke_async(payload).await
 }
 
 /// Asynchronous self-invocation through the Lambda API.
@@ -35,7 +38,7 @@ impl LambdaInvoker {
 impl Invoker for LambdaInvoker {
     fn invoke_async(&self, payload: Value) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            let body = serde_json::to_vec(&payload).map_err(|e| Error::Invoke(e.to_string()))?;
+            let body = serde_json::to_vec(&payload).map_err(|e| Error::encode("invocation payload", e))?;
             self.client
                 .invoke()
                 .function_name(&self.function_name)
@@ -43,97 +46,8 @@ impl Invoker for LambdaInvoker {
                 .payload(Blob::new(body))
                 .send()
                 .await
-                .map_err(|e| Error::Invoke(aws_sdk_lambda::error::DisplayErrorContext(&e).to_string()))?;
+                .map_err(Error::invoke)?;
             Ok(())
         })
-    }
-}
-
-/// In-process self-invocation: payloads go to a channel that `run_local` drains.
-#[derive(Clone)]
-pub struct LocalInvoker {
-    tx: mpsc::UnboundedSender<Value>,
-}
-
-impl LocalInvoker {
-    pub fn channel() -> (Self, mpsc::UnboundedReceiver<Value>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Self { tx }, rx)
-    }
-
-    /// Queues a payload as if a schedule or a user had invoked the function.
-    pub fn send(&self, payload: Value) -> Result<()> {
-        self.tx.send(payload).map_err(|_| Error::Invoke("local runner stopped".into()))
-    }
-}
-
-impl Invoker for LocalInvoker {
-    fn invoke_async(&self, payload: Value) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move { self.send(payload) })
-    }
-}
-
-/// Runs every queued invocation as its own task, including those the runs
-/// queue themselves, and returns when none is queued or running: the local
-/// stand-in for Lambda's asynchronous invocations.
-pub async fn run_until_idle<F, Fut, T>(rx: &mut mpsc::UnboundedReceiver<Value>, handler: F) -> Vec<T>
-where
-    F: Fn(Value) -> Fut,
-    Fut: Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let mut running = JoinSet::new();
-    let mut results = Vec::new();
-    loop {
-        if running.is_empty() {
-            match rx.try_recv() {
-                Ok(payload) => {
-                    running.spawn(handler(payload));
-                }
-                Err(_) => return results,
-            }
-            continue;
-        }
-        tokio::select! {
-            Some(payload) = rx.recv() => {
-                running.spawn(handler(payload));
-            }
-            Some(joined) = running.join_next() => match joined {
-                Ok(result) => results.push(result),
-                Err(join_error) => tracing::error!(error = %join_error, "local invocation panicked"),
-            },
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn local_runner_follows_chains_of_self_invocations() {
-        let (invoker, mut rx) = LocalInvoker::channel();
-        let runs = Arc::new(AtomicUsize::new(0));
-        invoker.invoke_async(serde_json::json!({"left": 3})).await.unwrap();
-        let results = run_until_idle(&mut rx, |payload| {
-            let invoker = invoker.clone();
-            let runs = runs.clone();
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                let left = payload["left"].as_u64().unwrap_or(0);
-                if left > 0 {
-                    invoker.send(serde_json::json!({"left": left - 1})).unwrap();
-                }
-                left
-            }
-        })
-        .await;
-        assert_eq!(runs.load(Ordering::SeqCst), 4);
-        let mut results = results;
-        results.sort();
-        assert_eq!(results, vec![0, 1, 2, 3]);
     }
 }

@@ -1,5 +1,6 @@
 //! Core of the time-ordered event store: everything the four Lambda
 //! functions do, so each `functions/<name>/src/main.rs` is a short adapter.
+//! The invariants every module keeps are in `docs/design.md`.
 //!
 //! # Layout
 //! - Stages, one module each, in the order an event travels:
@@ -7,11 +8,17 @@
 //!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream).
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
 //!   [`buffer_item`], [`event_item`] (table codecs and keys), [`encoding`] (zstd).
+//! - [`bookkeeping`]: the event table's bookkeeping partition: the slot
+//!   index and the completeness watermark (playback keeps its checkpoints there too).
 //! - Shared mechanics: [`batch`] (limits, chunking, backoff), [`dynamo`] and
 //!   [`kinesis`] (batch APIs with partial-failure retries), [`invoke`] (the
 //!   asynchronous self-invocation port), [`time`] (slots), [`config`], [`error`].
+//!
+//! What only runs outside Lambda (the emulator, resources, the event source
+//! mapping, in-process invocations) is in the `event-store-emulator` crate.
 
 pub mod batch;
+pub mod bookkeeping;
 pub mod buffer_item;
 pub mod config;
 pub mod dynamo;
@@ -19,15 +26,11 @@ pub mod encoding;
 pub mod envelope;
 pub mod error;
 pub mod event_item;
-pub mod event_source;
 pub mod invoke;
 pub mod kinesis;
 pub mod load;
-pub mod meta;
-pub mod metrics;
 pub mod playback;
 pub mod pump;
-pub mod resources;
 pub mod scan;
 pub mod time;
 
@@ -35,15 +38,7 @@ pub use error::{Error, Result};
 
 impl From<Error> for lambda_runtime::Diagnostic {
     fn from(err: Error) -> Self {
-        let error_type = match &err {
-            Error::Config(_) => "ConfigError",
-            Error::BadInput(_) => "BadInput",
-            Error::Dynamo { .. } => "DynamoDbError",
-            Error::Kinesis { .. } | Error::KinesisPartial { .. } => "KinesisError",
-            Error::Invoke(_) => "InvokeError",
-            Error::Malformed(_) => "MalformedItem",
-        };
-        lambda_runtime::Diagnostic { error_type: error_type.into(), error_message: err.to_string() }
+        lambda_runtime::Diagnostic { error_type: err.kind().into(), error_message: err.to_string() }
     }
 }
 

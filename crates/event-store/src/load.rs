@@ -17,7 +17,7 @@ use crate::batch::Backoff;
 use crate::config::LoadConfig;
 use crate::envelope::{client_ip, Envelope, Headers};
 use crate::error::Error;
-use crate::kinesis::{put_unordered, send_put_records, Record};
+use crate::kinesis::{put_unordered, send_put_records, OutgoingRecord};
 use crate::time::{format_ms, now_ms};
 
 /// A transparent 1x1 GIF, 43 bytes.
@@ -117,7 +117,7 @@ impl Load {
     async fn events(&self, req: &Request) -> Result<Response<Body>, Reject> {
         check_json_content_type(req)?;
         let text = body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
-        let events = parse_events(&text)?;
+        let events = parse_posted_events(&text)?;
         let records = events
             .into_iter()
             .enumerate()
@@ -166,7 +166,7 @@ impl Load {
         }
     }
 
-    fn record(&self, envelope: &Envelope) -> Result<Record, Reject> {
+    fn record(&self, envelope: &Envelope) -> Result<OutgoingRecord, Reject> {
         let partition_key = envelope.partition_key().map_err(|e| match e {
             Error::BadInput(m) => Reject::new(StatusCode::BAD_REQUEST, m),
             other => internal(other.to_string()),
@@ -178,7 +178,7 @@ impl Load {
                 format!("event is {} bytes; the limit is {}", data.len(), self.config.max_event_bytes),
             ));
         }
-        Ok(Record { partition_key, data })
+        Ok(OutgoingRecord { partition_key, data })
     }
 }
 
@@ -220,7 +220,7 @@ fn check_json_content_type(req: &Request) -> Result<(), Reject> {
 }
 
 /// One JSON object, or an array of 1 to 500 objects.
-pub fn parse_events(text: &str) -> Result<Vec<Value>, Reject> {
+pub fn parse_posted_events(text: &str) -> Result<Vec<Value>, Reject> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
         Reject::new(StatusCode::BAD_REQUEST, format!("malformed JSON at line {} column {}", e.line(), e.column()))
     })?;
@@ -285,15 +285,15 @@ mod tests {
 
     #[test]
     fn events_parse_as_object_or_bounded_array() {
-        assert_eq!(parse_events(r#"{"a":1}"#).unwrap().len(), 1);
-        assert_eq!(parse_events(r#"[{"a":1},{"b":2}]"#).unwrap().len(), 2);
-        assert_eq!(parse_events("{oops").unwrap_err().status, StatusCode::BAD_REQUEST);
-        assert_eq!(parse_events("[]").unwrap_err().status, StatusCode::BAD_REQUEST);
-        assert_eq!(parse_events("[1]").unwrap_err().status, StatusCode::BAD_REQUEST);
-        assert_eq!(parse_events("\"x\"").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_posted_events(r#"{"a":1}"#).unwrap().len(), 1);
+        assert_eq!(parse_posted_events(r#"[{"a":1},{"b":2}]"#).unwrap().len(), 2);
+        assert_eq!(parse_posted_events("{oops").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_posted_events("[]").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_posted_events("[1]").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(parse_posted_events("\"x\"").unwrap_err().status, StatusCode::BAD_REQUEST);
         let many = format!("[{}]", vec!["{}"; 501].join(","));
-        assert_eq!(parse_events(&many).unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(parse_posted_events(&many).unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
         let max = format!("[{}]", vec!["{}"; 500].join(","));
-        assert_eq!(parse_events(&max).unwrap().len(), 500);
+        assert_eq!(parse_posted_events(&max).unwrap().len(), 500);
     }
 }

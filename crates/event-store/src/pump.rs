@@ -22,7 +22,7 @@ use crate::event_item::{item_size, MAX_ITEM_BYTES};
 /// point as an integer, so `1795327124.01` (10 ms) would become 1 ms and
 /// `.1234` would fail the whole batch. The arrival time orders the event
 /// table, so it must be exact.
-pub fn parse_event(mut value: Value) -> Result<KinesisEvent> {
+pub fn parse_kinesis_event(mut value: Value) -> Result<KinesisEvent> {
     let mut arrivals = Vec::new();
     if let Some(records) = value.get_mut("Records").and_then(Value::as_array_mut) {
         for record in records {
@@ -126,7 +126,7 @@ mod tests {
             "kinesis": {"partitionKey": "p", "sequenceNumber": "1", "data": "", "approximateArrivalTimestamp": timestamp},
             "eventID": "shardId-000000000000:1", "eventSourceARN": "arn"
         }]});
-        parse_event(event).unwrap().records[0].kinesis.approximate_arrival_timestamp.timestamp_millis()
+        parse_kinesis_event(event).unwrap().records[0].kinesis.approximate_arrival_timestamp.timestamp_millis()
     }
 
     #[test]
@@ -141,6 +141,6 @@ mod tests {
 
     #[test]
     fn a_malformed_event_is_bad_input() {
-        assert!(matches!(parse_event(serde_json::json!({"Records": 3})), Err(Error::BadInput(_))));
+        assert!(matches!(parse_kinesis_event(serde_json::json!({"Records": 3})), Err(Error::BadInput(_))));
     }
 }

@@ -12,11 +12,11 @@ use std::time::{Duration, SystemTime};
 
 use common::{buffer_through_pump, sample_event, TestEnv};
 use event_store::config::{PlaybackConfig, ScanConfig};
-use event_store::invoke::{run_until_idle, LocalInvoker};
 use event_store::playback::{Playback, PlaybackSummary, PlayedEvent, Status};
-use event_store::scan::Scan;
 use event_store::time::{format_ms, now_ms};
 use event_store::Error;
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::runs::{self, deadline_in, run_playback, run_scan};
 use serde_json::{json, Value};
 
 /// Weeks before any run of these tests: sealed as soon as a scan pass ends.
@@ -40,38 +40,17 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
 
 /// One scheduled scan run and its forks: moves the buffer, indexes, moves the watermark.
 async fn scan_pass(env: &TestEnv, config: ScanConfig) {
-    let (invoker, mut rx) = LocalInvoker::channel();
-    let scan = Arc::new(Scan::new(env.dynamo.clone(), config, Arc::new(invoker.clone())));
-    invoker.send(json!({})).unwrap();
-    run_until_idle(&mut rx, move |p: Value| {
-        let scan = scan.clone();
-        async move { scan.handle(p, SystemTime::now() + Duration::from_secs(900)).await.unwrap() }
-    })
-    .await;
+    for result in run_scan(env.dynamo.clone(), config, json!({}), deadline_in(Duration::from_secs(900))).await {
+        result.unwrap();
+    }
 }
 
 fn scan_config(env: &TestEnv, watermark_lag_ms: u64) -> ScanConfig {
-    ScanConfig {
-        buffer_table: env.names.buffer_table.clone(),
-        event_table: env.names.event_table.clone(),
-        time_unit_ms: 1000,
-        segments: 2,
-        deadline_margin: Duration::from_secs(10),
-        page_items: None,
-        retention_days: None,
-        watermark_lag_ms,
-    }
+    ScanConfig { segments: 2, watermark_lag_ms, ..runs::scan_config(&env.names) }
 }
 
 fn config(env: &TestEnv, page_items: Option<i32>) -> PlaybackConfig {
-    PlaybackConfig {
-        event_table: env.names.event_table.clone(),
-        playback_stream: env.names.playback_stream.clone(),
-        time_unit_ms: 1000,
-        deadline_margin: Duration::from_secs(10),
-        page_items,
-        max_window: Duration::from_secs(86_400),
-    }
+    PlaybackConfig { page_items, ..runs::playback_config(&env.names) }
 }
 
 /// Runs a playback request and every continuation it causes.
@@ -81,14 +60,9 @@ async fn play(
     request: Value,
     deadline: fn() -> SystemTime,
 ) -> Vec<PlaybackSummary> {
-    let (invoker, mut rx) = LocalInvoker::channel();
-    let playback = Arc::new(Playback::new(env.dynamo.clone(), env.kinesis.clone(), config, Arc::new(invoker.clone())));
-    invoker.send(request).unwrap();
-    run_until_idle(&mut rx, move |p: Value| {
-        let playback = playback.clone();
-        async move { playback.handle(p, deadline()).await.expect("playback run") }
-    })
-    .await
+    let (dynamo, kinesis) = (env.dynamo.clone(), env.kinesis.clone());
+    let runs = run_playback(|invoker| Playback::new(dynamo, kinesis, config, invoker), request, deadline).await;
+    runs.into_iter().map(|run| run.expect("playback run")).collect()
 }
 
 /// Every played-back record, in stream order per shard.
@@ -126,7 +100,7 @@ async fn a_window_plays_back_in_order_per_partition_key_at_under_1_request_per_1
             .await;
     assert_eq!(summaries.len(), 1);
     let summary = &summaries[0];
-    assert_eq!((summary.slots, summary.events, summary.continued), (4, 1500, false));
+    assert_eq!((summary.slots, summary.events, summary.status), (4, 1500, Status::Complete));
     assert_eq!(summary.first_event.as_deref(), Some(format_ms(T0).as_str()));
     let kinesis = env.counter.service_total("Kinesis");
     common::assert_only_declared_actions(&env.counter, event_store::playback::AWS_ACTIONS);
@@ -174,7 +148,7 @@ async fn near_the_deadline_it_continues_asynchronously_from_where_it_stopped() {
     // 50 items a page and no time left: every page ends in a continuation.
     let summaries =
         play(&env, config(&env, Some(50)), window(T0, T0 + 3000), || SystemTime::now() + Duration::from_secs(1)).await;
-    let continued = summaries.iter().filter(|s| s.continued).count();
+    let continued = summaries.iter().filter(|s| s.status == Status::Continued).count();
     assert!(continued >= 700 / 50 - 1, "{continued} continuations");
     assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 700);
     let played = played(&env).await;
@@ -319,20 +293,9 @@ async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomp
 
     // Waiting: a pass that starts while playback waits seals B's slot.
     let b_slot_end = b - b.rem_euclid(1000) + 1000;
-    let sealer = {
-        let dynamo = env.dynamo.clone();
-        let config = scan_config(&env, lag as u64);
-        async move {
-            tokio::time::sleep(Duration::from_millis((b_slot_end + lag + 300 - now_ms()).max(0) as u64)).await;
-            let (invoker, mut rx) = LocalInvoker::channel();
-            let scan = Arc::new(Scan::new(dynamo, config, Arc::new(invoker.clone())));
-            invoker.send(json!({})).unwrap();
-            run_until_idle(&mut rx, move |p: Value| {
-                let scan = scan.clone();
-                async move { scan.handle(p, SystemTime::now() + Duration::from_secs(60)).await.unwrap() }
-            })
-            .await;
-        }
+    let sealer = async {
+        tokio::time::sleep(Duration::from_millis((b_slot_end + lag + 300 - now_ms()).max(0) as u64)).await;
+        scan_pass(&env, scan_config(&env, lag as u64)).await;
     };
     let mut waiting = window(b - 1, b + 1);
     waiting["wait_seconds"] = json!(20);

@@ -70,7 +70,8 @@ async fn records_from_the_stream_are_buffered_once_even_when_redelivered() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sample_event_is_buffered_with_json_and_binary_data() {
     let env = TestEnv::start(1).await;
-    let event = event_store::pump::parse_event(serde_json::from_str(&sample_event("pump.json")).unwrap()).unwrap();
+    let event =
+        event_store::pump::parse_kinesis_event(serde_json::from_str(&sample_event("pump.json")).unwrap()).unwrap();
     let response = pump(&env, &env.names.buffer_table).handle(event).await;
     assert!(response.batch_item_failures.is_empty());
     let items = buffer(&env).await;

@@ -8,39 +8,25 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use common::{buffer_through_pump, sample_event, TestEnv};
+use event_store::bookkeeping::{slot_index, watermark, BOOKKEEPING_SLOT};
 use event_store::config::ScanConfig;
 use event_store::event_item::EventItem;
-use event_store::invoke::{run_until_idle, LocalInvoker};
-use event_store::meta;
 use event_store::scan::{Scan, ScanSummary};
 use event_store::time::now_ms;
-use serde_json::Value;
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::runs::{self, run_scan};
 
 const T0: i64 = 1_795_327_124_000;
 
 fn config(env: &TestEnv, page_items: Option<i32>) -> ScanConfig {
-    ScanConfig {
-        buffer_table: env.names.buffer_table.clone(),
-        event_table: env.names.event_table.clone(),
-        time_unit_ms: 1000,
-        segments: 4,
-        deadline_margin: Duration::from_secs(10),
-        page_items,
-        retention_days: None,
-        watermark_lag_ms: 0,
-    }
+    ScanConfig { page_items, ..runs::scan_config(&env.names) }
 }
 
 /// Runs one scheduled scan and every fork it causes; `deadline` gives each invocation its deadline.
 async fn scan_until_idle(env: &TestEnv, config: ScanConfig, deadline: fn() -> SystemTime) -> Vec<ScanSummary> {
-    let (invoker, mut rx) = LocalInvoker::channel();
-    let scan = Arc::new(Scan::new(env.dynamo.clone(), config, Arc::new(invoker.clone())));
-    invoker.send(serde_json::from_str(&sample_event("scan.json")).unwrap()).unwrap();
-    run_until_idle(&mut rx, move |payload: Value| {
-        let scan = scan.clone();
-        async move { scan.handle(payload, deadline()).await.expect("scan run") }
-    })
-    .await
+    let schedule = serde_json::from_str(&sample_event("scan.json")).unwrap();
+    let runs = run_scan(env.dynamo.clone(), config, schedule, deadline).await;
+    runs.into_iter().map(|run| run.expect("scan run")).collect()
 }
 
 fn plenty_of_time() -> SystemTime {
@@ -62,7 +48,7 @@ async fn event_items(env: &TestEnv) -> Vec<EventItem> {
     env.scan_table(&env.names.event_table)
         .await
         .into_iter()
-        .filter(|i| i["slot"] != AttributeValue::N(meta::META_SLOT.to_string()))
+        .filter(|i| i["slot"] != AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
         .map(|i| EventItem::from_item(i).unwrap())
         .collect()
 }
@@ -209,7 +195,7 @@ async fn items_that_cannot_become_events_are_quarantined_with_the_reason_and_the
     assert_eq!(summaries.iter().map(|s| s.quarantined).sum::<usize>(), 3);
     assert!(env.scan_table(&env.names.buffer_table).await.is_empty(), "good items moved, bad ones quarantined");
     let all = env.scan_table(&env.names.event_table).await;
-    let all = all.into_iter().filter(|i| i["slot"] != N(meta::META_SLOT.to_string()));
+    let all = all.into_iter().filter(|i| i["slot"] != N(BOOKKEEPING_SLOT.to_string()));
     let (quarantined, events): (Vec<_>, Vec<_>) = all.partition(|i| i["slot"] == N("-1".into()));
     assert_eq!(events.len(), 50, "the good events all went through");
     let mut ids: Vec<String> = quarantined.iter().map(|i| i["sort_key"].as_s().unwrap().clone()).collect();
@@ -287,7 +273,7 @@ async fn events_near_the_400_kb_item_limit_are_moved_or_refused_at_the_pump_neve
 async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only() {
     let env = TestEnv::start(1).await;
     let table = &env.names.event_table;
-    assert_eq!(meta::read_watermark(&env.dynamo, table).await.unwrap().time, None, "no pass yet");
+    assert_eq!(watermark::read(&env.dynamo, table).await.unwrap().time, None, "no pass yet");
     // Three non-empty slots with gaps between them.
     let records: Vec<_> =
         [0, 5_000, 5_400, 61_000].iter().map(|&dt| ("k".to_string(), b"{}".to_vec(), T0 + dt)).collect();
@@ -296,13 +282,13 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let marks: Vec<i64> = summaries.iter().filter_map(|s| s.watermark).collect();
     assert_eq!(marks.len(), 4, "each of the 4 segments finished its pass");
-    let (slots, _) = meta::read_index(&env.dynamo, table, T0 - 60_000, T0 + 120_000).await.unwrap();
+    let (slots, _) = slot_index::read_index(&env.dynamo, table, T0 - 60_000, T0 + 120_000).await.unwrap();
     assert_eq!(slots, vec![T0, T0 + 5_000, T0 + 61_000]);
-    let first = meta::read_watermark(&env.dynamo, table).await.unwrap().time.unwrap();
+    let first = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
     assert!(first >= before - 1 && first <= now_ms(), "pass start, no lag allowed in this config: {first} vs {before}");
 
     scan_until_idle(&env, config(&env, None), plenty_of_time).await;
-    let second = meta::read_watermark(&env.dynamo, table).await.unwrap().time.unwrap();
+    let second = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
     assert!(second > first, "a later pass moves it on");
     // A stale pass (started before the last one) cannot move it back.
     env.counter.reset();
@@ -310,7 +296,7 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     let scan = Scan::new(env.dynamo.clone(), config(&env, None), Arc::new(invoker));
     let stale = serde_json::json!({"segment": 0, "total_segments": 4, "pass_started_at": first - 60_000});
     scan.handle(stale, plenty_of_time()).await.unwrap();
-    assert_eq!(meta::read_watermark(&env.dynamo, table).await.unwrap().time, Some(second));
+    assert_eq!(watermark::read(&env.dynamo, table).await.unwrap().time, Some(second));
     common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
 }
 
@@ -321,16 +307,16 @@ async fn late_events_go_to_their_own_slot_and_are_counted() {
     let now = now_ms();
     buffer_through_pump(&env, &[("k".to_string(), b"{\"n\":1}".to_vec(), now - 2_000)]).await;
     scan_until_idle(&env, config(&env, None), plenty_of_time).await;
-    let watermark = meta::read_watermark(&env.dynamo, table).await.unwrap().time.unwrap();
+    let watermark = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
     // Arrived (by its Kinesis timestamp) before the watermark, buffered only now: late.
     let late_at = watermark - 10_000;
     buffer_through_pump(&env, &[("k".to_string(), b"{\"n\":2}".to_vec(), late_at)]).await;
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     assert_eq!(summaries.iter().map(|s| s.late).sum::<usize>(), 1);
-    assert_eq!(meta::read_watermark(&env.dynamo, table).await.unwrap().late, 1);
+    assert_eq!(watermark::read(&env.dynamo, table).await.unwrap().late, 1);
     let item = event_items(&env).await.into_iter().find(|e| e.arrival == late_at).unwrap();
     assert_eq!(item.slot, late_at - late_at.rem_euclid(1000), "in the slot of its arrival, never elsewhere");
-    let (slots, _) = meta::read_index(&env.dynamo, table, late_at - 1000, late_at + 1000).await.unwrap();
+    let (slots, _) = slot_index::read_index(&env.dynamo, table, late_at - 1000, late_at + 1000).await.unwrap();
     assert_eq!(slots, vec![item.slot], "and indexed, so a replay of that window finds it");
 }
 
@@ -356,6 +342,6 @@ async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
 
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 40);
-    let (slots, _) = meta::read_index(&env.dynamo, &env.names.event_table, base, base + 3000).await.unwrap();
+    let (slots, _) = slot_index::read_index(&env.dynamo, &env.names.event_table, base, base + 3000).await.unwrap();
     assert_eq!(slots, vec![base, base + 1000, base + 2000]);
 }

@@ -118,7 +118,7 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     let max_age = mapping["MaximumRecordAgeInSeconds"].as_u64().unwrap();
     assert_eq!(
         max_age as i64 * 1000,
-        event_store::meta::MAX_PUMP_LAG_MS,
+        event_store::bookkeeping::watermark::MAX_PUMP_LAG_MS,
         "the watermark's lag bound is the record age"
     );
     assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("PumpDeadLetterQueue"));

@@ -1,7 +1,7 @@
 //! `pump` Lambda: Kinesis event source → buffer table. All logic is in `event_store::pump`.
 
 use event_store::config::PumpConfig;
-use event_store::pump::{parse_event, Pump};
+use event_store::pump::{parse_kinesis_event, Pump};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
 
@@ -13,7 +13,7 @@ async fn main() -> Result<(), Error> {
     let pump = Pump::new(aws_sdk_dynamodb::Client::new(&aws), config);
     let pump = &pump;
     run(service_fn(move |event: LambdaEvent<Value>| async move {
-        Ok::<_, event_store::Error>(pump.handle(parse_event(event.payload)?).await)
+        Ok::<_, event_store::Error>(pump.handle(parse_kinesis_event(event.payload)?).await)
     }))
     .await
 }

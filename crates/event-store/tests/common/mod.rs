@@ -11,8 +11,8 @@ use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_kinesis::types::ShardIteratorType;
-use event_store::metrics::RequestCounter;
-use event_store::resources::{create_streams, create_tables, Names};
+use event_store_emulator::request_counter::RequestCounter;
+use event_store_emulator::resources::{create_streams, create_tables, Names};
 use event_store_emulator::{moto_server, Emulator};
 
 pub const REGION: &str = "us-east-1";
@@ -140,7 +140,7 @@ impl TestEnv {
         }
         by_shard
             .iter()
-            .map(|(shard, records)| event_store::event_source::kinesis_event(&arn, shard, REGION, records))
+            .map(|(shard, records)| event_store_emulator::event_source::kinesis_event(&arn, shard, REGION, records))
             .collect()
     }
 
@@ -182,7 +182,7 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
             })
         })
         .collect();
-    event_store::pump::parse_event(serde_json::json!({ "Records": records })).expect("kinesis event")
+    event_store::pump::parse_kinesis_event(serde_json::json!({ "Records": records })).expect("kinesis event")
 }
 
 fn base64(data: &[u8]) -> String {

@@ -4,9 +4,16 @@
 
 use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
 
-use crate::buffer_item;
-use crate::error::{Error, Result};
-use crate::event_item;
+use aws_sdk_dynamodb::error::DisplayErrorContext;
+use event_store::{buffer_item, event_item};
+
+use crate::process::Error;
+
+type Result<T> = std::result::Result<T, Error>;
+
+fn failed(operation: &str, err: impl std::error::Error) -> Error {
+    Error(format!("{operation}: {}", DisplayErrorContext(&err)))
+}
 
 /// Names of one deployment's resources.
 #[derive(Debug, Clone)]
@@ -30,7 +37,7 @@ impl Names {
 }
 
 fn key(name: &str, kind: KeyType) -> Result<KeySchemaElement> {
-    KeySchemaElement::builder().attribute_name(name).key_type(kind).build().map_err(|e| Error::dynamo("CreateTable", e))
+    KeySchemaElement::builder().attribute_name(name).key_type(kind).build().map_err(|e| failed("CreateTable", e))
 }
 
 fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinition> {
@@ -38,18 +45,18 @@ fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinitio
         .attribute_name(name)
         .attribute_type(kind)
         .build()
-        .map_err(|e| Error::dynamo("CreateTable", e))
+        .map_err(|e| failed("CreateTable", e))
 }
 
 /// Buffer table: hash key `id` (S); event table: `slot` (N) + `sort_key` (S). On-demand.
 pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> Result<()> {
     let tables = [
-        (&names.buffer_table, vec![(buffer_item::KEY, KeyType::Hash, ScalarAttributeType::S)]),
+        (&names.buffer_table, vec![(buffer_item::HASH_KEY, KeyType::Hash, ScalarAttributeType::S)]),
         (
             &names.event_table,
             vec![
-                (event_item::PARTITION_KEY, KeyType::Hash, ScalarAttributeType::N),
-                (event_item::SORT_KEY, KeyType::Range, ScalarAttributeType::S),
+                (event_item::HASH_KEY, KeyType::Hash, ScalarAttributeType::N),
+                (event_item::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
             ],
         ),
     ];
@@ -61,7 +68,7 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
         match request.send().await {
             Ok(_) => {}
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
-            Err(e) => return Err(Error::dynamo("CreateTable", e)),
+            Err(e) => return Err(failed("CreateTable", e)),
         }
     }
     Ok(())
@@ -73,7 +80,7 @@ pub async fn create_streams(client: &aws_sdk_kinesis::Client, names: &Names, sha
         match client.create_stream().stream_name(stream.as_str()).shard_count(shards).send().await {
             Ok(_) => {}
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
-            Err(e) => return Err(Error::kinesis("CreateStream", e)),
+            Err(e) => return Err(failed("CreateStream", e)),
         }
         for _ in 0..100 {
             let summary = client
@@ -81,7 +88,7 @@ pub async fn create_streams(client: &aws_sdk_kinesis::Client, names: &Names, sha
                 .stream_name(stream.as_str())
                 .send()
                 .await
-                .map_err(|e| Error::kinesis("DescribeStreamSummary", e))?;
+                .map_err(|e| failed("DescribeStreamSummary", e))?;
             let active = summary
                 .stream_description_summary()
                 .is_some_and(|d| d.stream_status() == &aws_sdk_kinesis::types::StreamStatus::Active);

@@ -1,0 +1,103 @@
+//! A scan or a playback run to the end, with every fork and continuation it
+//! causes run in-process, and the configurations the tests and the bench
+//! start from (the shapes of `ScanConfig` and `PlaybackConfig` live here once).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use event_store::config::{PlaybackConfig, ScanConfig};
+use event_store::invoke::Invoker;
+use event_store::playback::{Playback, PlaybackSummary};
+use event_store::scan::{Scan, ScanSummary};
+use event_store::Result;
+use serde_json::Value;
+
+use crate::invoke::{run_until_idle, LocalInvoker};
+use crate::resources::Names;
+
+/// A scan of `names`' tables with one-second slots, 4 segments, a 10 s
+/// deadline margin, 1 MB pages, no retention and no write lag (tests call
+/// the pump themselves, so its writes have all landed).
+pub fn scan_config(names: &Names) -> ScanConfig {
+    ScanConfig {
+        buffer_table: names.buffer_table.clone(),
+        event_table: names.event_table.clone(),
+        time_unit_ms: 1000,
+        segments: 4,
+        deadline_margin: Duration::from_secs(10),
+        page_items: None,
+        retention_days: None,
+        watermark_lag_ms: 0,
+    }
+}
+
+/// A playback of `names`' event table onto their playback stream, one-second
+/// slots, a 10 s deadline margin, 1 MB pages, windows up to a day.
+pub fn playback_config(names: &Names) -> PlaybackConfig {
+    PlaybackConfig {
+        event_table: names.event_table.clone(),
+        playback_stream: names.playback_stream.clone(),
+        time_unit_ms: 1000,
+        deadline_margin: Duration::from_secs(10),
+        page_items: None,
+        max_window: Duration::from_secs(86_400),
+    }
+}
+
+/// A deadline `budget` from now, for each run of a chain.
+pub fn deadline_in(budget: Duration) -> impl Fn() -> SystemTime + Send + Sync + Clone + 'static {
+    move || SystemTime::now() + budget
+}
+
+/// Runs `first` (a schedule event, or a segment task) and every fork and
+/// continuation it causes; `deadline` gives each run its deadline.
+pub async fn run_scan(
+    dynamo: aws_sdk_dynamodb::Client,
+    config: ScanConfig,
+    first: Value,
+    deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
+) -> Vec<Result<ScanSummary>> {
+    run_chain(
+        |invoker| Scan::new(dynamo, config, invoker),
+        first,
+        deadline,
+        |scan, payload, deadline| async move { scan.handle(payload, deadline).await },
+    )
+    .await
+}
+
+/// Runs the playback `request` and every continuation it causes; `make`
+/// builds the playback (with an observer, say) around the local invoker.
+pub async fn run_playback(
+    make: impl FnOnce(Arc<dyn Invoker>) -> Playback,
+    request: Value,
+    deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
+) -> Vec<Result<PlaybackSummary>> {
+    run_chain(
+        make,
+        request,
+        deadline,
+        |playback, payload, deadline| async move { playback.handle(payload, deadline).await },
+    )
+    .await
+}
+
+async fn run_chain<H, F, Fut, T>(
+    make: impl FnOnce(Arc<dyn Invoker>) -> H,
+    first: Value,
+    deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
+    handle: F,
+) -> Vec<T>
+where
+    H: Send + Sync + 'static,
+    F: Fn(Arc<H>, Value, SystemTime) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (invoker, mut rx) = LocalInvoker::channel();
+    let handler = Arc::new(make(Arc::new(invoker.clone())));
+    if invoker.send(first).is_err() {
+        return Vec::new();
+    }
+    run_until_idle(&mut rx, move |payload| handle(handler.clone(), payload, deadline())).await
+}

@@ -1,0 +1,77 @@
+//! The event table's bookkeeping partition (`slot = -2`): what the scan
+//! knows and readers need, kept next to the events so no other table, role
+//! or stack output is needed. One module per kind of item:
+//!
+//! | sort key | module | written by |
+//! |---|---|---|
+//! | `index#<slot start ms, 13 digits>` | [`slot_index`] | scan, with the slot's events (idempotent put) |
+//! | `watermark#<segments, 4 digits>#<segment, 4 digits>` | [`watermark`] | scan, forward only; `late` by `ADD` |
+//! | `playback#<id>` | [`crate::playback::checkpoint`] | playback, after every put |
+//!
+//! Every item has one writer at a time (a scan page, a scan segment, a
+//! playback run), never read-modified-written by two at once. Readers of the
+//! log never read negative slots, so neither this partition nor the
+//! quarantine (`slot = -1`) is ever played back.
+
+pub mod slot_index;
+pub mod watermark;
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+
+use crate::error::{Error, Result};
+use crate::event_item::{HASH_KEY, RANGE_KEY};
+
+/// The bookkeeping partition's `slot`.
+pub const BOOKKEEPING_SLOT: i64 = -2;
+
+/// The key of the bookkeeping item with sort key `sort_key`.
+pub fn key(sort_key: String) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (HASH_KEY.to_owned(), AttributeValue::N(BOOKKEEPING_SLOT.to_string())),
+        (RANGE_KEY.to_owned(), AttributeValue::S(sort_key)),
+    ])
+}
+
+/// All bookkeeping items whose sort key is in `[from, to]`, page by page
+/// (strongly consistent: bookkeeping is read to decide what is complete).
+/// Returns them with the number of `Query` requests it took.
+pub async fn query_range(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    from: String,
+    to: String,
+) -> Result<(Vec<HashMap<String, AttributeValue>>, usize)> {
+    let mut items = Vec::new();
+    let mut start_key = None;
+    let mut queries = 0;
+    loop {
+        let page = dynamo
+            .query()
+            .table_name(table)
+            .consistent_read(true)
+            .key_condition_expression("#slot = :bookkeeping AND #sk BETWEEN :from AND :to")
+            .expression_attribute_names("#slot", HASH_KEY)
+            .expression_attribute_names("#sk", RANGE_KEY)
+            .expression_attribute_values(":bookkeeping", AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
+            .expression_attribute_values(":from", AttributeValue::S(from.clone()))
+            .expression_attribute_values(":to", AttributeValue::S(to.clone()))
+            .set_exclusive_start_key(start_key.take())
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("Query", e))?;
+        queries += 1;
+        items.extend(page.items().iter().cloned());
+        match page.last_evaluated_key() {
+            Some(last) => start_key = Some(last.clone()),
+            None => return Ok((items, queries)),
+        }
+    }
+}
+
+/// The sort key of a bookkeeping item, if it has one.
+pub(crate) fn sort_key_of(item: &HashMap<String, AttributeValue>) -> Option<&str> {
+    item.get(RANGE_KEY).and_then(|v| v.as_s().ok()).map(String::as_str)
+}

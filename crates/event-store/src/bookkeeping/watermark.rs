@@ -1,0 +1,258 @@
+//! The completeness watermark, the whole rule in one place: what a scan
+//! pass observes, the time it allows, how the segments' parts are stored and
+//! combined, and which slots a reader may treat as sealed
+//! (`docs/design.md#4-completeness-the-watermark`).
+//!
+//! Each scan segment, when it finishes a pass over its part of the buffer,
+//! moves its own item forward to
+//! `min(oldest arrival it had to leave in the buffer, pass start − allowance)`,
+//! where the allowance is the largest pump lag (`buffered_at − arrival`) seen
+//! in the pass plus `WATERMARK_LAG_MS` (a pump write can land that long
+//! after its stamp), capped at the event source's maximum record age. The
+//! watermark is the lowest part of the newest complete set of segments;
+//! every slot before the watermark's slot is sealed.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use serde::{Deserialize, Serialize};
+
+use super::{key, query_range, sort_key_of};
+use crate::error::{Error, Result};
+use crate::time::slot_of;
+
+const PREFIX: &str = "watermark#";
+
+/// The most pump lag there can be: the event source mapping drops records
+/// older than this (`MaximumRecordAgeInSeconds` in the template, checked by a
+/// test), so the pump never buffers an event that arrived longer ago.
+pub const MAX_PUMP_LAG_MS: i64 = 6 * 3600 * 1000;
+
+/// What one page of a scan pass tells the watermark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageObservation {
+    /// Oldest arrival among the items the page had to leave in the buffer.
+    pub oldest_left: Option<i64>,
+    /// Largest pump lag (`buffered_at − arrival`) among the page's items.
+    pub max_lag_ms: Option<i64>,
+}
+
+/// A segment's pass so far, carried from run to run in the segment's payload.
+/// Without `pass_started_at` (a segment invoked by hand) the pass moves
+/// events but no watermark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pass {
+    /// When the scheduled run that started this pass began (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_started_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_left: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lag_ms: Option<i64>,
+}
+
+impl Pass {
+    pub fn started_at(ms: i64) -> Self {
+        Self { pass_started_at: Some(ms), ..Self::default() }
+    }
+
+    /// Adds one page's observation.
+    pub fn saw(&mut self, page: PageObservation) {
+        self.oldest_left = match (self.oldest_left, page.oldest_left) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.max_lag_ms = self.max_lag_ms.max(page.max_lag_ms);
+    }
+
+    /// The time this pass, once finished, lets its segment's part move to;
+    /// `write_lag_ms` is `WATERMARK_LAG_MS`. `None` for a pass with no start.
+    pub fn watermark(&self, write_lag_ms: u64) -> Option<i64> {
+        let started = self.pass_started_at?;
+        // The pump stamps `buffered_at` before its write, which may land up to its timeout later.
+        let allowance = self.max_lag_ms.unwrap_or(0).max(0) + write_lag_ms as i64;
+        Some(segment_watermark(started, allowance, self.oldest_left))
+    }
+}
+
+/// The watermark one finished segment pass allows: the oldest arrival it had
+/// to leave in the buffer, or else the pass's start less the allowance
+/// (anything that lands in the buffer after the pass started arrived at most
+/// that long before it).
+pub fn segment_watermark(pass_started_at: i64, allowance_ms: i64, oldest_left: Option<i64>) -> i64 {
+    let bound = pass_started_at - allowance_ms.clamp(0, MAX_PUMP_LAG_MS);
+    oldest_left.map_or(bound, |oldest| oldest.min(bound))
+}
+
+/// The completeness watermark: every event that arrived (Kinesis arrival
+/// time) before `time` and reached the buffer is in the event table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watermark {
+    /// ms since the epoch; `None` until every scan segment has finished a pass.
+    pub time: Option<i64>,
+    /// Events the scan moved after the watermark had passed their arrival time.
+    pub late: u64,
+}
+
+impl Watermark {
+    /// The end of the sealed part of the log: every slot before the
+    /// watermark's own slot is complete. `None` before the first watermark.
+    pub fn sealed_end(&self, unit_ms: u64) -> Option<i64> {
+        self.time.map(|t| slot_of(t, unit_ms))
+    }
+}
+
+/// Keyed by the segment count too: segments of different counts cover
+/// different parts of the table, so only a full set of one count is a watermark.
+fn watermark_key(total_segments: u32, segment: u32) -> String {
+    format!("{PREFIX}{total_segments:04}#{segment:04}")
+}
+
+/// Moves segment `segment`'s part of the watermark forward to `time`
+/// (a conditional write: never backward, so overlapping passes are harmless).
+/// Returns false when it was already at or past `time`.
+pub async fn advance(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    segment: u32,
+    total_segments: u32,
+    time: i64,
+    now_ms: i64,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(watermark_key(total_segments, segment))))
+        .update_expression("SET #time = :time, updated_at = :now")
+        .condition_expression("attribute_not_exists(#time) OR #time < :time")
+        .expression_attribute_names("#time", "time")
+        .expression_attribute_values(":time", AttributeValue::N(time.to_string()))
+        .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => {
+            Ok(false)
+        }
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
+}
+
+/// Counts events that came in behind the watermark (on the segment's own item).
+pub async fn count_late(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    segment: u32,
+    total_segments: u32,
+    late: usize,
+) -> Result<()> {
+    dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(watermark_key(total_segments, segment))))
+        .update_expression("ADD late :n")
+        .expression_attribute_values(":n", AttributeValue::N(late.to_string()))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("UpdateItem", e))?;
+    Ok(())
+}
+
+/// The watermark from the segments' items: among the segment counts whose
+/// every segment has finished a pass, the one written to most recently, and
+/// its lowest `time`. Absent until one count is complete.
+pub fn watermark_of(items: &[HashMap<String, AttributeValue>]) -> Watermark {
+    let number = |item: &HashMap<String, AttributeValue>, name: &str| {
+        item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok())
+    };
+    let late = items.iter().filter_map(|i| number(i, "late")).sum::<i64>().max(0) as u64;
+    // segment count -> (segment -> time), and the latest write to that count.
+    let mut counts: HashMap<u32, (HashMap<u32, i64>, i64)> = HashMap::new();
+    for item in items {
+        let Some(rest) = sort_key_of(item).and_then(|k| k.strip_prefix(PREFIX)) else { continue };
+        let Some((total, segment)) = rest.split_once('#') else { continue };
+        let (Ok(total), Ok(segment), Some(time)) = (total.parse::<u32>(), segment.parse::<u32>(), number(item, "time"))
+        else {
+            continue;
+        };
+        let entry = counts.entry(total).or_default();
+        entry.0.insert(segment, time);
+        entry.1 = entry.1.max(number(item, "updated_at").unwrap_or(0));
+    }
+    let time = counts
+        .into_iter()
+        .filter(|(total, (times, _))| *total > 0 && (0..*total).all(|s| times.contains_key(&s)))
+        .max_by_key(|(_, (_, updated))| *updated)
+        .and_then(|(_, (times, _))| times.into_values().min());
+    Watermark { time, late }
+}
+
+pub async fn read(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Watermark> {
+    let (items, _) = query_range(dynamo, table, format!("{PREFIX}0"), format!("{PREFIX}9")).await?;
+    Ok(watermark_of(&items))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_pass_allows_for_what_it_left_and_for_the_pump_lag() {
+        assert_eq!(segment_watermark(10_000, 2_000, None), 8_000);
+        assert_eq!(segment_watermark(10_000, 2_000, Some(5_000)), 5_000, "a failed item holds it back");
+        assert_eq!(segment_watermark(10_000, 2_000, Some(9_000)), 8_000);
+        assert_eq!(segment_watermark(10_000, -5, None), 10_000);
+        let now = 1_800_000_000_000;
+        assert_eq!(
+            segment_watermark(now, 90 * 86_400_000, None),
+            now - MAX_PUMP_LAG_MS,
+            "no lag beyond the max record age"
+        );
+    }
+
+    #[test]
+    fn a_pass_adds_up_its_pages_and_the_write_lag() {
+        let mut pass = Pass::started_at(100_000);
+        pass.saw(PageObservation { oldest_left: None, max_lag_ms: Some(2_000) });
+        pass.saw(PageObservation { oldest_left: Some(90_000), max_lag_ms: Some(500) });
+        pass.saw(PageObservation { oldest_left: Some(95_000), max_lag_ms: None });
+        assert_eq!((pass.oldest_left, pass.max_lag_ms), (Some(90_000), Some(2_000)));
+        assert_eq!(pass.watermark(1_000), Some(90_000), "what was left holds it back");
+        let clean = Pass { oldest_left: None, ..pass };
+        assert_eq!(clean.watermark(1_000), Some(100_000 - 2_000 - 1_000), "lag seen plus write lag");
+        assert_eq!(Pass::default().watermark(1_000), None, "a hand-started segment moves no watermark");
+    }
+
+    #[test]
+    fn the_sealed_end_is_the_start_of_the_watermarks_slot() {
+        let w = Watermark { time: Some(12_345), late: 0 };
+        assert_eq!(w.sealed_end(1000), Some(12_000));
+        assert_eq!(Watermark { time: None, late: 0 }.sealed_end(1000), None);
+    }
+
+    #[test]
+    fn the_watermark_is_the_lowest_segment_of_the_latest_complete_configuration() {
+        let n = |v: i64| AttributeValue::N(v.to_string());
+        let segment = |total: u32, i: u32, time: i64, updated: i64| {
+            let mut item = key(watermark_key(total, i));
+            item.extend([("time".to_string(), n(time)), ("updated_at".to_string(), n(updated))]);
+            item
+        };
+        let mut items = vec![segment(3, 0, 500, 1), segment(3, 1, 300, 2)];
+        assert_eq!(watermark_of(&items), Watermark { time: None, late: 0 }, "segment 2 has not finished a pass");
+        items.push(segment(3, 2, 400, 3));
+        assert_eq!(watermark_of(&items).time, Some(300));
+        // Reconfigured to 2 segments: until both have finished a pass, the 3-segment set still holds.
+        items.push(segment(2, 0, 900, 9));
+        assert_eq!(watermark_of(&items).time, Some(300), "half a new configuration proves nothing");
+        items.push(segment(2, 1, 800, 10));
+        items[0].insert("late".into(), n(4));
+        assert_eq!(watermark_of(&items), Watermark { time: Some(800), late: 4 });
+        assert_eq!(watermark_of(&[]), Watermark { time: None, late: 0 });
+        assert!(watermark_key(4, 1).starts_with("watermark#0004#"));
+    }
+}

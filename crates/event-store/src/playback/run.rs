@@ -1,0 +1,249 @@
+//! One invocation's playing: pages come in from the reader in order; each is
+//! accepted (decoded, filtered, numbered, queued), full batches are put, and
+//! near the deadline the run stops at a checkpoint and hands the rest over.
+//! Steps: [`Run::accept`], [`Run::finish`], [`Run::hand_over`].
+
+use std::time::{Instant, SystemTime};
+
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::checkpoint::{self, Checkpoint};
+use super::pacer::Pacer;
+use super::reader::Page;
+use super::record::PlayedEvent;
+use super::request::{PlaybackRequest, Window};
+use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
+use super::Playback;
+use crate::batch::KINESIS_BATCH_RECORDS;
+use crate::error::{Error, Result};
+use crate::event_item::EventItem;
+use crate::invoke::continue_with;
+use crate::kinesis::{put_ordered, send_put_records, OutgoingRecord};
+use crate::time::{format_ms, remaining};
+
+/// A record accepted but not yet put, with its event's place in the table.
+struct Pending {
+    slot: i64,
+    sort_key: String,
+    record: OutgoingRecord,
+}
+
+/// What the run does after a step.
+pub enum Flow {
+    Go,
+    /// Stop here; the continuation starts from this checkpoint.
+    HandOver(Checkpoint),
+}
+
+/// What a put did.
+enum Put {
+    Sent,
+    /// Nothing sent: waiting for the pace would run into the deadline margin.
+    WouldCrossDeadline,
+}
+
+/// The current slot's first played event and count, for the observer.
+#[derive(Default)]
+struct SlotTally {
+    first: Option<i64>,
+    count: usize,
+}
+
+pub struct Run<'a> {
+    playback: &'a Playback,
+    request: &'a PlaybackRequest,
+    window: &'a Window,
+    deadline: SystemTime,
+    pacer: Pacer,
+    started: Instant,
+    /// The sequence number the next accepted event gets.
+    seq: u64,
+    /// Where the stream stands: after the last put.
+    checkpoint: Checkpoint,
+    pending: Vec<Pending>,
+    slot: SlotTally,
+    summary: PlaybackSummary,
+}
+
+impl<'a> Run<'a> {
+    pub fn new(
+        playback: &'a Playback,
+        request: &'a PlaybackRequest,
+        window: &'a Window,
+        position: Checkpoint,
+        pacer: Pacer,
+        deadline: SystemTime,
+        summary: PlaybackSummary,
+    ) -> Self {
+        Self {
+            playback,
+            request,
+            window,
+            deadline,
+            pacer,
+            started: Instant::now(),
+            seq: position.seq,
+            checkpoint: position,
+            pending: Vec::new(),
+            slot: SlotTally::default(),
+            summary,
+        }
+    }
+
+    /// Takes one page: queues its events, puts every full batch, reports a
+    /// finished slot, and near the deadline stops.
+    pub async fn accept(&mut self, page: Page) -> Result<Flow> {
+        self.summary.queries += 1;
+        self.summary.unreadable += page.unreadable;
+        for event in page.events {
+            self.queue(page.slot, event)?;
+        }
+        if let Put::WouldCrossDeadline = self.put_full_batches().await? {
+            // The next run starts after the last put.
+            return Ok(Flow::HandOver(self.checkpoint.clone()));
+        }
+        if page.last_key.is_none() {
+            self.slot_done(page.slot);
+        }
+        if remaining(self.deadline) <= self.playback.config.deadline_margin {
+            return self.stop_after(page.slot, page.last_key).await;
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Decodes, filters and numbers one event, and queues its record.
+    fn queue(&mut self, slot: i64, event: EventItem) -> Result<()> {
+        let bytes = match event.bytes() {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                warn!(slot, error = %err, "event skipped");
+                self.summary.unreadable += 1;
+                return Ok(());
+            }
+        };
+        let json: Option<Value> = serde_json::from_slice(&bytes).ok();
+        if !self.request.wants(json.as_ref()) {
+            self.summary.filtered_out += 1;
+            return Ok(());
+        }
+        self.slot.first.get_or_insert(event.arrival);
+        self.slot.count += 1;
+        self.summary.first_event.get_or_insert_with(|| format_ms(event.arrival));
+        self.summary.last_event = Some(format_ms(event.arrival));
+        let played = PlayedEvent::new(&event, json, &bytes, self.seq);
+        let data = serde_json::to_vec(&played).map_err(|e| Error::encode("played event", e))?;
+        self.seq += 1;
+        let record = OutgoingRecord { partition_key: event.partition_key, data };
+        self.pending.push(Pending { slot, sort_key: event.sort_key, record });
+        Ok(())
+    }
+
+    async fn put_full_batches(&mut self) -> Result<Put> {
+        while self.pending.len() >= KINESIS_BATCH_RECORDS {
+            let batch: Vec<Pending> = self.pending.drain(..KINESIS_BATCH_RECORDS).collect();
+            let next_seq = self.seq - self.pending.len() as u64;
+            if let Put::WouldCrossDeadline = self.put(batch, next_seq, Some(self.deadline)).await? {
+                return Ok(Put::WouldCrossDeadline);
+            }
+        }
+        Ok(Put::Sent)
+    }
+
+    fn slot_done(&mut self, slot: i64) {
+        let tally = std::mem::take(&mut self.slot);
+        let Some(first) = tally.first else { return };
+        let count = tally.count;
+        self.playback.tell(Progress::Slot(SlotPlayed { slot, first_event: first, count }));
+        info!(slot = %format_ms(slot), first = %format_ms(first), count, "{}: {} [{count}]", format_ms(slot), format_ms(first));
+    }
+
+    /// Near the deadline: puts what is queued, and saves the position after
+    /// the page just read (everything consumed so far is done, filtered events included).
+    async fn stop_after(&mut self, slot: i64, last_key: Option<String>) -> Result<Flow> {
+        let batch = std::mem::take(&mut self.pending);
+        if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.deadline)).await? {
+            return Ok(Flow::HandOver(self.checkpoint.clone()));
+        }
+        let base = Checkpoint { seq: self.seq, ..self.checkpoint.clone() };
+        let resume = match last_key {
+            Some(key) => Checkpoint { slot, after: Some(key), ..base },
+            None => Checkpoint { slot: slot + self.playback.config.time_unit_ms as i64, after: None, ..base },
+        };
+        self.save(&resume).await?;
+        Ok(Flow::HandOver(resume))
+    }
+
+    /// The last page is in: puts the rest and marks the checkpoint done.
+    pub async fn finish(mut self) -> Result<PlaybackSummary> {
+        let batch = std::mem::take(&mut self.pending);
+        self.put(batch, self.seq, None).await?;
+        self.checkpoint.done = true;
+        self.checkpoint.seq = self.seq;
+        self.save(&self.checkpoint.clone()).await?;
+        let summary = PlaybackSummary { next_seq: self.seq, ..self.summary };
+        info!(
+            id = %summary.id,
+            slots = summary.slots,
+            events = summary.events,
+            queries = summary.queries,
+            requests = summary.put_requests,
+            "playback done"
+        );
+        Ok(summary)
+    }
+
+    /// Hands the rest of the window, from `resume`, to a continuation.
+    pub async fn hand_over(self, resume: Checkpoint) -> Result<PlaybackSummary> {
+        let next = PlaybackRequest {
+            start: Some(format_ms(self.window.start)),
+            end: Some(format_ms(self.window.end)),
+            wait_seconds: None,
+            id: Some(self.summary.id.clone()),
+            resume: Some(resume.clone()),
+            restart: false,
+            ..self.request.clone()
+        };
+        info!(id = %self.summary.id, resume = ?next.resume, "playback continues asynchronously");
+        continue_with(self.playback.invoker.as_ref(), &next).await?;
+        Ok(PlaybackSummary { status: Status::Continued, next_seq: resume.seq, ..self.summary })
+    }
+
+    /// Puts `batch` in order, at the pace, then saves the checkpoint after its
+    /// last event; the first record of the batch gets `next_seq - batch.len()`.
+    /// With a `deadline`, sends nothing when waiting for the pace would run
+    /// into the deadline margin and this run has already put something (so
+    /// every run makes progress).
+    async fn put(&mut self, batch: Vec<Pending>, next_seq: u64, deadline: Option<SystemTime>) -> Result<Put> {
+        let Some(last) = batch.last() else { return Ok(Put::Sent) };
+        let (slot, after) = (last.slot, last.sort_key.clone());
+        let wait = self.pacer.next_at().saturating_sub(self.started.elapsed());
+        if let Some(deadline) = deadline {
+            if self.summary.put_requests > 0 && remaining(deadline) <= self.playback.config.deadline_margin + wait {
+                return Ok(Put::WouldCrossDeadline);
+            }
+        }
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        let records: Vec<OutgoingRecord> = batch.into_iter().map(|p| p.record).collect();
+        let (kinesis, stream) = (&self.playback.kinesis, self.playback.config.playback_stream.as_str());
+        let stats = put_ordered(&records, &self.playback.backoff, |batch| async move {
+            send_put_records(kinesis, stream, &batch).await
+        })
+        .await?;
+        self.pacer.sent(records.len(), records.iter().map(OutgoingRecord::size).sum());
+        self.summary.events += records.len();
+        self.summary.put_requests += stats.requests;
+        self.summary.resent += stats.resent;
+        let events = self.checkpoint.events + records.len() as u64;
+        self.checkpoint = Checkpoint { slot, after: Some(after), seq: next_seq, events, done: false };
+        self.save(&self.checkpoint.clone()).await?;
+        Ok(Put::Sent)
+    }
+
+    async fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
+        checkpoint::save(dynamo, table, &self.summary.id, checkpoint).await
+    }
+}

@@ -1,0 +1,71 @@
+//! What a playback run reports: to its caller when it ends ([`PlaybackSummary`]),
+//! and to an observer while it plays ([`Progress`]).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Everything up to `end` is on the stream.
+    #[default]
+    Complete,
+    /// The rest was handed to an asynchronous continuation.
+    Continued,
+    /// `end` is past the watermark (after waiting `wait_seconds`): nothing played.
+    Incomplete,
+    /// A checkpoint says this run already finished (send `restart: true` to play again).
+    AlreadyDone,
+}
+
+/// What one invocation played back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlaybackSummary {
+    pub id: String,
+    pub status: Status,
+    pub start: String,
+    pub end: String,
+    /// The completeness watermark when the run began.
+    pub watermark: Option<String>,
+    /// Events the scan moved after the watermark had passed them (all time; see the README).
+    pub late_events: u64,
+    /// Non-empty slots this run read (from the slot index).
+    pub slots: usize,
+    pub events: usize,
+    /// Events skipped by the filter.
+    pub filtered_out: usize,
+    pub first_event: Option<String>,
+    pub last_event: Option<String>,
+    /// `Query` requests for events, and for the slot index.
+    pub queries: usize,
+    pub index_queries: usize,
+    pub put_requests: usize,
+    /// Records sent twice because an earlier record of their request failed.
+    pub resent: usize,
+    /// Items in the event table that could not be decoded (skipped, logged).
+    pub unreadable: usize,
+    /// The playback sequence number the next record would get.
+    pub next_seq: u64,
+}
+
+/// One non-empty slot played back (possibly in part, when a run stopped inside it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotPlayed {
+    pub slot: i64,
+    pub first_event: i64,
+    pub count: usize,
+}
+
+/// What a run tells an observer (the local CLI draws its progress bar from these).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// The non-empty slots this run will read.
+    Planned {
+        slots: usize,
+    },
+    Slot(SlotPlayed),
+}
+
+pub type ProgressObserver = Arc<dyn Fn(&Progress) + Send + Sync>;
