@@ -28,7 +28,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback load test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+.PHONY: help demo local playback load check test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,6 +45,10 @@ playback: local-bin ## play back START..END (ISO 8601; default the last 15 min) 
 load: tools-ab ## ab -n N -c C against the local pixel (start `make local` first)
 	@echo "== ab -n $(N) -c $(C) against http://127.0.0.1:$(PORT)/track.gif"
 	ab -n $(N) -c $(C) 'http://127.0.0.1:$(PORT)/track.gif?EntityId=ab&page=load-test'
+
+check: ## the edit-compile-test loop: clippy -D warnings and the unit tests (no emulator, no arm64 build)
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) test --workspace --lib --bins --locked
 
 test: tools-moto tools tools-node tools-chromium build ## all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
 	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo and browser tests"

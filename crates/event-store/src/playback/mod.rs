@@ -151,7 +151,7 @@ impl Playback {
         };
         let waited = Instant::now();
         while !wait.is_zero()
-            && !watermark.sealed_end(self.config.time_unit_ms).is_some_and(|s| s >= end)
+            && watermark.sealed_end(self.config.time_unit_ms).is_none_or(|s| s < end)
             && waited.elapsed() < wait
             && remaining(deadline) > self.config.deadline_margin
         {
