@@ -50,7 +50,7 @@ check: ## the edit-compile-test loop: clippy -D warnings and the unit tests (no 
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --lib --bins --locked
 
-test: tools-moto tools tools-node tools-chromium build ## all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
+test: lint tools-moto tools tools-node tools-chromium build ## lints, then all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
 	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo and browser tests"
 	@mkdir -p target
 	set -o pipefail; $(CARGO) test --workspace --locked 2>&1 | tee target/test.log
