@@ -45,7 +45,7 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
 }
 
 /// A deadline `budget` from now, for each run of a chain.
-pub fn deadline_in(budget: Duration) -> impl Fn() -> SystemTime + Send + Sync + Clone + 'static {
+pub fn deadline_in(budget: Duration) -> impl Fn() -> SystemTime + Send + Sync + 'static {
     move || SystemTime::now() + budget
 }
 

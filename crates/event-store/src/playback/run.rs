@@ -180,7 +180,7 @@ impl<'a> Run<'a> {
         self.put(batch, self.seq, None).await?;
         self.checkpoint.done = true;
         self.checkpoint.seq = self.seq;
-        self.save(&self.checkpoint.clone()).await?;
+        self.save(&self.checkpoint).await?;
         let summary = PlaybackSummary { next_seq: self.seq, ..self.summary };
         info!(
             id = %summary.id,
@@ -238,7 +238,7 @@ impl<'a> Run<'a> {
         self.summary.resent += stats.resent;
         let events = self.checkpoint.events + records.len() as u64;
         self.checkpoint = Checkpoint { slot, after: Some(after), seq: next_seq, events, done: false };
-        self.save(&self.checkpoint.clone()).await?;
+        self.save(&self.checkpoint).await?;
         Ok(Put::Sent)
     }
 

@@ -148,7 +148,7 @@ impl PagePlan {
     /// ids into those to delete and those to leave
     /// (`docs/design.md#2-delete-after-durable-copy`).
     pub fn settle(&mut self, not_written: &[TableKey]) -> Settled {
-        let mut settled = Settled { left: self.unbuilt.clone(), ..Settled::default() };
+        let mut settled = Settled { left: std::mem::take(&mut self.unbuilt), ..Settled::default() };
         let mut sources = std::mem::take(&mut self.sources);
         for key in not_written {
             match key {
