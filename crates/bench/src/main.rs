@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
+use event_store::bookkeeping::shard_position;
 use event_store::config::{PlaybackConfig, PumpConfig, ScanConfig};
 use event_store::playback::Playback;
 use event_store::pump::Pump;
@@ -190,9 +191,11 @@ async fn bench_payload(
     // pump: Lambda-shaped batches of 100, as many in flight as the raw loop.
     let records: Vec<_> = (0..events).map(|i| (i, payload(i, size))).collect();
     let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench";
+    // Each batch from its own shard, as Lambda runs them concurrently (one batch per shard at a time).
     let batches: Vec<aws_lambda_events::event::kinesis::KinesisEvent> = records
         .chunks(PUMP_BATCH)
-        .map(|chunk| {
+        .enumerate()
+        .map(|(batch, chunk)| {
             let json: Vec<serde_json::Value> = chunk
                 .iter()
                 .map(|(i, data)| {
@@ -200,7 +203,7 @@ async fn bench_payload(
                     serde_json::json!({
                         "kinesis": {"partitionKey": format!("user-{}", i % 50), "sequenceNumber": sequence,
                                     "data": base64(data), "approximateArrivalTimestamp": (t0 + *i as i64) as f64 / 1000.0},
-                        "eventID": format!("shardId-000000000000:{sequence}"), "eventSourceARN": arn,
+                        "eventID": format!("shardId-bench{batch:07}:{sequence}"), "eventSourceARN": arn,
                     })
                 })
                 .collect();
@@ -225,13 +228,18 @@ async fn bench_payload(
 
     // pump, and its raw loop, in alternating rounds: the best of each, so a
     // moment of noise on the shared machine does not decide the ratio.
-    // Pump writes are idempotent, so a round overwrites the previous one's items.
-    let pump = Pump::new(dynamo.clone(), PumpConfig { buffer_table: names.buffer_table.clone() });
+    // Pump writes are idempotent, so a round overwrites the previous one's items
+    // (once the shard positions are forgotten).
+    let pump_config =
+        PumpConfig { buffer_table: names.buffer_table.clone(), event_table: names.event_table.clone() };
+    let pump = Pump::new(dynamo.clone(), pump_config);
     let (mut raw_pump, mut pumped) = (0.0f64, 0.0f64);
     for _ in 0..PUMP_ROUNDS {
         let started = Instant::now();
         raw::put_items(&plain, &raw.buffer_table, buffer_items.clone()).await?;
         raw_pump = raw_pump.max(per_second(events, started.elapsed()));
+        // A new round must write again, not skip what the shard positions say is buffered.
+        shard_position::forget_all(&plain, &names.event_table).await?;
         counter.reset();
         let started = Instant::now();
         let failures: usize = futures::stream::iter(batches.clone())
@@ -253,7 +261,7 @@ async fn bench_payload(
     // scan: one scheduled run and its forks.
     let config = ScanConfig { deadline_margin: Duration::from_secs(30), ..runs::scan_config(&names) };
     let started = Instant::now();
-    let moved: usize = run_scan(dynamo.clone(), config, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
+    let moved: usize = run_scan(dynamo.clone(), kinesis.clone(), config, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
         .await
         .into_iter()
         .map(|run| run.map(|s| s.moved).unwrap_or(0))

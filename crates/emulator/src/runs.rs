@@ -16,12 +16,13 @@ use crate::invoke::{run_until_idle, LocalInvoker};
 use crate::resources::Names;
 
 /// A scan of `names`' tables with one-second slots, 4 segments, a 10 s
-/// deadline margin, 1 MB pages, no retention and no write lag (tests call
-/// the pump themselves, so its writes have all landed).
+/// deadline margin, 1 MB pages, no retention and no clock allowance (one
+/// machine, one clock).
 pub fn scan_config(names: &Names) -> ScanConfig {
     ScanConfig {
         buffer_table: names.buffer_table.clone(),
         event_table: names.event_table.clone(),
+        event_stream: names.event_stream.clone(),
         time_unit_ms: 1000,
         segments: 4,
         deadline_margin: Duration::from_secs(10),
@@ -53,12 +54,13 @@ pub fn deadline_in(budget: Duration) -> impl Fn() -> SystemTime + Send + Sync + 
 /// continuation it causes; `deadline` gives each run its deadline.
 pub async fn run_scan(
     dynamo: aws_sdk_dynamodb::Client,
+    kinesis: aws_sdk_kinesis::Client,
     config: ScanConfig,
     first: Value,
     deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
 ) -> Vec<Result<ScanSummary>> {
     run_chain(
-        |invoker| Scan::new(dynamo, config, invoker),
+        |invoker| Scan::new(dynamo, kinesis, config, invoker),
         first,
         deadline,
         |scan, payload, deadline| async move { scan.handle(payload, deadline).await },

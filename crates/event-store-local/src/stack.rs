@@ -87,7 +87,12 @@ impl Stack {
         }
 
         let (invoker, mut invocations) = LocalInvoker::channel();
-        let scan = Arc::new(Scan::new(self.dynamo.clone(), ScanConfig::from_env()?, Arc::new(invoker.clone())));
+        let scan = Arc::new(Scan::new(
+            self.dynamo.clone(),
+            self.kinesis.clone(),
+            ScanConfig::from_env()?,
+            Arc::new(invoker.clone()),
+        ));
         let stats = self.stats.clone();
         let mut stop = shutdown.clone();
         // Asynchronous invocations of scan (schedule ticks, forks, continuations), each its own task.

@@ -116,14 +116,16 @@ impl LoadConfig {
 #[derive(Debug, Clone)]
 pub struct PumpConfig {
     pub buffer_table: String,
+    /// Where the pump keeps each shard's buffered position (bookkeeping partition).
+    pub event_table: String,
 }
 
 impl PumpConfig {
-    pub const VARIABLES: Variables = Variables { required: &["DYNAMO_BUFFER_TABLE"], optional: &[] };
+    pub const VARIABLES: Variables = Variables { required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"], optional: &[] };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        Ok(Self { buffer_table: env.var("DYNAMO_BUFFER_TABLE")? })
+        Ok(Self { buffer_table: env.var("DYNAMO_BUFFER_TABLE")?, event_table: env.var("DYNAMO_EVENT_TABLE")? })
     }
 }
 
@@ -131,6 +133,8 @@ impl PumpConfig {
 pub struct ScanConfig {
     pub buffer_table: String,
     pub event_table: String,
+    /// The event stream, asked once per pass what the pump has not buffered yet.
+    pub event_stream: String,
     pub time_unit_ms: u64,
     /// Number of parallel scan segments a scheduled run fans out to.
     pub segments: u32,
@@ -151,7 +155,7 @@ pub const DEFAULT_WATERMARK_LAG_MS: u64 = 60_000;
 
 impl ScanConfig {
     pub const VARIABLES: Variables = Variables {
-        required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"],
+        required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE", "EVENT_STREAM"],
         optional: &[
             "TIME_UNIT",
             "SCAN_SEGMENTS",
@@ -171,6 +175,7 @@ impl ScanConfig {
         Ok(Self {
             buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
             event_table: env.var("DYNAMO_EVENT_TABLE")?,
+            event_stream: env.var("EVENT_STREAM")?,
             time_unit_ms: env.time_unit()?,
             segments,
             deadline_margin: env.deadline_margin()?,

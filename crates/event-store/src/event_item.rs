@@ -61,10 +61,16 @@ pub struct EventItem {
 /// their length (3 digits) makes string order equal numeric order.
 pub fn sort_key(arrival_ms: i64, event_id: &str) -> String {
     let (shard, sequence) = event_id.rsplit_once(':').unwrap_or(("", event_id));
+    format!("{arrival_ms:013}#{shard}#{}", sortable_sequence(sequence))
+}
+
+/// A Kinesis sequence number as text whose order is numeric order (its
+/// length in 3 digits, then the digits); anything else is kept as it is.
+pub fn sortable_sequence(sequence: &str) -> String {
     if !sequence.is_empty() && sequence.bytes().all(|b| b.is_ascii_digit()) {
-        format!("{arrival_ms:013}#{shard}#{:03}{sequence}", sequence.len())
+        format!("{:03}{sequence}", sequence.len())
     } else {
-        format!("{arrival_ms:013}#{shard}#{sequence}")
+        sequence.to_owned()
     }
 }
 

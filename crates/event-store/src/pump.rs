@@ -8,9 +8,14 @@ use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use std::collections::HashMap;
+
+use aws_lambda_events::event::kinesis::KinesisEventRecord;
+use aws_sdk_dynamodb::types::AttributeValue;
 use tracing::{error, info};
 
 use crate::batch::Backoff;
+use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
 use crate::buffer_item::BufferItem;
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all};
@@ -50,7 +55,7 @@ pub fn parse_kinesis_event(mut value: Value) -> Result<KinesisEvent> {
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] = &["dynamodb:BatchWriteItem"];
+pub const AWS_ACTIONS: &[&str] = &["dynamodb:BatchWriteItem", "dynamodb:GetItem", "dynamodb:UpdateItem"];
 
 /// Bytes an event-table item may need beyond its buffer item (slot, sort key, reason...).
 pub const ITEM_HEADROOM: usize = 1024;
@@ -66,44 +71,13 @@ impl Pump {
         Self { dynamo, config, backoff: Backoff::default() }
     }
 
+    /// Buffers a batch, shard by shard (an event source mapping sends one
+    /// shard per batch), and names the records the event source must send again.
     pub async fn handle(&self, event: KinesisEvent) -> KinesisEventResponse {
         let mut failed: Vec<String> = Vec::new();
-        let mut items = Vec::new();
-        let now = crate::time::now_ms();
-        for record in &event.records {
-            let sequence = record.kinesis.sequence_number.clone();
-            let item = match BufferItem::from_kinesis(record, now) {
-                Ok(item) => item,
-                Err(err) => {
-                    error!(error = %err, sequence, "record cannot be buffered");
-                    failed.push(sequence);
-                    continue;
-                }
-            };
-            let attributes = item.to_item();
-            let size = item_size(&attributes);
-            // Room for what the event (or quarantine) item adds, so whatever is
-            // buffered can always be moved on: nothing gets stuck in the buffer.
-            if size + ITEM_HEADROOM > MAX_ITEM_BYTES {
-                error!(
-                    sequence,
-                    size, "record too large for a DynamoDB item; left to the event source's failure destination"
-                );
-                failed.push(sequence);
-                continue;
-            }
-            items.push((item.id, sequence, attributes));
+        for (shard_id, records) in by_shard(&event.records) {
+            failed.extend(self.buffer_shard(&shard_id, &records).await);
         }
-        // A batch may carry a record twice (same key): one put, both sequence numbers.
-        let puts = keyed_puts(items);
-        failed.extend(puts.failed);
-        let requested = puts.requests.len();
-        let unwritten = write_all(&self.dynamo, &self.config.buffer_table, puts.requests, &self.backoff).await;
-        let mut sources = puts.sources;
-        for key in &unwritten {
-            failed.extend(sources.remove(key).unwrap_or_default());
-        }
-        info!(records = event.records.len(), items = requested - unwritten.len(), failed = failed.len(), "buffered");
         let mut response = KinesisEventResponse::default();
         response.batch_item_failures = failed
             .into_iter()
@@ -115,6 +89,97 @@ impl Pump {
             .collect();
         response
     }
+
+    /// Buffers one shard's records, in sequence order, and moves the shard's
+    /// position past the unbroken run of records now buffered. Returns the
+    /// sequence numbers to deliver again: from the first record that could
+    /// not be buffered on (the event source resends from there anyway, and
+    /// the arrival order must be rebuilt from the same point).
+    async fn buffer_shard(&self, shard_id: &str, records: &[&KinesisEventRecord]) -> Vec<String> {
+        let sequences = || records.iter().map(|r| r.kinesis.sequence_number.clone()).collect::<Vec<_>>();
+        let table = &self.config.event_table;
+        let position = match shard_position::read(&self.dynamo, table, shard_id).await {
+            Ok(position) => position,
+            Err(err) => {
+                error!(error = %err, shard_id, "shard position unreadable: the batch is delivered again");
+                return sequences();
+            }
+        };
+        // Records at or before the position were buffered by an earlier delivery: done.
+        let new: Vec<&KinesisEventRecord> = records
+            .iter()
+            .copied()
+            .filter(|r| !position.as_ref().is_some_and(|p| p.covers(&r.kinesis.sequence_number)))
+            .collect();
+        let arrivals = non_decreasing(
+            position.as_ref().map(|p| p.arrival),
+            new.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
+        );
+        let now = crate::time::now_ms();
+        let mut items = Vec::new();
+        for (record, arrival) in new.iter().zip(&arrivals) {
+            let sequence = record.kinesis.sequence_number.clone();
+            match buffer_item(record, *arrival, now) {
+                Ok((id, attributes)) => items.push((id, sequence, attributes)),
+                Err(err) => {
+                    error!(error = %err, sequence, "record cannot be buffered; left to the event source's failure destination");
+                    break;
+                }
+            }
+        }
+        let buildable = items.len();
+        let puts = keyed_puts(items);
+        let requested = puts.requests.len();
+        let unwritten = write_all(&self.dynamo, &self.config.buffer_table, puts.requests, &self.backoff).await;
+        let mut not_done: Vec<String> = puts.failed;
+        let mut sources = puts.sources;
+        for key in &unwritten {
+            not_done.extend(sources.remove(key).unwrap_or_default());
+        }
+        // The unbroken run: records before the first unbuilt or unwritten one.
+        let done = new[..buildable].iter().take_while(|r| !not_done.contains(&r.kinesis.sequence_number)).count();
+        info!(shard_id, records = records.len(), items = requested - unwritten.len(), done, "buffered");
+        if done > 0 {
+            let reached = ShardPosition {
+                shard_id: shard_id.to_owned(),
+                sequence: new[done - 1].kinesis.sequence_number.clone(),
+                arrival: arrivals[done - 1],
+            };
+            if let Err(err) = shard_position::advance(&self.dynamo, table, &reached, now).await {
+                // Written but not recorded: delivered again, the same records get the same items.
+                error!(error = %err, shard_id, "shard position not saved: the batch is delivered again");
+                return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
+            }
+        }
+        new[done..].iter().map(|r| r.kinesis.sequence_number.clone()).collect()
+    }
+}
+
+/// The buffer item of one record with its stored arrival, unless it is
+/// malformed or too large for an item (with room for what the event item
+/// adds, so whatever is buffered can always be moved on).
+fn buffer_item(record: &KinesisEventRecord, arrival: i64, now: i64) -> Result<(String, HashMap<String, AttributeValue>)> {
+    let mut item = BufferItem::from_kinesis(record, now)?;
+    item.arrival = arrival;
+    let attributes = item.to_item();
+    let size = item_size(&attributes);
+    if size + ITEM_HEADROOM > MAX_ITEM_BYTES {
+        return Err(Error::Malformed(format!("record of {size} bytes is too large for a DynamoDB item")));
+    }
+    Ok((item.id, attributes))
+}
+
+/// The batch's records by shard (from the event id `shardId-...:<sequence>`), each in delivery order.
+fn by_shard(records: &[KinesisEventRecord]) -> Vec<(String, Vec<&KinesisEventRecord>)> {
+    let mut shards: Vec<(String, Vec<&KinesisEventRecord>)> = Vec::new();
+    for record in records {
+        let shard = record.event_id.as_deref().and_then(|id| id.rsplit_once(':')).map_or("", |(shard, _)| shard);
+        match shards.iter_mut().find(|(id, _)| id == shard) {
+            Some((_, list)) => list.push(record),
+            None => shards.push((shard.to_owned(), vec![record])),
+        }
+    }
+    shards
 }
 
 #[cfg(test)]

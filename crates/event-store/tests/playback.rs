@@ -40,7 +40,7 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
 
 /// One scheduled scan run and its forks: moves the buffer, indexes, moves the watermark.
 async fn scan_pass(env: &TestEnv, config: ScanConfig) {
-    for result in run_scan(env.dynamo.clone(), config, json!({}), deadline_in(Duration::from_secs(900))).await {
+    for result in run_scan(env.dynamo.clone(), env.kinesis.clone(), config, json!({}), deadline_in(Duration::from_secs(900))).await {
         result.unwrap();
     }
 }

@@ -11,7 +11,7 @@ use event_store::config::PumpConfig;
 use event_store::pump::Pump;
 
 fn pump(env: &TestEnv, table: &str) -> Pump {
-    Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: table.into() })
+    Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: table.into(), event_table: env.names.event_table.clone() })
 }
 
 async fn buffer(env: &TestEnv) -> HashMap<String, BufferItem> {

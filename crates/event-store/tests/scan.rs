@@ -25,7 +25,7 @@ fn config(env: &TestEnv, page_items: Option<i32>) -> ScanConfig {
 /// Runs one scheduled scan and every fork it causes; `deadline` gives each invocation its deadline.
 async fn scan_until_idle(env: &TestEnv, config: ScanConfig, deadline: fn() -> SystemTime) -> Vec<ScanSummary> {
     let schedule = serde_json::from_str(&sample_event("scan.json")).unwrap();
-    let runs = run_scan(env.dynamo.clone(), config, schedule, deadline).await;
+    let runs = run_scan(env.dynamo.clone(), env.kinesis.clone(), config, schedule, deadline).await;
     runs.into_iter().map(|run| run.expect("scan run")).collect()
 }
 
@@ -221,7 +221,7 @@ async fn a_crash_between_put_and_delete_is_repaired_by_the_next_scan_without_dup
     let fast =
         event_store::batch::Backoff { base: Duration::from_millis(1), cap: Duration::from_millis(5), max_attempts: 3 };
     let (invoker, _rx) = LocalInvoker::channel();
-    let scan = Scan::new(crashing, config(&env, None), Arc::new(invoker)).with_backoff(fast);
+    let scan = Scan::new(crashing, env.kinesis.clone(), config(&env, None), Arc::new(invoker)).with_backoff(fast);
     let task = serde_json::json!({"segment": 0, "total_segments": 1});
     let summary = scan.handle(task, plenty_of_time()).await.unwrap();
     assert_eq!((summary.moved, summary.failed), (0, 120), "nothing counted as moved");
@@ -243,7 +243,10 @@ async fn events_near_the_400_kb_item_limit_are_moved_or_refused_at_the_pump_neve
     let env = TestEnv::start(1).await;
     let pump = event_store::pump::Pump::new(
         env.dynamo.clone(),
-        event_store::config::PumpConfig { buffer_table: env.names.buffer_table.clone() },
+        event_store::config::PumpConfig {
+            buffer_table: env.names.buffer_table.clone(),
+            event_table: env.names.event_table.clone(),
+        },
     );
     let limit = event_store::event_item::MAX_ITEM_BYTES - event_store::pump::ITEM_HEADROOM;
     // Random bytes: compression cannot shrink them under the limit.
@@ -293,7 +296,7 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     // A stale pass (started before the last one) cannot move it back.
     env.counter.reset();
     let (invoker, _rx) = LocalInvoker::channel();
-    let scan = Scan::new(env.dynamo.clone(), config(&env, None), Arc::new(invoker));
+    let scan = Scan::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
     let stale = serde_json::json!({"segment": 0, "total_segments": 4, "pass_started_at": first - 60_000});
     scan.handle(stale, plenty_of_time()).await.unwrap();
     assert_eq!(watermark::read(&env.dynamo, table).await.unwrap().time, Some(second));
@@ -333,7 +336,7 @@ async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
             .build(),
     );
     let (invoker, _rx) = LocalInvoker::channel();
-    let scan = Scan::new(failing, config(&env, None), Arc::new(invoker));
+    let scan = Scan::new(failing, env.kinesis.clone(), config(&env, None), Arc::new(invoker));
     let task = serde_json::json!({"segment": 0, "total_segments": 1, "pass_started_at": now_ms()});
     let summary = scan.handle(task, plenty_of_time()).await.unwrap();
     assert_eq!((summary.moved, summary.failed), (0, 40));

@@ -16,7 +16,7 @@ async fn main() -> Result<(), Error> {
     let aws = event_store::aws_config().await;
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
-    let scan = Scan::new(aws_sdk_dynamodb::Client::new(&aws), config, invoker);
+    let scan = Scan::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker);
     let scan = &scan;
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         scan.handle(event.payload, event.context.deadline()).await

@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `index#<slot start ms, 13 digits>` | [`slot_index`] | scan, with the slot's events (idempotent put) |
 //! | `watermark#<segments, 4 digits>#<segment, 4 digits>` | [`watermark`] | scan, forward only; `late` by `ADD` |
+//! | `shard#<shard id>` | [`shard_position`] | pump, after its buffer writes, forward only |
 //! | `playback#<id>` | [`crate::playback::checkpoint`] | playback, after every put |
 //!
 //! Every item has one writer at a time (a scan page, a scan segment, a
@@ -13,6 +14,7 @@
 //! log never read negative slots, so neither this partition nor the
 //! quarantine (`slot = -1`) is ever played back.
 
+pub mod shard_position;
 pub mod slot_index;
 pub mod watermark;
 

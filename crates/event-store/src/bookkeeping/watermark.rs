@@ -1,14 +1,21 @@
 //! The completeness watermark, the whole rule in one place: what a scan
-//! pass observes, the time it allows, how the segments' parts are stored and
-//! combined, and which slots a reader may treat as sealed
+//! pass observes, how the segments' parts are stored and combined, and
+//! which slots a reader may treat as sealed
 //! (`docs/design.md#4-completeness-the-watermark`).
 //!
-//! Each scan segment, when it finishes a pass over its part of the buffer,
-//! moves its own item forward to
-//! `min(oldest arrival it had to leave in the buffer, pass start − allowance)`,
-//! where the allowance is the largest pump lag (`buffered_at − arrival`) seen
-//! in the pass plus `WATERMARK_LAG_MS` (a pump write can land that long
-//! after its stamp), capped at the event source's maximum record age. The
+//! A pass starts with a look at the event stream ([`crate::scan::stream`]):
+//! for every shard, the arrival of the first record the pump has not
+//! buffered yet, if any. Each scan segment, when it finishes the pass over
+//! its part of the buffer, moves its own item forward to the lowest of
+//! - the oldest arrival it had to leave in the buffer,
+//! - the earliest arrival still waiting in the stream at the pass start,
+//! - the pass start less `WATERMARK_LAG_MS` (for clock differences between
+//!   Kinesis' arrival stamps and the scan): a record not yet in the stream
+//!   then arrives after it.
+//!
+//! Every event is therefore either in the buffer when the pass starts (and
+//! the pass moves it or is held back by it), or still in the stream (and
+//! bounds the watermark), or arrives later than the watermark. The
 //! watermark is the lowest part of the newest complete set of segments;
 //! every slot before the watermark's slot is sealed.
 
@@ -24,65 +31,42 @@ use crate::time::slot_of;
 
 const PREFIX: &str = "watermark#";
 
-/// The most pump lag there can be: the event source mapping drops records
-/// older than this (`MaximumRecordAgeInSeconds` in the template, checked by a
-/// test), so the pump never buffers an event that arrived longer ago.
-pub const MAX_PUMP_LAG_MS: i64 = 6 * 3600 * 1000;
-
-/// What one page of a scan pass tells the watermark.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PageObservation {
-    /// Oldest arrival among the items the page had to leave in the buffer.
-    pub oldest_left: Option<i64>,
-    /// Largest pump lag (`buffered_at − arrival`) among the page's items.
-    pub max_lag_ms: Option<i64>,
-}
-
 /// A segment's pass so far, carried from run to run in the segment's payload.
-/// Without `pass_started_at` (a segment invoked by hand) the pass moves
-/// events but no watermark.
+/// Without `pass_started_at` (a segment invoked by hand, or a pass whose
+/// look at the stream failed) the pass moves events but no watermark.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pass {
-    /// When the scheduled run that started this pass began (ms).
+    /// When the scheduled run that started this pass looked at the stream (ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pass_started_at: Option<i64>,
+    /// The earliest arrival of a record that was in the event stream but not
+    /// yet buffered when the pass started; absent when every shard was buffered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unbuffered_from: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_left: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_lag_ms: Option<i64>,
 }
 
 impl Pass {
-    pub fn started_at(ms: i64) -> Self {
-        Self { pass_started_at: Some(ms), ..Self::default() }
+    pub fn started_at(ms: i64, unbuffered_from: Option<i64>) -> Self {
+        Self { pass_started_at: Some(ms), unbuffered_from, oldest_left: None }
     }
 
-    /// Adds one page's observation.
-    pub fn saw(&mut self, page: PageObservation) {
-        self.oldest_left = match (self.oldest_left, page.oldest_left) {
+    /// Adds what one page had to leave in the buffer.
+    pub fn saw(&mut self, oldest_left: Option<i64>) {
+        self.oldest_left = match (self.oldest_left, oldest_left) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        self.max_lag_ms = self.max_lag_ms.max(page.max_lag_ms);
     }
 
     /// The time this pass, once finished, lets its segment's part move to;
-    /// `write_lag_ms` is `WATERMARK_LAG_MS`. `None` for a pass with no start.
-    pub fn watermark(&self, write_lag_ms: u64) -> Option<i64> {
+    /// `clock_allowance_ms` is `WATERMARK_LAG_MS`. `None` for a pass with no start.
+    pub fn watermark(&self, clock_allowance_ms: u64) -> Option<i64> {
         let started = self.pass_started_at?;
-        // The pump stamps `buffered_at` before its write, which may land up to its timeout later.
-        let allowance = self.max_lag_ms.unwrap_or(0).max(0) + write_lag_ms as i64;
-        Some(segment_watermark(started, allowance, self.oldest_left))
+        let bound = started - clock_allowance_ms as i64;
+        Some([Some(bound), self.unbuffered_from, self.oldest_left].into_iter().flatten().min().unwrap_or(bound))
     }
-}
-
-/// The watermark one finished segment pass allows: the oldest arrival it had
-/// to leave in the buffer, or else the pass's start less the allowance
-/// (anything that lands in the buffer after the pass started arrived at most
-/// that long before it).
-pub fn segment_watermark(pass_started_at: i64, allowance_ms: i64, oldest_left: Option<i64>) -> i64 {
-    let bound = pass_started_at - allowance_ms.clamp(0, MAX_PUMP_LAG_MS);
-    oldest_left.map_or(bound, |oldest| oldest.min(bound))
 }
 
 /// The completeness watermark: every event that arrived (Kinesis arrival
@@ -201,29 +185,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_segment_pass_allows_for_what_it_left_and_for_the_pump_lag() {
-        assert_eq!(segment_watermark(10_000, 2_000, None), 8_000);
-        assert_eq!(segment_watermark(10_000, 2_000, Some(5_000)), 5_000, "a failed item holds it back");
-        assert_eq!(segment_watermark(10_000, 2_000, Some(9_000)), 8_000);
-        assert_eq!(segment_watermark(10_000, -5, None), 10_000);
-        let now = 1_800_000_000_000;
-        assert_eq!(
-            segment_watermark(now, 90 * 86_400_000, None),
-            now - MAX_PUMP_LAG_MS,
-            "no lag beyond the max record age"
-        );
-    }
-
-    #[test]
-    fn a_pass_adds_up_its_pages_and_the_write_lag() {
-        let mut pass = Pass::started_at(100_000);
-        pass.saw(PageObservation { oldest_left: None, max_lag_ms: Some(2_000) });
-        pass.saw(PageObservation { oldest_left: Some(90_000), max_lag_ms: Some(500) });
-        pass.saw(PageObservation { oldest_left: Some(95_000), max_lag_ms: None });
-        assert_eq!((pass.oldest_left, pass.max_lag_ms), (Some(90_000), Some(2_000)));
+    fn a_pass_is_held_back_by_what_it_left_and_by_what_is_still_in_the_stream() {
+        let mut pass = Pass::started_at(100_000, None);
+        assert_eq!(pass.watermark(1_000), Some(99_000), "all buffered and moved: the pass start less the allowance");
+        pass.saw(None);
+        pass.saw(Some(95_000));
+        pass.saw(Some(90_000));
+        assert_eq!(pass.oldest_left, Some(90_000));
         assert_eq!(pass.watermark(1_000), Some(90_000), "what was left holds it back");
-        let clean = Pass { oldest_left: None, ..pass };
-        assert_eq!(clean.watermark(1_000), Some(100_000 - 2_000 - 1_000), "lag seen plus write lag");
+        let stalled = Pass { unbuffered_from: Some(40_000), ..pass };
+        assert_eq!(stalled.watermark(1_000), Some(40_000), "a record still in the stream holds it back");
         assert_eq!(Pass::default().watermark(1_000), None, "a hand-started segment moves no watermark");
     }
 

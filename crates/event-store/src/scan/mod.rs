@@ -10,6 +10,7 @@
 //! completeness watermark forward (the rule: [`crate::bookkeeping::watermark`]).
 
 pub mod plan;
+pub mod stream;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -94,19 +95,33 @@ pub fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] =
-    &["dynamodb:Scan", "dynamodb:BatchWriteItem", "dynamodb:UpdateItem", "dynamodb:Query", "lambda:InvokeFunction"];
+pub const AWS_ACTIONS: &[&str] = &[
+    "dynamodb:Scan",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:Query",
+    "kinesis:ListShards",
+    "kinesis:GetShardIterator",
+    "kinesis:GetRecords",
+    "lambda:InvokeFunction",
+];
 
 pub struct Scan {
     dynamo: aws_sdk_dynamodb::Client,
+    kinesis: aws_sdk_kinesis::Client,
     config: ScanConfig,
     invoker: Arc<dyn Invoker>,
     backoff: Backoff,
 }
 
 impl Scan {
-    pub fn new(dynamo: aws_sdk_dynamodb::Client, config: ScanConfig, invoker: Arc<dyn Invoker>) -> Self {
-        Self { dynamo, config, invoker, backoff: Backoff::default() }
+    pub fn new(
+        dynamo: aws_sdk_dynamodb::Client,
+        kinesis: aws_sdk_kinesis::Client,
+        config: ScanConfig,
+        invoker: Arc<dyn Invoker>,
+    ) -> Self {
+        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default() }
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).
@@ -128,7 +143,7 @@ impl Scan {
             return self.run_segment(task, deadline).await;
         }
         let total_segments = self.config.segments;
-        let pass = Pass::started_at(now_ms());
+        let pass = self.start_pass().await;
         for segment in 0..total_segments {
             let task = SegmentTask { segment, total_segments, exclusive_start_key: None, pass };
             continue_with(self.invoker.as_ref(), &task).await?;
@@ -151,7 +166,7 @@ impl Scan {
             let (items, last_key) = self.scan_page(&task, start_key.take()).await?;
             let page = self.move_page(items, watermark, &mut indexed).await;
             summary.add(&page);
-            task.pass.saw(page.observation);
+            task.pass.saw(page.oldest_left);
             self.count_late(&task, &page).await;
             match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
                 SegmentStep::PassDone => {
@@ -251,6 +266,26 @@ impl Scan {
         }
     }
 
+    /// A new pass: its start, and what the event stream holds that the pump
+    /// has not buffered yet. If the stream cannot be asked, the pass moves
+    /// events but no watermark.
+    async fn start_pass(&self) -> Pass {
+        let started = now_ms();
+        let (stream, table) = (&self.config.event_stream, &self.config.event_table);
+        match stream::unbuffered_from(&self.kinesis, &self.dynamo, stream, table).await {
+            Ok(unbuffered_from) => {
+                if let Some(from) = unbuffered_from {
+                    info!(unbuffered_from = %format_ms(from), "records in the stream not buffered yet hold the watermark");
+                }
+                Pass::started_at(started, unbuffered_from)
+            }
+            Err(err) => {
+                warn!(error = %err, "event stream not readable: this pass moves no watermark");
+                Pass::default()
+            }
+        }
+    }
+
     /// A segment's pass is over: its part of the watermark moves forward.
     async fn finish_pass(&self, task: &SegmentTask) -> Result<Option<i64>> {
         let Some(time) = task.pass.watermark(self.config.watermark_lag_ms) else { return Ok(None) };
@@ -279,12 +314,15 @@ mod tests {
             segment: 1,
             total_segments: 4,
             exclusive_start_key: Some("ab12".into()),
-            pass: Pass::started_at(1_000),
+            pass: Pass::started_at(1_000, Some(900)),
         };
         let json = serde_json::to_value(&task).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"segment": 1, "total_segments": 4, "exclusive_start_key": "ab12", "pass_started_at": 1000})
+            serde_json::json!({
+                "segment": 1, "total_segments": 4, "exclusive_start_key": "ab12",
+                "pass_started_at": 1000, "unbuffered_from": 900
+            })
         );
         assert_eq!(serde_json::from_value::<SegmentTask>(json).unwrap(), task);
     }

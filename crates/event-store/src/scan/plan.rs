@@ -10,7 +10,6 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRe
 use tracing::{error, warn};
 
 use crate::bookkeeping::slot_index::index_item;
-use crate::bookkeeping::watermark::PageObservation;
 use crate::buffer_item::{self, BufferItem};
 use crate::dynamo::keyed_puts;
 use crate::event_item::{quarantine_item, EventItem};
@@ -53,7 +52,6 @@ pub struct PagePlan {
     /// Items left in place that no id names (no string id, or too large even for quarantine).
     stuck: usize,
     quarantined: usize,
-    max_lag_ms: Option<i64>,
 }
 
 /// After the event-table writes: what may leave the buffer.
@@ -80,7 +78,8 @@ pub struct PageOutcome {
     /// Moved events whose arrival was behind the watermark, and the first of their slots.
     pub late: usize,
     pub first_late_slot: Option<i64>,
-    pub observation: PageObservation,
+    /// Oldest arrival among the items the page had to leave in the buffer (holds the watermark back).
+    pub oldest_left: Option<i64>,
 }
 
 impl PagePlan {
@@ -97,13 +96,10 @@ impl PagePlan {
             };
             let event = BufferItem::from_item(attributes.clone()).and_then(|b| {
                 let event = EventItem::from_buffer(&b, moving.time_unit_ms)?;
-                Ok((event.with_retention(moving.retention_days).moved(moving.now_ms), b.buffered_at))
+                Ok(event.with_retention(moving.retention_days).moved(moving.now_ms))
             });
             match event {
-                Ok((event, buffered_at)) => {
-                    if let Some(at) = buffered_at {
-                        plan.max_lag_ms = plan.max_lag_ms.max(Some(at - event.arrival));
-                    }
+                Ok(event) => {
                     plan.arrivals.insert(id.clone(), (event.arrival, event.slot));
                     let key = TableKey::Event { slot: event.slot, sort_key: event.sort_key.clone() };
                     writes.push((key, id, event.to_item()));
@@ -191,10 +187,7 @@ impl PagePlan {
             quarantined: self.quarantined,
             late: late.len(),
             first_late_slot: late.iter().min().copied(),
-            observation: PageObservation {
-                oldest_left: left.iter().filter_map(|id| self.arrivals.get(id)).map(|(arrival, _)| *arrival).min(),
-                max_lag_ms: self.max_lag_ms,
-            },
+            oldest_left: left.iter().filter_map(|id| self.arrivals.get(id)).map(|(arrival, _)| *arrival).min(),
         }
     }
 }
@@ -251,7 +244,7 @@ mod tests {
         assert!(keys.contains(&TableKey::Quarantine("broken".into())));
         assert!(keys.contains(&TableKey::SlotIndex(T)), "a new slot gets its index entry");
         assert!(!keys.contains(&TableKey::SlotIndex(T + 1_000)), "an indexed slot does not, again");
-        assert_eq!((plan.quarantined, plan.stuck, plan.max_lag_ms), (1, 1, Some(100)));
+        assert_eq!((plan.quarantined, plan.stuck), (1, 1));
     }
 
     #[test]
@@ -272,7 +265,7 @@ mod tests {
         let outcome = plan.outcome(settled, &[], Some(T + 15));
         assert_eq!((outcome.moved, outcome.failed, outcome.late), (1, 2, 1), "a moved behind the watermark");
         assert_eq!(outcome.first_late_slot, Some(T));
-        assert_eq!(outcome.observation, PageObservation { oldest_left: Some(T + 20), max_lag_ms: Some(10) });
+        assert_eq!(outcome.oldest_left, Some(T + 20));
     }
 
     #[test]
@@ -282,7 +275,7 @@ mod tests {
         assert_eq!(settled.delete, vec!["a".to_string()]);
         let outcome = plan.outcome(settled, &["a".to_string()], None);
         assert_eq!((outcome.moved, outcome.failed, outcome.late), (0, 1, 0));
-        assert_eq!(outcome.observation.oldest_left, Some(T + 10));
+        assert_eq!(outcome.oldest_left, Some(T + 10));
         assert_eq!(buffer_deletes(&["a".to_string()]).len(), 1);
     }
 }

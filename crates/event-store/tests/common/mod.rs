@@ -175,7 +175,7 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
                 },
                 "eventSource": "aws:kinesis",
                 "eventVersion": "1.0",
-                "eventID": format!("shardId-000000000000:{sequence}"),
+                "eventID": format!("{SYNTHETIC_SHARD}:{sequence}"),
                 "eventName": "aws:kinesis:record",
                 "awsRegion": REGION,
                 "eventSourceARN": stream_arn,
@@ -190,13 +190,18 @@ fn base64(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
+/// The shard of synthetic records: not a shard of the test's event stream,
+/// whose shards the scan asks Kinesis about.
+pub const SYNTHETIC_SHARD: &str = "shardId-synthetic000";
+
 pub const TEST_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/event-store-test-stream";
 
 /// Puts `records` (partition key, data, arrival ms) into the buffer table through the real pump.
 pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
     use event_store::config::PumpConfig;
-    let pump =
-        event_store::pump::Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: env.names.buffer_table.clone() });
+    let config =
+        PumpConfig { buffer_table: env.names.buffer_table.clone(), event_table: env.names.event_table.clone() };
+    let pump = event_store::pump::Pump::new(env.dynamo.clone(), config);
     for chunk in records.chunks(500) {
         let event = kinesis_event(TEST_ARN, chunk);
         assert!(pump.handle(event).await.batch_item_failures.is_empty());

@@ -1,0 +1,157 @@
+//! How far the pump has buffered each shard of the event stream: the last
+//! sequence number of an unbroken run of buffered records, and the (made
+//! non-decreasing) arrival it was stored with. Written by the pump after its
+//! buffer writes, forward only; read by the pump (to continue the arrival
+//! order across batches and to skip redelivered records) and by the scan,
+//! which asks Kinesis what lies after it (`docs/design.md#4-completeness-the-watermark`).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+
+use super::{key, query_range, sort_key_of};
+use crate::error::{Error, Result};
+use crate::event_item::sortable_sequence;
+
+const PREFIX: &str = "shard#";
+
+/// One shard's buffered position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPosition {
+    pub shard_id: String,
+    /// Every record of the shard up to this sequence number is in the buffer (or moved on).
+    pub sequence: String,
+    /// The arrival the record at `sequence` was stored with: no later record
+    /// of the shard is stored with an earlier one.
+    pub arrival: i64,
+}
+
+impl ShardPosition {
+    /// True when `sequence` is at or before this position (already buffered).
+    pub fn covers(&self, sequence: &str) -> bool {
+        sortable_sequence(sequence) <= sortable_sequence(&self.sequence)
+    }
+
+    fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Self> {
+        let shard_id = sort_key_of(item)?.strip_prefix(PREFIX)?.to_owned();
+        let sequence = item.get("sequence")?.as_s().ok()?.clone();
+        let arrival = item.get("arrival")?.as_n().ok()?.parse().ok()?;
+        Some(Self { shard_id, sequence, arrival })
+    }
+}
+
+/// The arrival each record is stored with: Kinesis' approximate arrival,
+/// raised where needed so that arrivals never decrease along the shard
+/// (AWS does not promise they do), starting from the position's arrival.
+pub fn non_decreasing(previous: Option<i64>, arrivals: impl IntoIterator<Item = i64>) -> Vec<i64> {
+    let mut floor = previous.unwrap_or(i64::MIN);
+    arrivals
+        .into_iter()
+        .map(|arrival| {
+            floor = floor.max(arrival);
+            floor
+        })
+        .collect()
+}
+
+fn position_key(shard_id: &str) -> String {
+    format!("{PREFIX}{shard_id}")
+}
+
+/// One shard's position (strongly consistent), if the pump has recorded one.
+pub async fn read(dynamo: &aws_sdk_dynamodb::Client, table: &str, shard_id: &str) -> Result<Option<ShardPosition>> {
+    let out = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key(position_key(shard_id))))
+        .consistent_read(true)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    Ok(out.item().and_then(ShardPosition::from_item))
+}
+
+/// Every shard's position, by shard id.
+pub async fn read_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<HashMap<String, ShardPosition>> {
+    let (items, _) = query_range(dynamo, table, PREFIX.to_owned(), format!("{PREFIX}~")).await?;
+    Ok(items.iter().filter_map(ShardPosition::from_item).map(|p| (p.shard_id.clone(), p)).collect())
+}
+
+/// Moves a shard's position forward to `position` (never backward: a
+/// conditional write on the sortable sequence). False when it was already there.
+pub async fn advance(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    position: &ShardPosition,
+    now_ms: i64,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(position_key(&position.shard_id))))
+        .update_expression("SET #seq = :seq, sequence_key = :key, arrival = :arrival, updated_at = :now")
+        .condition_expression("attribute_not_exists(sequence_key) OR sequence_key < :key")
+        .expression_attribute_names("#seq", "sequence")
+        .expression_attribute_values(":seq", AttributeValue::S(position.sequence.clone()))
+        .expression_attribute_values(":key", AttributeValue::S(sortable_sequence(&position.sequence)))
+        .expression_attribute_values(":arrival", AttributeValue::N(position.arrival.to_string()))
+        .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => {
+            Ok(false)
+        }
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
+}
+
+/// Deletes every shard position, so the pump writes everything it is given
+/// again (rebuilding a buffer from the stream; the benchmark's rounds).
+pub async fn forget_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<usize> {
+    let positions = read_all(dynamo, table).await?;
+    for shard_id in positions.keys() {
+        dynamo
+            .delete_item()
+            .table_name(table)
+            .set_key(Some(key(position_key(shard_id))))
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("DeleteItem", e))?;
+    }
+    Ok(positions.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrivals_never_go_back_along_a_shard_and_continue_from_the_last_batch() {
+        assert_eq!(non_decreasing(None, [5, 3, 7, 6, 9]), vec![5, 5, 7, 7, 9]);
+        assert_eq!(non_decreasing(Some(8), [5, 9, 7]), vec![8, 9, 9], "the previous batch's last arrival is a floor");
+        assert!(non_decreasing(Some(1), []).is_empty());
+    }
+
+    #[test]
+    fn a_position_covers_sequence_numbers_numerically() {
+        let p = ShardPosition { shard_id: "s".into(), sequence: "100".into(), arrival: 0 };
+        assert!(p.covers("99") && p.covers("100"));
+        assert!(!p.covers("101") && !p.covers("1000"));
+    }
+
+    #[test]
+    fn positions_read_back_from_their_items() {
+        let mut item = key(position_key("shardId-000000000001"));
+        item.insert("sequence".into(), AttributeValue::S("4956".into()));
+        item.insert("arrival".into(), AttributeValue::N("1700".into()));
+        let p = ShardPosition::from_item(&item).unwrap();
+        assert_eq!(p, ShardPosition { shard_id: "shardId-000000000001".into(), sequence: "4956".into(), arrival: 1700 });
+        item.remove("arrival");
+        assert_eq!(ShardPosition::from_item(&item), None);
+    }
+}
