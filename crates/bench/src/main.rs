@@ -230,8 +230,7 @@ async fn bench_payload(
     // moment of noise on the shared machine does not decide the ratio.
     // Pump writes are idempotent, so a round overwrites the previous one's items
     // (once the shard positions are forgotten).
-    let pump_config =
-        PumpConfig { buffer_table: names.buffer_table.clone(), event_table: names.event_table.clone() };
+    let pump_config = PumpConfig { buffer_table: names.buffer_table.clone(), event_table: names.event_table.clone() };
     let pump = Pump::new(dynamo.clone(), pump_config);
     let (mut raw_pump, mut pumped) = (0.0f64, 0.0f64);
     for _ in 0..PUMP_ROUNDS {
@@ -261,11 +260,12 @@ async fn bench_payload(
     // scan: one scheduled run and its forks.
     let config = ScanConfig { deadline_margin: Duration::from_secs(30), ..runs::scan_config(&names) };
     let started = Instant::now();
-    let moved: usize = run_scan(dynamo.clone(), kinesis.clone(), config, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
-        .await
-        .into_iter()
-        .map(|run| run.map(|s| s.moved).unwrap_or(0))
-        .sum();
+    let moved: usize =
+        run_scan(dynamo.clone(), kinesis.clone(), config, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
+            .await
+            .into_iter()
+            .map(|run| run.map(|s| s.moved).unwrap_or(0))
+            .sum();
     anyhow::ensure!(moved == events, "scan moved {moved} of {events}");
     stage("scan", per_second(events, started.elapsed()), "Scan + puts + deletes of the same items", raw_scan, &counter);
 

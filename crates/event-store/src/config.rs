@@ -121,7 +121,8 @@ pub struct PumpConfig {
 }
 
 impl PumpConfig {
-    pub const VARIABLES: Variables = Variables { required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"], optional: &[] };
+    pub const VARIABLES: Variables =
+        Variables { required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"], optional: &[] };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);

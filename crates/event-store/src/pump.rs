@@ -158,7 +158,11 @@ impl Pump {
 /// The buffer item of one record with its stored arrival, unless it is
 /// malformed or too large for an item (with room for what the event item
 /// adds, so whatever is buffered can always be moved on).
-fn buffer_item(record: &KinesisEventRecord, arrival: i64, now: i64) -> Result<(String, HashMap<String, AttributeValue>)> {
+fn buffer_item(
+    record: &KinesisEventRecord,
+    arrival: i64,
+    now: i64,
+) -> Result<(String, HashMap<String, AttributeValue>)> {
     let mut item = BufferItem::from_kinesis(record, now)?;
     item.arrival = arrival;
     let attributes = item.to_item();

@@ -40,7 +40,10 @@ async fn stored_events(env: &TestEnv, n: i64, slots: i64) {
 
 /// One scheduled scan run and its forks: moves the buffer, indexes, moves the watermark.
 async fn scan_pass(env: &TestEnv, config: ScanConfig) {
-    for result in run_scan(env.dynamo.clone(), env.kinesis.clone(), config, json!({}), deadline_in(Duration::from_secs(900))).await {
+    for result in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), config, json!({}), deadline_in(Duration::from_secs(900)))
+            .await
+    {
         result.unwrap();
     }
 }
@@ -302,6 +305,80 @@ async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomp
     let (waited, ()) = tokio::join!(playback.handle(waiting, later()), sealer);
     let waited = waited.unwrap();
     assert_eq!((waited.status, waited.events), (Status::Complete, 1), "{waited:?}");
+}
+
+/// Puts `n` events for 5 entities on the event stream (`{"n": i}`), in order per entity.
+async fn put_on_event_stream(env: &TestEnv, range: std::ops::Range<i64>) {
+    for i in range {
+        env.kinesis
+            .put_record()
+            .stream_name(&env.names.event_stream)
+            .partition_key(format!("user-{}", i % 5))
+            .data(aws_sdk_kinesis::primitives::Blob::new(json!({"n": i}).to_string()))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_pump_holds_the_watermark_behind_the_events_still_in_the_stream() {
+    let env = TestEnv::start(2).await;
+    let config_scan = scan_config(&env, 0);
+    let pump = event_store::pump::Pump::new(
+        env.dynamo.clone(),
+        event_store::config::PumpConfig {
+            buffer_table: env.names.buffer_table.clone(),
+            event_table: env.names.event_table.clone(),
+        },
+    );
+    // 40 events buffered, then the pump stalls: 60 more wait in the stream.
+    put_on_event_stream(&env, 0..40).await;
+    for batch in env.event_source_batches().await {
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+    let stalled_from = now_ms();
+    put_on_event_stream(&env, 40..100).await;
+    // The end of the last waiting event's slot, and past it by more than any allowance (0 here).
+    let end = now_ms() / 1000 * 1000 + 1000;
+    tokio::time::sleep(Duration::from_millis((end + 300 - now_ms()).max(0) as u64)).await;
+    scan_pass(&env, config_scan.clone()).await;
+    let watermark = event_store::bookkeeping::watermark::read(&env.dynamo, &env.names.event_table).await.unwrap();
+    let held = watermark.time.unwrap();
+    let first_waiting = env
+        .read_stream(&env.names.event_stream)
+        .await
+        .iter()
+        .filter(|(_, r)| serde_json::from_slice::<Value>(r.data().as_ref()).unwrap()["n"].as_i64() >= Some(40))
+        .filter_map(|(_, r)| r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()))
+        .min()
+        .unwrap();
+    assert!(held >= stalled_from - 10_000, "the buffered events are not what holds it: {held}");
+    assert!(held <= first_waiting, "watermark {held} passed an event waiting in the stream since {first_waiting}");
+
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    let (invoker, _rx) = LocalInvoker::channel();
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
+    let early = playback.handle(window(stalled_from - 60_000, end), later()).await.unwrap();
+    assert_eq!((early.status, early.events), (Status::Incomplete, 0), "{early:?}");
+
+    // The pump recovers (the event source redelivers from its checkpoint: the whole shard here).
+    for batch in env.event_source_batches().await {
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+    let recovered = now_ms();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    scan_pass(&env, config_scan).await;
+    let watermark = event_store::bookkeeping::watermark::read(&env.dynamo, &env.names.event_table).await.unwrap();
+    assert!(watermark.time.unwrap() >= recovered, "idle, fully buffered shards hold nothing back");
+    assert_eq!(watermark.late, 0, "nothing came in behind the watermark");
+    let done = playback.handle(window(stalled_from - 60_000, recovered), later()).await.unwrap();
+    assert_eq!((done.status, done.events), (Status::Complete, 100), "{done:?}");
+    for (key, ns) in played(&env).await {
+        let user: i64 = key.trim_start_matches("user-").parse().unwrap();
+        let expected: Vec<i64> = (0..100).filter(|n| n % 5 == user).collect();
+        assert_eq!(ns, expected, "{key}: every event once, in order");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -150,7 +150,10 @@ mod tests {
         item.insert("sequence".into(), AttributeValue::S("4956".into()));
         item.insert("arrival".into(), AttributeValue::N("1700".into()));
         let p = ShardPosition::from_item(&item).unwrap();
-        assert_eq!(p, ShardPosition { shard_id: "shardId-000000000001".into(), sequence: "4956".into(), arrival: 1700 });
+        assert_eq!(
+            p,
+            ShardPosition { shard_id: "shardId-000000000001".into(), sequence: "4956".into(), arrival: 1700 }
+        );
         item.remove("arrival");
         assert_eq!(ShardPosition::from_item(&item), None);
     }

@@ -60,8 +60,9 @@ pub async fn unbuffered_from(
             let position = positions.get(shard.shard_id());
             async move {
                 let probe = probe(kinesis, stream, &shard, position).await?;
-                shard_bound(position, probe).map_err(|()| {
-                    Error::Kinesis { operation: "GetRecords", source: format!("{} unreadable", shard.shard_id()).into() }
+                shard_bound(position, probe).map_err(|()| Error::Kinesis {
+                    operation: "GetRecords",
+                    source: format!("{} unreadable", shard.shard_id()).into(),
                 })
             }
         })
@@ -97,7 +98,9 @@ async fn probe(
 ) -> Result<Probe> {
     let request = kinesis.get_shard_iterator().stream_name(stream).shard_id(shard.shard_id());
     let request = match position {
-        Some(p) => request.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(&p.sequence),
+        Some(p) => {
+            request.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).starting_sequence_number(&p.sequence)
+        }
         None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
     };
     let out = request.send().await.map_err(|e| Error::kinesis("GetShardIterator", e))?;
