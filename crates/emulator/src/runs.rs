@@ -42,6 +42,7 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
         deadline_margin: Duration::from_secs(10),
         page_items: None,
         max_window: Duration::from_secs(86_400),
+        dedupe_window_ms: event_store::config::DEFAULT_DEDUPE_WINDOW_MS,
     }
 }
 

@@ -197,12 +197,18 @@ pub struct PlaybackConfig {
     pub page_items: Option<i32>,
     /// Longest window one request may ask for (`PLAYBACK_MAX_HOURS`, default 24).
     pub max_window: Duration,
+    /// How far apart (arrival time) two copies of one accepted event can be:
+    /// load's timeout and then some (`DEDUPE_WINDOW_MS`, see [`crate::dedupe`]).
+    pub dedupe_window_ms: u64,
 }
+
+/// Default `DEDUPE_WINDOW_MS`: three times load's Lambda timeout in the template (checked by a test).
+pub const DEFAULT_DEDUPE_WINDOW_MS: u64 = 30_000;
 
 impl PlaybackConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["DYNAMO_EVENT_TABLE", "PLAYBACK_STREAM"],
-        optional: &["TIME_UNIT", "DEADLINE_MARGIN_MS", "QUERY_PAGE_ITEMS", "PLAYBACK_MAX_HOURS"],
+        optional: &["TIME_UNIT", "DEADLINE_MARGIN_MS", "QUERY_PAGE_ITEMS", "PLAYBACK_MAX_HOURS", "DEDUPE_WINDOW_MS"],
     };
 
     pub fn from_env() -> Result<Self> {
@@ -214,6 +220,7 @@ impl PlaybackConfig {
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("QUERY_PAGE_ITEMS")?,
             max_window: Duration::from_secs(env.var_or("PLAYBACK_MAX_HOURS", 24u64)? * 3600),
+            dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
         })
     }
 }

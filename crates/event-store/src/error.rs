@@ -101,6 +101,11 @@ impl Error {
         Error::Encode { what, source: Box::new(err) }
     }
 
+    /// True when the service refused the call to slow us down: nothing was applied.
+    pub fn is_throttled(&self) -> bool {
+        matches!(self, Error::Throttled { .. })
+    }
+
     /// The name Lambda reports as the error type.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -1,16 +1,24 @@
 //! Putting records on a Kinesis stream with `PutRecords`, to its limits
-//! (500 records / 5 MiB a request), handling per-record failures two ways:
-//! - `put_unordered` (load): retry only the records that failed;
-//! - `put_ordered` (playback): resend from the first failed record onward, so
-//!   order per partition key survives at the price of duplicates.
+//! (500 records / 5 MiB a request), keeping each partition key's order:
+//! `put_in_key_order` (load's posted arrays, playback): a request carries
+//!   at most one record per partition key, and a key's next record goes only
+//!   once the one before it is stored, so every reader sees each key's
+//!   records in order on first delivery. PutRecords promises no order within
+//!   a request and a failed record does not stop the later ones, so this is
+//!   the only way short of one `PutRecord` at a time.
 //!
-//! The retry algorithms take the sending step as a closure, so they are unit
+//! A request that fails as a whole is either known not applied (throttling)
+//! or ambiguous (5xx, timeout, reset: Kinesis may have stored it); the caller
+//! says how to find out which records of an ambiguous request were stored.
+//! The retry algorithms take the sending steps as closures, so they are unit
 //! tested without a network; `send_put_records` is the real step.
 
 use std::future::Future;
 
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use std::collections::HashSet;
+
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, Shard, ShardIteratorType};
 
 use crate::batch::{first_chunk_len, Backoff, KINESIS_BATCH_BYTES, KINESIS_BATCH_RECORDS};
 use crate::error::{Error, Result};
@@ -88,96 +96,183 @@ pub async fn send_put_records(
         .collect())
 }
 
-/// Puts every record, retrying only the failed ones with backoff. Returns the
-/// records that still failed (by index into `records`); a request that fails
-/// as a whole (after the SDK's own retries) counts as all its records failing,
-/// so the answer can still say which events were stored.
-pub async fn put_unordered<F, Fut>(records: &[OutgoingRecord], backoff: &Backoff, mut send: F) -> Result<Vec<Failure>>
-where
-    F: FnMut(Vec<OutgoingRecord>) -> Fut,
-    Fut: Future<Output = Result<Vec<RecordResult>>>,
-{
-    let mut pending: Vec<usize> = (0..records.len()).collect();
-    let mut failures = Vec::new();
-    for retry in 0..backoff.max_attempts {
-        if pending.is_empty() {
-            break;
-        }
-        if retry > 0 {
-            backoff.wait(retry - 1).await;
-        }
-        let mut still = Vec::new();
-        failures.clear();
-        let mut start = 0;
-        while start < pending.len() {
-            let sizes: Vec<usize> = pending[start..].iter().map(|&i| records[i].size()).collect();
-            let end = start + first_chunk_len(&sizes, KINESIS_BATCH_RECORDS, KINESIS_BATCH_BYTES);
-            let batch: Vec<OutgoingRecord> = pending[start..end].iter().map(|&i| records[i].clone()).collect();
-            // A failed request fails its records, not the records earlier requests stored.
-            let outcomes = match send(batch).await {
-                Ok(outcomes) => outcomes,
-                Err(err) => vec![RecordResult::Failed(format!("RequestFailed: {err}")); end - start],
-            };
-            for (&index, outcome) in pending[start..end].iter().zip(outcomes) {
-                if let RecordResult::Failed(code) = outcome {
-                    still.push(index);
-                    failures.push(Failure { index, code });
-                }
-            }
-            start = end;
-        }
-        pending = still;
-    }
-    Ok(failures)
-}
-
-/// Counts of an ordered put.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OrderedPut {
+/// What a key-ordered put did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyOrderedPut {
     pub requests: usize,
-    /// Records sent more than once because an earlier record of their request failed.
-    pub resent: usize,
+    /// Records sent again: refused by Kinesis, or found not stored after an ambiguous failure.
+    pub retried: usize,
+    /// Requests that failed ambiguously and were checked against the stream.
+    pub checked: usize,
+    /// Records not stored after all attempts, and the later records of their
+    /// keys, never sent (code [`NOT_SENT`]) so that no key has a hole in its order.
+    pub failures: Vec<Failure>,
 }
 
-/// Puts every record in order. When a request comes back with failed
-/// records, everything from the first failure onward is sent again (in
-/// order), so a consumer never sees a record before one that preceded it.
-pub async fn put_ordered<F, Fut>(records: &[OutgoingRecord], backoff: &Backoff, mut send: F) -> Result<OrderedPut>
+/// The code of a record not sent because an earlier record of its key could not be stored.
+pub const NOT_SENT: &str = "NotSent";
+
+/// Puts `records` keeping each partition key's order on first delivery (see
+/// the module doc). `check` is called with the records of a request that
+/// failed ambiguously and answers, per record, whether it is on the stream;
+/// an error from it counts the records as not stored (sent again, so a
+/// duplicate is possible, never a hole).
+pub async fn put_in_key_order<F, Fut, C, CFut>(
+    records: &[OutgoingRecord],
+    backoff: &Backoff,
+    mut send: F,
+    mut check: C,
+) -> KeyOrderedPut
 where
     F: FnMut(Vec<OutgoingRecord>) -> Fut,
     Fut: Future<Output = Result<Vec<RecordResult>>>,
+    C: FnMut(Vec<OutgoingRecord>) -> CFut,
+    CFut: Future<Output = Result<Vec<bool>>>,
 {
-    let sizes: Vec<usize> = records.iter().map(OutgoingRecord::size).collect();
-    let mut stats = OrderedPut::default();
-    let mut pos = 0;
-    let mut retry = 0;
-    while pos < records.len() {
-        let end = pos + first_chunk_len(&sizes[pos..], KINESIS_BATCH_RECORDS, KINESIS_BATCH_BYTES);
-        let outcomes = send(records[pos..end].to_vec()).await?;
-        stats.requests += 1;
-        match outcomes.iter().position(|o| !o.is_stored()) {
-            None => {
-                pos = end;
-                retry = 0;
-            }
-            Some(first) => {
-                let code = match &outcomes[first] {
-                    RecordResult::Failed(code) => code.clone(),
-                    RecordResult::Stored => String::new(),
-                };
-                let later_ok = outcomes[first..].iter().filter(|o| o.is_stored()).count();
-                stats.resent += later_ok;
-                pos += first;
-                retry += 1;
-                if retry >= backoff.max_attempts {
-                    return Err(Error::KinesisPartial { operation: "PutRecords", failed: end - pos, code });
+    // Each key's records, in order: the head of each queue is next to go.
+    let mut queues: Vec<std::collections::VecDeque<usize>> = Vec::new();
+    let mut queue_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (index, record) in records.iter().enumerate() {
+        let queue = *queue_of.entry(record.partition_key.as_str()).or_insert_with(|| {
+            queues.push(Default::default());
+            queues.len() - 1
+        });
+        queues[queue].push_back(index);
+    }
+    let mut attempts = vec![0u32; records.len()];
+    let mut out = KeyOrderedPut::default();
+    let mut round = 0;
+    loop {
+        let heads: Vec<(usize, usize)> =
+            queues.iter().enumerate().filter_map(|(queue, q)| q.front().map(|&index| (queue, index))).collect();
+        if heads.is_empty() {
+            return out;
+        }
+        let mut any_failed = false;
+        let mut start = 0;
+        while start < heads.len() {
+            let sizes: Vec<usize> = heads[start..].iter().map(|&(_, i)| records[i].size()).collect();
+            let end = start + first_chunk_len(&sizes, KINESIS_BATCH_RECORDS, KINESIS_BATCH_BYTES);
+            let chunk = &heads[start..end];
+            start = end;
+            let batch: Vec<OutgoingRecord> = chunk.iter().map(|&(_, i)| records[i].clone()).collect();
+            out.requests += 1;
+            let outcomes: Vec<std::result::Result<(), String>> = match send(batch.clone()).await {
+                Ok(results) => results
+                    .into_iter()
+                    .map(|r| match r {
+                        RecordResult::Stored => Ok(()),
+                        RecordResult::Failed(code) => Err(code),
+                    })
+                    .collect(),
+                Err(err) if err.is_throttled() => vec![Err(format!("RequestThrottled: {err}")); chunk.len()],
+                Err(err) => {
+                    out.checked += 1;
+                    let code = format!("RequestFailed: {err}");
+                    match check(batch).await {
+                        Ok(stored) => stored.into_iter().map(|s| if s { Ok(()) } else { Err(code.clone()) }).collect(),
+                        Err(_) => vec![Err(code); chunk.len()],
+                    }
                 }
-                backoff.wait(retry - 1).await;
+            };
+            for (&(queue, index), outcome) in chunk.iter().zip(outcomes) {
+                match outcome {
+                    Ok(()) => {
+                        queues[queue].pop_front();
+                    }
+                    Err(code) => {
+                        any_failed = true;
+                        attempts[index] += 1;
+                        if attempts[index] < backoff.max_attempts {
+                            out.retried += 1;
+                            continue;
+                        }
+                        // Given up: this record, and the rest of its key unsent.
+                        let mut rest = std::mem::take(&mut queues[queue]).into_iter();
+                        if let Some(first) = rest.next() {
+                            out.failures.push(Failure { index: first, code });
+                        }
+                        out.failures.extend(rest.map(|index| Failure { index, code: NOT_SENT.to_owned() }));
+                    }
+                }
             }
         }
+        if any_failed {
+            backoff.wait(round).await;
+            round += 1;
+        } else {
+            round = 0;
+        }
     }
-    Ok(stats)
 }
+
+/// Every shard Kinesis lists for `stream` (open and, within retention, closed).
+pub async fn list_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Vec<Shard>> {
+    let mut shards = Vec::new();
+    let mut next_token: Option<String> = None;
+    loop {
+        // With a token, ListShards takes no stream name.
+        let request = match next_token.take() {
+            Some(token) => kinesis.list_shards().next_token(token),
+            None => kinesis.list_shards().stream_name(stream),
+        };
+        let out = request.send().await.map_err(|e| Error::kinesis("ListShards", e))?;
+        shards.extend(out.shards().iter().cloned());
+        match out.next_token() {
+            Some(token) => next_token = Some(token.to_owned()),
+            None => return Ok(shards),
+        }
+    }
+}
+
+/// Which of `records` are on `stream`, read back from every shard from
+/// `since_ms` (Kinesis arrival time) to the tip: after an ambiguous failure,
+/// this tells the records Kinesis applied from those it did not.
+pub async fn stored_since(
+    client: &aws_sdk_kinesis::Client,
+    stream: &str,
+    since_ms: i64,
+    records: &[OutgoingRecord],
+) -> Result<Vec<bool>> {
+    let wanted: HashSet<(&str, &[u8])> = records.iter().map(|r| (r.partition_key.as_str(), r.data.as_slice())).collect();
+    let mut found: HashSet<(String, Vec<u8>)> = HashSet::new();
+    for shard in list_shards(client, stream).await? {
+        let out = client
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.shard_id())
+            .shard_iterator_type(ShardIteratorType::AtTimestamp)
+            .timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(since_ms))
+            .send()
+            .await
+            .map_err(|e| Error::kinesis("GetShardIterator", e))?;
+        let mut iterator = out.shard_iterator().map(str::to_owned);
+        for _ in 0..MAX_READ_BACK_CALLS {
+            let Some(current) = iterator.take() else { break };
+            let out = client
+                .get_records()
+                .shard_iterator(current)
+                .limit(10_000)
+                .send()
+                .await
+                .map_err(|e| Error::kinesis("GetRecords", e))?;
+            for record in out.records() {
+                let key = record.partition_key().unwrap_or_default();
+                if wanted.contains(&(key, record.data().as_ref())) {
+                    found.insert((key.to_owned(), record.data().as_ref().to_vec()));
+                }
+            }
+            if out.records().is_empty() && out.millis_behind_latest().is_none_or(|behind| behind == 0) {
+                break;
+            }
+            iterator = out.next_shard_iterator().map(str::to_owned);
+        }
+    }
+    Ok(records.iter().map(|r| found.contains(&(r.partition_key.clone(), r.data.clone()))).collect())
+}
+
+/// `GetRecords` calls per shard a read-back makes at most (10,000 records each).
+const MAX_READ_BACK_CALLS: usize = 20;
 
 #[cfg(test)]
 mod tests {
@@ -218,73 +313,100 @@ mod tests {
         (sent, send)
     }
 
+    /// What a consumer taking the first copy sees: per key, the data bytes in first-delivery order.
+    fn first_deliveries(sent: &[(String, u8)]) -> std::collections::BTreeMap<String, Vec<u8>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+        for (key, n) in sent {
+            if seen.insert(*n) {
+                out.entry(key.clone()).or_default().push(*n);
+            }
+        }
+        out
+    }
+
+    fn never_checked(_: Vec<OutgoingRecord>) -> futures::future::Ready<Result<Vec<bool>>> {
+        futures::future::ready(Err(Error::Config("no ambiguous failure expected".into())))
+    }
+
     #[tokio::test]
-    async fn ordered_put_resends_from_the_first_failure() {
+    async fn key_ordered_put_keeps_each_keys_order_on_first_delivery_and_resends_only_failures() {
+        let recs = records(12);
+        let (sent, send) = flaky(vec![1, 4, 4, 7]);
+        let stats = put_in_key_order(&recs, &fast(), send, never_checked).await;
+        assert!(stats.failures.is_empty());
+        let sent: Vec<(String, u8)> =
+            sent.lock().unwrap().iter().map(|d| (format!("pk{}", d[0] % 3), d[0])).collect();
+        assert_eq!(sent.len(), 12 + 4, "only the refused records went twice");
+        for (key, ns) in first_deliveries(&sent) {
+            let mut sorted = ns.clone();
+            sorted.sort();
+            assert_eq!(ns, sorted, "{key}: in order on first delivery");
+            assert_eq!(ns.len(), 4);
+        }
+        assert_eq!(stats.retried, 4);
+    }
+
+    #[tokio::test]
+    async fn an_ambiguous_failure_is_checked_so_stored_records_are_not_sent_again() {
         let recs = records(6);
-        let (sent, send) = flaky(vec![2, 4]);
-        let stats = put_ordered(&recs, &fast(), send).await.unwrap();
-        let sent: Vec<u8> = sent.lock().unwrap().iter().map(|d| d[0]).collect();
-        // First request: 0..6 with 2 and 4 failing; then everything from 2 on, again, in order
-        // (3 and 5 were stored already and go twice).
-        assert_eq!(sent, vec![0, 1, 2, 3, 4, 5, 2, 3, 4, 5]);
-        assert_eq!(stats, OrderedPut { requests: 2, resent: 2 });
-    }
-
-    #[tokio::test]
-    async fn ordered_put_gives_up_after_max_attempts() {
-        let recs = records(3);
-        let send = |batch: Vec<OutgoingRecord>| {
-            futures::future::ready(Ok(vec![RecordResult::Failed("InternalFailure".to_string()); batch.len()]))
+        let log: SentLog = Arc::new(Mutex::new(Vec::new()));
+        let stream = log.clone();
+        let mut calls = 0;
+        // The second request is applied, then answered with a 500.
+        let send = move |batch: Vec<OutgoingRecord>| {
+            calls += 1;
+            stream.lock().unwrap().extend(batch.iter().map(|r| r.data.clone()));
+            let answer = if calls == 2 {
+                Err(Error::Kinesis { operation: "PutRecords", source: "500 InternalFailure".into() })
+            } else {
+                Ok(vec![RecordResult::Stored; batch.len()])
+            };
+            futures::future::ready(answer)
         };
-        let err = put_ordered(&recs, &fast(), send).await.unwrap_err();
-        assert!(matches!(err, Error::KinesisPartial { failed: 3, .. }), "{err}");
+        let on_stream = log.clone();
+        let check = move |batch: Vec<OutgoingRecord>| {
+            let stream = on_stream.lock().unwrap().clone();
+            futures::future::ready(Ok(batch.iter().map(|r| stream.contains(&r.data)).collect()))
+        };
+        let stats = put_in_key_order(&recs, &fast(), send, check).await;
+        assert!(stats.failures.is_empty());
+        assert_eq!(stats.checked, 1);
+        let sent: Vec<u8> = log.lock().unwrap().iter().map(|d| d[0]).collect();
+        assert_eq!(sent.len(), 6, "nothing twice: the check found the applied records");
     }
 
     #[tokio::test]
-    async fn unordered_put_retries_only_failed_records_and_reports_the_rest() {
-        let recs = records(5);
-        let (sent, send) = flaky(vec![1, 3]);
-        assert!(put_unordered(&recs, &fast(), send).await.unwrap().is_empty());
-        let sent: Vec<u8> = sent.lock().unwrap().iter().map(|d| d[0]).collect();
-        assert_eq!(sent, vec![0, 1, 2, 3, 4, 1, 3]);
-
-        let always = |batch: Vec<OutgoingRecord>| {
+    async fn a_record_given_up_on_stops_its_key_only() {
+        let recs = records(9);
+        let send = |batch: Vec<OutgoingRecord>| {
             let out = batch
                 .iter()
                 .map(|r| match r.data[0] {
-                    2 => RecordResult::Failed("InternalFailure".to_string()),
+                    4 => RecordResult::Failed("InternalFailure".to_string()),
                     _ => RecordResult::Stored,
                 })
                 .collect();
             futures::future::ready(Ok(out))
         };
-        let failures = put_unordered(&recs, &fast(), always).await.unwrap();
-        assert_eq!(failures, vec![Failure { index: 2, code: "InternalFailure".into() }]);
-
-        // A request failing as a whole fails its records only.
-        let big = records(700);
-        let mut calls = 0;
-        let second_request_down = |batch: Vec<OutgoingRecord>| {
-            calls += 1;
-            let result = if calls == 2 {
-                Err(Error::Config("down".into()))
-            } else {
-                Ok(vec![RecordResult::Stored; batch.len()])
-            };
-            futures::future::ready(result)
-        };
-        assert!(put_unordered(&big, &fast(), second_request_down).await.unwrap().is_empty(), "retried and stored");
+        let stats = put_in_key_order(&recs, &fast(), send, never_checked).await;
+        // Record 4 is key pk1's second; its third (7) is never sent.
+        assert_eq!(
+            stats.failures,
+            vec![Failure { index: 4, code: "InternalFailure".into() }, Failure { index: 7, code: NOT_SENT.into() }]
+        );
     }
 
     #[tokio::test]
     async fn puts_are_cut_at_500_records() {
-        let recs = records(1201);
+        let recs: Vec<OutgoingRecord> =
+            (0..1201).map(|i| OutgoingRecord { partition_key: format!("k{i}"), data: vec![1] }).collect();
         let mut sizes = Vec::new();
         let send = |batch: Vec<OutgoingRecord>| {
             sizes.push(batch.len());
             futures::future::ready(Ok(vec![RecordResult::Stored; batch.len()]))
         };
-        let stats = put_ordered(&recs, &fast(), send).await.unwrap();
+        let stats = put_in_key_order(&recs, &fast(), send, never_checked).await;
         assert_eq!(sizes, vec![500, 500, 201]);
         assert_eq!(stats.requests, 3);
     }

@@ -17,10 +17,12 @@
 //! What only runs outside Lambda (the emulator, resources, the event source
 //! mapping, in-process invocations) is in the `event-store-emulator` crate.
 
+pub mod aggregation;
 pub mod batch;
 pub mod bookkeeping;
 pub mod buffer_item;
 pub mod config;
+pub mod dedupe;
 pub mod dynamo;
 pub mod encoding;
 pub mod envelope;

@@ -17,7 +17,7 @@ use crate::batch::Backoff;
 use crate::config::LoadConfig;
 use crate::envelope::{client_ip, Envelope, Headers};
 use crate::error::Error;
-use crate::kinesis::{put_unordered, send_put_records, OutgoingRecord};
+use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord};
 use crate::time::{format_ms, now_ms};
 
 /// A transparent 1x1 GIF, 43 bytes.
@@ -127,11 +127,16 @@ impl Load {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let stream = self.config.event_stream.as_str();
-        let failures = put_unordered(&records, &self.backoff, |batch| async move {
-            send_put_records(&self.kinesis, stream, &batch).await
-        })
+        // Per EntityId, in the order posted: a throttled "created" is never stored after its "paid".
+        // An ambiguous failure is retried as not stored: a copy has the same envelope id, which readers drop.
+        let failures = put_in_key_order(
+            &records,
+            &self.backoff,
+            |batch| async move { send_put_records(&self.kinesis, stream, &batch).await },
+            |batch| async move { Ok(vec![false; batch.len()]) },
+        )
         .await
-        .map_err(unavailable)?;
+        .failures;
         let accepted = records.len() - failures.len();
         info!(accepted, failed = failures.len(), "events put");
         if failures.is_empty() {

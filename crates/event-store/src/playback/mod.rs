@@ -26,6 +26,7 @@ pub mod summary;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use aws_sdk_kinesis::config::retry::RetryConfig;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -33,7 +34,7 @@ use tracing::info;
 pub use checkpoint::Checkpoint;
 pub use pacer::Pacer;
 pub use record::PlayedEvent;
-pub use request::{run_id, Filter, PlaybackRequest, Window};
+pub use request::{run_id, Filter, PlaybackRequest, RecordFormat, Window};
 pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Status};
 
 use crate::batch::Backoff;
@@ -54,12 +55,20 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:PutItem",
     "kinesis:PutRecords",
     "kinesis:DescribeStreamSummary",
+    // Reading back after an ambiguous put failure.
+    "kinesis:ListShards",
+    "kinesis:GetShardIterator",
+    "kinesis:GetRecords",
     "lambda:InvokeFunction",
 ];
 
 pub struct Playback {
     dynamo: aws_sdk_dynamodb::Client,
     kinesis: aws_sdk_kinesis::Client,
+    /// The same client without the SDK's retries, for `PutRecords`: a blind
+    /// resend of an applied request would duplicate it; the put loop retries
+    /// itself and reads back what an ambiguous failure stored.
+    putter: aws_sdk_kinesis::Client,
     config: PlaybackConfig,
     invoker: Arc<dyn Invoker>,
     backoff: Backoff,
@@ -73,7 +82,9 @@ impl Playback {
         config: PlaybackConfig,
         invoker: Arc<dyn Invoker>,
     ) -> Self {
-        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default(), observer: None }
+        let no_retries = kinesis.config().to_builder().retry_config(RetryConfig::disabled()).build();
+        let putter = aws_sdk_kinesis::Client::from_conf(no_retries);
+        Self { dynamo, kinesis, putter, config, invoker, backoff: Backoff::default(), observer: None }
     }
 
     pub fn with_observer(mut self, observer: ProgressObserver) -> Self {

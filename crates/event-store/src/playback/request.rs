@@ -30,6 +30,10 @@ pub struct PlaybackRequest {
     /// Pace of delivery; default: the playback stream's open shards × 1,000 (and × 1 MiB/s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_records_per_second: Option<u64>,
+    /// `aggregated` (default): the KPL aggregated-record format, one Kinesis
+    /// record per partition key per request; `plain`: one Kinesis record per event.
+    #[serde(default, skip_serializing_if = "RecordFormat::is_default")]
+    pub record_format: RecordFormat,
     /// Only events whose JSON matches every filter are played.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filter: Vec<Filter>,
@@ -69,6 +73,24 @@ impl PlaybackRequest {
     /// True when `event` (its JSON, if it is JSON) passes every filter.
     pub fn wants(&self, event: Option<&Value>) -> bool {
         self.filter.iter().all(|f| f.matches(event))
+    }
+}
+
+/// How played events become Kinesis records (see [`crate::aggregation`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordFormat {
+    /// Many events of one partition key in one record, for consumers with a
+    /// KPL deaggregator (the KCL, `aws-kinesis-agg`): past 1,000 records/s per shard.
+    #[default]
+    Aggregated,
+    /// One record per event, for any consumer; a key's events go one request after another.
+    Plain,
+}
+
+impl RecordFormat {
+    fn is_default(&self) -> bool {
+        *self == RecordFormat::default()
     }
 }
 

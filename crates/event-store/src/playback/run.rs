@@ -12,15 +12,59 @@ use super::checkpoint::{self, Checkpoint};
 use super::pacer::Pacer;
 use super::reader::Page;
 use super::record::PlayedEvent;
-use super::request::{PlaybackRequest, Window};
+use super::request::{PlaybackRequest, RecordFormat, Window};
 use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
 use super::Playback;
+use crate::aggregation;
 use crate::batch::KINESIS_BATCH_RECORDS;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
-use crate::kinesis::{put_ordered, send_put_records, OutgoingRecord};
-use crate::time::{format_ms, remaining};
+use crate::dedupe::{envelope_id, RecentIds};
+use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingRecord};
+use crate::time::{format_ms, now_ms, remaining};
+
+/// How long before a put its read-back starts, for clock differences with Kinesis.
+const READ_BACK_MARGIN_MS: i64 = 5_000;
+
+/// The Kinesis records for a batch of played events: each event its own
+/// record (`plain`), or each partition key's events, in order, packed into
+/// as few aggregated records as the 1 MiB record limit allows (`aggregated`).
+pub fn kinesis_records(events: Vec<OutgoingRecord>, format: RecordFormat) -> Vec<OutgoingRecord> {
+    if format == RecordFormat::Plain {
+        return events;
+    }
+    // Each key's events in order; keys in order of first appearance.
+    let mut keys: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
+    for event in events {
+        match keys.iter_mut().find(|(key, _)| *key == event.partition_key) {
+            Some((_, datas)) => datas.push(event.data),
+            None => keys.push((event.partition_key, vec![event.data])),
+        }
+    }
+    let mut out = Vec::new();
+    for (key, datas) in keys {
+        let limit = aggregation::MAX_RECORD_BYTES - key.len();
+        let mut group: Vec<Vec<u8>> = Vec::new();
+        let mut size = aggregation::empty_bytes(&key);
+        for data in datas {
+            let more = aggregation::user_record_bytes(data.len());
+            if !group.is_empty() && size + more > limit {
+                let data = aggregation::aggregate(&key, group.iter().map(Vec::as_slice));
+                out.push(OutgoingRecord { partition_key: key.clone(), data });
+                group.clear();
+                size = aggregation::empty_bytes(&key);
+            }
+            size += more;
+            group.push(data);
+        }
+        if !group.is_empty() {
+            let data = aggregation::aggregate(&key, group.iter().map(Vec::as_slice));
+            out.push(OutgoingRecord { partition_key: key, data });
+        }
+    }
+    out
+}
 
 /// A record accepted but not yet put, with its event's place in the table.
 struct Pending {
@@ -62,6 +106,8 @@ pub struct Run<'a> {
     /// Where the stream stands: after the last put.
     checkpoint: Checkpoint,
     pending: Vec<Pending>,
+    /// Envelope ids of the last `dedupe_window_ms`, to skip a second copy of an accepted event.
+    recent: RecentIds,
     slot: SlotTally,
     summary: PlaybackSummary,
 }
@@ -86,6 +132,7 @@ impl<'a> Run<'a> {
             seq: position.seq,
             checkpoint: position,
             pending: Vec::new(),
+            recent: RecentIds::new(playback.config.dedupe_window_ms),
             slot: SlotTally::default(),
             summary,
         }
@@ -123,6 +170,12 @@ impl<'a> Run<'a> {
             }
         };
         let json: Option<Value> = serde_json::from_slice(&bytes).ok();
+        if let Some(id) = json.as_ref().and_then(envelope_id) {
+            if !self.recent.first_sight(id, event.arrival) {
+                self.summary.duplicates_dropped += 1;
+                return Ok(());
+            }
+        }
         if !self.request.wants(json.as_ref()) {
             self.summary.filtered_out += 1;
             return Ok(());
@@ -226,17 +279,33 @@ impl<'a> Run<'a> {
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
-        let records: Vec<OutgoingRecord> = batch.into_iter().map(|p| p.record).collect();
-        let (kinesis, stream) = (&self.playback.kinesis, self.playback.config.playback_stream.as_str());
-        let stats = put_ordered(&records, &self.playback.backoff, |batch| async move {
-            send_put_records(kinesis, stream, &batch).await
-        })
-        .await?;
-        self.pacer.sent(records.len(), records.iter().map(OutgoingRecord::size).sum());
-        self.summary.events += records.len();
+        let events_in_batch = batch.len();
+        let records = kinesis_records(batch.into_iter().map(|p| p.record).collect(), self.request.record_format);
+        let (putter, reader) = (&self.playback.putter, &self.playback.kinesis);
+        let stream = self.playback.config.playback_stream.as_str();
+        // Read-backs start a little before the first send (Kinesis' clock is not ours).
+        let since = now_ms() - READ_BACK_MARGIN_MS;
+        let stats = put_in_key_order(
+            &records,
+            &self.playback.backoff,
+            |batch| async move { send_put_records(putter, stream, &batch).await },
+            |batch| async move { stored_since(reader, stream, since, &batch).await },
+        )
+        .await;
         self.summary.put_requests += stats.requests;
-        self.summary.resent += stats.resent;
-        let events = self.checkpoint.events + records.len() as u64;
+        self.summary.resent += stats.retried;
+        self.summary.checked_requests += stats.checked;
+        if let Some(first) = stats.failures.first() {
+            return Err(Error::KinesisPartial {
+                operation: "PutRecords",
+                failed: stats.failures.len(),
+                code: first.code.clone(),
+            });
+        }
+        self.pacer.sent(records.len(), records.iter().map(OutgoingRecord::size).sum());
+        self.summary.events += events_in_batch;
+        self.summary.kinesis_records += records.len();
+        let events = self.checkpoint.events + events_in_batch as u64;
         self.checkpoint = Checkpoint { slot, after: Some(after), seq: next_seq, events, done: false };
         self.save(&self.checkpoint).await?;
         Ok(Put::Sent)
@@ -245,5 +314,33 @@ impl<'a> Run<'a> {
     async fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
         checkpoint::save(dynamo, table, &self.summary.id, checkpoint).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(key: &str, n: u8, len: usize) -> OutgoingRecord {
+        OutgoingRecord { partition_key: key.into(), data: vec![n; len] }
+    }
+
+    #[test]
+    fn aggregated_records_hold_each_keys_events_in_order_within_the_record_limit() {
+        let events = vec![event("a", 1, 10), event("b", 2, 10), event("a", 3, 10), event("a", 4, 1_048_530)];
+        assert_eq!(kinesis_records(events.clone(), RecordFormat::Plain), events);
+        let records = kinesis_records(events.clone(), RecordFormat::Aggregated);
+        // a: [1, 3] then 4 (which would push the first past 1 MiB); b: [2].
+        let unpacked: Vec<(String, Vec<u8>)> = records
+            .iter()
+            .map(|r| {
+                assert!(r.size() <= aggregation::MAX_RECORD_BYTES);
+                let inner = aggregation::deaggregate(&r.partition_key, &r.data).unwrap();
+                (r.partition_key.clone(), inner.iter().map(|(_, d)| d[0]).collect())
+            })
+            .collect();
+        assert_eq!(unpacked, vec![("a".into(), vec![1, 3]), ("a".into(), vec![4]), ("b".into(), vec![2])]);
+        let big: Vec<OutgoingRecord> = (0..4).map(|i| event("k", i, 400_000)).collect();
+        assert_eq!(kinesis_records(big, RecordFormat::Aggregated).len(), 2, "two 400 KB events per 1 MiB record");
     }
 }

@@ -42,8 +42,14 @@ pub struct PlaybackSummary {
     pub queries: usize,
     pub index_queries: usize,
     pub put_requests: usize,
-    /// Records sent twice because an earlier record of their request failed.
+    /// Kinesis records put (an aggregated record carries many events).
+    pub kinesis_records: usize,
+    /// Records sent again: refused by Kinesis, or found not stored after an ambiguous failure.
     pub resent: usize,
+    /// Requests that failed ambiguously (5xx, timeout) and were checked against the stream.
+    pub checked_requests: usize,
+    /// Copies of an accepted event (same envelope id) skipped: load stored it twice after an ambiguous failure.
+    pub duplicates_dropped: usize,
     /// Items in the event table that could not be decoded (skipped, logged).
     pub unreadable: usize,
     /// The playback sequence number the next record would get.

@@ -13,6 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::bookkeeping::shard_position::{self, ShardPosition};
 use crate::error::{Error, Result};
+use crate::kinesis::list_shards;
 
 /// Empty `GetRecords` answers followed before a shard counts as unknown
 /// (Kinesis may answer empty while records lie further on).
@@ -70,24 +71,6 @@ pub async fn unbuffered_from(
         .try_collect()
         .await?;
     Ok(bounds.into_iter().flatten().min())
-}
-
-async fn list_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Vec<Shard>> {
-    let mut shards = Vec::new();
-    let mut next_token: Option<String> = None;
-    loop {
-        // With a token, ListShards takes no stream name.
-        let request = match next_token.take() {
-            Some(token) => kinesis.list_shards().next_token(token),
-            None => kinesis.list_shards().stream_name(stream),
-        };
-        let out = request.send().await.map_err(|e| Error::kinesis("ListShards", e))?;
-        shards.extend(out.shards().iter().cloned());
-        match out.next_token() {
-            Some(token) => next_token = Some(token.to_owned()),
-            None => return Ok(shards),
-        }
-    }
 }
 
 async fn probe(
