@@ -85,7 +85,10 @@ pub fn total(summaries: &[PlaybackSummary]) -> PlaybackSummary {
         total.queries += s.queries;
         total.index_queries += s.index_queries;
         total.put_requests += s.put_requests;
+        total.kinesis_records += s.kinesis_records;
         total.resent += s.resent;
+        total.checked_requests += s.checked_requests;
+        total.duplicates_dropped += s.duplicates_dropped;
         total.unreadable += s.unreadable;
         if total.first_event.is_none() {
             total.first_event = s.first_event.clone();

@@ -102,8 +102,7 @@ pub fn deaggregate(partition_key: &str, data: &[u8]) -> Result<Vec<(String, Vec<
     if Md5::digest(body).as_slice() != digest {
         return plain();
     }
-    let message =
-        AggregatedRecord::decode(body).map_err(|e| Error::Malformed(format!("aggregated record: {e}")))?;
+    let message = AggregatedRecord::decode(body).map_err(|e| Error::Malformed(format!("aggregated record: {e}")))?;
     message
         .records
         .into_iter()
@@ -144,8 +143,7 @@ mod tests {
     /// `RecordAggregator().add_user_record("pk", b"hello")`, then `b"world"`, then `clear_and_get().get_contents()`.
     #[test]
     fn the_encoding_matches_the_reference_library() {
-        let reference =
-            "f3899ac20a02706b1a0908001a0568656c6c6f1a0908001a05776f726c644747b0d63591c416fdae617529bdda27";
+        let reference = "f3899ac20a02706b1a0908001a0568656c6c6f1a0908001a05776f726c644747b0d63591c416fdae617529bdda27";
         assert_eq!(hex::encode(aggregate("pk", [&b"hello"[..], b"world"])), reference);
     }
 }

@@ -234,7 +234,8 @@ pub async fn stored_since(
     since_ms: i64,
     records: &[OutgoingRecord],
 ) -> Result<Vec<bool>> {
-    let wanted: HashSet<(&str, &[u8])> = records.iter().map(|r| (r.partition_key.as_str(), r.data.as_slice())).collect();
+    let wanted: HashSet<(&str, &[u8])> =
+        records.iter().map(|r| (r.partition_key.as_str(), r.data.as_slice())).collect();
     let mut found: HashSet<(String, Vec<u8>)> = HashSet::new();
     for shard in list_shards(client, stream).await? {
         let out = client
@@ -335,8 +336,7 @@ mod tests {
         let (sent, send) = flaky(vec![1, 4, 4, 7]);
         let stats = put_in_key_order(&recs, &fast(), send, never_checked).await;
         assert!(stats.failures.is_empty());
-        let sent: Vec<(String, u8)> =
-            sent.lock().unwrap().iter().map(|d| (format!("pk{}", d[0] % 3), d[0])).collect();
+        let sent: Vec<(String, u8)> = sent.lock().unwrap().iter().map(|d| (format!("pk{}", d[0] % 3), d[0])).collect();
         assert_eq!(sent.len(), 12 + 4, "only the refused records went twice");
         for (key, ns) in first_deliveries(&sent) {
             let mut sorted = ns.clone();

@@ -76,13 +76,14 @@ async fn rest_api_events_work_behind_a_stage_and_anonymous_hits_get_random_keys(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn posted_events_go_out_in_one_put_records() {
+async fn posted_events_go_out_one_request_per_event_of_the_busiest_entity() {
     let env = TestEnv::start(2).await;
     let load = load(&env, &env.names.event_stream);
     let response = load.handle(request("load-post-events.json")).await;
     assert_eq!(response.status(), StatusCode::ACCEPTED);
     assert_eq!(body_json(&response), json!({"accepted": 3}));
-    assert_eq!(env.counter.get("Kinesis.PutRecords"), 1);
+    // order-1's "paid" goes only once its "created" is stored (PutRecords keeps no order within a request).
+    assert_eq!(env.counter.get("Kinesis.PutRecords"), 2);
     common::assert_only_declared_actions(&env.counter, event_store::load::AWS_ACTIONS);
 
     let records = env.read_stream(&env.names.event_stream).await;
@@ -180,4 +181,45 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
     let message = body_json(&unavailable)["error"].as_str().unwrap().to_owned();
     assert_eq!(message, "event stream unavailable, retry later", "no internals leak");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
+    use event_store_fault_proxy::{Config, Fault, FaultProxy};
+    let env = TestEnv::start(2).await;
+    let only: &'static [Fault] = &[Fault::PartialPutRecords, Fault::ProvisionedThroughputExceeded];
+    let proxy =
+        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 11, rate: 0.3, only: Some(only) }).await.unwrap();
+    let faulty = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
+    );
+    let config = LoadConfig {
+        event_stream: env.names.event_stream.clone(),
+        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        ip_mode: IpMode::None,
+    };
+    let load = Load::new(faulty, config);
+    let mut accepted = 0;
+    for post in 0..5 {
+        let events: Vec<Value> =
+            (0..30).map(|i| json!({"EntityId": format!("order-{}", i % 3), "n": post * 30 + i})).collect();
+        let mut event: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+        event["body"] = json!(Value::Array(events).to_string());
+        let response = load.handle(lambda_http::request::from_str(&event.to_string()).unwrap()).await;
+        accepted += body_json(&response)["accepted"].as_u64().unwrap();
+    }
+    println!("faults: {:?}; {accepted} of 150 accepted", proxy.counts());
+    assert!(proxy.counts().get("faults").copied().unwrap_or(0) > 0);
+    let mut by_entity: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for (_, record) in env.read_stream(&env.names.event_stream).await {
+        let envelope: Envelope = serde_json::from_slice(record.data().as_ref()).unwrap();
+        let body = envelope.body.unwrap();
+        by_entity.entry(record.partition_key().unwrap().to_owned()).or_default().push(body["n"].as_i64().unwrap());
+    }
+    assert_eq!(by_entity.values().map(Vec::len).sum::<usize>() as u64, accepted, "what was accepted, once");
+    for (entity, ns) in by_entity {
+        let mut sorted = ns.clone();
+        sorted.sort();
+        assert_eq!(ns, sorted, "{entity}: stored in the order posted");
+    }
 }

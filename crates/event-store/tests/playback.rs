@@ -68,13 +68,16 @@ async fn play(
     runs.into_iter().map(|run| run.expect("playback run")).collect()
 }
 
-/// Every played-back record, in stream order per shard.
+/// Every played-back event (aggregated records unpacked), in stream order per shard.
 async fn played_events(env: &TestEnv) -> Vec<PlayedEvent> {
     let mut out = Vec::new();
     for (_, record) in env.read_stream(&env.names.playback_stream).await {
-        let event: PlayedEvent = serde_json::from_slice(record.data().as_ref()).unwrap();
-        assert_eq!(record.partition_key().unwrap(), event.partition_key, "the original partition key");
-        out.push(event);
+        let key = record.partition_key().unwrap();
+        for (inner_key, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
+            let event: PlayedEvent = serde_json::from_slice(&data).unwrap();
+            assert_eq!(inner_key, event.partition_key, "the original partition key");
+            out.push(event);
+        }
     }
     out
 }
@@ -191,18 +194,20 @@ async fn empty_and_invalid_windows() {
     assert_eq!(env.counter.get("Kinesis.PutRecords"), 0);
 }
 
-/// Keeps each record at its last delivery (the resend after a partial failure).
-fn last_deliveries(ns: &[i64]) -> Vec<i64> {
-    let last: HashMap<i64, usize> = ns.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    ns.iter().enumerate().filter(|(i, n)| last[n] == *i).map(|(_, n)| *n).collect()
+/// Each record at its first delivery: what a consumer that drops copies sees.
+fn first_deliveries(ns: &[i64]) -> Vec<i64> {
+    let mut seen = std::collections::HashSet::new();
+    ns.iter().copied().filter(|n| seen.insert(*n)).collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn records_kinesis_rejects_are_resent_from_the_first_failure_keeping_order() {
+/// Plays `window` through a proxy that fails half the puts in part or
+/// ambiguously (applied, then a 500), in `format`, and checks every key is
+/// delivered in order on first delivery with no copy.
+async fn play_through_faults(format: &str) {
     use event_store_fault_proxy::{Config, Fault, FaultProxy};
     let env = TestEnv::start(2).await;
     stored_events(&env, 1200, 3).await;
-    let only: &'static [Fault] = &[Fault::PartialPutRecords];
+    let only: &'static [Fault] = &[Fault::PartialPutRecords, Fault::AppliedThenInternalError];
     let proxy =
         FaultProxy::start(&env.kinesis_endpoint, Config { seed: 5, rate: 0.5, only: Some(only) }).await.unwrap();
     let faulty = aws_sdk_kinesis::Client::from_conf(
@@ -210,16 +215,39 @@ async fn records_kinesis_rejects_are_resent_from_the_first_failure_keeping_order
     );
     let (invoker, _rx) = LocalInvoker::channel();
     let playback = Playback::new(env.dynamo.clone(), faulty, config(&env, None), Arc::new(invoker));
-    let summary = playback.handle(window(T0, T0 + 3000), SystemTime::now() + Duration::from_secs(900)).await.unwrap();
-    let injected = proxy.counts().get("PartialPutRecords").copied().unwrap_or(0);
-    println!("partial PutRecords failures injected: {injected}; resent {} records", summary.resent);
-    assert!(injected > 0 && summary.resent > 0);
+    let mut request = window(T0, T0 + 3000);
+    request["record_format"] = json!(format);
+    let summary = playback.handle(request, SystemTime::now() + Duration::from_secs(900)).await.unwrap();
+    let counts = proxy.counts();
+    println!(
+        "{format}: {counts:?}; {} requests, {} records resent, {} ambiguous failures read back",
+        summary.put_requests, summary.resent, summary.checked_requests
+    );
+    assert!(counts.get("PartialPutRecords").copied().unwrap_or(0) > 0 && summary.resent > 0);
+    assert!(counts.get("AppliedThenInternalError").copied().unwrap_or(0) > 0 && summary.checked_requests > 0);
     assert_eq!(summary.events, 1200);
-    for (key, ns) in played(&env).await {
+    let played = played(&env).await;
+    assert_eq!(played.len(), 5);
+    for (key, ns) in played {
         let user: i64 = key.trim_start_matches("user-").parse().unwrap();
         let expected: Vec<i64> = (0..1200).filter(|n| n % 5 == user).collect();
-        assert_eq!(last_deliveries(&ns), expected, "{key}: in order by last delivery, none missing");
+        assert_eq!(first_deliveries(&ns), expected, "{key}: in order on first delivery, none missing");
+        assert_eq!(
+            ns.len(),
+            expected.len(),
+            "{key}: no copies: refused records alone were resent, applied ones read back"
+        );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partial_and_ambiguous_put_failures_keep_each_keys_order_on_first_delivery_aggregated() {
+    play_through_faults("aggregated").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partial_and_ambiguous_put_failures_keep_each_keys_order_on_first_delivery_plain() {
+    play_through_faults("plain").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -251,7 +279,7 @@ async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in
     for (key, ns) in played(&env).await {
         let user: i64 = key.trim_start_matches("user-").parse().unwrap();
         let expected: Vec<i64> = (0..1300).filter(|n| n % 5 == user).collect();
-        assert_eq!(last_deliveries(&ns), expected, "{key}: every event at least once, in order");
+        assert_eq!(first_deliveries(&ns), expected, "{key}: every event at least once, in order");
     }
     let mut seqs: Vec<u64> = played_events(&env).await.iter().map(|e| e.playback_seq).collect();
     seqs.sort();
@@ -379,6 +407,68 @@ async fn a_stalled_pump_holds_the_watermark_behind_the_events_still_in_the_strea
         let expected: Vec<i64> = (0..100).filter(|n| n % 5 == user).collect();
         assert_eq!(ns, expected, "{key}: every event once, in order");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_load_stored_twice_after_an_ambiguous_put_is_played_once() {
+    use event_store::config::{IpMode, LoadConfig, DEFAULT_MAX_EVENT_BYTES};
+    use event_store_fault_proxy::{Config, Fault, FaultProxy};
+    let env = TestEnv::start(1).await;
+    // Every other PutRecord is applied and then answered with a 500: the SDK sends it again.
+    let only: &'static [Fault] = &[Fault::AppliedThenInternalError];
+    let proxy =
+        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 3, rate: 0.5, only: Some(only) }).await.unwrap();
+    let faulty = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
+    );
+    let load_config = LoadConfig {
+        event_stream: env.names.event_stream.clone(),
+        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        ip_mode: IpMode::None,
+    };
+    let load = event_store::load::Load::new(faulty, load_config);
+    let start = now_ms();
+    for _ in 0..30 {
+        load.handle(lambda_http::request::from_str(&sample_event("load.json")).unwrap()).await;
+    }
+    let pump = event_store::pump::Pump::new(
+        env.dynamo.clone(),
+        event_store::config::PumpConfig {
+            buffer_table: env.names.buffer_table.clone(),
+            event_table: env.names.event_table.clone(),
+        },
+    );
+    for batch in env.event_source_batches().await {
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+    let end = now_ms() / 1000 * 1000 + 1000;
+    tokio::time::sleep(Duration::from_millis((end + 200 - now_ms()).max(0) as u64)).await;
+    scan_pass(&env, scan_config(&env, 0)).await;
+
+    let envelope_ids = |events: Vec<PlayedEvent>| -> Vec<String> {
+        events.into_iter().map(|e| e.data.unwrap()["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let stored: Vec<String> = env
+        .scan_table(&env.names.event_table)
+        .await
+        .into_iter()
+        .filter_map(|item| event_store::event_item::EventItem::from_item(item).ok())
+        .filter(|e| e.slot >= 0)
+        .map(|e| e.json().unwrap()["id"].as_str().unwrap().to_owned())
+        .collect();
+    let unique: std::collections::HashSet<&String> = stored.iter().collect();
+    let copies = stored.len() - unique.len();
+    println!("{} envelopes, {} stored items ({copies} copies); {:?}", unique.len(), stored.len(), proxy.counts());
+    assert!(copies > 0, "the ambiguous puts stored some events twice");
+
+    let summaries =
+        play(&env, config(&env, None), window(start - 1000, end), || SystemTime::now() + Duration::from_secs(900))
+            .await;
+    let played = envelope_ids(played_events(&env).await);
+    let played_unique: std::collections::HashSet<&String> = played.iter().collect();
+    assert_eq!(played.len(), played_unique.len(), "every accepted event played once");
+    assert_eq!(played_unique, unique, "and none missing");
+    assert_eq!(summaries.iter().map(|s| s.duplicates_dropped).sum::<usize>(), copies);
 }
 
 #[tokio::test(flavor = "multi_thread")]

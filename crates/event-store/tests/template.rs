@@ -109,6 +109,10 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     assert_eq!(strings(&mapping["FunctionResponseTypes"]), vec!["ReportBatchItemFailures"]);
     assert_eq!(mapping["BisectBatchOnFunctionError"], Value::Bool(true));
     assert!(mapping["MaximumRetryAttempts"].as_u64().is_some());
+    // Readers drop a second copy of an accepted event within the dedupe window:
+    // load's retries of an ambiguous put end within its timeout.
+    let load_timeout = template["Resources"]["LoadFunction"]["Properties"]["Timeout"].as_u64().unwrap();
+    assert!(load_timeout * 1000 * 3 <= event_store::config::DEFAULT_DEDUPE_WINDOW_MS, "load timeout {load_timeout} s");
     // The pump's shard positions need one batch per shard at a time, in order.
     assert!(mapping["ParallelizationFactor"].as_u64().is_none_or(|p| p == 1), "one batch per shard at a time");
     assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("PumpDeadLetterQueue"));

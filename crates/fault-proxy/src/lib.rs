@@ -37,7 +37,8 @@ pub enum Fault {
     InternalServerError,
     /// 503, request not applied.
     ServiceUnavailable,
-    /// DynamoDB only: the request *was* applied, then the answer is a 500 (retries must be idempotent).
+    /// The request *was* applied, then the answer is a 500: DynamoDB writes
+    /// (retries must be idempotent) and Kinesis puts (a retry stores the records again).
     AppliedThenInternalError,
     /// `BatchWriteItem`: part of the items left in `UnprocessedItems`.
     PartialBatchWrite,
@@ -106,7 +107,8 @@ pub fn applicable(service: Service, operation: &str) -> Vec<Fault> {
     faults.extend([ConnectionReset, Slow]);
     match operation {
         "BatchWriteItem" => faults.push(PartialBatchWrite),
-        "PutRecords" => faults.push(PartialPutRecords),
+        "PutRecords" => faults.extend([PartialPutRecords, AppliedThenInternalError]),
+        "PutRecord" => faults.push(AppliedThenInternalError),
         _ => {}
     }
     faults
@@ -148,6 +150,18 @@ struct State {
     only: Option<&'static [Fault]>,
     rng: Mutex<fastrand::Rng>,
     counts: Mutex<BTreeMap<String, u64>>,
+    applied: Mutex<Vec<Applied>>,
+}
+
+/// A request the proxy let through and then answered with a 500.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// `DynamoDB.BatchWriteItem`, `Kinesis.PutRecords`...
+    pub operation: String,
+    /// The stream or table named in the request.
+    pub target: String,
+    /// Records (Kinesis) or write requests (DynamoDB batch) in it.
+    pub entries: usize,
 }
 
 pub struct FaultProxy {
@@ -170,6 +184,7 @@ impl FaultProxy {
             only: config.only,
             rng: Mutex::new(fastrand::Rng::with_seed(config.seed)),
             counts: Mutex::new(BTreeMap::new()),
+            applied: Mutex::new(Vec::new()),
         });
         let (stop, mut stopped) = watch::channel(false);
         let shared = state.clone();
@@ -189,6 +204,11 @@ impl FaultProxy {
             }
         });
         Ok(Self { endpoint, state, stop })
+    }
+
+    /// Every request applied and then answered with a 500, in order.
+    pub fn applied_then_failed(&self) -> Vec<Applied> {
+        self.state.applied.lock().map(|a| a.clone()).unwrap_or_default()
     }
 
     /// Requests seen and faults injected, by kind (`requests`, `faults`, then each fault's name).
@@ -288,7 +308,11 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Answer {
             Ok(respond(status, Some(&headers), bytes))
         }
         Fault::AppliedThenInternalError => {
+            let applied = describe(service, &operation, &body);
             state.forward(&parts, body).await?;
+            if let Ok(mut log) = state.applied.lock() {
+                log.push(applied);
+            }
             let (status, value) = error_answer(service, fault);
             Ok(json_response(status, None, &value))
         }
@@ -299,6 +323,30 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Answer {
             Ok(json_response(status, None, &value))
         }
     }
+}
+
+/// What an applied request was: its operation, the stream or table it names, its entries.
+fn describe(service: Service, operation: &str, body: &Bytes) -> Applied {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let prefix = match service {
+        Service::DynamoDb => "DynamoDB",
+        Service::Kinesis => "Kinesis",
+        Service::Other => "Other",
+    };
+    let named = |field: &str| request.get(field).and_then(Value::as_str).map(str::to_owned);
+    let target = named("StreamName")
+        .or_else(|| named("StreamARN"))
+        .or_else(|| named("TableName"))
+        .or_else(|| request.get("RequestItems").and_then(Value::as_object).and_then(|t| t.keys().next().cloned()))
+        .unwrap_or_default();
+    let entries = match request.get("Records").and_then(Value::as_array) {
+        Some(records) => records.len(),
+        None => request
+            .get("RequestItems")
+            .and_then(Value::as_object)
+            .map_or(1, |tables| tables.values().filter_map(Value::as_array).map(Vec::len).sum()),
+    };
+    Applied { operation: format!("{prefix}.{operation}"), target, entries }
 }
 
 /// Which of `n` entries to hold back: a non-empty pseudo-random subset.
@@ -399,8 +447,10 @@ mod tests {
         assert!(applicable(Service::DynamoDb, "BatchWriteItem").contains(&Fault::PartialBatchWrite));
         assert!(!applicable(Service::DynamoDb, "Scan").contains(&Fault::PartialBatchWrite));
         assert!(applicable(Service::Kinesis, "PutRecords").contains(&Fault::PartialPutRecords));
-        // A Kinesis put is not idempotent: never applied-then-failed.
-        assert!(!applicable(Service::Kinesis, "PutRecord").contains(&Fault::AppliedThenInternalError));
+        // The ambiguous failure that duplicates a Kinesis put, and only on puts.
+        assert!(applicable(Service::Kinesis, "PutRecord").contains(&Fault::AppliedThenInternalError));
+        assert!(applicable(Service::Kinesis, "PutRecords").contains(&Fault::AppliedThenInternalError));
+        assert!(!applicable(Service::Kinesis, "GetRecords").contains(&Fault::AppliedThenInternalError));
         assert!(applicable(Service::Other, "").is_empty());
     }
 
@@ -414,6 +464,7 @@ mod tests {
                 only: None,
                 rng: Mutex::new(fastrand::Rng::with_seed(seed)),
                 counts: Mutex::default(),
+                applied: Mutex::default(),
             };
             let faults = applicable(Service::DynamoDb, "BatchWriteItem");
             (0..200).map(|_| state.draw(&faults)).collect::<Vec<_>>()

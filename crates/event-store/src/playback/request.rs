@@ -27,7 +27,8 @@ pub struct PlaybackRequest {
     /// When `end` is past the watermark: how long to wait for it (default 0: answer `incomplete`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_seconds: Option<u64>,
-    /// Pace of delivery; default: the playback stream's open shards × 1,000 (and × 1 MiB/s).
+    /// Pace of delivery in played events per second; default: the playback
+    /// stream's write limit, open shards × 1,000 Kinesis records and × 1 MiB a second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_records_per_second: Option<u64>,
     /// `aggregated` (default): the KPL aggregated-record format, one Kinesis

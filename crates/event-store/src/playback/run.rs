@@ -17,10 +17,10 @@ use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
 use super::Playback;
 use crate::aggregation;
 use crate::batch::KINESIS_BATCH_RECORDS;
+use crate::dedupe::{envelope_id, RecentIds};
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
-use crate::dedupe::{envelope_id, RecentIds};
 use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingRecord};
 use crate::time::{format_ms, now_ms, remaining};
 
@@ -302,7 +302,9 @@ impl<'a> Run<'a> {
                 code: first.code.clone(),
             });
         }
-        self.pacer.sent(records.len(), records.iter().map(OutgoingRecord::size).sum());
+        // A rate the request names counts played events; the stream's own limit counts its records.
+        let paced = if self.request.max_records_per_second.is_some() { events_in_batch } else { records.len() };
+        self.pacer.sent(paced, records.iter().map(OutgoingRecord::size).sum());
         self.summary.events += events_in_batch;
         self.summary.kinesis_records += records.len();
         let events = self.checkpoint.events + events_in_batch as u64;
