@@ -189,7 +189,7 @@ async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
     let env = TestEnv::start(2).await;
     let only: &'static [Fault] = &[Fault::PartialPutRecords, Fault::ProvisionedThroughputExceeded];
     let proxy =
-        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 11, rate: 0.3, only: Some(only) }).await.unwrap();
+        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 11, rate: 0.5, only: Some(only) }).await.unwrap();
     let faulty = aws_sdk_kinesis::Client::from_conf(
         aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
     );
@@ -200,7 +200,7 @@ async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
     };
     let load = Load::new(faulty, config);
     let mut accepted = 0;
-    for post in 0..5 {
+    for post in 0..20 {
         let events: Vec<Value> =
             (0..30).map(|i| json!({"EntityId": format!("order-{}", i % 3), "n": post * 30 + i})).collect();
         let mut event: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
@@ -208,7 +208,7 @@ async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
         let response = load.handle(lambda_http::request::from_str(&event.to_string()).unwrap()).await;
         accepted += body_json(&response)["accepted"].as_u64().unwrap();
     }
-    println!("faults: {:?}; {accepted} of 150 accepted", proxy.counts());
+    println!("faults: {:?}; {accepted} of 600 accepted", proxy.counts());
     assert!(proxy.counts().get("faults").copied().unwrap_or(0) > 0);
     let mut by_entity: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
     for (_, record) in env.read_stream(&env.names.event_stream).await {
