@@ -133,11 +133,16 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
             stack.settings.scan_interval.as_secs_f64()
         ),
         format!(
-            "playback  {:>8.0} events/s  ({} events, {} PutRecords, {:.2} s)",
+            "playback  {:>8.0} events/s  ({} events in {} Kinesis records, {} PutRecords, {:.2} s)",
             rate(total.events, playback_time),
             total.events,
+            total.kinesis_records,
             total.put_requests,
             playback_time.as_secs_f64()
+        ),
+        format!(
+            "playback  {} records resent, {} ambiguous failures read back, {} copies of accepted events dropped",
+            total.resent, total.checked_requests, total.duplicates_dropped
         ),
         format!(
             "latency   pixel hit to event table: p50 {} ms, p99 {} ms (scan every {:.1} s)",
@@ -188,7 +193,7 @@ fn run_of(envelope: &Envelope) -> Option<&str> {
 /// many items repeated an envelope id already seen (duplicates in the table),
 /// and each item's time from pixel hit to table (ms).
 async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (String, String)>, usize, Vec<i64>)> {
-    let mut items = HashMap::new();
+    let mut items: HashMap<String, (String, String)> = HashMap::new();
     let mut duplicates = 0;
     let mut latencies = Vec::new();
     let mut start = None;
@@ -214,8 +219,17 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             if let (Some(moved), Ok(hit)) = (event.moved_at, event_store::time::parse_time(&envelope.received_at)) {
                 latencies.push(moved - hit);
             }
-            if items.insert(envelope.id, (event.partition_key, event.sort_key)).is_some() {
-                duplicates += 1;
+            // A copy (load's ambiguous put, sent again): readers deliver the first in log order.
+            match items.entry(envelope.id) {
+                std::collections::hash_map::Entry::Occupied(mut first) => {
+                    duplicates += 1;
+                    if event.sort_key < first.get().1 {
+                        first.insert((event.partition_key, event.sort_key));
+                    }
+                }
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert((event.partition_key, event.sort_key));
+                }
             }
         }
         start = page.last_evaluated_key().cloned();
@@ -328,6 +342,9 @@ pub fn print(report: &Report) {
         report.stored, report.stored_duplicates
     );
     println!("events played back   {:>7}  ({} duplicates)", report.played_back, report.duplicates);
+    for id in &report.duplicate_ids {
+        println!("duplicate delivery   {id}");
+    }
     println!("lost                 {:>7}", report.lost);
     println!("out of order         {:>7}", report.out_of_order);
     println!("wall time            {:>7.1} s", report.wall.as_secs_f64());
