@@ -257,3 +257,31 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
     summary = invoke(watch, "playback", "playback.json")
     assert (summary["status"], summary["events"], summary["slots"]) == ("complete", 2, 1)
     assert summary["first_event"] == "2026-11-01T05:58:44.123Z"
+
+    # The playback stream, read the way a consumer with AWS's deaggregation module does.
+    played = deaggregated(kinesis, f"{PREFIX}-playback")
+    assert summary["kinesis_records"] == 1, "both events of user-42 in one aggregated record"
+    assert [(key, event["playback_seq"], event["event_time"]) for key, event in played] == [
+        ("user-42", 0, "2026-11-01T05:58:44.123Z"), ("user-42", 1, "2026-11-01T05:58:44.456Z")]
+    assert played[0][1]["data"] == {"id": "1b4e8c60", "path": "/track.gif"}
+    assert base64.b64decode(played[1][1]["data_base64"]) == b"\x00\xff\x10not json"
+
+
+def deaggregated(kinesis, stream):
+    """Every user record on `stream` as (partition key, played event), unpacked by
+    aws_kinesis_agg (AWS's own deaggregator, from PyPI), each shard in order."""
+    from aws_kinesis_agg.deaggregator import deaggregate_records
+    out = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        iterator = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
+                                              ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        records = kinesis.get_records(ShardIterator=iterator, Limit=10000)["Records"]
+        # The shape a Lambda Kinesis event gives the module.
+        lambda_shaped = [{"eventID": f"{shard['ShardId']}:{r['SequenceNumber']}", "kinesis": {
+            "partitionKey": r["PartitionKey"], "sequenceNumber": r["SequenceNumber"],
+            "data": base64.b64encode(r["Data"]).decode(), "kinesisSchemaVersion": "1.0",
+            "approximateArrivalTimestamp": r["ApproximateArrivalTimestamp"].timestamp()}} for r in records]
+        for user_record in deaggregate_records(lambda_shaped):
+            kinesis_part = user_record["kinesis"]
+            out.append((kinesis_part["partitionKey"], json.loads(base64.b64decode(kinesis_part["data"]))))
+    return out
