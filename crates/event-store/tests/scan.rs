@@ -258,10 +258,14 @@ async fn events_near_the_400_kb_item_limit_are_moved_or_refused_at_the_pump_neve
         ("json".to_string(), format!("{{\"s\":\"{}\"}}", "j".repeat(limit - 400)).into_bytes(), T0 + 2),
     ];
     let event = common::kinesis_event(common::TEST_ARN, &records);
-    let over_sequence = event.records[1].kinesis.sequence_number.clone();
-    let response = pump.handle(event).await;
+    let sequences: Vec<String> = event.records.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
+    let response = pump.handle(event.clone()).await;
     let failed: Vec<String> = response.batch_item_failures.iter().map(|f| f.item_identifier.clone().unwrap()).collect();
-    assert_eq!(failed, vec![over_sequence], "refused at the pump, reported to the event source");
+    assert_eq!(failed, sequences[1..], "refused at the pump, reported to the event source with what follows it");
+    // The event source gives up on it (to its failure destination) and delivers the rest.
+    let mut rest = event;
+    rest.records.drain(..2);
+    assert!(pump.handle(rest).await.batch_item_failures.is_empty());
 
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 2);
@@ -311,9 +315,20 @@ async fn late_events_go_to_their_own_slot_and_are_counted() {
     buffer_through_pump(&env, &[("k".to_string(), b"{\"n\":1}".to_vec(), now - 2_000)]).await;
     scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let watermark = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
-    // Arrived (by its Kinesis timestamp) before the watermark, buffered only now: late.
+    // Arrived (by its Kinesis timestamp) before the watermark, buffered only now: late. Only
+    // a shard the scan did not know of can do that (the stream's own shards hold the watermark).
     let late_at = watermark - 10_000;
-    buffer_through_pump(&env, &[("k".to_string(), b"{\"n\":2}".to_vec(), late_at)]).await;
+    let mut event = common::kinesis_event(common::TEST_ARN, &[("k".to_string(), b"{\"n\":2}".to_vec(), late_at)]);
+    let sequence = event.records[0].kinesis.sequence_number.clone();
+    event.records[0].event_id = Some(format!("shardId-unknown000:{sequence}"));
+    let pump = event_store::pump::Pump::new(
+        env.dynamo.clone(),
+        event_store::config::PumpConfig {
+            buffer_table: env.names.buffer_table.clone(),
+            event_table: env.names.event_table.clone(),
+        },
+    );
+    assert!(pump.handle(event).await.batch_item_failures.is_empty());
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     assert_eq!(summaries.iter().map(|s| s.late).sum::<usize>(), 1);
     assert_eq!(watermark::read(&env.dynamo, table).await.unwrap().late, 1);
