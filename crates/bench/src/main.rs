@@ -163,7 +163,7 @@ async fn bench_payload(
     let kinesis = aws_sdk_kinesis::Client::from_conf(
         aws_sdk_kinesis::config::Builder::from(kinesis_sdk).interceptor(counter.clone()).build(),
     );
-    // A week ago: sealed as soon as the scan has passed (the pump lag allowance is at most 6 h).
+    // A week ago: sealed as soon as the scan has passed.
     let t0 = (event_store::time::now_ms() - 7 * 86_400_000) / 60_000 * 60_000;
     let names = Names::for_stack(&format!("bench-{size}"));
     let raw = Names::for_stack(&format!("bench-raw-{size}"));

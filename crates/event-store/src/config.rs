@@ -145,14 +145,16 @@ pub struct ScanConfig {
     pub page_items: Option<i32>,
     /// Days an event is kept (`RETENTION_DAYS`, written as the `expires_at` TTL); unset or 0 = forever.
     pub retention_days: Option<u32>,
-    /// How long after stamping `buffered_at` a pump write may still land
-    /// (`WATERMARK_LAG_MS`, default 60 s: the pump's timeout). The watermark
-    /// allows for this on top of the largest pump lag seen in the pass.
+    /// How far Kinesis' arrival stamps and the scan's clock may differ
+    /// (`WATERMARK_LAG_MS`, default 5 s): the watermark stays this far behind
+    /// a pass's start, so a record put after the pass looked at the stream
+    /// always arrives after it. (What is in the stream but not yet buffered
+    /// is bounded exactly, by the shard positions.)
     pub watermark_lag_ms: u64,
 }
 
-/// Default `WATERMARK_LAG_MS`: the pump's Lambda timeout in the template (checked by a test).
-pub const DEFAULT_WATERMARK_LAG_MS: u64 = 60_000;
+/// Default `WATERMARK_LAG_MS`: a clock allowance, far above what NTP-synced hosts differ by.
+pub const DEFAULT_WATERMARK_LAG_MS: u64 = 5_000;
 
 impl ScanConfig {
     pub const VARIABLES: Variables = Variables {

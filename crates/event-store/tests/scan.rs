@@ -341,7 +341,7 @@ async fn late_events_go_to_their_own_slot_and_are_counted() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
     let env = TestEnv::start(1).await;
-    // A day old: the pump lag allowance (at most 6 h) does not reach back to them.
+    // A day old: well behind any watermark a pass sets.
     let base = (now_ms() - 86_400_000) / 1000 * 1000;
     let records: Vec<_> = (0..40).map(|i| ("k".to_string(), b"{}".to_vec(), base + i * 75)).collect();
     buffer_through_pump(&env, &records).await;
