@@ -195,18 +195,25 @@ impl Playback {
         mut summary: PlaybackSummary,
     ) -> Result<PlaybackSummary> {
         let unit = self.config.time_unit_ms as i64;
+        // One index read for the window and the lookback before it.
+        let lookback = position.lookback(window.start, self.config.dedupe_window_ms);
         let (mut slots, index_queries) =
-            read_index(&self.dynamo, &self.config.event_table, position.slot, window.end).await?;
-        slots.retain(|s| *s + unit > window.start);
+            read_index(&self.dynamo, &self.config.event_table, slot_of(lookback.from_ms, unit as u64), window.end)
+                .await?;
+        let behind: Vec<i64> = slots.iter().copied().filter(|s| *s <= position.slot).collect();
+        slots.retain(|s| *s >= position.slot && *s + unit > window.start);
         summary.index_queries = index_queries;
         summary.slots = slots.len();
         self.tell(Progress::Planned { slots: slots.len() });
 
-        let (tx, mut rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let reader = Reader { dynamo: &self.dynamo, config: &self.config, window };
+        // The envelope ids delivered just before the position: a copy of one of them is not played again.
+        let (recent, lookback_queries) = reader.recent_ids(&behind, &lookback).await?;
+        summary.queries += lookback_queries;
+        let (tx, mut rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let producer = reader.fetch_pages(slots, position.clone(), tx);
         let consumer = async move {
-            let mut run = Run::new(self, request, window, position, pacer, deadline, summary);
+            let mut run = Run::new(self, request, window, position, pacer, deadline, summary, recent);
             // Returning drops `rx`, which stops the reader.
             while let Some(page) = rx.recv().await {
                 if let Flow::HandOver(resume) = run.accept(page?).await? {

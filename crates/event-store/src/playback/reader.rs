@@ -9,9 +9,10 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, Lookback};
 use super::request::Window;
 use crate::config::PlaybackConfig;
+use crate::dedupe::{envelope_id, RecentIds};
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
 
@@ -61,8 +62,38 @@ impl Reader<'_> {
         }
     }
 
+    /// The envelope ids in `range` of `slots` (the part of the log before a
+    /// run's position), in log order, and the `Query` requests it took.
+    pub async fn recent_ids(&self, slots: &[i64], range: &Lookback) -> Result<(RecentIds, usize)> {
+        let mut recent = RecentIds::new(self.config.dedupe_window_ms);
+        let mut queries = 0;
+        for &slot in slots {
+            let mut after = None;
+            loop {
+                let page = self.query_range(slot, range.from_key.clone(), range.to_key.clone(), after).await?;
+                queries += 1;
+                for event in &page.events {
+                    let json = event.bytes().ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+                    if let Some(id) = json.as_ref().and_then(envelope_id) {
+                        recent.first_sight(id, event.arrival);
+                    }
+                }
+                match page.last_key {
+                    Some(key) => after = Some(key),
+                    None => break,
+                }
+            }
+        }
+        Ok((recent, queries))
+    }
+
     async fn query_page(&self, slot: i64, after: Option<String>) -> Result<Page> {
         let (from, to) = self.window.key_range(slot, self.config.time_unit_ms);
+        self.query_range(slot, from, to, after).await
+    }
+
+    /// One page of `slot`'s events with sort keys in `[from, to]`, after `after`.
+    async fn query_range(&self, slot: i64, from: String, to: String, after: Option<String>) -> Result<Page> {
         let out = self
             .dynamo
             .query()

@@ -121,6 +121,7 @@ impl<'a> Run<'a> {
         pacer: Pacer,
         deadline: SystemTime,
         summary: PlaybackSummary,
+        recent: RecentIds,
     ) -> Self {
         Self {
             playback,
@@ -132,7 +133,7 @@ impl<'a> Run<'a> {
             seq: position.seq,
             checkpoint: position,
             pending: Vec::new(),
-            recent: RecentIds::new(playback.config.dedupe_window_ms),
+            recent,
             slot: SlotTally::default(),
             summary,
         }
