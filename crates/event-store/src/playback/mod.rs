@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::invoke::Invoker;
 use crate::time::{effective_deadline, format_ms, now_ms, remaining, slot_of};
 use reader::{Page, Reader, PAGES_AHEAD};
-use run::{Flow, Run};
+use run::{Flow, Run, Start};
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
@@ -213,7 +213,8 @@ impl Playback {
         let (tx, mut rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let producer = reader.fetch_pages(slots, position.clone(), tx);
         let consumer = async move {
-            let mut run = Run::new(self, request, window, position, pacer, deadline, summary, recent);
+            let start = Start { position, pacer, recent };
+            let mut run = Run::new(self, request, window, start, deadline, summary);
             // Returning drops `rx`, which stops the reader.
             while let Some(page) = rx.recv().await {
                 if let Flow::HandOver(resume) = run.accept(page?).await? {

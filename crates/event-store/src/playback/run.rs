@@ -73,6 +73,13 @@ struct Pending {
     record: OutgoingRecord,
 }
 
+/// Where a run starts: its position, its pace, the envelope ids delivered just before.
+pub struct Start {
+    pub position: Checkpoint,
+    pub pacer: Pacer,
+    pub recent: RecentIds,
+}
+
 /// What the run does after a step.
 pub enum Flow {
     Go,
@@ -117,12 +124,11 @@ impl<'a> Run<'a> {
         playback: &'a Playback,
         request: &'a PlaybackRequest,
         window: &'a Window,
-        position: Checkpoint,
-        pacer: Pacer,
+        start: Start,
         deadline: SystemTime,
         summary: PlaybackSummary,
-        recent: RecentIds,
     ) -> Self {
+        let Start { position, pacer, recent } = start;
         Self {
             playback,
             request,

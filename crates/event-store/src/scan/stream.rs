@@ -32,16 +32,25 @@ pub enum Probe {
     Unknown,
 }
 
-/// The earliest arrival a not-yet-buffered record of a shard will be stored
-/// with: `Ok(None)` when there is none, `Err` when no bound can be given.
+/// What a shard allows the watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// Every record is buffered: no bound.
+    None,
+    /// The earliest arrival a not-yet-buffered record will be stored with.
+    From(i64),
+    /// No bound can be given: the pass must not move the watermark.
+    Unknown,
+}
+
 /// The pump stores arrivals made non-decreasing from its position, so a
 /// record after the position is stored no earlier than the position's arrival.
-pub fn shard_bound(position: Option<&ShardPosition>, probe: Probe) -> std::result::Result<Option<i64>, ()> {
+pub fn shard_bound(position: Option<&ShardPosition>, probe: Probe) -> Bound {
     let floor = position.map(|p| p.arrival);
     match probe {
-        Probe::CaughtUp => Ok(None),
-        Probe::Record { arrival } => Ok(Some(floor.map_or(arrival, |f| f.max(arrival)))),
-        Probe::Unknown => floor.map(Some).ok_or(()),
+        Probe::CaughtUp => Bound::None,
+        Probe::Record { arrival } => Bound::From(floor.map_or(arrival, |f| f.max(arrival))),
+        Probe::Unknown => floor.map_or(Bound::Unknown, Bound::From),
     }
 }
 
@@ -61,10 +70,14 @@ pub async fn unbuffered_from(
             let position = positions.get(shard.shard_id());
             async move {
                 let probe = probe(kinesis, stream, &shard, position).await?;
-                shard_bound(position, probe).map_err(|()| Error::Kinesis {
-                    operation: "GetRecords",
-                    source: format!("{} unreadable", shard.shard_id()).into(),
-                })
+                match shard_bound(position, probe) {
+                    Bound::None => Ok(None),
+                    Bound::From(arrival) => Ok(Some(arrival)),
+                    Bound::Unknown => {
+                        let source = format!("{}: empty answers short of the tip", shard.shard_id()).into();
+                        Err(Error::Kinesis { operation: "GetRecords", source })
+                    }
+                }
             }
         })
         .buffer_unordered(CONCURRENCY)
@@ -118,16 +131,16 @@ mod tests {
     #[test]
     fn a_shard_bounds_the_watermark_only_while_it_has_unbuffered_records() {
         let at = |arrival| ShardPosition { shard_id: "s".into(), sequence: "9".into(), arrival };
-        assert_eq!(shard_bound(Some(&at(500)), Probe::CaughtUp), Ok(None), "idle: holds nothing back");
-        assert_eq!(shard_bound(None, Probe::CaughtUp), Ok(None), "empty, never read");
-        assert_eq!(shard_bound(None, Probe::Record { arrival: 700 }), Ok(Some(700)), "never read: its first record");
-        assert_eq!(shard_bound(Some(&at(500)), Probe::Record { arrival: 700 }), Ok(Some(700)));
+        assert_eq!(shard_bound(Some(&at(500)), Probe::CaughtUp), Bound::None, "idle: holds nothing back");
+        assert_eq!(shard_bound(None, Probe::CaughtUp), Bound::None, "empty, never read");
+        assert_eq!(shard_bound(None, Probe::Record { arrival: 700 }), Bound::From(700), "never read: its first record");
+        assert_eq!(shard_bound(Some(&at(500)), Probe::Record { arrival: 700 }), Bound::From(700));
         assert_eq!(
             shard_bound(Some(&at(800)), Probe::Record { arrival: 700 }),
-            Ok(Some(800)),
+            Bound::From(800),
             "stored no earlier than the position's arrival"
         );
-        assert_eq!(shard_bound(Some(&at(500)), Probe::Unknown), Ok(Some(500)));
-        assert_eq!(shard_bound(None, Probe::Unknown), Err(()), "no bound at all: no watermark this pass");
+        assert_eq!(shard_bound(Some(&at(500)), Probe::Unknown), Bound::From(500));
+        assert_eq!(shard_bound(None, Probe::Unknown), Bound::Unknown, "no bound at all: no watermark this pass");
     }
 }
