@@ -143,8 +143,9 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
         assert config["Handler"] == "bootstrap"
         env[name] = config["Environment"]["Variables"]
     assert env["load"]["EVENT_STREAM"] == f"{PREFIX}-stream"
-    assert env["pump"] == {"DYNAMO_BUFFER_TABLE": f"{PREFIX}-buffer-table"}
+    assert env["pump"] == {"DYNAMO_BUFFER_TABLE": f"{PREFIX}-buffer-table", "DYNAMO_EVENT_TABLE": f"{PREFIX}-event-table"}
     assert env["scan"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
+    assert env["scan"]["EVENT_STREAM"] == f"{PREFIX}-stream", "the scan asks the event stream what is not buffered"
     assert env["playback"]["PLAYBACK_STREAM"] == f"{PREFIX}-playback"
 
 

@@ -45,6 +45,8 @@ const USD_PER_MILLION_RRU: f64 = 0.125;
 /// Events per payload size for the capacity pass on dynalite (which, unlike
 /// moto, reports consumed capacity as DynamoDB computes it).
 const CAPACITY_EVENTS: usize = 2000;
+/// Shards of each bench stream: the playback stream's write limit is 1,000 records and 1 MiB a second per shard.
+const STREAM_SHARDS: i32 = 2;
 
 #[derive(Debug, Serialize)]
 struct StageResult {
@@ -61,6 +63,8 @@ struct PayloadResult {
     payload_bytes: usize,
     events: usize,
     stages: Vec<StageResult>,
+    /// Playback's Kinesis records per played event (aggregated records carry many).
+    playback_records_per_event: f64,
     capacity: Option<Capacity>,
 }
 
@@ -169,7 +173,7 @@ async fn bench_payload(
     let raw = Names::for_stack(&format!("bench-raw-{size}"));
     for n in [&names, &raw] {
         create_tables(&dynamo, n).await?;
-        create_streams(&kinesis, n, 2).await?;
+        create_streams(&kinesis, n, STREAM_SHARDS).await?;
     }
     let mut stages = Vec::new();
     let mut units: BTreeMap<String, f64> = BTreeMap::new();
@@ -277,6 +281,7 @@ async fn bench_payload(
     let started = Instant::now();
     let summary = playback.handle(window, SystemTime::now() + Duration::from_secs(900)).await?;
     anyhow::ensure!(summary.events == events, "playback played {} of {events}", summary.events);
+    let playback_records_per_event = summary.kinesis_records as f64 / events as f64;
     stage(
         "playback",
         per_second(events, started.elapsed()),
@@ -300,7 +305,7 @@ async fn bench_payload(
         uncompressed_write_units_per_event: uncompressed_write_units(events, size, t0)?,
         usd_per_million_events: per_event(writes) * USD_PER_MILLION_WRU + per_event(reads) * USD_PER_MILLION_RRU,
     };
-    Ok(PayloadResult { payload_bytes: size, events, stages, capacity: Some(capacity) })
+    Ok(PayloadResult { payload_bytes: size, events, stages, playback_records_per_event, capacity: Some(capacity) })
 }
 
 /// Write units per event (buffer put + buffer delete + event put) computed
@@ -352,6 +357,22 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
                 s.raw_baseline,
                 s.ratio_to_raw,
                 requests.join(", ")
+            ));
+        }
+    }
+    md.push_str(&format!(
+        "\nPlayback against Kinesis' write limit per shard ({STREAM_SHARDS} shards; 1,000 records and 1 MiB a second \
+         each). One record per event could never pass 1,000 events/s per shard; aggregated records carry a \
+         partition key's events of a batch, so the 1 MiB/s is what bounds them:\n\n\
+         | payload | playback events/s | per shard | Kinesis records per event | per-shard record cap, in events/s |\n|---|---|---|---|---|\n"
+    ));
+    for r in results {
+        if let Some(s) = r.stages.iter().find(|s| s.stage == "playback") {
+            let per_shard = s.events_per_second / STREAM_SHARDS as f64;
+            let cap = 1000.0 / r.playback_records_per_event.max(1e-9);
+            md.push_str(&format!(
+                "| {} B | {:.0} | {:.0} | {:.3} | {:.0} |\n",
+                r.payload_bytes, s.events_per_second, per_shard, r.playback_records_per_event, cap
             ));
         }
     }
@@ -430,11 +451,19 @@ async fn cold_starts(
     // (function, sample event, its environment variables)
     let functions: [(&str, &str, Env); 4] = [
         ("load", "load.json", vec![("EVENT_STREAM", &names.event_stream), ("IP_SALT", "bench-salt-not-secret")]),
-        ("pump", "pump.json", vec![("DYNAMO_BUFFER_TABLE", &names.buffer_table)]),
+        (
+            "pump",
+            "pump.json",
+            vec![("DYNAMO_BUFFER_TABLE", &names.buffer_table), ("DYNAMO_EVENT_TABLE", &names.event_table)],
+        ),
         (
             "scan",
             "scan-segment.json",
-            vec![("DYNAMO_BUFFER_TABLE", &names.buffer_table), ("DYNAMO_EVENT_TABLE", &names.event_table)],
+            vec![
+                ("DYNAMO_BUFFER_TABLE", &names.buffer_table),
+                ("DYNAMO_EVENT_TABLE", &names.event_table),
+                ("EVENT_STREAM", &names.event_stream),
+            ],
         ),
         (
             "playback",
