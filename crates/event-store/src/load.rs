@@ -1,5 +1,6 @@
 //! `load`: the HTTP front door. `GET /track.gif` answers the pixel and puts
-//! one event; `POST /events` puts up to 500 posted events with `PutRecords`.
+//! one event; `POST /events` puts up to 500 posted events with `PutRecords`,
+//! each `EntityId`'s events in the order posted (`kinesis::put_in_key_order`).
 //! Every answer is deliberate: bad input gets a short 4xx, an unavailable
 //! stream a 503, and no internal error text ever reaches the client.
 
@@ -27,7 +28,7 @@ pub const PIXEL: [u8; 43] = [
     0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
 
-/// `POST /events` takes at most this many events (one `PutRecords` worth).
+/// `POST /events` takes at most this many events (one `PutRecords` worth when every `EntityId` differs).
 pub const MAX_EVENTS_PER_POST: usize = 500;
 
 /// A request we answer with a 4xx: the status and a short message for the client.
