@@ -14,9 +14,11 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
+use event_store::batch::{Backoff, KINESIS_BATCH_RECORDS};
 use event_store::bookkeeping::shard_position;
 use event_store::config::{PlaybackConfig, PumpConfig, ScanConfig};
-use event_store::playback::Playback;
+use event_store::kinesis::{put_in_key_order, send_put_records, OutgoingRecord};
+use event_store::playback::{kinesis_records, Pacer, Playback, RecordFormat};
 use event_store::pump::Pump;
 use event_store::time::format_ms;
 use event_store_emulator::invoke::LocalInvoker;
@@ -34,8 +36,8 @@ mod raw;
 pub(crate) const CONCURRENCY: usize = 8;
 /// Alternating rounds of pump and its raw loop (the best of each is kept).
 const PUMP_ROUNDS: usize = 3;
-/// Records per pump invocation (the template's batch size).
-const PUMP_BATCH: usize = 100;
+/// Records per pump invocation (the template's `PumpBatchSize` default).
+const PUMP_BATCH: usize = 500;
 /// DynamoDB on-demand prices, us-east-1, per million request units: $0.625 per
 /// million write request units and $0.125 per million read request units
 /// (aws.amazon.com/dynamodb/pricing/on-demand/, the prices since the
@@ -65,6 +67,8 @@ struct PayloadResult {
     stages: Vec<StageResult>,
     /// Playback's Kinesis records per played event (aggregated records carry many).
     playback_records_per_event: f64,
+    /// Playback's put path alone on one paced shard, events/s by record format (200 B only).
+    put_path: Vec<(RecordFormat, f64)>,
     capacity: Option<Capacity>,
 }
 
@@ -192,7 +196,7 @@ async fn bench_payload(
         counter.reset();
     };
 
-    // pump: Lambda-shaped batches of 100, as many in flight as the raw loop.
+    // pump: Lambda-shaped batches of the template's size, as many in flight as the raw loop.
     let records: Vec<_> = (0..events).map(|i| (i, payload(i, size))).collect();
     let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench";
     // Each batch from its own shard, as Lambda runs them concurrently (one batch per shard at a time).
@@ -305,7 +309,14 @@ async fn bench_payload(
         uncompressed_write_units_per_event: uncompressed_write_units(events, size, t0)?,
         usd_per_million_events: per_event(writes) * USD_PER_MILLION_WRU + per_event(reads) * USD_PER_MILLION_RRU,
     };
-    Ok(PayloadResult { payload_bytes: size, events, stages, playback_records_per_event, capacity: Some(capacity) })
+    Ok(PayloadResult {
+        payload_bytes: size,
+        events,
+        stages,
+        playback_records_per_event,
+        put_path: Vec::new(),
+        capacity: Some(capacity),
+    })
 }
 
 /// Write units per event (buffer put + buffer delete + event put) computed
@@ -376,6 +387,16 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
             ));
         }
     }
+    for r in results.iter().filter(|r| !r.put_path.is_empty()) {
+        md.push_str(&format!(
+            "\nPlayback's put path alone ({CAP_EVENTS} played events of {} B built beforehand, no DynamoDB), \
+             onto one shard paced at its write limit:\n\n| records | events/s | against 1,000/s |\n|---|---|---|\n",
+            r.payload_bytes
+        ));
+        for (format, eps) in &r.put_path {
+            md.push_str(&format!("| {format:?} | {eps:.0} | {:.2} x |\n", eps / 1000.0));
+        }
+    }
     md.push_str(
         "\nDynamoDB capacity per event (pump + scan + playback), as dynalite reports it (moto reports a constant), \
          and the cost at on-demand prices (us-east-1: $0.625 per million write units, $0.125 per million read units):\n\n\
@@ -438,6 +459,44 @@ async fn demo_latency(root: &std::path::Path, emulator: &Emulator) -> Result<ser
 
 /// A function's own environment variables.
 type Env<'a> = Vec<(&'a str, &'a str)>;
+
+/// Events through playback's put path alone, at 200 B: enough to see the pace.
+const CAP_EVENTS: usize = 10_000;
+
+/// Playback's put path alone (no DynamoDB, which is what bounds the full
+/// stage on moto), onto a 1-shard stream paced at its write limit: events/s
+/// with one record per event (`plain`, held to 1,000 records/s) and with
+/// aggregated records. The played events are built beforehand.
+async fn put_path_against_the_cap(sdk: &aws_config::SdkConfig, size: usize) -> Result<Vec<(RecordFormat, f64)>> {
+    let kinesis = aws_sdk_kinesis::Client::new(sdk);
+    let events: Vec<OutgoingRecord> = (0..CAP_EVENTS)
+        .map(|i| OutgoingRecord { partition_key: format!("user-{}", i % 50), data: payload(i, size) })
+        .collect();
+    let mut out = Vec::new();
+    for format in [RecordFormat::Plain, RecordFormat::Aggregated] {
+        let names = Names::for_stack(&format!("bench-cap-{format:?}").to_lowercase());
+        create_streams(&kinesis, &names, 1).await?;
+        let stream = names.playback_stream.as_str();
+        let mut pacer = Pacer::for_shards(1);
+        let started = Instant::now();
+        for batch in events.chunks(KINESIS_BATCH_RECORDS) {
+            let records = kinesis_records(batch.to_vec(), format);
+            tokio::time::sleep(pacer.next_at().saturating_sub(started.elapsed())).await;
+            let kinesis = &kinesis;
+            let put = put_in_key_order(
+                &records,
+                &Backoff::default(),
+                |b| async move { send_put_records(kinesis, stream, &b).await },
+                |b| async move { Ok(vec![false; b.len()]) },
+            )
+            .await;
+            anyhow::ensure!(put.failures.is_empty(), "the put path failed {} records", put.failures.len());
+            pacer.sent(records.len(), records.iter().map(OutgoingRecord::size).sum());
+        }
+        out.push((format, per_second(CAP_EVENTS, started.elapsed())));
+    }
+    Ok(out)
+}
 
 /// Each function's cold start, the median of `COLD_STARTS` runs, against the bench's moto.
 async fn cold_starts(
@@ -526,6 +585,12 @@ async fn main() -> Result<()> {
     for size in [200, 1024, 3072, 4096] {
         println!("== {events} events of {size} B");
         let mut result = bench_payload(&sdk, &sdk, events, size).await?;
+        if size == 200 {
+            result.put_path = put_path_against_the_cap(&sdk, size).await?;
+            for (format, eps) in &result.put_path {
+                println!("   put path  {eps:>8.0} events/s on 1 shard paced at its limit, {format:?} records");
+            }
+        }
         // Fresh dynalite + kinesalite per size (kinesalite allows 10 shards an account).
         let dynalite =
             Emulator::start_node_on_free_port(&node.join("dynalite")).context("dynalite (make tools-node)")?;

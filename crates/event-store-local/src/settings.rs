@@ -49,7 +49,7 @@ impl Settings {
             port: env_or("PORT", 3000)?,
             names: Names::for_stack(&format!("{SERVICE}-{stage}")),
             scan_interval: Duration::from_secs_f64(seconds),
-            batch_size: env_or("PUMP_BATCH_SIZE", 100)?,
+            batch_size: env_or("PUMP_BATCH_SIZE", 500)?,
             shards: env_or("SHARDS", 1)?,
             moto_server: event_store_emulator::moto_server(Path::new(".")),
         })

@@ -33,7 +33,7 @@ use tracing::info;
 
 pub use checkpoint::Checkpoint;
 pub use pacer::Pacer;
-pub use record::PlayedEvent;
+pub use record::{kinesis_records, PlayedEvent};
 pub use request::{run_id, Filter, PlaybackRequest, RecordFormat, Window};
 pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Status};
 

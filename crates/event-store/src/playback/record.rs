@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::request::RecordFormat;
+use crate::aggregation;
 use crate::event_item::EventItem;
+use crate::kinesis::OutgoingRecord;
 use crate::time::format_ms;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +44,45 @@ impl PlayedEvent {
     }
 }
 
+/// The Kinesis records for a batch of played events: each event its own
+/// record (`plain`), or each partition key's events, in order, packed into
+/// as few aggregated records as the 1 MiB record limit allows (`aggregated`).
+pub fn kinesis_records(events: Vec<OutgoingRecord>, format: RecordFormat) -> Vec<OutgoingRecord> {
+    if format == RecordFormat::Plain {
+        return events;
+    }
+    // Each key's events in order; keys in order of first appearance.
+    let mut keys: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
+    for event in events {
+        match keys.iter_mut().find(|(key, _)| *key == event.partition_key) {
+            Some((_, datas)) => datas.push(event.data),
+            None => keys.push((event.partition_key, vec![event.data])),
+        }
+    }
+    let mut out = Vec::new();
+    for (key, datas) in keys {
+        let limit = aggregation::MAX_RECORD_BYTES - key.len();
+        let mut group: Vec<Vec<u8>> = Vec::new();
+        let mut size = aggregation::empty_bytes(&key);
+        for data in datas {
+            let more = aggregation::user_record_bytes(data.len());
+            if !group.is_empty() && size + more > limit {
+                let data = aggregation::aggregate(&key, group.iter().map(Vec::as_slice));
+                out.push(OutgoingRecord { partition_key: key.clone(), data });
+                group.clear();
+                size = aggregation::empty_bytes(&key);
+            }
+            size += more;
+            group.push(data);
+        }
+        if !group.is_empty() {
+            let data = aggregation::aggregate(&key, group.iter().map(Vec::as_slice));
+            out.push(OutgoingRecord { partition_key: key, data });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +110,28 @@ mod tests {
         assert!(value.get("data_base64").is_none());
         let binary = PlayedEvent::new(&event, None, &[0xff, 0x00], 42);
         assert_eq!(binary.data_base64.as_deref(), Some("/wA="));
+    }
+
+    fn event(key: &str, n: u8, len: usize) -> OutgoingRecord {
+        OutgoingRecord { partition_key: key.into(), data: vec![n; len] }
+    }
+
+    #[test]
+    fn aggregated_records_hold_each_keys_events_in_order_within_the_record_limit() {
+        let events = vec![event("a", 1, 10), event("b", 2, 10), event("a", 3, 10), event("a", 4, 1_048_530)];
+        assert_eq!(kinesis_records(events.clone(), RecordFormat::Plain), events);
+        let records = kinesis_records(events.clone(), RecordFormat::Aggregated);
+        // a: [1, 3] then 4 (which would push the first past 1 MiB); b: [2].
+        let unpacked: Vec<(String, Vec<u8>)> = records
+            .iter()
+            .map(|r| {
+                assert!(r.size() <= aggregation::MAX_RECORD_BYTES);
+                let inner = aggregation::deaggregate(&r.partition_key, &r.data).unwrap();
+                (r.partition_key.clone(), inner.iter().map(|(_, d)| d[0]).collect())
+            })
+            .collect();
+        assert_eq!(unpacked, vec![("a".into(), vec![1, 3]), ("a".into(), vec![4]), ("b".into(), vec![2])]);
+        let big: Vec<OutgoingRecord> = (0..4).map(|i| event("k", i, 400_000)).collect();
+        assert_eq!(kinesis_records(big, RecordFormat::Aggregated).len(), 2, "two 400 KB events per 1 MiB record");
     }
 }
