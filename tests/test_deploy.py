@@ -154,7 +154,7 @@ def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_lett
     assert len(mappings) == 1
     mapping = mappings[0]
     assert mapping["EventSourceArn"].endswith(f":stream/{PREFIX}-stream")
-    assert mapping["BatchSize"] == 100
+    assert mapping["BatchSize"] == 500, "the template default: two shard-position requests per batch, spread over 500 records"
     assert mapping.get("FunctionResponseTypes") == ["ReportBatchItemFailures"]
     assert mapping.get("BisectBatchOnFunctionError") is True
     assert mapping["DestinationConfig"]["OnFailure"]["Destination"].endswith(f":{PREFIX}-pump-dlq")
