@@ -185,14 +185,10 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
-    use event_store_fault_proxy::{Config, Fault, FaultProxy};
+    use event_store_fault_proxy::{Config, Fault};
     let env = TestEnv::start(2).await;
     let only: &'static [Fault] = &[Fault::PartialPutRecords, Fault::ProvisionedThroughputExceeded];
-    let proxy =
-        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 11, rate: 0.5, only: Some(only) }).await.unwrap();
-    let faulty = aws_sdk_kinesis::Client::from_conf(
-        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
-    );
+    let (faulty, proxy) = common::through_faults(&env, Config { seed: 11, rate: 0.5, only: Some(only) }).await;
     let config = LoadConfig {
         event_stream: env.names.event_stream.clone(),
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,

@@ -204,15 +204,11 @@ fn first_deliveries(ns: &[i64]) -> Vec<i64> {
 /// ambiguously (applied, then a 500), in `format`, and checks every key is
 /// delivered in order on first delivery with no copy.
 async fn play_through_faults(format: &str) {
-    use event_store_fault_proxy::{Config, Fault, FaultProxy};
+    use event_store_fault_proxy::{Config, Fault};
     let env = TestEnv::start(2).await;
     stored_events(&env, 1200, 3).await;
     let only: &'static [Fault] = &[Fault::PartialPutRecords, Fault::AppliedThenInternalError];
-    let proxy =
-        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 5, rate: 0.5, only: Some(only) }).await.unwrap();
-    let faulty = aws_sdk_kinesis::Client::from_conf(
-        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
-    );
+    let (faulty, proxy) = common::through_faults(&env, Config { seed: 5, rate: 0.5, only: Some(only) }).await;
     let (invoker, _rx) = LocalInvoker::channel();
     let playback = Playback::new(env.dynamo.clone(), faulty, config(&env, None), Arc::new(invoker));
     let mut request = window(T0, T0 + 3000);
@@ -353,13 +349,7 @@ async fn put_on_event_stream(env: &TestEnv, range: std::ops::Range<i64>) {
 async fn a_stalled_pump_holds_the_watermark_behind_the_events_still_in_the_stream() {
     let env = TestEnv::start(2).await;
     let config_scan = scan_config(&env, 0);
-    let pump = event_store::pump::Pump::new(
-        env.dynamo.clone(),
-        event_store::config::PumpConfig {
-            buffer_table: env.names.buffer_table.clone(),
-            event_table: env.names.event_table.clone(),
-        },
-    );
+    let pump = common::pump(&env);
     // 40 events buffered, then the pump stalls: 60 more wait in the stream.
     put_on_event_stream(&env, 0..40).await;
     for batch in env.event_source_batches().await {
@@ -418,13 +408,7 @@ async fn a_split_shard_holds_the_watermark_until_its_children_are_buffered() {
         return;
     }
     let env = TestEnv::start(1).await;
-    let pump = event_store::pump::Pump::new(
-        env.dynamo.clone(),
-        event_store::config::PumpConfig {
-            buffer_table: env.names.buffer_table.clone(),
-            event_table: env.names.event_table.clone(),
-        },
-    );
+    let pump = common::pump(&env);
     let started = now_ms();
     put_on_event_stream(&env, 0..20).await;
     for batch in env.event_source_batches().await {
@@ -493,15 +477,11 @@ async fn a_split_shard_holds_the_watermark_until_its_children_are_buffered() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_load_stored_twice_after_an_ambiguous_put_is_played_once() {
     use event_store::config::{IpMode, LoadConfig, DEFAULT_MAX_EVENT_BYTES};
-    use event_store_fault_proxy::{Config, Fault, FaultProxy};
+    use event_store_fault_proxy::{Config, Fault};
     let env = TestEnv::start(1).await;
     // Every other PutRecord is applied and then answered with a 500: the SDK sends it again.
     let only: &'static [Fault] = &[Fault::AppliedThenInternalError];
-    let proxy =
-        FaultProxy::start(&env.kinesis_endpoint, Config { seed: 3, rate: 0.5, only: Some(only) }).await.unwrap();
-    let faulty = aws_sdk_kinesis::Client::from_conf(
-        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
-    );
+    let (faulty, proxy) = common::through_faults(&env, Config { seed: 3, rate: 0.5, only: Some(only) }).await;
     let load_config = LoadConfig {
         event_stream: env.names.event_stream.clone(),
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
@@ -512,13 +492,7 @@ async fn an_event_load_stored_twice_after_an_ambiguous_put_is_played_once() {
     for _ in 0..30 {
         load.handle(lambda_http::request::from_str(&sample_event("load.json")).unwrap()).await;
     }
-    let pump = event_store::pump::Pump::new(
-        env.dynamo.clone(),
-        event_store::config::PumpConfig {
-            buffer_table: env.names.buffer_table.clone(),
-            event_table: env.names.event_table.clone(),
-        },
-    );
+    let pump = common::pump(&env);
     for batch in env.event_source_batches().await {
         assert!(pump.handle(batch).await.batch_item_failures.is_empty());
     }

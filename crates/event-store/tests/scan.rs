@@ -241,13 +241,7 @@ async fn a_crash_between_put_and_delete_is_repaired_by_the_next_scan_without_dup
 #[tokio::test(flavor = "multi_thread")]
 async fn events_near_the_400_kb_item_limit_are_moved_or_refused_at_the_pump_never_stuck() {
     let env = TestEnv::start(1).await;
-    let pump = event_store::pump::Pump::new(
-        env.dynamo.clone(),
-        event_store::config::PumpConfig {
-            buffer_table: env.names.buffer_table.clone(),
-            event_table: env.names.event_table.clone(),
-        },
-    );
+    let pump = common::pump(&env);
     let limit = event_store::event_item::MAX_ITEM_BYTES - event_store::pump::ITEM_HEADROOM;
     // Random bytes: compression cannot shrink them under the limit.
     let mut rng = fastrand::Rng::with_seed(2026);
@@ -321,13 +315,7 @@ async fn late_events_go_to_their_own_slot_and_are_counted() {
     let mut event = common::kinesis_event(common::TEST_ARN, &[("k".to_string(), b"{\"n\":2}".to_vec(), late_at)]);
     let sequence = event.records[0].kinesis.sequence_number.clone();
     event.records[0].event_id = Some(format!("shardId-unknown000:{sequence}"));
-    let pump = event_store::pump::Pump::new(
-        env.dynamo.clone(),
-        event_store::config::PumpConfig {
-            buffer_table: env.names.buffer_table.clone(),
-            event_table: env.names.event_table.clone(),
-        },
-    );
+    let pump = common::pump(&env);
     assert!(pump.handle(event).await.batch_item_failures.is_empty());
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     assert_eq!(summaries.iter().map(|s| s.late).sum::<usize>(), 1);

@@ -20,6 +20,7 @@ pub mod watermark;
 
 use std::collections::HashMap;
 
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
 use crate::error::{Error, Result};
@@ -70,6 +71,23 @@ pub async fn query_range(
             Some(last) => start_key = Some(last.clone()),
             None => return Ok((items, queries)),
         }
+    }
+}
+
+/// The answer to a forward-only conditional `UpdateItem`: true when it
+/// moved the item, false when the item was already there or further.
+pub(crate) fn moved_forward<O, R>(
+    result: std::result::Result<O, aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>>,
+) -> Result<bool>
+where
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => {
+            Ok(false)
+        }
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
     }
 }
 

@@ -21,11 +21,10 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use serde::{Deserialize, Serialize};
 
-use super::{key, query_range, sort_key_of};
+use super::{key, moved_forward, query_range, sort_key_of};
 use crate::error::{Error, Result};
 use crate::time::slot_of;
 
@@ -116,13 +115,7 @@ pub async fn advance(
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await;
-    match result {
-        Ok(_) => Ok(true),
-        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => {
-            Ok(false)
-        }
-        Err(e) => Err(Error::dynamo("UpdateItem", e)),
-    }
+    moved_forward(result)
 }
 
 /// Counts events that came in behind the watermark (on the segment's own item).

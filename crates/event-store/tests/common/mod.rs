@@ -196,12 +196,30 @@ pub const SYNTHETIC_SHARD: &str = "shardId-synthetic000";
 
 pub const TEST_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/event-store-test-stream";
 
-/// Puts `records` (partition key, data, arrival ms) into the buffer table through the real pump.
-pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
+/// The pump of the test's tables.
+pub fn pump(env: &TestEnv) -> event_store::pump::Pump {
     use event_store::config::PumpConfig;
     let config =
         PumpConfig { buffer_table: env.names.buffer_table.clone(), event_table: env.names.event_table.clone() };
-    let pump = event_store::pump::Pump::new(env.dynamo.clone(), config);
+    event_store::pump::Pump::new(env.dynamo.clone(), config)
+}
+
+/// A Kinesis client of the test whose requests go through a fault proxy
+/// (started in front of the test's Kinesis emulator, stopped when dropped).
+pub async fn through_faults(
+    env: &TestEnv,
+    config: event_store_fault_proxy::Config,
+) -> (aws_sdk_kinesis::Client, event_store_fault_proxy::FaultProxy) {
+    let proxy = event_store_fault_proxy::FaultProxy::start(&env.kinesis_endpoint, config).await.unwrap();
+    let client = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
+    );
+    (client, proxy)
+}
+
+/// Puts `records` (partition key, data, arrival ms) into the buffer table through the real pump.
+pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
+    let pump = pump(env);
     for chunk in records.chunks(500) {
         let event = kinesis_event(TEST_ARN, chunk);
         assert!(pump.handle(event).await.batch_item_failures.is_empty());
