@@ -16,7 +16,7 @@
 use std::future::Future;
 
 use aws_sdk_kinesis::primitives::Blob;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, Shard, ShardIteratorType};
 
@@ -96,6 +96,21 @@ pub async fn send_put_records(
         .collect())
 }
 
+/// The indices of `records` grouped by partition key: keys in order of first
+/// appearance, each key's indices in order.
+pub fn indices_by_key(records: &[OutgoingRecord]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_of: HashMap<&str, usize> = HashMap::new();
+    for (index, record) in records.iter().enumerate() {
+        let group = *group_of.entry(record.partition_key.as_str()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[group].push(index);
+    }
+    groups
+}
+
 /// What a key-ordered put did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyOrderedPut {
@@ -130,15 +145,7 @@ where
     CFut: Future<Output = Result<Vec<bool>>>,
 {
     // Each key's records, in order: the head of each queue is next to go.
-    let mut queues: Vec<std::collections::VecDeque<usize>> = Vec::new();
-    let mut queue_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for (index, record) in records.iter().enumerate() {
-        let queue = *queue_of.entry(record.partition_key.as_str()).or_insert_with(|| {
-            queues.push(Default::default());
-            queues.len() - 1
-        });
-        queues[queue].push_back(index);
-    }
+    let mut queues: Vec<VecDeque<usize>> = indices_by_key(records).into_iter().map(VecDeque::from).collect();
     let mut attempts = vec![0u32; records.len()];
     let mut out = KeyOrderedPut::default();
     let mut round = 0;

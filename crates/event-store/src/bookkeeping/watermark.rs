@@ -64,7 +64,7 @@ impl Pass {
     pub fn watermark(&self, clock_allowance_ms: u64) -> Option<i64> {
         let started = self.pass_started_at?;
         let bound = started - clock_allowance_ms as i64;
-        Some([Some(bound), self.unbuffered_from, self.oldest_left].into_iter().flatten().min().unwrap_or(bound))
+        Some([self.unbuffered_from, self.oldest_left].into_iter().flatten().fold(bound, i64::min))
     }
 }
 

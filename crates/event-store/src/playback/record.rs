@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::request::RecordFormat;
 use crate::aggregation;
 use crate::event_item::EventItem;
-use crate::kinesis::OutgoingRecord;
+use crate::kinesis::{indices_by_key, OutgoingRecord};
 use crate::time::format_ms;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,34 +51,25 @@ pub fn kinesis_records(events: Vec<OutgoingRecord>, format: RecordFormat) -> Vec
     if format == RecordFormat::Plain {
         return events;
     }
-    // Each key's events in order; keys in order of first appearance.
-    let mut keys: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
-    for event in events {
-        match keys.iter_mut().find(|(key, _)| *key == event.partition_key) {
-            Some((_, datas)) => datas.push(event.data),
-            None => keys.push((event.partition_key, vec![event.data])),
-        }
-    }
     let mut out = Vec::new();
-    for (key, datas) in keys {
+    for group in indices_by_key(&events) {
+        let key = &events[group[0]].partition_key;
         let limit = aggregation::MAX_RECORD_BYTES - key.len();
-        let mut group: Vec<Vec<u8>> = Vec::new();
-        let mut size = aggregation::empty_bytes(&key);
-        for data in datas {
+        let mut packed: Vec<&[u8]> = Vec::new();
+        let mut size = aggregation::empty_bytes(key);
+        for data in group.iter().map(|&i| events[i].data.as_slice()) {
             let more = aggregation::user_record_bytes(data.len());
-            if !group.is_empty() && size + more > limit {
-                let data = aggregation::aggregate(&key, group.iter().map(Vec::as_slice));
-                out.push(OutgoingRecord { partition_key: key.clone(), data });
-                group.clear();
-                size = aggregation::empty_bytes(&key);
+            if !packed.is_empty() && size + more > limit {
+                out.push(OutgoingRecord {
+                    partition_key: key.clone(),
+                    data: aggregation::aggregate(key, packed.drain(..)),
+                });
+                size = aggregation::empty_bytes(key);
             }
             size += more;
-            group.push(data);
+            packed.push(data);
         }
-        if !group.is_empty() {
-            let data = aggregation::aggregate(&key, group.iter().map(Vec::as_slice));
-            out.push(OutgoingRecord { partition_key: key, data });
-        }
+        out.push(OutgoingRecord { partition_key: key.clone(), data: aggregation::aggregate(key, packed) });
     }
     out
 }
