@@ -12,7 +12,7 @@ use event_store::scan::{Scan, ScanSummary};
 use event_store::Result;
 use serde_json::Value;
 
-use crate::invoke::{run_until_idle, LocalInvoker};
+use crate::invoke::{recursive_loop, run_until_idle, LocalInvoker};
 use crate::resources::Names;
 
 /// A scan of `names`' tables with one-second slots, 4 segments, a 10 s
@@ -29,6 +29,7 @@ pub fn scan_config(names: &Names) -> ScanConfig {
         page_items: None,
         retention_days: None,
         watermark_lag_ms: 0,
+        max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
     }
 }
 
@@ -43,6 +44,7 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
         page_items: None,
         max_window: Duration::from_secs(86_400),
         dedupe_window_ms: event_store::config::DEFAULT_DEDUPE_WINDOW_MS,
+        max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
     }
 }
 
@@ -61,6 +63,7 @@ pub async fn run_scan(
     deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
 ) -> Vec<Result<ScanSummary>> {
     run_chain(
+        "ScanFunction",
         |invoker| Scan::new(dynamo, kinesis, config, invoker),
         first,
         deadline,
@@ -77,6 +80,7 @@ pub async fn run_playback(
     deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
 ) -> Vec<Result<PlaybackSummary>> {
     run_chain(
+        "PlaybackFunction",
         make,
         request,
         deadline,
@@ -85,7 +89,10 @@ pub async fn run_playback(
     .await
 }
 
+/// Runs `first` on `function` (a logical id of the template, whose
+/// `RecursiveLoop` setting the runner follows) and every invocation it causes.
 async fn run_chain<H, F, Fut, T>(
+    function: &str,
     make: impl FnOnce(Arc<dyn Invoker>) -> H,
     first: Value,
     deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
@@ -97,7 +104,7 @@ where
     Fut: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let (invoker, mut rx) = LocalInvoker::channel();
+    let (invoker, mut rx) = LocalInvoker::with_recursion(recursive_loop(function));
     let handler = Arc::new(make(Arc::new(invoker.clone())));
     if invoker.send(first).is_err() {
         return Vec::new();

@@ -90,6 +90,7 @@ pub fn total(summaries: &[PlaybackSummary]) -> PlaybackSummary {
         total.checked_requests += s.checked_requests;
         total.duplicates_dropped += s.duplicates_dropped;
         total.unreadable += s.unreadable;
+        total.oversized += s.oversized;
         if total.first_event.is_none() {
             total.first_event = s.first_event.clone();
         }
@@ -118,6 +119,21 @@ pub fn print_summary(total: &PlaybackSummary, runs: usize) {
             println!(
                 "window [{}, {}) was already played back ({} events, id {}); pass --restart to play it again",
                 total.start, total.end, total.events, total.id
+            );
+            return;
+        }
+        Status::Busy => {
+            println!(
+                "playback {} is being run by another runner (its lease lasts until {}); try again then",
+                total.id,
+                total.busy_until.as_deref().unwrap_or("-")
+            );
+            return;
+        }
+        Status::Stopped => {
+            println!(
+                "playback {} stopped after MAX_CONTINUATIONS continuations ({} events so far); run the same request again to go on",
+                total.id, total.events
             );
             return;
         }

@@ -10,7 +10,7 @@ use event_store::config::{LoadConfig, PumpConfig, ScanConfig};
 use event_store::load::Load;
 use event_store::pump::Pump;
 use event_store::scan::Scan;
-use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker};
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables};
 use event_store_emulator::Emulator;
@@ -86,7 +86,7 @@ impl Stack {
             tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
         }
 
-        let (invoker, mut invocations) = LocalInvoker::channel();
+        let (invoker, mut invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
         let scan = Arc::new(Scan::new(
             self.dynamo.clone(),
             self.kinesis.clone(),
@@ -99,14 +99,14 @@ impl Stack {
         tasks.spawn(async move {
             loop {
                 tokio::select! {
-                    Some(payload) = invocations.recv() => {
+                    Some((payload, hop)) = invocations.recv() => {
                         let (scan, stats) = (scan.clone(), stats.clone());
-                        tokio::spawn(async move {
+                        tokio::spawn(at_hop(hop, async move {
                             match scan.handle(payload, SystemTime::now() + SCAN_TIMEOUT).await {
                                 Ok(summary) => stats.add_moved(summary.moved as u64),
                                 Err(err) => error!(error = %err, "scan invocation failed"),
                             }
-                        });
+                        }));
                     }
                     _ = stop.changed() => return,
                 }

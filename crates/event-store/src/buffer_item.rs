@@ -16,6 +16,8 @@ use crate::error::{Error, Result};
 
 /// Name of the buffer table's hash key.
 pub const HASH_KEY: &str = "id";
+/// The buffer table's key attributes.
+pub const KEY: &[&str] = &[HASH_KEY];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferItem {

@@ -84,8 +84,16 @@ pub struct LoadConfig {
     pub ip_mode: IpMode,
 }
 
-/// Default `MAX_EVENT_BYTES`: 384 KiB, leaving room for the item's other attributes.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 384 * 1024;
+/// Default `MAX_EVENT_BYTES`: 32 KiB, what a pixel hit or an analytics event
+/// needs (Segment's own limit per event). The endpoint is public: at this size
+/// one anonymous post costs at most ~100 DynamoDB write units over its three
+/// writes, not ~1,100. Larger events are opt-in, up to [`MAX_EVENT_BYTES_LIMIT`].
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 32 * 1024;
+/// The most `MAX_EVENT_BYTES` may be: 384 KiB, leaving room in a DynamoDB item (400 KB) for its other attributes.
+pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
+/// Default `MAX_CONTINUATIONS`: how many times a chain of self-invocations
+/// may continue itself (a scan pass, a playback run) before it stops.
+pub const DEFAULT_MAX_CONTINUATIONS: u32 = 1000;
 
 impl LoadConfig {
     pub const VARIABLES: Variables =
@@ -105,11 +113,13 @@ impl LoadConfig {
             }
             other => return Err(Error::Config(format!("IP_MODE={other:?}: expected full, hash or none"))),
         };
-        Ok(Self {
-            event_stream: env.var("EVENT_STREAM")?,
-            max_event_bytes: env.var_or("MAX_EVENT_BYTES", DEFAULT_MAX_EVENT_BYTES)?,
-            ip_mode,
-        })
+        let max_event_bytes = env.var_or("MAX_EVENT_BYTES", DEFAULT_MAX_EVENT_BYTES)?;
+        if max_event_bytes > MAX_EVENT_BYTES_LIMIT {
+            return Err(Error::Config(format!(
+                "MAX_EVENT_BYTES={max_event_bytes}: at most {MAX_EVENT_BYTES_LIMIT} (an event must fit a DynamoDB item)"
+            )));
+        }
+        Ok(Self { event_stream: env.var("EVENT_STREAM")?, max_event_bytes, ip_mode })
     }
 }
 
@@ -151,6 +161,8 @@ pub struct ScanConfig {
     /// always arrives after it. (What is in the stream but not yet buffered
     /// is bounded exactly, by the shard positions.)
     pub watermark_lag_ms: u64,
+    /// Continuations one segment's pass may chain (`MAX_CONTINUATIONS`).
+    pub max_continuations: u32,
 }
 
 /// Default `WATERMARK_LAG_MS`: a clock allowance, far above what NTP-synced hosts differ by.
@@ -166,6 +178,7 @@ impl ScanConfig {
             "SCAN_PAGE_ITEMS",
             "RETENTION_DAYS",
             "WATERMARK_LAG_MS",
+            "MAX_CONTINUATIONS",
         ],
     };
 
@@ -185,6 +198,7 @@ impl ScanConfig {
             page_items: env.optional("SCAN_PAGE_ITEMS")?,
             retention_days: env.optional("RETENTION_DAYS")?.filter(|days| *days > 0),
             watermark_lag_ms: env.var_or("WATERMARK_LAG_MS", DEFAULT_WATERMARK_LAG_MS)?,
+            max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
         })
     }
 }
@@ -202,6 +216,9 @@ pub struct PlaybackConfig {
     /// How far apart (arrival time) two copies of one accepted event can be:
     /// load's timeout and then some (`DEDUPE_WINDOW_MS`, see [`crate::dedupe`]).
     pub dedupe_window_ms: u64,
+    /// Continuations one playback run may chain (`MAX_CONTINUATIONS`); then
+    /// it stops, and the same request again goes on from its checkpoint.
+    pub max_continuations: u32,
 }
 
 /// Default `DEDUPE_WINDOW_MS`: three times load's Lambda timeout in the template (checked by a test).
@@ -210,7 +227,14 @@ pub const DEFAULT_DEDUPE_WINDOW_MS: u64 = 30_000;
 impl PlaybackConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["DYNAMO_EVENT_TABLE", "PLAYBACK_STREAM"],
-        optional: &["TIME_UNIT", "DEADLINE_MARGIN_MS", "QUERY_PAGE_ITEMS", "PLAYBACK_MAX_HOURS", "DEDUPE_WINDOW_MS"],
+        optional: &[
+            "TIME_UNIT",
+            "DEADLINE_MARGIN_MS",
+            "QUERY_PAGE_ITEMS",
+            "PLAYBACK_MAX_HOURS",
+            "DEDUPE_WINDOW_MS",
+            "MAX_CONTINUATIONS",
+        ],
     };
 
     pub fn from_env() -> Result<Self> {
@@ -223,6 +247,7 @@ impl PlaybackConfig {
             page_items: env.optional("QUERY_PAGE_ITEMS")?,
             max_window: Duration::from_secs(env.var_or("PLAYBACK_MAX_HOURS", 24u64)? * 3600),
             dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
+            max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
         })
     }
 }
@@ -243,6 +268,10 @@ mod tests {
         let load = LoadConfig::from_env().unwrap();
         assert_eq!(load.event_stream, "value-of-EVENT_STREAM");
         assert!(matches!(load.ip_mode, IpMode::Hash { .. }), "hash is the default");
+        assert_eq!(load.max_event_bytes, 32 * 1024, "a pixel's or an analytics event's size; larger is opt-in");
+        std::env::set_var("MAX_EVENT_BYTES", "1048576");
+        assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("MAX_EVENT_BYTES")));
+        std::env::remove_var("MAX_EVENT_BYTES");
         assert_eq!(PumpConfig::from_env().unwrap().buffer_table, "value-of-DYNAMO_BUFFER_TABLE");
         let scan = ScanConfig::from_env().unwrap();
         assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));

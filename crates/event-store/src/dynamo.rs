@@ -2,11 +2,15 @@
 //! `UnprocessedItems` retried with capped exponential backoff and jitter.
 //! What still fails is handed back to the caller by tag (a pump record's
 //! sequence number, a scan item's buffer key), never dropped.
+//!
+//! Unprocessed requests are matched by the item's *key*: DynamoDB may hand
+//! back an item with its numbers normalised (`1.50` as `1.5`), and a match
+//! by whole value would then count an unwritten item as written.
 
 use std::collections::HashMap;
 use std::future::Future;
-
 use std::hash::Hash;
+use std::time::Instant;
 
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, ReturnConsumedCapacity, WriteRequest};
 use futures::StreamExt;
@@ -34,13 +38,32 @@ pub async fn send_batch_write(
     Ok(out.unprocessed_items().and_then(|m| m.get(table)).cloned().unwrap_or_default())
 }
 
+/// A table to write to: its name and its key attributes (hash, then range).
+#[derive(Debug, Clone, Copy)]
+pub struct Table<'a> {
+    pub name: &'a str,
+    pub key: &'a [&'a str],
+}
+
+/// A write request's key, by which an unprocessed request is recognised.
+pub fn request_key(request: &WriteRequest, key: &[&str]) -> Vec<Option<AttributeValue>> {
+    let attributes = match (request.put_request(), request.delete_request()) {
+        (Some(put), _) => put.item(),
+        (None, Some(delete)) => delete.key(),
+        (None, None) => return Vec::new(),
+    };
+    key.iter().map(|name| attributes.get(*name).cloned()).collect()
+}
+
 /// Writes every request to `table` and returns the tags of those that could
-/// not be written after all retries.
+/// not be written after all retries, or before `give_up` (no retry starts
+/// that could not end by then: a deadline-aware caller keeps its margin).
 pub async fn write_all<T: Send>(
     client: &aws_sdk_dynamodb::Client,
-    table: &str,
+    table: Table<'_>,
     requests: Vec<(T, WriteRequest)>,
     backoff: &Backoff,
+    give_up: Option<Instant>,
 ) -> Vec<T> {
     let mut chunks = Vec::new();
     let mut iter = requests.into_iter().peekable();
@@ -48,7 +71,10 @@ pub async fn write_all<T: Send>(
         chunks.push(iter.by_ref().take(DYNAMO_BATCH_ITEMS).collect::<Vec<_>>());
     }
     futures::stream::iter(chunks)
-        .map(|chunk| retry_unprocessed(chunk, backoff, |reqs| send_batch_write(client, table, reqs)))
+        .map(|chunk| {
+            let key_of = |request: &WriteRequest| request_key(request, table.key);
+            retry_unprocessed(chunk, backoff, give_up, key_of, |reqs| send_batch_write(client, table.name, reqs))
+        })
         .buffer_unordered(WRITE_CONCURRENCY)
         .flat_map(futures::stream::iter)
         .collect()
@@ -56,11 +82,19 @@ pub async fn write_all<T: Send>(
 }
 
 /// The retry loop of one batch: sends, then resends what came back
-/// unprocessed (matched by value) until nothing is left or the attempts run
-/// out. A request-level error counts as an attempt in which nothing was written.
-pub async fn retry_unprocessed<T, W, F, Fut>(items: Vec<(T, W)>, backoff: &Backoff, mut send: F) -> Vec<T>
+/// unprocessed (matched by `key_of`) until nothing is left, the attempts run
+/// out, or the next wait would end after `give_up`. A request-level error
+/// counts as an attempt in which nothing was written.
+pub async fn retry_unprocessed<T, W, K, F, Fut>(
+    items: Vec<(T, W)>,
+    backoff: &Backoff,
+    give_up: Option<Instant>,
+    key_of: impl Fn(&W) -> K,
+    mut send: F,
+) -> Vec<T>
 where
-    W: Clone + PartialEq,
+    W: Clone,
+    K: PartialEq,
     F: FnMut(Vec<W>) -> Fut,
     Fut: Future<Output = Result<Vec<W>>>,
 {
@@ -69,11 +103,19 @@ where
         if pending.is_empty() {
             break;
         }
+        let wait = if retry > 0 { backoff.ceiling(retry - 1) } else { std::time::Duration::ZERO };
+        if give_up.is_some_and(|give_up| Instant::now() + wait >= give_up) {
+            warn!(items = pending.len(), retry, "out of time: left unwritten");
+            break;
+        }
         if retry > 0 {
             backoff.wait(retry - 1).await;
         }
         match send(pending.iter().map(|(_, w)| w.clone()).collect()).await {
-            Ok(unprocessed) => pending.retain(|(_, w)| unprocessed.contains(w)),
+            Ok(unprocessed) => {
+                let unprocessed: Vec<K> = unprocessed.iter().map(&key_of).collect();
+                pending.retain(|(_, w)| unprocessed.contains(&key_of(w)));
+            }
             Err(err) => {
                 warn!(error = %err, items = pending.len(), retry, "batch write failed; retrying")
             }
@@ -128,7 +170,7 @@ mod tests {
     async fn unprocessed_items_are_retried_until_written() {
         let mut calls: Vec<Vec<u32>> = Vec::new();
         let items: Vec<(char, u32)> = vec![('a', 1), ('b', 2), ('c', 3)];
-        let failed = retry_unprocessed(items, &fast(5), |reqs: Vec<u32>| {
+        let failed = retry_unprocessed(items, &fast(5), None, |r: &u32| *r, |reqs: Vec<u32>| {
             calls.push(reqs.clone());
             // First call leaves 2 and 3 unprocessed, second leaves 3, third writes all.
             let unprocessed: Vec<u32> = reqs.into_iter().filter(|&r| r as usize > calls.len()).collect();
@@ -142,7 +184,7 @@ mod tests {
     #[tokio::test]
     async fn what_stays_unprocessed_is_reported_by_tag() {
         let items: Vec<(&str, u32)> = vec![("seq-1", 1), ("seq-2", 2)];
-        let failed = retry_unprocessed(items, &fast(3), |reqs: Vec<u32>| {
+        let failed = retry_unprocessed(items, &fast(3), None, |r: &u32| *r, |reqs: Vec<u32>| {
             futures::future::ready(Ok(reqs.into_iter().filter(|&r| r == 2).collect()))
         })
         .await;
@@ -150,12 +192,63 @@ mod tests {
 
         let items: Vec<(&str, u32)> = vec![("seq-1", 1)];
         let mut attempts = 0;
-        let failed = retry_unprocessed(items, &fast(4), |_: Vec<u32>| {
+        let failed = retry_unprocessed(items, &fast(4), None, |r: &u32| *r, |_: Vec<u32>| {
             attempts += 1;
             futures::future::ready(Err(Error::Config("down".into())))
         })
         .await;
         assert_eq!((failed, attempts), (vec!["seq-1"], 4));
+    }
+
+    /// DynamoDB hands unprocessed items back with its own normal form of
+    /// numbers: such an item is still unwritten (it was counted as written,
+    /// and so deleted from the buffer, when matched by whole value).
+    #[tokio::test]
+    async fn an_unprocessed_item_is_recognised_by_its_key_not_its_whole_value() {
+        let item = |price: &str| {
+            let item = HashMap::from([
+                ("id".to_string(), AttributeValue::S("k1".into())),
+                ("price".to_string(), AttributeValue::N(price.into())),
+            ]);
+            WriteRequest::builder().put_request(PutRequest::builder().set_item(Some(item)).build().unwrap()).build()
+        };
+        let mut calls = 0;
+        let failed = write_requests_with(vec![("seq-1", item("1.50"))], |_| {
+            calls += 1;
+            futures::future::ready(Ok(vec![item("1.5")]))
+        })
+        .await;
+        assert_eq!((failed, calls), (vec!["seq-1"], 3), "retried, then reported as not written");
+    }
+
+    /// The retry loop as `write_all` runs it on a buffer table (key `id`).
+    async fn write_requests_with<F, Fut>(items: Vec<(&'static str, WriteRequest)>, send: F) -> Vec<&'static str>
+    where
+        F: FnMut(Vec<WriteRequest>) -> Fut,
+        Fut: Future<Output = Result<Vec<WriteRequest>>>,
+    {
+        retry_unprocessed(items, &fast(3), None, |r: &WriteRequest| request_key(r, &["id"]), send).await
+    }
+
+    #[tokio::test]
+    async fn no_retry_starts_that_would_end_after_the_give_up_time() {
+        let slow = Backoff { base: Duration::from_secs(1), cap: Duration::from_secs(5), max_attempts: 10 };
+        let started = Instant::now();
+        let mut calls = 0;
+        let failed = retry_unprocessed(
+            vec![("seq-1", 1u32)],
+            &slow,
+            Some(started + Duration::from_millis(2_500)),
+            |r: &u32| *r,
+            |reqs: Vec<u32>| {
+                calls += 1;
+                futures::future::ready(Ok(reqs))
+            },
+        )
+        .await;
+        assert_eq!(failed, vec!["seq-1"]);
+        assert!(started.elapsed() < Duration::from_millis(2_500), "{:?}", started.elapsed());
+        assert!((2..=3).contains(&calls), "the first try and the retries that fit: {calls}");
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub enum Error {
     /// A stored item does not have the shape this code writes.
     #[error("malformed item: {0}")]
     Malformed(String),
+    /// Another runner took over the lease of this work (this one was too
+    /// slow, or presumed crashed): this one stops without writing progress.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
 }
 
 /// Error codes AWS uses for "slow down" (the SDK's own retry classifier list,
@@ -117,6 +121,7 @@ impl Error {
             Error::Invoke { .. } => "InvokeError",
             Error::Build(_) | Error::Encode { .. } => "InternalError",
             Error::Malformed(_) => "MalformedItem",
+            Error::LeaseLost(_) => "LeaseLost",
         }
     }
 }

@@ -24,6 +24,8 @@ pub const HASH_KEY: &str = "slot";
 pub const QUARANTINE_SLOT: i64 = -1;
 /// The event table's range key: arrival time, then the event id.
 pub const RANGE_KEY: &str = "sort_key";
+/// The event table's key attributes.
+pub const KEY: &[&str] = &[HASH_KEY, RANGE_KEY];
 /// DynamoDB's item size limit, "400 KB", taken as 400,000 bytes: AWS allows a
 /// little more and moto a little less than 400 KiB; 400,000 holds on both.
 pub const MAX_ITEM_BYTES: usize = 400_000;

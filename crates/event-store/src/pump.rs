@@ -18,7 +18,7 @@ use crate::batch::Backoff;
 use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
 use crate::buffer_item::BufferItem;
 use crate::config::PumpConfig;
-use crate::dynamo::{keyed_puts, write_all};
+use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{item_size, MAX_ITEM_BYTES};
 
@@ -130,7 +130,8 @@ impl Pump {
         let buildable = items.len();
         let puts = keyed_puts(items);
         let requested = puts.requests.len();
-        let unwritten = write_all(&self.dynamo, &self.config.buffer_table, puts.requests, &self.backoff).await;
+        let buffer = Table { name: &self.config.buffer_table, key: crate::buffer_item::KEY };
+        let unwritten = write_all(&self.dynamo, buffer, puts.requests, &self.backoff, None).await;
         let mut not_done: Vec<String> = puts.failed;
         let mut sources = puts.sources;
         for key in &unwritten {

@@ -34,6 +34,11 @@ pub fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
+/// A point in time as ms since the epoch.
+pub fn ms_of(time: SystemTime) -> i64 {
+    time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 /// Time left before `deadline`, zero when past it.
 pub fn remaining(deadline: SystemTime) -> Duration {
     deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)

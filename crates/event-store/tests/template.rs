@@ -108,7 +108,14 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     let mapping = &template["Resources"]["PumpEventSource"]["Properties"];
     assert_eq!(strings(&mapping["FunctionResponseTypes"]), vec!["ReportBatchItemFailures"]);
     assert_eq!(mapping["BisectBatchOnFunctionError"], Value::Bool(true));
-    assert!(mapping["MaximumRetryAttempts"].as_u64().is_some());
+    // Retries until the record age limit, never a fixed count that a few minutes of throttling use up...
+    assert_eq!(mapping["MaximumRetryAttempts"].as_i64(), Some(-1), "retry until the record age limit");
+    // ...and that limit stays well inside the shortest stream retention, so a record given up
+    // on can still be re-read from the stream and re-driven.
+    let age = mapping["MaximumRecordAgeInSeconds"].as_i64().unwrap();
+    let retention = &template["Parameters"]["StreamRetentionHours"];
+    let shortest = retention["MinValue"].as_i64().unwrap().min(retention["Default"].as_i64().unwrap()) * 3600;
+    assert!((60..=shortest / 2).contains(&age), "record age {age} s vs retention {shortest} s");
     // Readers drop a second copy of an accepted event within the dedupe window:
     // load's retries of an ambiguous put end within its timeout.
     let load_timeout = template["Resources"]["LoadFunction"]["Properties"]["Timeout"].as_u64().unwrap();
@@ -116,4 +123,34 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     // The pump's shard positions need one batch per shard at a time, in order.
     assert!(mapping["ParallelizationFactor"].as_u64().is_none_or(|p| p == 1), "one batch per shard at a time");
     assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("PumpDeadLetterQueue"));
+}
+
+#[test]
+fn self_invoking_functions_declare_their_recursion_and_drop_stale_continuations() {
+    let template = template();
+    for name in ["ScanFunction", "PlaybackFunction"] {
+        let properties = &template["Resources"][name]["Properties"];
+        // Else Lambda's recursive loop detection stops every chain after about 16 hops.
+        assert_eq!(properties["RecursiveLoop"].as_str(), Some("Allow"), "{name}");
+        let age = properties["EventInvokeConfig"]["MaximumEventAgeInSeconds"].as_u64();
+        assert!(age.is_some_and(|age| (60..=900).contains(&age)), "{name}: a queued continuation expires: {age:?}");
+    }
+}
+
+#[test]
+fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
+    let template = template();
+    let parameters = &template["Parameters"];
+    let routes = &template["Resources"]["HttpApi"]["Properties"]["DefaultRouteSettings"];
+    for (setting, parameter) in [("ThrottlingRateLimit", "ApiRateLimit"), ("ThrottlingBurstLimit", "ApiBurstLimit")] {
+        assert!(format!("{:?}", routes[setting]).contains(parameter), "{setting} from {parameter}");
+        assert!(parameters[parameter]["Default"].as_u64().is_some_and(|v| v > 0), "{parameter} has a default");
+    }
+    let rate = parameters["ApiRateLimit"]["Default"].as_u64().unwrap();
+    assert!(rate < 1000, "the default rate fits one event shard (1,000 records/s): {rate}");
+    let max_event = &parameters["MaxEventBytes"];
+    assert_eq!(max_event["Default"].as_u64(), Some(event_store::config::DEFAULT_MAX_EVENT_BYTES as u64));
+    assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::config::MAX_EVENT_BYTES_LIMIT as u64));
+    let env = &template["Resources"]["LoadFunction"]["Properties"]["Environment"]["Variables"];
+    assert!(format!("{:?}", env["MAX_EVENT_BYTES"]).contains("MaxEventBytes"));
 }

@@ -7,13 +7,18 @@
 //! | `index#<slot start ms, 13 digits>` | [`slot_index`] | scan, with the slot's events (idempotent put) |
 //! | `watermark#<segments, 4 digits>#<segment, 4 digits>` | [`watermark`] | scan, forward only; `late` by `ADD` |
 //! | `shard#<shard id>` | [`shard_position`] | pump, after its buffer writes, forward only |
-//! | `playback#<id>` | [`crate::playback::checkpoint`] | playback, after every put |
+//! | `pass#<segments, 4 digits>#<segment, 4 digits>` | [`segment_pass`] | scan: claimed by the schedule, then its chain (token-fenced) |
+//! | `playback#<id>` | [`crate::playback::checkpoint`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
+//! | `settings` | [`settings`] | scan and playback, at first use (`TIME_UNIT`) |
 //!
-//! Every item has one writer at a time (a scan page, a scan segment, a
-//! playback run), never read-modified-written by two at once. Readers of the
+//! Every item has one writer at a time (a scan page, a scan segment's pass,
+//! a playback run's lease holder); where two could race, the write is
+//! conditional (forward only, or on holding the lease). Readers of the
 //! log never read negative slots, so neither this partition nor the
 //! quarantine (`slot = -1`) is ever played back.
 
+pub mod segment_pass;
+pub mod settings;
 pub mod shard_position;
 pub mod slot_index;
 pub mod watermark;

@@ -1,12 +1,20 @@
-//! Where a playback stands, saved under its id in the bookkeeping partition
-//! (`playback#<id>`) after every put, so the same request again, or the
-//! continuation handed over near the deadline, starts from it.
+//! A playback id's item in the bookkeeping partition (`playback#<id>`):
+//! - its **binding**: the window and filter of its first run; another
+//!   window or filter under the same id is refused;
+//! - its **lease**: one runner at a time, taken with a conditional write,
+//!   kept by the continuations of the chain (which carry the owner token),
+//!   taken over by anyone once it has expired (a crashed runner);
+//! - its **checkpoint**, saved after every put only while the lease is held,
+//!   and never behind the stored one: the same request again, or the
+//!   continuation, starts from it (never from a position in a payload).
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 use serde::{Deserialize, Serialize};
 
+use super::request::Filter;
 use crate::bookkeeping;
 use crate::error::{Error, Result};
 use crate::event_item::sort_key_floor;
@@ -70,23 +78,83 @@ fn key(id: &str) -> HashMap<String, AttributeValue> {
     bookkeeping::key(format!("playback#{id}"))
 }
 
-pub async fn save(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, checkpoint: &Checkpoint) -> Result<()> {
-    let fields = serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
-        .map_err(|e| Error::encode("checkpoint", e))?;
-    let mut item = key(id);
-    item.insert(CHECKPOINT.to_owned(), AttributeValue::M(fields));
-    dynamo
-        .put_item()
-        .table_name(table)
-        .set_item(Some(item))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("PutItem", e))?;
-    Ok(())
+fn n(value: i64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
 }
 
-pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<Checkpoint>> {
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_owned())
+}
+
+/// What a playback id is bound to at its first run: its window and filter.
+/// A request that names the id with another window or filter is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub start: i64,
+    pub end: i64,
+    /// The filter as canonical JSON.
+    pub filter: String,
+}
+
+impl Binding {
+    pub fn new(start: i64, end: i64, filter: &[Filter]) -> Self {
+        Self { start, end, filter: serde_json::to_string(filter).unwrap_or_default() }
+    }
+}
+
+/// Who runs a playback id, until when (ms): one runner at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: String,
+    pub until: i64,
+}
+
+/// A playback id's item: binding, lease and checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub binding: Option<Binding>,
+    pub lease: Option<Lease>,
+    pub checkpoint: Option<Checkpoint>,
+}
+
+impl Stored {
+    fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Self> {
+        let num = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+        let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
+        let binding = match (num("window_start"), num("window_end"), text("filter")) {
+            (Some(start), Some(end), Some(filter)) => Some(Binding { start, end, filter }),
+            _ => None,
+        };
+        let lease = match (text("lease_owner"), num("lease_until")) {
+            (Some(owner), Some(until)) => Some(Lease { owner, until }),
+            _ => None,
+        };
+        let checkpoint = item
+            .get(CHECKPOINT)
+            .and_then(|value| value.as_m().ok())
+            .map(|fields| {
+                serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}")))
+            })
+            .transpose()?;
+        Ok(Self { binding, lease, checkpoint })
+    }
+}
+
+fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
+    serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
+        .map(AttributeValue::M)
+        .map_err(|e| Error::encode("checkpoint", e))
+}
+
+/// True when a conditional write failed its condition (and only then).
+fn condition_failed<E, R>(err: &aws_sdk_dynamodb::error::SdkError<E, R>) -> bool
+where
+    E: ProvideErrorMetadata,
+{
+    err.as_service_error().and_then(|e| e.code()) == Some("ConditionalCheckFailedException")
+}
+
+pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<Stored>> {
     let out = dynamo
         .get_item()
         .table_name(table)
@@ -96,11 +164,135 @@ pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> R
         .send()
         .await
         .map_err(|e| Error::dynamo("GetItem", e))?;
-    out.item()
-        .and_then(|item| item.get(CHECKPOINT))
-        .and_then(|value| value.as_m().ok())
-        .map(|fields| serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}"))))
-        .transpose()
+    out.item().map(Stored::from_item).transpose()
+}
+
+/// What [`take`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// The lease is ours; the checkpoint to start from (none: from the window's start).
+    Held(Option<Checkpoint>),
+    /// Another runner holds the lease until this time (ms).
+    Busy(i64),
+}
+
+/// What a runner asks [`take`] for.
+pub struct Claim<'a> {
+    pub owner: &'a str,
+    pub until: i64,
+    pub now: i64,
+    pub binding: &'a Binding,
+    /// Start over: the binding and the checkpoint are replaced by these
+    /// (`restart`, or an open-ended request whose last run is done).
+    pub fresh: Option<&'a Checkpoint>,
+}
+
+/// Takes the id's lease: free, expired before `now`, or already `owner`'s
+/// (a continuation). Unless starting fresh, the stored binding must be the
+/// claim's (or absent: the first run binds the id).
+pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
+    let lease_free = "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :me)";
+    let same_binding =
+        "(attribute_not_exists(window_start) OR (window_start = :ws AND window_end = :we AND #filter = :filter))";
+    let mut update = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(id)))
+        .expression_attribute_names("#filter", "filter")
+        .expression_attribute_values(":me", s(claim.owner))
+        .expression_attribute_values(":until", n(claim.until))
+        .expression_attribute_values(":now", n(claim.now))
+        .expression_attribute_values(":ws", n(claim.binding.start))
+        .expression_attribute_values(":we", n(claim.binding.end))
+        .expression_attribute_values(":filter", s(&claim.binding.filter))
+        .return_values(ReturnValue::AllNew)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total);
+    let bind = "lease_owner = :me, lease_until = :until, window_start = :ws, window_end = :we, #filter = :filter";
+    update = match claim.fresh {
+        Some(fresh) => update
+            .update_expression(format!("SET {bind}, #checkpoint = :checkpoint"))
+            .condition_expression(lease_free)
+            .expression_attribute_names("#checkpoint", CHECKPOINT)
+            .expression_attribute_values(":checkpoint", checkpoint_value(fresh)?),
+        None => update
+            .update_expression(format!("SET {bind}"))
+            .condition_expression(format!("{lease_free} AND {same_binding}")),
+    };
+    match update.send().await {
+        Ok(out) => {
+            let stored = out.attributes().map(Stored::from_item).transpose()?.unwrap_or_default();
+            Ok(Taken::Held(stored.checkpoint))
+        }
+        Err(e) if condition_failed(&e) => match load(dynamo, table, id).await? {
+            Some(Stored { lease: Some(lease), .. }) if lease.until >= claim.now && lease.owner != claim.owner => {
+                Ok(Taken::Busy(lease.until))
+            }
+            _ => Err(Error::BadInput(format!("playback id {id:?} was bound to another window or filter meanwhile"))),
+        },
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
+}
+
+/// Saves `checkpoint` while `owner` holds the lease, and never behind the
+/// stored one; with `until`, the lease is extended (a hand-over) or, at 0,
+/// given up. Another runner's lease: [`Error::LeaseLost`], nothing written.
+pub async fn save(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    id: &str,
+    owner: &str,
+    checkpoint: &Checkpoint,
+    until: Option<i64>,
+) -> Result<()> {
+    let mut update = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(id)))
+        .update_expression(match until {
+            Some(_) => "SET #checkpoint = :checkpoint, lease_until = :until",
+            None => "SET #checkpoint = :checkpoint",
+        })
+        .condition_expression(
+            "lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq) \
+             AND (attribute_not_exists(#checkpoint.done) OR #checkpoint.done = :false)",
+        )
+        .expression_attribute_names("#checkpoint", CHECKPOINT)
+        .expression_attribute_names("#seq", "seq")
+        .expression_attribute_values(":checkpoint", checkpoint_value(checkpoint)?)
+        .expression_attribute_values(":me", s(owner))
+        .expression_attribute_values(":seq", n(checkpoint.seq as i64))
+        .expression_attribute_values(":false", AttributeValue::Bool(false))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total);
+    if let Some(until) = until {
+        update = update.expression_attribute_values(":until", n(until));
+    }
+    match update.send().await {
+        Ok(_) => Ok(()),
+        Err(e) if condition_failed(&e) => {
+            Err(Error::LeaseLost(format!("playback {id}: another run holds it now (or it is further on)")))
+        }
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
+}
+
+/// Gives the lease up (after an error, so a retry need not wait for it to expire).
+pub async fn release(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, owner: &str) -> Result<()> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(id)))
+        .update_expression("SET lease_until = :zero")
+        .condition_expression("lease_owner = :me")
+        .expression_attribute_values(":zero", n(0))
+        .expression_attribute_values(":me", s(owner))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) if condition_failed(&e) => Ok(()),
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
 }
 
 #[cfg(test)]

@@ -9,9 +9,12 @@
 //!   batch is put ([`run`]); records go out in order with `PutRecords` in
 //!   requests of 500, paced ([`pacer`]) to `max_records_per_second`
 //!   (default: the stream's open shards × 1,000).
-//! - Resumable: after every put a [`checkpoint`] is saved under the run's id;
-//!   the same request again, or the continuation handed over near the
-//!   deadline, starts from it, so a crash repeats at most one batch.
+//! - Resumable, one runner at a time: the run's id is bound to its window
+//!   and filter, and leased by one runner (continuations keep the lease);
+//!   after every put a [`checkpoint`] is saved while the lease is held. The
+//!   same request again, or the continuation handed over near the deadline,
+//!   starts from it, so a crash repeats at most one batch.
+//! - Bounded chains: a run continues itself at most `MAX_CONTINUATIONS` times.
 //! - Every [`record`] carries the original event time and a playback sequence
 //!   number, so consumers can check order and drop duplicates.
 
@@ -29,21 +32,22 @@ use std::time::{Duration, Instant, SystemTime};
 use aws_sdk_kinesis::config::retry::RetryConfig;
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::{info, warn};
 
-pub use checkpoint::Checkpoint;
+pub use checkpoint::{Binding, Checkpoint, Lease};
 pub use pacer::Pacer;
 pub use record::{kinesis_records, PlayedEvent};
-pub use request::{run_id, Filter, PlaybackRequest, RecordFormat, Window};
+pub use request::{open_ended_id, run_id, Filter, PlaybackRequest, RecordFormat, Window};
 pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Status};
 
 use crate::batch::Backoff;
+use crate::bookkeeping::settings;
 use crate::bookkeeping::slot_index::read_index;
 use crate::bookkeeping::watermark::{self, Watermark};
 use crate::config::PlaybackConfig;
 use crate::error::{Error, Result};
 use crate::invoke::Invoker;
-use crate::time::{effective_deadline, format_ms, now_ms, remaining, slot_of};
+use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 use reader::{Page, Reader, PAGES_AHEAD};
 use run::{Flow, Run, Start};
 
@@ -52,7 +56,7 @@ use run::{Flow, Run, Start};
 pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:Query",
     "dynamodb:GetItem",
-    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
     "kinesis:PutRecords",
     "kinesis:DescribeStreamSummary",
     // Reading back after an ambiguous put failure.
@@ -73,7 +77,12 @@ pub struct Playback {
     invoker: Arc<dyn Invoker>,
     backoff: Backoff,
     observer: Option<ProgressObserver>,
+    /// Set once this process has checked `TIME_UNIT` against the table.
+    time_unit_checked: tokio::sync::OnceCell<()>,
 }
+
+/// How long a run's lease outlasts its deadline (clock differences between runners).
+const LEASE_SLACK_MS: i64 = 30_000;
 
 impl Playback {
     pub fn new(
@@ -84,7 +93,16 @@ impl Playback {
     ) -> Self {
         let no_retries = kinesis.config().to_builder().retry_config(RetryConfig::disabled()).build();
         let putter = aws_sdk_kinesis::Client::from_conf(no_retries);
-        Self { dynamo, kinesis, putter, config, invoker, backoff: Backoff::default(), observer: None }
+        Self {
+            dynamo,
+            kinesis,
+            putter,
+            config,
+            invoker,
+            backoff: Backoff::default(),
+            observer: None,
+            time_unit_checked: Default::default(),
+        }
     }
 
     pub fn with_observer(mut self, observer: ProgressObserver) -> Self {
@@ -103,11 +121,20 @@ impl Playback {
         let request = PlaybackRequest::from_payload(payload)?;
         let deadline = effective_deadline(deadline, SystemTime::now());
         let unit = self.config.time_unit_ms;
+        let table = self.config.event_table.as_str();
+        self.ensure_time_unit().await?;
         let watermark = self.wait_for_watermark(&request, deadline).await?;
         let sealed_end = watermark.sealed_end(unit);
         // Without a watermark yet, `end` defaults to now: the window is valid but not complete.
-        let window = Window::parse(&request, sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
-        let id = request.id.clone().unwrap_or_else(|| run_id(&window, &request.filter));
+        let asked = Window::parse(&request, sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
+        let (id, open_ended) = match (&request.id, &request.end) {
+            (Some(id), _) => (id.clone(), false),
+            (None, Some(_)) => (run_id(&asked, &request.filter), false),
+            (None, None) => (open_ended_id(&request), true),
+        };
+        let stored = checkpoint::load(&self.dynamo, table, &id).await?.unwrap_or_default();
+        let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
+        let (window, fresh) = bound_window(&id, &request, asked, &stored, open_ended && done)?;
         let mut summary = PlaybackSummary {
             id: id.clone(),
             start: format_ms(window.start),
@@ -116,40 +143,72 @@ impl Playback {
             late_events: watermark.late,
             ..Default::default()
         };
-        // A continuation's window was found complete by the run that started it.
-        if request.resume.is_none() && sealed_end.is_none_or(|sealed_end| window.end > sealed_end) {
+        // Checked on every run, continuations too: nothing in a payload skips it.
+        if sealed_end.is_none_or(|sealed_end| window.end > sealed_end) {
             info!(id, end = %summary.end, watermark = ?summary.watermark, "window not yet complete");
             summary.status = Status::Incomplete;
             return Ok(summary);
         }
-        let table = self.config.event_table.as_str();
-        let saved = if request.restart { None } else { checkpoint::load(&self.dynamo, table, &id).await? };
-        if let Some(done) = saved.as_ref().filter(|c| c.done) {
+        if !fresh && done {
             info!(id, "already played back; send restart: true to play it again");
             summary.status = Status::AlreadyDone;
-            summary.events = done.events as usize;
+            summary.events = stored.checkpoint.map_or(0, |c| c.events as usize);
             return Ok(summary);
         }
-        let from_request = request.resume.clone().unwrap_or_else(|| Checkpoint::at_slot(slot_of(window.start, unit)));
-        // The further of the two: a retried request resumes where its predecessor saved.
-        let position = match saved {
-            Some(saved) if saved.is_past(&from_request) => saved,
-            _ => from_request,
+        let owner = request.lease.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let start = Checkpoint::at_slot(slot_of(window.start, unit));
+        let claim = checkpoint::Claim {
+            owner: &owner,
+            until: ms_of(deadline) + LEASE_SLACK_MS,
+            now: now_ms(),
+            binding: &Binding::new(window.start, window.end, &request.filter),
+            fresh: (fresh && stored.binding.is_some()).then_some(&start),
         };
+        let position = match checkpoint::take(&self.dynamo, table, &id, claim).await? {
+            checkpoint::Taken::Held(position) => position.unwrap_or(start),
+            checkpoint::Taken::Busy(until) => {
+                info!(id, until = %format_ms(until), "another run plays this id now");
+                return Ok(PlaybackSummary { status: Status::Busy, busy_until: Some(format_ms(until)), ..summary });
+            }
+        };
+        if position.done {
+            checkpoint::release(&self.dynamo, table, &id, &owner).await?;
+            return Ok(PlaybackSummary { status: Status::AlreadyDone, events: position.events as usize, ..summary });
+        }
         info!(
             id,
             start = %summary.start,
             end = %summary.end,
             from_slot = %format_ms(position.slot),
             seq = position.seq,
+            hop = request.hop,
             remaining_ms = remaining(deadline).as_millis() as u64,
             "playback run"
         );
-        let pacer = match request.max_records_per_second {
+        let result = match self.pacer(&request).await {
+            Ok(pacer) => self.play(&request, &window, (position, owner.clone()), pacer, deadline, summary).await,
+            Err(err) => Err(err),
+        };
+        if result.is_err() {
+            // A retry need not wait for the lease to expire (a lost lease is not ours to give up).
+            if let Err(err) = checkpoint::release(&self.dynamo, table, &id, &owner).await {
+                warn!(id, error = %err, "lease not released");
+            }
+        }
+        result
+    }
+
+    async fn pacer(&self, request: &PlaybackRequest) -> Result<Pacer> {
+        Ok(match request.max_records_per_second {
             Some(rate) => Pacer::new(rate, u64::MAX),
             None => Pacer::for_shards(self.open_shards().await?),
-        };
-        self.play(&request, &window, position, pacer, deadline, summary).await
+        })
+    }
+
+    /// Records the slot size at first use; refuses another one (see [`settings`]).
+    async fn ensure_time_unit(&self) -> Result<()> {
+        let (dynamo, table, unit) = (&self.dynamo, &self.config.event_table, self.config.time_unit_ms);
+        self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
     }
 
     /// The watermark, after waiting up to `wait_seconds` (and never into the
@@ -189,7 +248,7 @@ impl Playback {
         &self,
         request: &PlaybackRequest,
         window: &Window,
-        position: Checkpoint,
+        (position, owner): (Checkpoint, String),
         pacer: Pacer,
         deadline: SystemTime,
         mut summary: PlaybackSummary,
@@ -213,7 +272,7 @@ impl Playback {
         let (tx, mut rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let producer = reader.fetch_pages(slots, position.clone(), tx);
         let consumer = async move {
-            let start = Start { position, pacer, recent };
+            let start = Start { position, pacer, recent, owner };
             let mut run = Run::new(self, request, window, start, deadline, summary);
             // Returning drops `rx`, which stops the reader.
             while let Some(page) = rx.recv().await {
@@ -226,4 +285,39 @@ impl Playback {
         let ((), result) = tokio::join!(producer, consumer);
         result
     }
+}
+
+/// The window a request plays under its id, and whether the run starts
+/// fresh (new binding and checkpoint). A stored binding is reused for what
+/// the request leaves out (a retry of a request without `end`), and
+/// refused when the request names another window or filter, unless it
+/// restarts. `rebind`: the id is an open-ended request's whose last run is
+/// done, so the request means the window of now.
+fn bound_window(
+    id: &str,
+    request: &PlaybackRequest,
+    asked: Window,
+    stored: &checkpoint::Stored,
+    rebind: bool,
+) -> Result<(Window, bool)> {
+    let Some(bound) = stored.binding.as_ref().filter(|_| !rebind) else {
+        return Ok((asked, request.restart || rebind));
+    };
+    let names_window = request.start.is_some() || request.end.is_some();
+    let filter = Binding::new(0, 0, &request.filter).filter;
+    if request.restart && names_window {
+        return Ok((asked, true));
+    }
+    let start_differs = request.start.is_some() && asked.start != bound.start;
+    let end_differs = request.end.is_some() && asked.end != bound.end;
+    if start_differs || end_differs || filter != bound.filter {
+        return Err(Error::BadInput(format!(
+            "playback id {id:?} is bound to the window {} to {} with filter {}; this request names another \
+             (use another id, or send restart: true to rebind it)",
+            format_ms(bound.start),
+            format_ms(bound.end),
+            bound.filter
+        )));
+    }
+    Ok((Window { start: bound.start, end: bound.end }, request.restart))
 }

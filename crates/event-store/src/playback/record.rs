@@ -26,6 +26,18 @@ pub struct PlayedEvent {
     /// ...else its bytes, base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_base64: Option<String>,
+    /// Instead of the event (neither `data` nor `data_base64`): it was too
+    /// large for a Kinesis record; read it from the event table at this place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub too_large: Option<TooLarge>,
+}
+
+/// Where an event too large to play lies in the event table, and how large its record would have been.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TooLarge {
+    pub slot: i64,
+    pub sort_key: String,
+    pub bytes: usize,
 }
 
 impl PlayedEvent {
@@ -40,8 +52,27 @@ impl PlayedEvent {
             partition_key: event.partition_key.clone(),
             data: json,
             data_base64,
+            too_large: None,
         }
     }
+
+    /// The marker put in place of an event whose record would be `bytes` long.
+    pub fn too_large(event: &EventItem, bytes: usize, seq: u64) -> Self {
+        let place = TooLarge { slot: event.slot, sort_key: event.sort_key.clone(), bytes };
+        Self { too_large: Some(place), ..Self::new(event, None, &[], seq) }.without_data()
+    }
+
+    fn without_data(self) -> Self {
+        Self { data: None, data_base64: None, ..self }
+    }
+}
+
+/// True when an event's played record (`data_len` bytes) fits one Kinesis
+/// record in either format: alone in an aggregated record, with its
+/// partition key, under 1 MiB.
+pub fn fits_one_record(partition_key: &str, data_len: usize) -> bool {
+    let aggregated = aggregation::empty_bytes(partition_key) + aggregation::user_record_bytes(data_len);
+    partition_key.len() + aggregated.max(data_len) <= aggregation::MAX_RECORD_BYTES
 }
 
 /// The Kinesis records for a batch of played events: each event its own

@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::event_item::sort_key_floor;
 use crate::time::{format_ms, parse_time};
@@ -38,15 +37,27 @@ pub struct PlaybackRequest {
     /// Only events whose JSON matches every filter are played.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filter: Vec<Filter>,
-    /// Names the run's checkpoint; default: derived from start, end and filter.
+    /// Names the run's checkpoint, bound to the window and filter of its
+    /// first run; default: derived from start, end and filter (without
+    /// `end`, from `start` and filter, so a retry reuses the first window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// Play again from the start even if a checkpoint says this run is done.
+    /// Play again from the start even if a checkpoint says this run is done
+    /// (and, with a window named, bind the id to it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart: bool,
-    /// Continuations only: where the previous run stopped.
+    /// Continuations only: the lease token of the chain. Where to go on is
+    /// read from the stored checkpoint, never from the payload; an unknown
+    /// token is just another runner, which must wait for the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume: Option<Checkpoint>,
+    pub lease: Option<String>,
+    /// Continuations so far in this chain (bounded by `MAX_CONTINUATIONS`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hop: u32,
+}
+
+fn is_zero(hop: &u32) -> bool {
+    *hop == 0
 }
 
 impl PlaybackRequest {
@@ -157,6 +168,18 @@ pub fn run_id(window: &Window, filter: &[Filter]) -> String {
     hasher.update(format!("{}-{}-", window.start, window.end));
     hasher.update(serde_json::to_vec(filter).unwrap_or_default());
     hex::encode(&hasher.finalize()[..8])
+}
+
+/// The id of a request without `end` (and without an id): the window such a
+/// request means moves with the watermark, so the id follows what the
+/// request says (its `start`, if any, and filter). A retry while its run is
+/// unfinished finds it and reuses its window; once done, the same request
+/// binds the id to a new window.
+pub fn open_ended_id(request: &PlaybackRequest) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(format!("open-{}-", request.start.as_deref().unwrap_or("")));
+    hasher.update(serde_json::to_vec(&request.filter).unwrap_or_default());
+    format!("open-{}", hex::encode(&hasher.finalize()[..8]))
 }
 
 #[cfg(test)]

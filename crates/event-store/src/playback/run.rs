@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::checkpoint::{self, Checkpoint};
 use super::pacer::Pacer;
 use super::reader::Page;
-use super::record::{kinesis_records, PlayedEvent};
+use super::record::{fits_one_record, kinesis_records, PlayedEvent};
 use super::request::{PlaybackRequest, Window};
 use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
 use super::Playback;
@@ -25,6 +25,10 @@ use crate::time::{format_ms, now_ms, remaining};
 
 /// How long before a put its read-back starts, for clock differences with Kinesis.
 const READ_BACK_MARGIN_MS: i64 = 5_000;
+/// How long a handed-over lease waits for its continuation to start; after
+/// that, the same request again may take the run over (Lambda drops older
+/// queued continuations anyway: `MaximumEventAgeInSeconds` in the template).
+const HANDOVER_LEASE_MS: i64 = 300_000;
 
 /// A record accepted but not yet put, with its event's place in the table.
 struct Pending {
@@ -33,11 +37,13 @@ struct Pending {
     record: OutgoingRecord,
 }
 
-/// Where a run starts: its position, its pace, the envelope ids delivered just before.
+/// Where a run starts: its position, its pace, the envelope ids delivered
+/// just before, and the lease it holds (the owner token).
 pub struct Start {
     pub position: Checkpoint,
     pub pacer: Pacer,
     pub recent: RecentIds,
+    pub owner: String,
 }
 
 /// What the run does after a step.
@@ -77,6 +83,8 @@ pub struct Run<'a> {
     recent: RecentIds,
     slot: SlotTally,
     summary: PlaybackSummary,
+    /// The lease this run holds: every checkpoint write is conditional on it.
+    owner: String,
 }
 
 impl<'a> Run<'a> {
@@ -88,7 +96,7 @@ impl<'a> Run<'a> {
         deadline: SystemTime,
         summary: PlaybackSummary,
     ) -> Self {
-        let Start { position, pacer, recent } = start;
+        let Start { position, pacer, recent, owner } = start;
         Self {
             playback,
             request,
@@ -102,6 +110,7 @@ impl<'a> Run<'a> {
             recent,
             slot: SlotTally::default(),
             summary,
+            owner,
         }
     }
 
@@ -152,7 +161,14 @@ impl<'a> Run<'a> {
         self.summary.first_event.get_or_insert_with(|| format_ms(event.arrival));
         self.summary.last_event = Some(format_ms(event.arrival));
         let played = PlayedEvent::new(&event, json, &bytes, self.seq);
-        let data = serde_json::to_vec(&played).map_err(|e| Error::encode("played event", e))?;
+        let mut data = serde_json::to_vec(&played).map_err(|e| Error::encode("played event", e))?;
+        if !fits_one_record(&event.partition_key, data.len()) {
+            // Kinesis would refuse the whole request: a marker takes its place, in order.
+            warn!(slot, sort_key = %event.sort_key, bytes = data.len(), "played event over the Kinesis record limit: a marker is put instead");
+            self.summary.oversized += 1;
+            let marker = PlayedEvent::too_large(&event, data.len(), self.seq);
+            data = serde_json::to_vec(&marker).map_err(|e| Error::encode("played event", e))?;
+        }
         self.seq += 1;
         let record = OutgoingRecord { partition_key: event.partition_key, data };
         self.pending.push(Pending { slot, sort_key: event.sort_key, record });
@@ -194,13 +210,19 @@ impl<'a> Run<'a> {
         Ok(Flow::HandOver(resume))
     }
 
-    /// The last page is in: puts the rest and marks the checkpoint done.
+    /// The last page is in: puts the rest (unless the pace would take it
+    /// into the deadline margin: then the continuation does) and marks the
+    /// checkpoint done, giving up the lease.
     pub async fn finish(mut self) -> Result<PlaybackSummary> {
         let batch = std::mem::take(&mut self.pending);
-        self.put(batch, self.seq, None).await?;
+        if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.deadline)).await? {
+            let resume = self.checkpoint.clone();
+            return self.hand_over(resume).await;
+        }
         self.checkpoint.done = true;
         self.checkpoint.seq = self.seq;
-        self.save(&self.checkpoint).await?;
+        let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
+        checkpoint::save(dynamo, table, &self.summary.id, &self.owner, &self.checkpoint, Some(0)).await?;
         let summary = PlaybackSummary { next_seq: self.seq, ..self.summary };
         info!(
             id = %summary.id,
@@ -213,18 +235,30 @@ impl<'a> Run<'a> {
         Ok(summary)
     }
 
-    /// Hands the rest of the window, from `resume`, to a continuation.
+    /// Hands the rest of the window, from `resume` (saved with the lease
+    /// extended for the continuation), to a continuation that carries the
+    /// lease token; at `MAX_CONTINUATIONS` the chain stops instead, and
+    /// gives the lease up: the same request again goes on from the checkpoint.
     pub async fn hand_over(self, resume: Checkpoint) -> Result<PlaybackSummary> {
+        let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
+        let id = self.summary.id.clone();
+        if self.request.hop >= self.playback.config.max_continuations {
+            checkpoint::save(dynamo, table, &id, &self.owner, &resume, Some(0)).await?;
+            warn!(id, hops = self.request.hop, "MAX_CONTINUATIONS reached: stopped; send the same request again to go on");
+            return Ok(PlaybackSummary { status: Status::Stopped, next_seq: resume.seq, ..self.summary });
+        }
+        checkpoint::save(dynamo, table, &id, &self.owner, &resume, Some(now_ms() + HANDOVER_LEASE_MS)).await?;
         let next = PlaybackRequest {
             start: Some(format_ms(self.window.start)),
             end: Some(format_ms(self.window.end)),
             wait_seconds: None,
-            id: Some(self.summary.id.clone()),
-            resume: Some(resume.clone()),
+            id: Some(id.clone()),
             restart: false,
+            lease: Some(self.owner.clone()),
+            hop: self.request.hop + 1,
             ..self.request.clone()
         };
-        info!(id = %self.summary.id, resume = ?next.resume, "playback continues asynchronously");
+        info!(id, slot = resume.slot, seq = resume.seq, hop = next.hop, "playback continues asynchronously");
         continue_with(self.playback.invoker.as_ref(), &next).await?;
         Ok(PlaybackSummary { status: Status::Continued, next_seq: resume.seq, ..self.summary })
     }
@@ -280,8 +314,9 @@ impl<'a> Run<'a> {
         Ok(Put::Sent)
     }
 
+    /// Saves the position while this run holds the lease (else: [`Error::LeaseLost`], and the run stops).
     async fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
-        checkpoint::save(dynamo, table, &self.summary.id, checkpoint).await
+        checkpoint::save(dynamo, table, &self.summary.id, &self.owner, checkpoint, None).await
     }
 }

@@ -18,6 +18,10 @@ pub enum Status {
     Incomplete,
     /// A checkpoint says this run already finished (send `restart: true` to play again).
     AlreadyDone,
+    /// Another run of this id holds its lease (until `busy_until`): nothing played.
+    Busy,
+    /// The chain of continuations reached `MAX_CONTINUATIONS`: the same request again goes on.
+    Stopped,
 }
 
 /// What one invocation played back.
@@ -52,6 +56,12 @@ pub struct PlaybackSummary {
     pub duplicates_dropped: usize,
     /// Items in the event table that could not be decoded (skipped, logged).
     pub unreadable: usize,
+    /// Events whose played record would be over Kinesis' 1 MiB: a marker
+    /// with their place in the event table was put instead (see [`super::record`]).
+    pub oversized: usize,
+    /// When the lease of the run that holds this id runs out (status `busy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_until: Option<String>,
     /// The playback sequence number the next record would get.
     pub next_seq: u64,
 }

@@ -14,7 +14,7 @@ pub mod stream;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use serde::{Deserialize, Serialize};
@@ -22,26 +22,41 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::batch::Backoff;
+use crate::bookkeeping::segment_pass::{self, PassState};
+use crate::bookkeeping::settings;
 use crate::bookkeeping::watermark::{self, Pass};
 use crate::buffer_item::{self, BufferItem};
 use crate::config::ScanConfig;
-use crate::dynamo::write_all;
+use crate::dynamo::{write_all, Table};
+use crate::event_item;
 use crate::error::{Error, Result};
 use crate::invoke::{continue_with, Invoker};
 use crate::time::{effective_deadline, format_ms, now_ms, remaining};
 use plan::{buffer_deletes, Moving, PageOutcome, PagePlan};
 
-/// The payload of a segment run (a fork or a continuation).
+/// The payload of a segment run (a fork or a continuation). Nothing in it
+/// is trusted: a scheduled pass's start, what the stream held back and
+/// where the pass stands are read from its stored state
+/// ([`segment_pass`]), found by the token; unknown fields are refused.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SegmentTask {
     pub segment: u32,
     pub total_segments: u32,
-    /// Buffer key after which to resume; absent at the segment's start.
+    /// The scheduled pass this run belongs to. Absent for a run started by
+    /// hand, which moves events but no watermark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass: Option<String>,
+    /// Runs started by hand only: the buffer key after which to resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclusive_start_key: Option<String>,
-    /// The pass so far: when it started and what it has seen.
-    #[serde(flatten)]
-    pub pass: Pass,
+    /// Continuations so far in this chain (bounded by `MAX_CONTINUATIONS`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hop: u32,
+}
+
+fn is_zero(hop: &u32) -> bool {
+    *hop == 0
 }
 
 /// What one invocation did.
@@ -61,6 +76,15 @@ pub struct ScanSummary {
     /// The watermark this run moved its segment's part to, when it finished a pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<i64>,
+    /// Segments a scheduled run left alone because their last pass still runs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub busy: u32,
+    /// This run's pass token was not the segment's running pass: nothing done.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
+    /// The chain reached `MAX_CONTINUATIONS` and stopped (the next schedule starts the segment over).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }
 
 impl ScanSummary {
@@ -106,12 +130,17 @@ pub const AWS_ACTIONS: &[&str] = &[
     "lambda:InvokeFunction",
 ];
 
+/// How long a lease outlasts the run that holds it (clock differences, the invoke of a continuation).
+const LEASE_SLACK_MS: i64 = 60_000;
+
 pub struct Scan {
     dynamo: aws_sdk_dynamodb::Client,
     kinesis: aws_sdk_kinesis::Client,
     config: ScanConfig,
     invoker: Arc<dyn Invoker>,
     backoff: Backoff,
+    /// Set once this process has checked `TIME_UNIT` against the table.
+    time_unit_checked: tokio::sync::OnceCell<()>,
 }
 
 impl Scan {
@@ -121,7 +150,7 @@ impl Scan {
         config: ScanConfig,
         invoker: Arc<dyn Invoker>,
     ) -> Self {
-        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default() }
+        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default(), time_unit_checked: Default::default() }
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).
@@ -131,53 +160,88 @@ impl Scan {
     }
 
     /// A payload with `segment` runs that segment; anything else (the
-    /// schedule's event) starts one run per segment.
+    /// schedule's event) starts a pass of every segment whose last pass is over.
     pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<ScanSummary> {
-        let deadline = effective_deadline(deadline, SystemTime::now());
+        let started = SystemTime::now();
+        let deadline = effective_deadline(deadline, started);
+        // A run's lease lasts its own time and then some; a queued fork's, as long again.
+        let lease_ms = remaining(deadline).as_millis() as i64 + LEASE_SLACK_MS;
+        self.ensure_time_unit().await?;
         if payload.get("segment").is_some() {
             let task: SegmentTask =
                 serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("segment task: {e}")))?;
             if task.segment >= task.total_segments {
                 return Err(Error::BadInput(format!("segment {} of {}", task.segment, task.total_segments)));
             }
-            return self.run_segment(task, deadline).await;
+            return self.run_segment(task, deadline, lease_ms).await;
         }
         let total_segments = self.config.segments;
         let pass = self.start_pass().await;
+        let mut summary = ScanSummary::default();
         for segment in 0..total_segments {
-            let task = SegmentTask { segment, total_segments, exclusive_start_key: None, pass };
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let now = now_ms();
+            let table = &self.config.event_table;
+            let which = (segment, total_segments);
+            if !segment_pass::claim(&self.dynamo, table, which, &token, pass, now + 2 * lease_ms, now).await? {
+                summary.busy += 1;
+                continue;
+            }
+            let task = SegmentTask { segment, total_segments, pass: Some(token), ..Default::default() };
             continue_with(self.invoker.as_ref(), &task).await?;
+            summary.forked += 1;
         }
-        info!(segments = total_segments, "scan started");
-        Ok(ScanSummary { forked: total_segments, ..Default::default() })
+        if summary.busy > 0 {
+            info!(busy = summary.busy, "segments whose last pass still runs were left to it");
+        }
+        info!(segments = summary.forked, "scan started");
+        Ok(summary)
     }
 
-    async fn run_segment(&self, mut task: SegmentTask, deadline: SystemTime) -> Result<ScanSummary> {
+    /// Records the slot size at first use; refuses another one (see [`settings`]).
+    async fn ensure_time_unit(&self) -> Result<()> {
+        let (dynamo, table, unit) = (&self.dynamo, &self.config.event_table, self.config.time_unit_ms);
+        self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
+    }
+
+    async fn run_segment(&self, task: SegmentTask, deadline: SystemTime, lease_ms: i64) -> Result<ScanSummary> {
         let mut summary = ScanSummary::default();
-        let mut start_key = task.exclusive_start_key.clone();
+        let which = (task.segment, task.total_segments);
+        let table = &self.config.event_table;
+        // A scheduled pass's state comes from the table; a run by hand has none (and moves no watermark).
+        let mut state = match &task.pass {
+            Some(token) => match segment_pass::take(&self.dynamo, table, which, token, now_ms() + lease_ms).await? {
+                Some(state) => state,
+                None => {
+                    info!(segment = task.segment, "not the segment's running pass (superseded, finished or unknown): nothing done");
+                    return Ok(ScanSummary { superseded: true, ..summary });
+                }
+            },
+            None => PassState { pass: Pass::default(), next_key: task.exclusive_start_key.clone() },
+        };
+        let mut start_key = state.next_key.take();
         // Events arriving before the current watermark are late: counted, never misplaced.
-        let watermark = match task.pass.pass_started_at {
-            Some(_) => watermark::read(&self.dynamo, &self.config.event_table).await?.time,
+        let watermark = match state.pass.pass_started_at {
+            Some(_) => watermark::read(&self.dynamo, table).await?.time,
             None => None,
         };
         // Slots this run has already indexed: each gets one index write per run, not one per page.
         let mut indexed = BTreeSet::new();
         loop {
             let (items, last_key) = self.scan_page(&task, start_key.take()).await?;
-            let page = self.move_page(items, watermark, &mut indexed).await;
+            let page = self.move_page(items, watermark, &mut indexed, deadline).await;
             summary.add(&page);
-            task.pass.saw(page.oldest_left);
+            state.pass.saw(page.oldest_left);
             self.count_late(&task, &page).await;
             match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
                 SegmentStep::PassDone => {
-                    summary.watermark = self.finish_pass(&task).await?;
+                    summary.watermark = self.finish_pass(&task, &state.pass).await?;
                     break;
                 }
                 SegmentStep::NextPage(key) => start_key = Some(key),
                 SegmentStep::HandOver(key) => {
-                    let next = SegmentTask { exclusive_start_key: Some(key), ..task.clone() };
-                    continue_with(self.invoker.as_ref(), &next).await?;
-                    summary.forked = 1;
+                    state.next_key = Some(key);
+                    self.hand_over(&task, &state, lease_ms, &mut summary).await?;
                     break;
                 }
             }
@@ -194,6 +258,43 @@ impl Scan {
             "segment scanned"
         );
         Ok(summary)
+    }
+
+    /// Near the deadline: saves where the pass stands and starts the
+    /// continuation, unless the chain reached `MAX_CONTINUATIONS` (then the
+    /// lease runs out and the next schedule starts the segment over).
+    async fn hand_over(
+        &self,
+        task: &SegmentTask,
+        state: &PassState,
+        lease_ms: i64,
+        summary: &mut ScanSummary,
+    ) -> Result<()> {
+        if task.hop >= self.config.max_continuations {
+            warn!(
+                segment = task.segment,
+                hops = task.hop,
+                "the pass chain reached MAX_CONTINUATIONS: stopped; the next scheduled run starts this segment over"
+            );
+            summary.stopped = true;
+            return Ok(());
+        }
+        let next = match &task.pass {
+            Some(token) => {
+                let which = (task.segment, task.total_segments);
+                let (dynamo, table) = (&self.dynamo, &self.config.event_table);
+                if !segment_pass::hand_over(dynamo, table, which, token, state, now_ms() + 2 * lease_ms).await? {
+                    info!(segment = task.segment, "the pass was taken over meanwhile: no continuation");
+                    summary.superseded = true;
+                    return Ok(());
+                }
+                SegmentTask { hop: task.hop + 1, ..task.clone() }
+            }
+            None => SegmentTask { exclusive_start_key: state.next_key.clone(), hop: task.hop + 1, ..task.clone() },
+        };
+        continue_with(self.invoker.as_ref(), &next).await?;
+        summary.forked = 1;
+        Ok(())
     }
 
     /// One page of the task's segment after `start_key`, and the key to go on from.
@@ -228,7 +329,10 @@ impl Scan {
         items: Vec<HashMap<String, AttributeValue>>,
         watermark: Option<i64>,
         indexed: &mut BTreeSet<i64>,
+        deadline: SystemTime,
     ) -> PageOutcome {
+        // Retries stop in time for the hand-over: what is left unwritten stays in the buffer.
+        let give_up = Instant::now() + remaining(deadline).saturating_sub(self.config.deadline_margin / 4);
         let moving = Moving {
             time_unit_ms: self.config.time_unit_ms,
             retention_days: self.config.retention_days,
@@ -236,14 +340,16 @@ impl Scan {
         };
         let mut plan = PagePlan::new(items, moving, indexed);
         let writes = std::mem::take(&mut plan.writes);
-        let not_written = write_all(&self.dynamo, &self.config.event_table, writes, &self.backoff).await;
+        let events = Table { name: &self.config.event_table, key: event_item::KEY };
+        let not_written = write_all(&self.dynamo, events, writes, &self.backoff, Some(give_up)).await;
         let settled = plan.settle(&not_written);
         indexed.extend(&settled.indexed);
         if !settled.unindexed.is_empty() {
             warn!(slots = settled.unindexed.len(), "slot index not written: those slots' events stay in the buffer");
         }
         let deletes = buffer_deletes(&settled.delete);
-        let not_deleted = write_all(&self.dynamo, &self.config.buffer_table, deletes, &self.backoff).await;
+        let buffer = Table { name: &self.config.buffer_table, key: buffer_item::KEY };
+        let not_deleted = write_all(&self.dynamo, buffer, deletes, &self.backoff, Some(give_up)).await;
         let outcome = plan.outcome(settled, &not_deleted, watermark);
         if outcome.late > 0 {
             warn!(
@@ -286,10 +392,18 @@ impl Scan {
         }
     }
 
-    /// A segment's pass is over: its part of the watermark moves forward.
-    async fn finish_pass(&self, task: &SegmentTask) -> Result<Option<i64>> {
-        let Some(time) = task.pass.watermark(self.config.watermark_lag_ms) else { return Ok(None) };
+    /// A segment's pass is over: its part of the watermark moves forward,
+    /// if the pass still held the segment.
+    async fn finish_pass(&self, task: &SegmentTask, pass: &Pass) -> Result<Option<i64>> {
+        let (Some(token), Some(time)) = (&task.pass, pass.watermark(self.config.watermark_lag_ms)) else {
+            return Ok(None);
+        };
         let table = &self.config.event_table;
+        let which = (task.segment, task.total_segments);
+        if !segment_pass::finish(&self.dynamo, table, which, token).await? {
+            info!(segment = task.segment, "the pass was taken over meanwhile: its watermark is not used");
+            return Ok(None);
+        }
         watermark::advance(&self.dynamo, table, task.segment, task.total_segments, time, now_ms()).await?;
         Ok(Some(time))
     }
@@ -310,20 +424,11 @@ mod tests {
 
     #[test]
     fn segment_tasks_round_trip_as_the_documented_payload() {
-        let task = SegmentTask {
-            segment: 1,
-            total_segments: 4,
-            exclusive_start_key: Some("ab12".into()),
-            pass: Pass::started_at(1_000, Some(900)),
-        };
+        let task = SegmentTask { segment: 1, total_segments: 4, pass: Some("5f0c".into()), hop: 3, ..Default::default() };
         let json = serde_json::to_value(&task).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({
-                "segment": 1, "total_segments": 4, "exclusive_start_key": "ab12",
-                "pass_started_at": 1000, "unbuffered_from": 900
-            })
-        );
+        assert_eq!(json, serde_json::json!({"segment": 1, "total_segments": 4, "pass": "5f0c", "hop": 3}));
         assert_eq!(serde_json::from_value::<SegmentTask>(json).unwrap(), task);
+        let forged = serde_json::json!({"segment": 1, "total_segments": 4, "pass_started_at": 9_999_999_999_999i64});
+        assert!(serde_json::from_value::<SegmentTask>(forged).is_err(), "a pass's start is never taken from a payload");
     }
 }

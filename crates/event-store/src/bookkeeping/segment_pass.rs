@@ -1,0 +1,189 @@
+//! A scan segment's current pass, stored so that nothing a continuation
+//! trusts comes from its payload: the scheduled run *claims* the segment
+//! with a new pass (its start and what the stream held back, see
+//! [`super::watermark::Pass`]) and a random token; the forks and
+//! continuations carry only the token. A run whose token is not the stored
+//! one (superseded, finished, or forged) does nothing.
+//!
+//! The claim is also the segment's single-runner lease: a new pass is
+//! claimed only when the last one finished or its lease ran out, so a slow
+//! pass is never joined by a second one every minute, and a crashed chain
+//! is taken over once its lease expires.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
+use serde::{Deserialize, Serialize};
+
+use super::key;
+use super::watermark::Pass;
+use crate::error::{Error, Result};
+
+/// What a segment's pass has done so far (the `state` map of its item).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassState {
+    #[serde(flatten)]
+    pub pass: Pass,
+    /// The buffer key after which the next run goes on; absent at the segment's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_key: Option<String>,
+}
+
+fn pass_key(total_segments: u32, segment: u32) -> HashMap<String, AttributeValue> {
+    key(format!("pass#{total_segments:04}#{segment:04}"))
+}
+
+fn state_value(state: &PassState) -> Result<AttributeValue> {
+    serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(state)
+        .map(AttributeValue::M)
+        .map_err(|e| Error::encode("pass state", e))
+}
+
+fn n(value: i64) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// A conditional update's answer: `Ok(None)` when its condition failed.
+fn unless_condition_failed<O, R>(
+    result: std::result::Result<O, aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>>,
+) -> Result<Option<O>>
+where
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match result {
+        Ok(out) => Ok(Some(out)),
+        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => Ok(None),
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
+}
+
+/// Starts a new pass of the segment under `token`, unless its last pass
+/// is still running (unfinished, lease not expired at `now`). True when claimed.
+pub async fn claim(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (segment, total_segments): (u32, u32),
+    token: &str,
+    pass: Pass,
+    lease_until: i64,
+    now: i64,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(pass_key(total_segments, segment)))
+        .update_expression("SET #token = :token, #state = :state, lease_until = :until, done = :false")
+        .condition_expression("attribute_not_exists(#token) OR done = :true OR lease_until < :now")
+        .expression_attribute_names("#token", "token")
+        .expression_attribute_names("#state", "state")
+        .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
+        .expression_attribute_values(":state", state_value(&PassState { pass, next_key: None })?)
+        .expression_attribute_values(":until", n(lease_until))
+        .expression_attribute_values(":now", n(now))
+        .expression_attribute_values(":true", AttributeValue::Bool(true))
+        .expression_attribute_values(":false", AttributeValue::Bool(false))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(unless_condition_failed(result)?.is_some())
+}
+
+/// A run of the pass `token` starts: extends the lease to `lease_until` and
+/// returns the pass's state; `None` when `token` is not the segment's
+/// running pass (a later pass claimed it, it finished, or it never existed).
+pub async fn take(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (segment, total_segments): (u32, u32),
+    token: &str,
+    lease_until: i64,
+) -> Result<Option<PassState>> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(pass_key(total_segments, segment)))
+        .update_expression("SET lease_until = :until")
+        .condition_expression("#token = :token AND done = :false")
+        .expression_attribute_names("#token", "token")
+        .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
+        .expression_attribute_values(":until", n(lease_until))
+        .expression_attribute_values(":false", AttributeValue::Bool(false))
+        .return_values(ReturnValue::AllNew)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    let Some(out) = unless_condition_failed(result)? else { return Ok(None) };
+    let state = out
+        .attributes()
+        .and_then(|item| item.get("state"))
+        .and_then(|value| value.as_m().ok())
+        .ok_or_else(|| Error::Malformed("pass item without its state".into()))?;
+    serde_dynamo::from_item(state.clone()).map(Some).map_err(|e| Error::Malformed(format!("pass state: {e}")))
+}
+
+/// Saves where the pass stands before a continuation takes over (lease
+/// until `lease_until`); false when `token` lost the segment meanwhile.
+pub async fn hand_over(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (segment, total_segments): (u32, u32),
+    token: &str,
+    state: &PassState,
+    lease_until: i64,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(pass_key(total_segments, segment)))
+        .update_expression("SET #state = :state, lease_until = :until")
+        .condition_expression("#token = :token AND done = :false")
+        .expression_attribute_names("#token", "token")
+        .expression_attribute_names("#state", "state")
+        .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
+        .expression_attribute_values(":state", state_value(state)?)
+        .expression_attribute_values(":until", n(lease_until))
+        .expression_attribute_values(":false", AttributeValue::Bool(false))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(unless_condition_failed(result)?.is_some())
+}
+
+/// The pass `token` is over: the next scheduled run may claim the segment.
+/// False when `token` had lost the segment (its watermark must not move).
+pub async fn finish(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (segment, total_segments): (u32, u32),
+    token: &str,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(pass_key(total_segments, segment)))
+        .update_expression("SET done = :true")
+        .condition_expression("#token = :token AND done = :false")
+        .expression_attribute_names("#token", "token")
+        .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
+        .expression_attribute_values(":true", AttributeValue::Bool(true))
+        .expression_attribute_values(":false", AttributeValue::Bool(false))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(unless_condition_failed(result)?.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_map_holds_the_pass_and_where_it_stands() {
+        let state = PassState { pass: Pass::started_at(1_000, Some(900)), next_key: Some("ab".into()) };
+        let AttributeValue::M(map) = state_value(&state).unwrap() else { panic!("a map") };
+        assert_eq!(map["pass_started_at"], n(1_000));
+        assert_eq!(map["next_key"], AttributeValue::S("ab".into()));
+        assert_eq!(serde_dynamo::from_item::<_, PassState>(map).unwrap(), state);
+    }
+}
