@@ -57,7 +57,8 @@ pub fn request_key(request: &WriteRequest, key: &[&str]) -> Vec<Option<Attribute
 
 /// Writes every request to `table` and returns the tags of those that could
 /// not be written after all retries, or before `give_up` (no retry starts
-/// that could not end by then: a deadline-aware caller keeps its margin).
+/// whose wait would end after it: a deadline-aware caller keeps its margin;
+/// first tries always go out, so every run makes progress).
 pub async fn write_all<T: Send>(
     client: &aws_sdk_dynamodb::Client,
     table: Table<'_>,
@@ -103,12 +104,12 @@ where
         if pending.is_empty() {
             break;
         }
-        let wait = if retry > 0 { backoff.ceiling(retry - 1) } else { std::time::Duration::ZERO };
-        if give_up.is_some_and(|give_up| Instant::now() + wait >= give_up) {
-            warn!(items = pending.len(), retry, "out of time: left unwritten");
-            break;
-        }
         if retry > 0 {
+            // The first try always goes out (every run makes progress); a retry only if it can end in time.
+            if give_up.is_some_and(|give_up| Instant::now() + backoff.ceiling(retry - 1) >= give_up) {
+                warn!(items = pending.len(), retry, "out of time: left unwritten");
+                break;
+            }
             backoff.wait(retry - 1).await;
         }
         match send(pending.iter().map(|(_, w)| w.clone()).collect()).await {

@@ -262,7 +262,8 @@ impl Scan {
 
     /// Near the deadline: saves where the pass stands and starts the
     /// continuation, unless the chain reached `MAX_CONTINUATIONS` (then the
-    /// lease runs out and the next schedule starts the segment over).
+    /// pass ends without moving the watermark, and the next schedule starts
+    /// the segment over).
     async fn hand_over(
         &self,
         task: &SegmentTask,
@@ -270,19 +271,23 @@ impl Scan {
         lease_ms: i64,
         summary: &mut ScanSummary,
     ) -> Result<()> {
+        let which = (task.segment, task.total_segments);
+        let (dynamo, table) = (&self.dynamo, &self.config.event_table);
         if task.hop >= self.config.max_continuations {
             warn!(
                 segment = task.segment,
                 hops = task.hop,
-                "the pass chain reached MAX_CONTINUATIONS: stopped; the next scheduled run starts this segment over"
+                "the pass chain reached MAX_CONTINUATIONS: stopped without a watermark; the next scheduled run starts this segment over"
             );
+            if let Some(token) = &task.pass {
+                // Over, though unfinished: the next schedule may claim the segment at once.
+                segment_pass::finish(dynamo, table, which, token).await?;
+            }
             summary.stopped = true;
             return Ok(());
         }
         let next = match &task.pass {
             Some(token) => {
-                let which = (task.segment, task.total_segments);
-                let (dynamo, table) = (&self.dynamo, &self.config.event_table);
                 if !segment_pass::hand_over(dynamo, table, which, token, state, now_ms() + 2 * lease_ms).await? {
                     info!(segment = task.segment, "the pass was taken over meanwhile: no continuation");
                     summary.superseded = true;
