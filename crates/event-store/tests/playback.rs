@@ -599,3 +599,201 @@ async fn a_run_that_would_wait_for_the_pace_into_its_deadline_hands_over_instead
         assert_eq!(ns, &(0..1500).filter(|n| n % 5 == user).collect::<Vec<_>>(), "{key}");
     }
 }
+
+/// The played events of one run per partition key are each the expected `n`s, once, in order,
+/// and the playback sequence numbers are 0..n without a gap or a repeat.
+async fn assert_played_once_in_order(env: &TestEnv, n: i64) {
+    for (key, ns) in played(env).await {
+        let user: i64 = key.trim_start_matches("user-").parse().unwrap();
+        assert_eq!(ns, (0..n).filter(|i| i % 5 == user).collect::<Vec<_>>(), "{key}: each once, in order");
+    }
+    let mut seqs: Vec<u64> = played_events(env).await.iter().map(|e| e.playback_seq).collect();
+    seqs.sort();
+    assert_eq!(seqs, (0..n as u64).collect::<Vec<_>>(), "continuous sequence numbers, none twice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_playback_needing_40_continuations_finishes_in_order_with_continuous_sequence_numbers() {
+    let env = TestEnv::start(2).await;
+    stored_events(&env, 2100, 3).await;
+    // 50 items a page and no time left: 42 runs in one chain (Lambda stops chains after
+    // 16 hops unless the function allows recursion: the local runner follows the template).
+    let summaries =
+        play(&env, config(&env, Some(50)), window(T0, T0 + 3000), || SystemTime::now() + Duration::from_secs(1)).await;
+    let continued = summaries.iter().filter(|s| s.status == Status::Continued).count();
+    assert!(continued >= 40, "{continued} continuations");
+    assert_eq!(summaries.iter().filter(|s| s.status == Status::Complete).count(), 1);
+    assert_played_once_in_order(&env, 2100).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chain_stopped_at_max_continuations_goes_on_when_the_request_is_sent_again() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 700, 3).await;
+    let no_time = || SystemTime::now() + Duration::from_secs(1);
+    let bounded = PlaybackConfig { max_continuations: 3, ..config(&env, Some(50)) };
+    let summaries = play(&env, bounded, window(T0, T0 + 3000), no_time).await;
+    assert_eq!(summaries.iter().filter(|s| s.status == Status::Stopped).count(), 1, "{summaries:?}");
+    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 4 * 50, "the first run and 3 continuations");
+    let rest = play(&env, config(&env, Some(50)), window(T0, T0 + 3000), no_time).await;
+    assert_eq!(rest.iter().map(|s| s.events).sum::<usize>(), 500, "the rest, from the checkpoint");
+    assert_played_once_in_order(&env, 700).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_concurrent_runs_of_one_request_deliver_each_event_once() {
+    let env = TestEnv::start(2).await;
+    stored_events(&env, 1000, 3).await;
+    let no_time = || SystemTime::now() + Duration::from_secs(1);
+    let (a, b) = tokio::join!(
+        play(&env, config(&env, Some(100)), window(T0, T0 + 3000), no_time),
+        play(&env, config(&env, Some(100)), window(T0, T0 + 3000), no_time),
+    );
+    let statuses: Vec<Status> = a.iter().chain(&b).map(|s| s.status).collect();
+    assert!(
+        statuses.iter().any(|s| matches!(s, Status::Busy | Status::AlreadyDone)),
+        "one of the two found the other running: {statuses:?}"
+    );
+    assert_eq!(a.iter().chain(&b).map(|s| s.events).sum::<usize>(), 1000, "each batch put once");
+    assert_played_once_in_order(&env, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_is_bound_to_the_window_and_filter_of_its_first_run() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 300, 3).await;
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    let named = |start: i64, end: i64| json!({"id": "daily", "start": format_ms(start), "end": format_ms(end)});
+    let first = play(&env, config(&env, None), named(T0, T0 + 2000), later).await;
+    assert_eq!((first[0].status, first[0].events), (Status::Complete, 200));
+
+    let (invoker, _rx) = LocalInvoker::channel();
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
+    let other_window = playback.handle(named(T0 + 1000, T0 + 3000), later()).await.unwrap_err();
+    assert!(matches!(other_window, Error::BadInput(ref m) if m.contains("\"daily\"")), "{other_window}");
+    let mut other_filter = named(T0, T0 + 2000);
+    other_filter["filter"] = json!([{"field": "/n", "equals": 7}]);
+    assert!(matches!(playback.handle(other_filter, later()).await, Err(Error::BadInput(_))));
+    // The id alone names its window.
+    let by_id = playback.handle(json!({"id": "daily"}), later()).await.unwrap();
+    assert_eq!((by_id.status, by_id.start.as_str()), (Status::AlreadyDone, format_ms(T0).as_str()));
+    // Restarting with another window rebinds it.
+    let mut rebind = named(T0 + 2000, T0 + 3000);
+    rebind["restart"] = json!(true);
+    let rebound = playback.handle(rebind, later()).await.unwrap();
+    assert_eq!((rebound.status, rebound.events), (Status::Complete, 100));
+    assert_eq!(played(&env).await.values().map(Vec::len).sum::<usize>(), 300, "nothing played twice");
+}
+
+static OPEN_PUTS: AtomicUsize = AtomicUsize::new(0);
+
+/// A request without `end` means "up to the watermark": a retry after a
+/// crash must finish that window, not start another one from sequence 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_open_ended_request_reuses_its_first_window() {
+    let env = TestEnv::start(1).await;
+    let base = now_ms() - 60_000;
+    let records: Vec<_> = (0..700)
+        .map(|i| (format!("user-{}", i % 5), json!({"n": i}).to_string().into_bytes(), base + i * 10))
+        .collect();
+    buffer_through_pump(&env, &records).await;
+    scan_pass(&env, scan_config(&env, 0)).await;
+    let dying = aws_sdk_kinesis::Client::from_conf(
+        aws_sdk_kinesis::config::Builder::from(&env.sdk)
+            .endpoint_url(&env.kinesis_endpoint)
+            // The first PutRecords gets through, every later one fails.
+            .interceptor(common::FailRequests::new(|body, _| {
+                body.windows(7).any(|w| w == b"Records") && OPEN_PUTS.fetch_add(1, Ordering::SeqCst) >= 1
+            }))
+            .build(),
+    );
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    let (invoker, _rx) = LocalInvoker::channel();
+    let first = Playback::new(env.dynamo.clone(), dying, config(&env, Some(200)), Arc::new(invoker));
+    assert!(first.handle(json!({}), later()).await.is_err(), "the first run died after one request");
+    // Meanwhile the watermark moves on by a slot or more.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    buffer_through_pump(&env, &[("user-9".into(), json!({"n": 9999}).to_string().into_bytes(), now_ms())]).await;
+    scan_pass(&env, scan_config(&env, 0)).await;
+    let retry = play(&env, config(&env, Some(200)), json!({}), later).await;
+    assert_eq!(retry.iter().map(|s| s.events).sum::<usize>(), 200, "only what the first run had not put");
+    assert_played_once_in_order(&env, 700).await;
+}
+
+/// Anyone allowed to invoke playback can send a payload: where to resume
+/// and whether the window is sealed never come from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_payload_cannot_play_an_unsealed_window() {
+    let env = TestEnv::start(1).await;
+    let now = now_ms();
+    buffer_through_pump(&env, &[("k".into(), json!({"n": 1}).to_string().into_bytes(), now - 5_000)]).await;
+    scan_pass(&env, scan_config(&env, 0)).await;
+    let (invoker, _rx) = LocalInvoker::channel();
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
+    let later = SystemTime::now() + Duration::from_secs(900);
+    let unsealed = window(now - 60_000, now + 60_000);
+    let mut resume = unsealed.clone();
+    resume["resume"] = json!({"slot": now - 60_000, "seq": 0});
+    assert!(matches!(playback.handle(resume, later).await, Err(Error::BadInput(_))), "an unknown field");
+    let mut lease = unsealed.clone();
+    lease["lease"] = json!("0123456789abcdef");
+    lease["hop"] = json!(5);
+    let answer = playback.handle(lease, later).await.unwrap();
+    assert_eq!((answer.status, answer.events), (Status::Incomplete, 0));
+    assert!(played_events(&env).await.is_empty(), "nothing of an unsealed window went out");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_too_large_for_a_kinesis_record_is_replaced_by_a_marker_in_its_place() {
+    let env = TestEnv::start(1).await;
+    // 900 KB of binary data: stored compressed, but base64 makes its played record ~1.2 MB.
+    let large: Vec<u8> = (0..900_000).map(|i| (i % 251) as u8 | 0x80).collect();
+    let mut records: Vec<_> =
+        (0..4).map(|i| ("user-0".to_string(), json!({"n": i}).to_string().into_bytes(), T0 + i * 100)).collect();
+    records.insert(2, ("user-0".to_string(), large, T0 + 150));
+    buffer_through_pump(&env, &records).await;
+    scan_pass(&env, scan_config(&env, 0)).await;
+    let summaries =
+        play(&env, config(&env, None), window(T0, T0 + 1000), || SystemTime::now() + Duration::from_secs(900)).await;
+    assert_eq!((summaries[0].status, summaries[0].events, summaries[0].oversized), (Status::Complete, 5, 1));
+    for (_, record) in env.read_stream(&env.names.playback_stream).await {
+        let size = record.data().as_ref().len() + record.partition_key().unwrap_or_default().len();
+        assert!(size <= 1024 * 1024, "a record of {size} bytes");
+    }
+    let events = played_events(&env).await;
+    let shape: Vec<(u64, Option<i64>, bool)> = events
+        .iter()
+        .map(|e| (e.playback_seq, e.data.as_ref().and_then(|d| d["n"].as_i64()), e.too_large.is_some()))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![(0, Some(0), false), (1, Some(1), false), (2, None, true), (3, Some(2), false), (4, Some(3), false)]
+    );
+    let marker = events[2].too_large.as_ref().unwrap();
+    assert!(marker.bytes > 1024 * 1024 && marker.slot == T0, "{marker:?}");
+    assert!(events[2].data_base64.is_none(), "the marker says where the event is, without it");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_put_of_a_run_hands_over_rather_than_wait_into_the_margin() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 600, 3).await;
+    let mut request = window(T0, T0 + 3000);
+    request["max_records_per_second"] = json!(500);
+    // 10.5 s left and a 10 s margin: the last 100 events would have to wait 1 s for the pace.
+    let summaries = play(&env, config(&env, None), request, || SystemTime::now() + Duration::from_millis(10_500)).await;
+    assert!(summaries.len() >= 2, "{summaries:?}");
+    assert!(summaries.iter().all(|s| s.events <= 500), "one batch a run: {summaries:?}");
+    assert_played_once_in_order(&env, 600).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_playback_with_another_time_unit_than_the_tables_is_refused() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 10, 1).await;
+    let (invoker, _rx) = LocalInvoker::channel();
+    let halves = PlaybackConfig { time_unit_ms: 500, ..config(&env, None) };
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), halves, Arc::new(invoker));
+    let err = playback.handle(window(T0, T0 + 1000), SystemTime::now() + Duration::from_secs(900)).await.unwrap_err();
+    assert!(matches!(err, Error::Config(ref m) if m.contains("TIME_UNIT is 500")), "{err}");
+}
