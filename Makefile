@@ -29,7 +29,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback load check test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+.PHONY: help demo local playback redrive load check test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ local: tools-moto local-bin ## run the whole pipeline locally until Ctrl-C (pixe
 
 playback: local-bin ## play back START..END (ISO 8601; default the last 15 min) from the running stack
 	$(LOCAL_BIN) playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)')
+
+redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (AWS=1: the deployed stack, tables from DYNAMO_BUFFER_TABLE/DYNAMO_EVENT_TABLE)
+	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(AWS),--aws)
 
 load: tools-ab ## ab -n N -c C against the local pixel (start `make local` first)
 	@echo "== ab -n $(N) -c $(C) against http://127.0.0.1:$(PORT)/track.gif"

@@ -3,7 +3,8 @@
 //!
 //! - `local`: run the stack until Ctrl-C (pixel server on 127.0.0.1:$PORT);
 //! - `demo`: the main job end to end, with a report (exit 1 if anything was lost);
-//! - `playback`: play a window back from a running stack.
+//! - `playback`: play a window back from a running stack;
+//! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue.
 
 mod demo;
 mod http;
@@ -69,6 +70,17 @@ enum Command {
         #[arg(long, env = "RESTART", default_value_t = false)]
         restart: bool,
     },
+    /// Re-drive the pump's dead-letter queue: read each failure record's range back from the
+    /// event stream, buffer it again, delete the message (kept if anything failed).
+    Redrive {
+        /// The dead-letter queue's URL (the stack output `PumpDeadLetterQueueUrl`).
+        #[arg(long, env = "QUEUE_URL")]
+        queue: String,
+        /// Against AWS, not the local emulator: credentials, region, DYNAMO_BUFFER_TABLE and
+        /// DYNAMO_EVENT_TABLE come from the environment as they are.
+        #[arg(long, default_value_t = false)]
+        aws: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -82,7 +94,9 @@ fn main() -> ExitCode {
     };
     // Before any thread exists: the stages read their configuration from the
     // environment exactly as they do in Lambda.
-    settings.export_env();
+    if !matches!(cli.command, Command::Redrive { aws: true, .. }) {
+        settings.export_env();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -138,6 +152,18 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
             let total = playback::total(&summaries);
             playback::print_summary(&total, summaries.len());
             Ok(total.status != event_store::playback::Status::Incomplete)
+        }
+        Command::Redrive { queue, .. } => {
+            let sdk = event_store::aws_config().await;
+            let config = event_store::config::PumpConfig::from_env()?;
+            let pump = event_store::pump::Pump::new(aws_sdk_dynamodb::Client::new(&sdk), config);
+            let (sqs, kinesis) = (aws_sdk_sqs::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
+            let drained = event_store::redrive::drain_queue(&sqs, &queue, &kinesis, &pump).await?;
+            println!(
+                "re-drove {} dead-letter messages ({} records buffered again); {} left in the queue",
+                drained.messages, drained.records, drained.left
+            );
+            Ok(drained.left == 0)
         }
     }
 }

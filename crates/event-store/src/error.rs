@@ -31,6 +31,9 @@ pub enum Error {
     /// Records that Kinesis kept rejecting after our retries.
     #[error("kinesis {operation}: {failed} records still failing after retries ({code})")]
     KinesisPartial { operation: &'static str, failed: usize, code: String },
+    /// An SQS call (the re-drive of a dead-letter queue) failed.
+    #[error("sqs {operation}: {}", chain(source.as_ref()))]
+    Sqs { operation: &'static str, source: Source },
     /// The asynchronous self-invocation (fork / continuation) could not be sent.
     #[error("invoke: {}", chain(source.as_ref()))]
     Invoke { source: Source },
@@ -119,6 +122,7 @@ impl Error {
             Error::Dynamo { .. } => "DynamoDbError",
             Error::Kinesis { .. } | Error::KinesisPartial { .. } => "KinesisError",
             Error::Invoke { .. } => "InvokeError",
+            Error::Sqs { .. } => "SqsError",
             Error::Build(_) | Error::Encode { .. } => "InternalError",
             Error::Malformed(_) => "MalformedItem",
             Error::LeaseLost(_) => "LeaseLost",

@@ -282,6 +282,46 @@ pub async fn stored_since(
 /// `GetRecords` calls per shard a read-back makes at most (10,000 records each).
 const MAX_READ_BACK_CALLS: usize = 20;
 
+/// The Lambda event for `records` read from `shard_id` of the stream
+/// `stream_arn`, as a Kinesis event source mapping delivers it.
+pub fn lambda_event(
+    stream_arn: &str,
+    shard_id: &str,
+    region: &str,
+    records: &[aws_sdk_kinesis::types::Record],
+) -> aws_lambda_events::event::kinesis::KinesisEvent {
+    let mut event = aws_lambda_events::event::kinesis::KinesisEvent::default();
+    event.records = records.iter().map(|r| event_record(stream_arn, shard_id, region, r)).collect();
+    event
+}
+
+fn event_record(
+    stream_arn: &str,
+    shard_id: &str,
+    region: &str,
+    record: &aws_sdk_kinesis::types::Record,
+) -> aws_lambda_events::event::kinesis::KinesisEventRecord {
+    let arrival_ms = record.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
+    let mut kinesis = aws_lambda_events::event::kinesis::KinesisRecord::default();
+    kinesis.approximate_arrival_timestamp =
+        aws_lambda_events::encodings::SecondTimestamp(
+            chrono::DateTime::<chrono::Utc>::from_timestamp_millis(arrival_ms).unwrap_or_default(),
+        );
+    *kinesis.data = record.data().as_ref().to_vec();
+    kinesis.partition_key = record.partition_key().unwrap_or_default().to_owned();
+    kinesis.sequence_number = record.sequence_number().to_owned();
+    kinesis.kinesis_schema_version = Some("1.0".into());
+    let mut out = aws_lambda_events::event::kinesis::KinesisEventRecord::default();
+    out.aws_region = Some(region.to_owned());
+    out.event_id = Some(format!("{shard_id}:{}", record.sequence_number()));
+    out.event_name = Some("aws:kinesis:record".into());
+    out.event_source = Some("aws:kinesis".into());
+    out.event_source_arn = Some(stream_arn.to_owned());
+    out.event_version = Some("1.0".into());
+    out.kinesis = kinesis;
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -416,5 +456,22 @@ mod tests {
         let stats = put_in_key_order(&recs, &fast(), send, never_checked).await;
         assert_eq!(sizes, vec![500, 500, 201]);
         assert_eq!(stats.requests, 3);
+    }
+
+    #[test]
+    fn get_records_results_become_the_lambda_event_shape() {
+        let record = aws_sdk_kinesis::types::Record::builder()
+            .sequence_number("42")
+            .partition_key("pk")
+            .data(aws_sdk_kinesis::primitives::Blob::new("{}"))
+            .approximate_arrival_timestamp(aws_sdk_kinesis::primitives::DateTime::from_millis(1_795_327_124_010))
+            .build()
+            .unwrap();
+        let event = lambda_event("arn:s", "shardId-000000000001", "eu-west-1", &[record]);
+        let r = &event.records[0];
+        assert_eq!(r.event_id.as_deref(), Some("shardId-000000000001:42"));
+        assert_eq!(r.event_source_arn.as_deref(), Some("arn:s"));
+        assert_eq!(r.kinesis.approximate_arrival_timestamp.timestamp_millis(), 1_795_327_124_010);
+        assert_eq!(r.kinesis.data.0, b"{}");
     }
 }

@@ -5,11 +5,13 @@
 //! # Layout
 //! - Stages, one module each, in the order an event travels:
 //!   [`load`] (HTTP → event stream), [`pump`] (event stream → buffer table),
-//!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream).
+//!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream);
+//!   [`redrive`] puts back what the pump's event source gave up on.
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
 //!   [`buffer_item`], [`event_item`] (table codecs and keys), [`encoding`] (zstd).
 //! - [`bookkeeping`]: the event table's bookkeeping partition: the slot
-//!   index and the completeness watermark (playback keeps its checkpoints there too).
+//!   index, the completeness watermark, shard positions, scan passes,
+//!   settings (playback keeps its leases and checkpoints there too).
 //! - Shared mechanics: [`batch`] (limits, chunking, backoff), [`dynamo`] and
 //!   [`kinesis`] (batch APIs with partial-failure retries), [`invoke`] (the
 //!   asynchronous self-invocation port), [`time`] (slots), [`config`], [`error`].
@@ -33,6 +35,7 @@ pub mod kinesis;
 pub mod load;
 pub mod playback;
 pub mod pump;
+pub mod redrive;
 pub mod scan;
 pub mod time;
 

@@ -90,6 +90,52 @@ impl Pump {
         response
     }
 
+    /// Buffers records given up on earlier (re-driven from the failure
+    /// destination): every record is written whatever the shard's position
+    /// says (it has moved past them), with its own arrival made
+    /// non-decreasing along the batch; the position is left alone. Returns
+    /// the sequence numbers not written.
+    pub async fn buffer_again(&self, event: KinesisEvent) -> Vec<String> {
+        let mut failed = Vec::new();
+        for (shard_id, records) in by_shard(&event.records) {
+            let arrivals =
+                non_decreasing(None, records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()));
+            let (buildable, not_done) = self.write(&records, &arrivals).await;
+            info!(shard_id, records = records.len(), failed = not_done.len(), "buffered again");
+            failed.extend(not_done);
+            failed.extend(records[buildable..].iter().map(|r| r.kinesis.sequence_number.clone()));
+        }
+        failed
+    }
+
+    /// Writes the buffer items of `records` (stored with `arrivals`) up to
+    /// the first one that cannot become an item. Returns how many could be
+    /// built, and the sequence numbers of those not written.
+    async fn write(&self, records: &[&KinesisEventRecord], arrivals: &[i64]) -> (usize, Vec<String>) {
+        let now = crate::time::now_ms();
+        let mut items = Vec::new();
+        for (record, arrival) in records.iter().zip(arrivals) {
+            let sequence = record.kinesis.sequence_number.clone();
+            match buffer_item(record, *arrival, now) {
+                Ok((id, attributes)) => items.push((id, sequence, attributes)),
+                Err(err) => {
+                    error!(error = %err, sequence, "record cannot be buffered; left to the event source's failure destination");
+                    break;
+                }
+            }
+        }
+        let buildable = items.len();
+        let puts = keyed_puts(items);
+        let buffer = Table { name: &self.config.buffer_table, key: crate::buffer_item::KEY };
+        let unwritten = write_all(&self.dynamo, buffer, puts.requests, &self.backoff, None).await;
+        let mut not_done: Vec<String> = puts.failed;
+        let mut sources = puts.sources;
+        for key in &unwritten {
+            not_done.extend(sources.remove(key).unwrap_or_default());
+        }
+        (buildable, not_done)
+    }
+
     /// Buffers one shard's records, in sequence order, and moves the shard's
     /// position past the unbroken run of records now buffered. Returns the
     /// sequence numbers to deliver again: from the first record that could
@@ -115,38 +161,17 @@ impl Pump {
             position.as_ref().map(|p| p.arrival),
             new.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
         );
-        let now = crate::time::now_ms();
-        let mut items = Vec::new();
-        for (record, arrival) in new.iter().zip(&arrivals) {
-            let sequence = record.kinesis.sequence_number.clone();
-            match buffer_item(record, *arrival, now) {
-                Ok((id, attributes)) => items.push((id, sequence, attributes)),
-                Err(err) => {
-                    error!(error = %err, sequence, "record cannot be buffered; left to the event source's failure destination");
-                    break;
-                }
-            }
-        }
-        let buildable = items.len();
-        let puts = keyed_puts(items);
-        let requested = puts.requests.len();
-        let buffer = Table { name: &self.config.buffer_table, key: crate::buffer_item::KEY };
-        let unwritten = write_all(&self.dynamo, buffer, puts.requests, &self.backoff, None).await;
-        let mut not_done: Vec<String> = puts.failed;
-        let mut sources = puts.sources;
-        for key in &unwritten {
-            not_done.extend(sources.remove(key).unwrap_or_default());
-        }
+        let (buildable, not_done) = self.write(&new, &arrivals).await;
         // The unbroken run: records before the first unbuilt or unwritten one.
         let done = new[..buildable].iter().take_while(|r| !not_done.contains(&r.kinesis.sequence_number)).count();
-        info!(shard_id, records = records.len(), items = requested - unwritten.len(), done, "buffered");
+        info!(shard_id, records = records.len(), done, "buffered");
         if done > 0 {
             let reached = ShardPosition {
                 shard_id: shard_id.to_owned(),
                 sequence: new[done - 1].kinesis.sequence_number.clone(),
                 arrival: arrivals[done - 1],
             };
-            if let Err(err) = shard_position::advance(&self.dynamo, table, &reached, now).await {
+            if let Err(err) = shard_position::advance(&self.dynamo, table, &reached, crate::time::now_ms()).await {
                 // Written but not recorded: delivered again, the same records get the same items.
                 error!(error = %err, shard_id, "shard position not saved: the batch is delivered again");
                 return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();

@@ -170,3 +170,71 @@ async fn arrivals_never_decrease_along_a_shard_even_across_batches() {
     assert!(pump.handle(first).await.batch_item_failures.is_empty());
     assert_eq!(env.counter.get("DynamoDB.BatchWriteItem"), 0);
 }
+
+/// A batch the event source gave up on (its failure record names a shard
+/// and a sequence range) is read back from the stream and buffered again,
+/// though the shard's position has moved past it; then the scan moves it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
+    use event_store::redrive::{self, DeadLetter, KinesisBatchInfo};
+    let env = TestEnv::start(1).await;
+    let entries: Vec<_> = (0..30)
+        .map(|i| {
+            aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
+                .partition_key(format!("user-{}", i % 3))
+                .data(aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}")))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    env.kinesis.put_records().stream_name(&env.names.event_stream).set_records(Some(entries)).send().await.unwrap();
+    let delivered = env.event_source_batches().await.remove(0);
+    let records = delivered.records.clone();
+    let batch = |range: std::ops::Range<usize>| {
+        let mut event = delivered.clone();
+        event.records = records[range].to_vec();
+        event
+    };
+    // Records 10..20 failed until the record age limit and went to the dead-letter queue;
+    // the batches around them were buffered, so the shard's position is past them.
+    let pump = pump(&env, &env.names.buffer_table);
+    assert!(pump.handle(batch(0..10)).await.batch_item_failures.is_empty());
+    assert!(pump.handle(batch(20..30)).await.batch_item_failures.is_empty());
+    assert!(pump.handle(batch(10..20)).await.batch_item_failures.is_empty());
+    assert_eq!(buffer(&env).await.len(), 20, "the normal path skips them: the position covers them");
+    let sequence = |i: usize| records[i].kinesis.sequence_number.clone();
+    let letter = DeadLetter {
+        batch: KinesisBatchInfo {
+            shard_id: records[10].event_id.as_deref().unwrap().split(':').next().unwrap().to_owned(),
+            start_sequence_number: sequence(10),
+            end_sequence_number: sequence(19),
+            stream_arn: env.stream_arn(&env.names.event_stream).await,
+            batch_size: Some(10),
+        },
+    };
+    let body = serde_json::json!({
+        "requestContext": {"condition": "RecordAgeExceeded", "approximateInvokeCount": 120},
+        "version": "1.0",
+        "timestamp": "2026-11-22T05:00:00.000Z",
+        "KinesisBatchInfo": letter.batch,
+    })
+    .to_string();
+    if std::env::var("EMULATOR").as_deref() == Ok("strict") {
+        // No SQS beside dynalite and kinesalite: the message as the command would read it.
+        let redriven = redrive::redrive(&env.kinesis, &pump, &DeadLetter::parse(&body).unwrap()).await.unwrap();
+        assert_eq!((redriven.records, redriven.failed.len()), (10, 0));
+    } else {
+        let sqs = aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(&env.sdk).build());
+        let queue = sqs.create_queue().queue_name("pump-dlq").send().await.unwrap().queue_url.unwrap();
+        sqs.send_message().queue_url(&queue).message_body(&body).send().await.unwrap();
+        sqs.send_message().queue_url(&queue).message_body("{\"not\": \"a failure record\"}").send().await.unwrap();
+        let drained = redrive::drain_queue(&sqs, &queue, &env.kinesis, &pump).await.unwrap();
+        assert_eq!((drained.messages, drained.records, drained.left), (1, 10, 1), "{drained:?}");
+    }
+    assert_eq!(buffer(&env).await.len(), 30, "all buffered, none twice");
+    let scan_config = event_store_emulator::runs::scan_config(&env.names);
+    let schedule = serde_json::from_str(&sample_event("scan.json")).unwrap();
+    let deadline = event_store_emulator::runs::deadline_in(std::time::Duration::from_secs(900));
+    let runs = event_store_emulator::runs::run_scan(env.dynamo.clone(), env.kinesis.clone(), scan_config, schedule, deadline);
+    assert_eq!(runs.await.into_iter().map(|r| r.unwrap().moved).sum::<usize>(), 30);
+}

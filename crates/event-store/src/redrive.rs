@@ -1,0 +1,229 @@
+//! Re-driving what the pump's event source gave up on. When a batch still
+//! fails at the record age limit, the event source mapping sends a message
+//! to its on-failure destination (the pump's dead-letter queue) that names
+//! the shard and the sequence range, not the records. The records are still
+//! in the stream (the age limit stays well inside the retention: a template
+//! test checks it), so a re-drive reads the range back and buffers it again
+//! ([`crate::pump::Pump::buffer_again`]): idempotent, since buffer keys come
+//! from the records' identity. Events re-driven after the watermark passed
+//! them are moved into their own slots and counted late, as any late event.
+
+use aws_sdk_kinesis::types::{Record, ShardIteratorType};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::event_item::sortable_sequence;
+use crate::kinesis::lambda_event;
+use crate::pump::Pump;
+
+/// What Lambda's on-failure record for a Kinesis event source says about the batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KinesisBatchInfo {
+    pub shard_id: String,
+    pub start_sequence_number: String,
+    pub end_sequence_number: String,
+    pub stream_arn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+}
+
+/// An on-failure record (the body of a dead-letter queue message); other fields are ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    #[serde(rename = "KinesisBatchInfo")]
+    pub batch: KinesisBatchInfo,
+}
+
+impl DeadLetter {
+    pub fn parse(body: &str) -> Result<Self> {
+        serde_json::from_str(body)
+            .map_err(|e| Error::BadInput(format!("not a Kinesis event source failure record: {e}")))
+    }
+}
+
+/// What one re-drive did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Redriven {
+    /// Records of the range found in the stream.
+    pub records: usize,
+    /// Sequence numbers that could not be buffered (the message is kept).
+    pub failed: Vec<String>,
+}
+
+/// Empty `GetRecords` answers followed before the range counts as read to the tip.
+const MAX_EMPTY_READS: usize = 5;
+
+/// The stream name in a stream ARN (`arn:aws:kinesis:<region>:<account>:stream/<name>`).
+fn stream_name(arn: &str) -> Result<&str> {
+    arn.rsplit_once(":stream/").map(|(_, name)| name).ok_or_else(|| Error::BadInput(format!("not a stream ARN: {arn}")))
+}
+
+fn region(arn: &str) -> &str {
+    arn.split(':').nth(3).unwrap_or_default()
+}
+
+/// The records of `batch`'s range, read back from the stream.
+pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchInfo) -> Result<Vec<Record>> {
+    let end = sortable_sequence(&batch.end_sequence_number);
+    let mut iterator = kinesis
+        .get_shard_iterator()
+        .stream_name(stream_name(&batch.stream_arn)?)
+        .shard_id(&batch.shard_id)
+        .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+        .starting_sequence_number(&batch.start_sequence_number)
+        .send()
+        .await
+        .map_err(|e| Error::kinesis("GetShardIterator", e))?
+        .shard_iterator;
+    let mut records = Vec::new();
+    let mut empty = 0;
+    while let Some(current) = iterator.take() {
+        let out = kinesis
+            .get_records()
+            .shard_iterator(current)
+            .limit(10_000)
+            .send()
+            .await
+            .map_err(|e| Error::kinesis("GetRecords", e))?;
+        let before = records.len();
+        for record in out.records() {
+            if sortable_sequence(record.sequence_number()) > end {
+                return Ok(records);
+            }
+            records.push(record.clone());
+        }
+        empty = if records.len() == before { empty + 1 } else { 0 };
+        if empty >= MAX_EMPTY_READS || out.millis_behind_latest() == Some(0) && records.len() == before {
+            break;
+        }
+        iterator = out.next_shard_iterator;
+    }
+    Ok(records)
+}
+
+/// Reads the dead letter's range back and buffers it again.
+pub async fn redrive(kinesis: &aws_sdk_kinesis::Client, pump: &Pump, letter: &DeadLetter) -> Result<Redriven> {
+    let batch = &letter.batch;
+    let records = read_range(kinesis, batch).await?;
+    if records.is_empty() {
+        return Err(Error::Kinesis {
+            operation: "GetRecords",
+            source: format!(
+                "{} {}..{}: no record in the stream any more (past its retention?)",
+                batch.shard_id, batch.start_sequence_number, batch.end_sequence_number
+            )
+            .into(),
+        });
+    }
+    if batch.batch_size.is_some_and(|size| size > records.len()) {
+        warn!(shard = batch.shard_id, found = records.len(), batch_size = ?batch.batch_size, "fewer records than the batch had: the rest has left the stream");
+    }
+    let mut redriven = Redriven { records: records.len(), failed: Vec::new() };
+    for chunk in records.chunks(500) {
+        let event = lambda_event(&batch.stream_arn, &batch.shard_id, region(&batch.stream_arn), chunk);
+        redriven.failed.extend(pump.buffer_again(event).await);
+    }
+    info!(shard = batch.shard_id, records = redriven.records, failed = redriven.failed.len(), "re-driven");
+    Ok(redriven)
+}
+
+/// What draining a dead-letter queue did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Drained {
+    /// Messages re-driven in full and deleted.
+    pub messages: usize,
+    pub records: usize,
+    /// Messages left in the queue (unreadable, or not every record buffered); their reasons are logged.
+    pub left: usize,
+}
+
+/// Re-drives every message of the dead-letter queue `queue_url`; a message
+/// is deleted only after all its records were buffered again.
+pub async fn drain_queue(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    kinesis: &aws_sdk_kinesis::Client,
+    pump: &Pump,
+) -> Result<Drained> {
+    let mut drained = Drained::default();
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            // Long enough to re-drive a message before another receiver could see it.
+            .visibility_timeout(300)
+            .send()
+            .await
+            .map_err(|e| Error::Sqs { operation: "ReceiveMessage", source: Box::new(e) })?;
+        let messages = out.messages();
+        if messages.is_empty() {
+            return Ok(drained);
+        }
+        for message in messages {
+            // A message left in the queue comes back after its visibility timeout: once is enough.
+            if !seen.insert(message.message_id().unwrap_or_default().to_owned()) {
+                return Ok(drained);
+            }
+            let outcome = match DeadLetter::parse(message.body().unwrap_or_default()) {
+                Ok(letter) => redrive(kinesis, pump, &letter).await,
+                Err(err) => Err(err),
+            };
+            match outcome {
+                Ok(redriven) if redriven.failed.is_empty() => {
+                    sqs.delete_message()
+                        .queue_url(queue_url)
+                        .receipt_handle(message.receipt_handle().unwrap_or_default())
+                        .send()
+                        .await
+                        .map_err(|e| Error::Sqs { operation: "DeleteMessage", source: Box::new(e) })?;
+                    drained.messages += 1;
+                    drained.records += redriven.records;
+                }
+                Ok(redriven) => {
+                    warn!(failed = redriven.failed.len(), "not every record buffered: the message stays");
+                    drained.left += 1;
+                }
+                Err(err) => {
+                    warn!(error = %err, message = message.message_id(), "message not re-driven: it stays");
+                    drained.left += 1;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape Lambda documents for a Kinesis event source's on-failure record.
+    #[test]
+    fn a_failure_record_names_the_range_to_read_back() {
+        let body = r#"{
+            "requestContext": {"requestId": "c9b8fa9f", "functionArn": "arn:aws:lambda:eu-west-1:123456789012:function:pump",
+                               "condition": "RetryAttemptsExhausted", "approximateInvokeCount": 1},
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+            "version": "1.0",
+            "timestamp": "2026-11-22T05:00:00.000Z",
+            "KinesisBatchInfo": {
+                "shardId": "shardId-000000000001",
+                "startSequenceNumber": "49601189658422359378836298521827638475320189012309704722",
+                "endSequenceNumber": "49601189658422359378836298522902373528957594348623495186",
+                "approximateArrivalOfFirstRecord": "2026-11-22T04:59:00.000Z",
+                "approximateArrivalOfLastRecord": "2026-11-22T04:59:01.000Z",
+                "batchSize": 500,
+                "streamArn": "arn:aws:kinesis:eu-west-1:123456789012:stream/event-store-prod-events"
+            }
+        }"#;
+        let letter = DeadLetter::parse(body).unwrap();
+        assert_eq!(letter.batch.shard_id, "shardId-000000000001");
+        assert_eq!(letter.batch.batch_size, Some(500));
+        assert_eq!(stream_name(&letter.batch.stream_arn).unwrap(), "event-store-prod-events");
+        assert_eq!(region(&letter.batch.stream_arn), "eu-west-1");
+        assert!(matches!(DeadLetter::parse("{\"Records\": []}"), Err(Error::BadInput(_))));
+    }
+}
