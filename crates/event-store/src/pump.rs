@@ -71,6 +71,12 @@ impl Pump {
         Self { dynamo, config, backoff: Backoff::default() }
     }
 
+    /// Retries of unprocessed items with another schedule (tests shorten it).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
     /// Buffers a batch, shard by shard (an event source mapping sends one
     /// shard per batch), and names the records the event source must send again.
     pub async fn handle(&self, event: KinesisEvent) -> KinesisEventResponse {
