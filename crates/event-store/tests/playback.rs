@@ -779,9 +779,10 @@ async fn the_last_put_of_a_run_hands_over_rather_than_wait_into_the_margin() {
     let env = TestEnv::start(1).await;
     stored_events(&env, 600, 3).await;
     let mut request = window(T0, T0 + 3000);
-    request["max_records_per_second"] = json!(500);
-    // 10.5 s left and a 10 s margin: the last 100 events would have to wait 1 s for the pace.
-    let summaries = play(&env, config(&env, None), request, || SystemTime::now() + Duration::from_millis(10_500)).await;
+    request["max_records_per_second"] = json!(100);
+    // 13 s left and a 10 s margin: after the first 500, the last 100 events would have to
+    // wait 5 s for the pace, into the margin.
+    let summaries = play(&env, config(&env, None), request, || SystemTime::now() + Duration::from_secs(13)).await;
     assert!(summaries.len() >= 2, "{summaries:?}");
     assert!(summaries.iter().all(|s| s.events <= 500), "one batch a run: {summaries:?}");
     assert_played_once_in_order(&env, 600).await;
