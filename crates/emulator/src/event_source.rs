@@ -2,7 +2,6 @@
 //! `GetRecords` results into the Lambda `KinesisEvent` shape. Used where
 //! there is no event source mapping: the local stack and the tests.
 
-
 /// The Lambda event for records read from a shard (the conversion is the
 /// core crate's: the re-drive of given-up records uses it in production).
 pub use event_store::kinesis::lambda_event as kinesis_event;

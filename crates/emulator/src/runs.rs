@@ -79,13 +79,9 @@ pub async fn run_playback(
     request: Value,
     deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
 ) -> Vec<Result<PlaybackSummary>> {
-    run_chain(
-        "PlaybackFunction",
-        make,
-        request,
-        deadline,
-        |playback, payload, deadline| async move { playback.handle(payload, deadline).await },
-    )
+    run_chain("PlaybackFunction", make, request, deadline, |playback, payload, deadline| async move {
+        playback.handle(payload, deadline).await
+    })
     .await
 }
 

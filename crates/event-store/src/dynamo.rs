@@ -171,12 +171,18 @@ mod tests {
     async fn unprocessed_items_are_retried_until_written() {
         let mut calls: Vec<Vec<u32>> = Vec::new();
         let items: Vec<(char, u32)> = vec![('a', 1), ('b', 2), ('c', 3)];
-        let failed = retry_unprocessed(items, &fast(5), None, |r: &u32| *r, |reqs: Vec<u32>| {
-            calls.push(reqs.clone());
-            // First call leaves 2 and 3 unprocessed, second leaves 3, third writes all.
-            let unprocessed: Vec<u32> = reqs.into_iter().filter(|&r| r as usize > calls.len()).collect();
-            futures::future::ready(Ok(unprocessed))
-        })
+        let failed = retry_unprocessed(
+            items,
+            &fast(5),
+            None,
+            |r: &u32| *r,
+            |reqs: Vec<u32>| {
+                calls.push(reqs.clone());
+                // First call leaves 2 and 3 unprocessed, second leaves 3, third writes all.
+                let unprocessed: Vec<u32> = reqs.into_iter().filter(|&r| r as usize > calls.len()).collect();
+                futures::future::ready(Ok(unprocessed))
+            },
+        )
         .await;
         assert!(failed.is_empty());
         assert_eq!(calls, vec![vec![1, 2, 3], vec![2, 3], vec![3]]);
@@ -185,18 +191,28 @@ mod tests {
     #[tokio::test]
     async fn what_stays_unprocessed_is_reported_by_tag() {
         let items: Vec<(&str, u32)> = vec![("seq-1", 1), ("seq-2", 2)];
-        let failed = retry_unprocessed(items, &fast(3), None, |r: &u32| *r, |reqs: Vec<u32>| {
-            futures::future::ready(Ok(reqs.into_iter().filter(|&r| r == 2).collect()))
-        })
+        let failed = retry_unprocessed(
+            items,
+            &fast(3),
+            None,
+            |r: &u32| *r,
+            |reqs: Vec<u32>| futures::future::ready(Ok(reqs.into_iter().filter(|&r| r == 2).collect())),
+        )
         .await;
         assert_eq!(failed, vec!["seq-2"]);
 
         let items: Vec<(&str, u32)> = vec![("seq-1", 1)];
         let mut attempts = 0;
-        let failed = retry_unprocessed(items, &fast(4), None, |r: &u32| *r, |_: Vec<u32>| {
-            attempts += 1;
-            futures::future::ready(Err(Error::Config("down".into())))
-        })
+        let failed = retry_unprocessed(
+            items,
+            &fast(4),
+            None,
+            |r: &u32| *r,
+            |_: Vec<u32>| {
+                attempts += 1;
+                futures::future::ready(Err(Error::Config("down".into())))
+            },
+        )
         .await;
         assert_eq!((failed, attempts), (vec!["seq-1"], 4));
     }

@@ -303,10 +303,9 @@ fn event_record(
 ) -> aws_lambda_events::event::kinesis::KinesisEventRecord {
     let arrival_ms = record.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok()).unwrap_or(0);
     let mut kinesis = aws_lambda_events::event::kinesis::KinesisRecord::default();
-    kinesis.approximate_arrival_timestamp =
-        aws_lambda_events::encodings::SecondTimestamp(
-            chrono::DateTime::<chrono::Utc>::from_timestamp_millis(arrival_ms).unwrap_or_default(),
-        );
+    kinesis.approximate_arrival_timestamp = aws_lambda_events::encodings::SecondTimestamp(
+        chrono::DateTime::<chrono::Utc>::from_timestamp_millis(arrival_ms).unwrap_or_default(),
+    );
     *kinesis.data = record.data().as_ref().to_vec();
     kinesis.partition_key = record.partition_key().unwrap_or_default().to_owned();
     kinesis.sequence_number = record.sequence_number().to_owned();

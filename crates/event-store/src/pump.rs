@@ -104,8 +104,10 @@ impl Pump {
     pub async fn buffer_again(&self, event: KinesisEvent) -> Vec<String> {
         let mut failed = Vec::new();
         for (shard_id, records) in by_shard(&event.records) {
-            let arrivals =
-                non_decreasing(None, records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()));
+            let arrivals = non_decreasing(
+                None,
+                records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
+            );
             let (buildable, not_done) = self.write(&records, &arrivals).await;
             info!(shard_id, records = records.len(), failed = not_done.len(), "buffered again");
             failed.extend(not_done);

@@ -235,7 +235,8 @@ async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
     let scan_config = event_store_emulator::runs::scan_config(&env.names);
     let schedule = serde_json::from_str(&sample_event("scan.json")).unwrap();
     let deadline = event_store_emulator::runs::deadline_in(std::time::Duration::from_secs(900));
-    let runs = event_store_emulator::runs::run_scan(env.dynamo.clone(), env.kinesis.clone(), scan_config, schedule, deadline);
+    let runs =
+        event_store_emulator::runs::run_scan(env.dynamo.clone(), env.kinesis.clone(), scan_config, schedule, deadline);
     assert_eq!(runs.await.into_iter().map(|r| r.unwrap().moved).sum::<usize>(), 30);
 }
 
@@ -268,7 +269,8 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
             }))
             .build(),
     );
-    let config = PumpConfig { buffer_table: env.names.buffer_table.clone(), event_table: env.names.event_table.clone() };
+    let config =
+        PumpConfig { buffer_table: env.names.buffer_table.clone(), event_table: env.names.event_table.clone() };
     let fast = event_store::batch::Backoff {
         base: std::time::Duration::from_millis(1),
         cap: std::time::Duration::from_millis(2),

@@ -244,7 +244,11 @@ impl<'a> Run<'a> {
         let id = self.summary.id.clone();
         if self.request.hop >= self.playback.config.max_continuations {
             checkpoint::save(dynamo, table, &id, &self.owner, &resume, Some(0)).await?;
-            warn!(id, hops = self.request.hop, "MAX_CONTINUATIONS reached: stopped; send the same request again to go on");
+            warn!(
+                id,
+                hops = self.request.hop,
+                "MAX_CONTINUATIONS reached: stopped; send the same request again to go on"
+            );
             return Ok(PlaybackSummary { status: Status::Stopped, next_seq: resume.seq, ..self.summary });
         }
         checkpoint::save(dynamo, table, &id, &self.owner, &resume, Some(now_ms() + HANDOVER_LEASE_MS)).await?;

@@ -28,8 +28,8 @@ use crate::bookkeeping::watermark::{self, Pass};
 use crate::buffer_item::{self, BufferItem};
 use crate::config::ScanConfig;
 use crate::dynamo::{write_all, Table};
-use crate::event_item;
 use crate::error::{Error, Result};
+use crate::event_item;
 use crate::invoke::{continue_with, Invoker};
 use crate::time::{effective_deadline, format_ms, now_ms, remaining};
 use plan::{buffer_deletes, Moving, PageOutcome, PagePlan};
@@ -213,7 +213,10 @@ impl Scan {
             Some(token) => match segment_pass::take(&self.dynamo, table, which, token, now_ms() + lease_ms).await? {
                 Some(state) => state,
                 None => {
-                    info!(segment = task.segment, "not the segment's running pass (superseded, finished or unknown): nothing done");
+                    info!(
+                        segment = task.segment,
+                        "not the segment's running pass (superseded, finished or unknown): nothing done"
+                    );
                     return Ok(ScanSummary { superseded: true, ..summary });
                 }
             },
@@ -429,7 +432,8 @@ mod tests {
 
     #[test]
     fn segment_tasks_round_trip_as_the_documented_payload() {
-        let task = SegmentTask { segment: 1, total_segments: 4, pass: Some("5f0c".into()), hop: 3, ..Default::default() };
+        let task =
+            SegmentTask { segment: 1, total_segments: 4, pass: Some("5f0c".into()), hop: 3, ..Default::default() };
         let json = serde_json::to_value(&task).unwrap();
         assert_eq!(json, serde_json::json!({"segment": 1, "total_segments": 4, "pass": "5f0c", "hop": 3}));
         assert_eq!(serde_json::from_value::<SegmentTask>(json).unwrap(), task);
