@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_sdk_dynamodb::types::AttributeValue;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::batch::Backoff;
 use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
@@ -20,7 +20,7 @@ use crate::buffer_item::BufferItem;
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::error::{Error, Result};
-use crate::event_item::{item_size, MAX_ITEM_BYTES};
+use crate::event_item::{item_size, quarantine_item, MAX_ITEM_BYTES};
 
 /// Parses the Lambda Kinesis event, reading `approximateArrivalTimestamp`
 /// ourselves: aws_lambda_events 1.2 parses the digits after the decimal
@@ -55,7 +55,8 @@ pub fn parse_kinesis_event(mut value: Value) -> Result<KinesisEvent> {
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] = &["dynamodb:BatchWriteItem", "dynamodb:GetItem", "dynamodb:UpdateItem"];
+pub const AWS_ACTIONS: &[&str] =
+    &["dynamodb:BatchWriteItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:PutItem"];
 
 /// Bytes an event-table item may need beyond its buffer item (slot, sort key, reason...).
 pub const ITEM_HEADROOM: usize = 1024;
@@ -116,23 +117,32 @@ impl Pump {
         failed
     }
 
-    /// Writes the buffer items of `records` (stored with `arrivals`) up to
-    /// the first one that cannot become an item. Returns how many could be
-    /// built, and the sequence numbers of those not written.
+    /// Writes the buffer items of `records` (stored with `arrivals`). A
+    /// record that can never become an item (too large, malformed) is
+    /// quarantined in the event table instead, with where to find it in the
+    /// stream, so that it does not block its shard until the record age
+    /// limit; if even that fails, writing stops before it. Returns how many
+    /// records were dealt with, and the sequence numbers of those not written.
     async fn write(&self, records: &[&KinesisEventRecord], arrivals: &[i64]) -> (usize, Vec<String>) {
         let now = crate::time::now_ms();
         let mut items = Vec::new();
-        for (record, arrival) in records.iter().zip(arrivals) {
+        let mut buildable = records.len();
+        for (i, (record, arrival)) in records.iter().zip(arrivals).enumerate() {
             let sequence = record.kinesis.sequence_number.clone();
             match buffer_item(record, *arrival, now) {
                 Ok((id, attributes)) => items.push((id, sequence, attributes)),
-                Err(err) => {
-                    error!(error = %err, sequence, "record cannot be buffered; left to the event source's failure destination");
-                    break;
-                }
+                Err(err) => match self.quarantine(record, *arrival, &err, now).await {
+                    Ok(()) => {
+                        warn!(error = %err, sequence, "record cannot be buffered: quarantined with its place in the stream")
+                    }
+                    Err(quarantine) => {
+                        error!(error = %err, %quarantine, sequence, "record cannot be buffered nor quarantined: delivered again");
+                        buildable = i;
+                        break;
+                    }
+                },
             }
         }
-        let buildable = items.len();
         let puts = keyed_puts(items);
         let buffer = Table { name: &self.config.buffer_table, key: crate::buffer_item::KEY };
         let unwritten = write_all(&self.dynamo, buffer, puts.requests, &self.backoff, None).await;
@@ -142,6 +152,35 @@ impl Pump {
             not_done.extend(sources.remove(key).unwrap_or_default());
         }
         (buildable, not_done)
+    }
+
+    /// The quarantine item of a record that cannot be buffered: its identity,
+    /// size and arrival (its data stays in the stream, within its retention).
+    async fn quarantine(&self, record: &KinesisEventRecord, arrival: i64, err: &Error, now: i64) -> Result<()> {
+        let sequence = &record.kinesis.sequence_number;
+        let event_id = record.event_id.clone().unwrap_or_else(|| format!("?:{sequence}"));
+        let arn = record.event_source_arn.clone().unwrap_or_default();
+        let original = HashMap::from([
+            ("event_id".to_owned(), AttributeValue::S(event_id.clone())),
+            ("stream_arn".to_owned(), AttributeValue::S(arn.clone())),
+            ("sequence".to_owned(), AttributeValue::S(sequence.clone())),
+            ("partition_key".to_owned(), AttributeValue::S(record.kinesis.partition_key.clone())),
+            ("arrival".to_owned(), AttributeValue::N(arrival.to_string())),
+            ("bytes".to_owned(), AttributeValue::N(record.kinesis.data.0.len().to_string())),
+        ]);
+        let id = crate::buffer_item::buffer_key(&arn, &event_id);
+        let reason = format!("not buffered: {err}");
+        let item = quarantine_item(&id, &reason, original, now)
+            .ok_or_else(|| Error::Malformed("quarantine item too large".into()))?;
+        self.dynamo
+            .put_item()
+            .table_name(&self.config.event_table)
+            .set_item(Some(item))
+            .return_consumed_capacity(aws_sdk_dynamodb::types::ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("PutItem", e))?;
+        Ok(())
     }
 
     /// Buffers one shard's records, in sequence order, and moves the shard's

@@ -64,7 +64,9 @@ fn region(arn: &str) -> &str {
     arn.split(':').nth(3).unwrap_or_default()
 }
 
-/// The records of `batch`'s range, read back from the stream.
+/// The records of `batch`'s range, read back from the stream; an error
+/// unless the read reached the range's end (so a message is never deleted
+/// after a partial read).
 pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchInfo) -> Result<Vec<Record>> {
     let end = sortable_sequence(&batch.end_sequence_number);
     let mut iterator = kinesis
@@ -89,10 +91,14 @@ pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchI
             .map_err(|e| Error::kinesis("GetRecords", e))?;
         let before = records.len();
         for record in out.records() {
-            if sortable_sequence(record.sequence_number()) > end {
+            let sequence = sortable_sequence(record.sequence_number());
+            if sequence > end {
                 return Ok(records);
             }
             records.push(record.clone());
+            if sequence == end {
+                return Ok(records);
+            }
         }
         empty = if records.len() == before { empty + 1 } else { 0 };
         if empty >= MAX_EMPTY_READS || out.millis_behind_latest() == Some(0) && records.len() == before {
@@ -100,7 +106,18 @@ pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchI
         }
         iterator = out.next_shard_iterator;
     }
-    Ok(records)
+    let reached = records.last().map_or(batch.start_sequence_number.as_str(), |r| r.sequence_number());
+    Err(Error::Kinesis {
+        operation: "GetRecords",
+        source: format!(
+            "{} {}..{}: read only up to {reached} ({} records); try again",
+            batch.shard_id,
+            batch.start_sequence_number,
+            batch.end_sequence_number,
+            records.len()
+        )
+        .into(),
+    })
 }
 
 /// Reads the dead letter's range back and buffers it again.

@@ -798,3 +798,29 @@ async fn a_playback_with_another_time_unit_than_the_tables_is_refused() {
     let err = playback.handle(window(T0, T0 + 1000), SystemTime::now() + Duration::from_secs(900)).await.unwrap_err();
     assert!(matches!(err, Error::Config(ref m) if m.contains("TIME_UNIT is 500")), "{err}");
 }
+
+/// Lambda may deliver an asynchronous invocation twice (and the SDK may send
+/// an `Invoke` again): each run takes the lease under a token of its own, so
+/// the second copy of a continuation finds the lease handed on and plays nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_continuation_delivered_twice_runs_once() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 300, 3).await;
+    let (invoker, mut continuations) = LocalInvoker::channel();
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, Some(50)), Arc::new(invoker));
+    let no_time = || SystemTime::now() + Duration::from_secs(1);
+    let first = playback.handle(window(T0, T0 + 3000), no_time()).await.unwrap();
+    assert_eq!((first.status, first.events), (Status::Continued, 50));
+    let (continuation, _) = continuations.try_recv().unwrap();
+    let second = playback.handle(continuation.clone(), no_time()).await.unwrap();
+    assert_eq!((second.status, second.events), (Status::Continued, 50));
+    let copy = playback.handle(continuation, no_time()).await.unwrap();
+    assert_eq!((copy.status, copy.events), (Status::Busy, 0), "{copy:?}");
+    // The chain goes on from the second run's continuation and finishes.
+    let mut total = first.events + second.events;
+    while let Ok((next, _)) = continuations.try_recv() {
+        total += playback.handle(next, no_time()).await.unwrap().events;
+    }
+    assert_eq!(total, 300);
+    assert_played_once_in_order(&env, 300).await;
+}

@@ -89,24 +89,27 @@ pub async fn claim(
     Ok(unless_condition_failed(result)?.is_some())
 }
 
-/// A run of the pass `token` starts: extends the lease to `lease_until` and
-/// returns the pass's state; `None` when `token` is not the segment's
-/// running pass (a later pass claimed it, it finished, or it never existed).
+/// A run of the pass `token` starts: hands the pass on to this run's own
+/// token `next` (so a fork or continuation delivered twice runs once),
+/// extends the lease to `lease_until` and returns the pass's state; `None`
+/// when `token` is not the segment's running pass (a later pass claimed it,
+/// another run took it on, it finished, or it never existed).
 pub async fn take(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (segment, total_segments): (u32, u32),
-    token: &str,
+    (token, next): (&str, &str),
     lease_until: i64,
 ) -> Result<Option<PassState>> {
     let result = dynamo
         .update_item()
         .table_name(table)
         .set_key(Some(pass_key(total_segments, segment)))
-        .update_expression("SET lease_until = :until")
+        .update_expression("SET #token = :next, lease_until = :until")
         .condition_expression("#token = :token AND done = :false")
         .expression_attribute_names("#token", "token")
         .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
+        .expression_attribute_values(":next", AttributeValue::S(next.to_owned()))
         .expression_attribute_values(":until", n(lease_until))
         .expression_attribute_values(":false", AttributeValue::Bool(false))
         .return_values(ReturnValue::AllNew)

@@ -178,7 +178,11 @@ pub enum Taken {
 
 /// What a runner asks [`take`] for.
 pub struct Claim<'a> {
+    /// This invocation's own token: every invocation takes the lease under a
+    /// new one, so a continuation delivered twice cannot run twice.
     pub owner: &'a str,
+    /// The token the continuation was handed (the previous hop's owner).
+    pub previous: Option<&'a str>,
     pub until: i64,
     pub now: i64,
     pub binding: &'a Binding,
@@ -187,11 +191,12 @@ pub struct Claim<'a> {
     pub fresh: Option<&'a Checkpoint>,
 }
 
-/// Takes the id's lease: free, expired before `now`, or already `owner`'s
-/// (a continuation). Unless starting fresh, the stored binding must be the
-/// claim's (or absent: the first run binds the id).
+/// Takes the id's lease for `owner`: when it is free, expired before `now`,
+/// or held by `previous` (the continuation's predecessor hands it on).
+/// Unless starting fresh, the stored binding must be the claim's (or
+/// absent: the first run binds the id).
 pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
-    let lease_free = "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :me)";
+    let lease_free = "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :previous)";
     let same_binding =
         "(attribute_not_exists(window_start) OR (window_start = :ws AND window_end = :we AND #filter = :filter))";
     let mut update = dynamo
@@ -200,6 +205,8 @@ pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, clai
         .set_key(Some(key(id)))
         .expression_attribute_names("#filter", "filter")
         .expression_attribute_values(":me", s(claim.owner))
+        // A new runner hands nothing on: its own fresh token matches no stored owner.
+        .expression_attribute_values(":previous", s(claim.previous.unwrap_or(claim.owner)))
         .expression_attribute_values(":until", n(claim.until))
         .expression_attribute_values(":now", n(claim.now))
         .expression_attribute_values(":ws", n(claim.binding.start))
@@ -223,12 +230,16 @@ pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, clai
             let stored = out.attributes().map(Stored::from_item).transpose()?.unwrap_or_default();
             Ok(Taken::Held(stored.checkpoint))
         }
-        Err(e) if condition_failed(&e) => match load(dynamo, table, id).await? {
-            Some(Stored { lease: Some(lease), .. }) if lease.until >= claim.now && lease.owner != claim.owner => {
-                Ok(Taken::Busy(lease.until))
+        Err(e) if condition_failed(&e) => {
+            let stored = load(dynamo, table, id).await?.unwrap_or_default();
+            match (stored.binding, stored.lease) {
+                (Some(bound), _) if claim.fresh.is_none() && bound != *claim.binding => {
+                    Err(Error::BadInput(format!("playback id {id:?} was bound to another window or filter meanwhile")))
+                }
+                // Held by another runner (or released just now: busy for an instant, try again).
+                (_, lease) => Ok(Taken::Busy(lease.map_or(claim.now, |lease| lease.until.max(claim.now)))),
             }
-            _ => Err(Error::BadInput(format!("playback id {id:?} was bound to another window or filter meanwhile"))),
-        },
+        }
         Err(e) => Err(Error::dynamo("UpdateItem", e)),
     }
 }

@@ -135,6 +135,11 @@ impl Playback {
         let stored = checkpoint::load(&self.dynamo, table, &id).await?.unwrap_or_default();
         let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
         let (window, fresh) = bound_window(&id, &request, asked, &stored, open_ended && done)?;
+        let start = Checkpoint::at_slot(slot_of(window.start, unit));
+        // A checkpoint from before ids were bound (no binding) counts only inside the window.
+        let legacy_outside = stored.binding.is_none()
+            && stored.checkpoint.as_ref().is_some_and(|c| c.slot < start.slot || c.slot >= window.end);
+        let fresh = fresh || legacy_outside;
         let mut summary = PlaybackSummary {
             id: id.clone(),
             start: format_ms(window.start),
@@ -155,14 +160,16 @@ impl Playback {
             summary.events = stored.checkpoint.map_or(0, |c| c.events as usize);
             return Ok(summary);
         }
-        let owner = request.lease.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let start = Checkpoint::at_slot(slot_of(window.start, unit));
+        // A token of this invocation's own, handed on to its continuation.
+        let owner = uuid::Uuid::new_v4().simple().to_string();
         let claim = checkpoint::Claim {
             owner: &owner,
+            previous: request.lease.as_deref(),
             until: ms_of(deadline) + LEASE_SLACK_MS,
             now: now_ms(),
             binding: &Binding::new(window.start, window.end, &request.filter),
-            fresh: (fresh && stored.binding.is_some()).then_some(&start),
+            // Start over only what exists: a first run binds the id by the ordinary take.
+            fresh: (fresh && (stored.binding.is_some() || stored.checkpoint.is_some())).then_some(&start),
         };
         let position = match checkpoint::take(&self.dynamo, table, &id, claim).await? {
             checkpoint::Taken::Held(position) => position.unwrap_or(start),

@@ -3,7 +3,7 @@
 //! near the deadline the run stops at a checkpoint and hands the rest over.
 //! Steps: [`Run::accept`], [`Run::finish`], [`Run::hand_over`].
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tracing::{info, warn};
@@ -179,7 +179,7 @@ impl<'a> Run<'a> {
         while self.pending.len() >= KINESIS_BATCH_RECORDS {
             let batch: Vec<Pending> = self.pending.drain(..KINESIS_BATCH_RECORDS).collect();
             let next_seq = self.seq - self.pending.len() as u64;
-            if let Put::WouldCrossDeadline = self.put(batch, next_seq, Some(self.deadline)).await? {
+            if let Put::WouldCrossDeadline = self.put(batch, next_seq, Some(self.margin())).await? {
                 return Ok(Put::WouldCrossDeadline);
             }
         }
@@ -198,7 +198,8 @@ impl<'a> Run<'a> {
     /// the page just read (everything consumed so far is done, filtered events included).
     async fn stop_after(&mut self, slot: i64, last_key: Option<String>) -> Result<Flow> {
         let batch = std::mem::take(&mut self.pending);
-        if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.deadline)).await? {
+        // Inside the margin already: this last put may use half of it (the save and the invoke need the rest).
+        if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.margin() / 2)).await? {
             return Ok(Flow::HandOver(self.checkpoint.clone()));
         }
         let base = Checkpoint { seq: self.seq, ..self.checkpoint.clone() };
@@ -215,7 +216,7 @@ impl<'a> Run<'a> {
     /// checkpoint done, giving up the lease.
     pub async fn finish(mut self) -> Result<PlaybackSummary> {
         let batch = std::mem::take(&mut self.pending);
-        if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.deadline)).await? {
+        if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.margin())).await? {
             let resume = self.checkpoint.clone();
             return self.hand_over(resume).await;
         }
@@ -267,17 +268,21 @@ impl<'a> Run<'a> {
         Ok(PlaybackSummary { status: Status::Continued, next_seq: resume.seq, ..self.summary })
     }
 
+    fn margin(&self) -> Duration {
+        self.playback.config.deadline_margin
+    }
+
     /// Puts `batch` in order, at the pace, then saves the checkpoint after its
     /// last event; the first record of the batch gets `next_seq - batch.len()`.
-    /// With a `deadline`, sends nothing when waiting for the pace would run
-    /// into the deadline margin and this run has already put something (so
-    /// every run makes progress).
-    async fn put(&mut self, batch: Vec<Pending>, next_seq: u64, deadline: Option<SystemTime>) -> Result<Put> {
+    /// With a `reserve`, sends nothing when waiting for the pace would leave
+    /// less than it before the deadline and this run has already put
+    /// something (so every run makes progress).
+    async fn put(&mut self, batch: Vec<Pending>, next_seq: u64, reserve: Option<Duration>) -> Result<Put> {
         let Some(last) = batch.last() else { return Ok(Put::Sent) };
         let (slot, after) = (last.slot, last.sort_key.clone());
         let wait = self.pacer.next_at().saturating_sub(self.started.elapsed());
-        if let Some(deadline) = deadline {
-            if self.summary.put_requests > 0 && remaining(deadline) <= self.playback.config.deadline_margin + wait {
+        if let Some(reserve) = reserve {
+            if self.summary.put_requests > 0 && remaining(self.deadline) <= reserve + wait {
                 return Ok(Put::WouldCrossDeadline);
             }
         }

@@ -130,6 +130,11 @@ pub const AWS_ACTIONS: &[&str] = &[
     "lambda:InvokeFunction",
 ];
 
+/// A random token naming one run of a segment's pass.
+fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// How long a lease outlasts the run that holds it (clock differences, the invoke of a continuation).
 const LEASE_SLACK_MS: i64 = 60_000;
 
@@ -179,7 +184,7 @@ impl Scan {
         let pass = self.start_pass().await;
         let mut summary = ScanSummary::default();
         for segment in 0..total_segments {
-            let token = uuid::Uuid::new_v4().simple().to_string();
+            let token = new_token();
             let now = now_ms();
             let table = &self.config.event_table;
             let which = (segment, total_segments);
@@ -204,23 +209,27 @@ impl Scan {
         self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
     }
 
-    async fn run_segment(&self, task: SegmentTask, deadline: SystemTime, lease_ms: i64) -> Result<ScanSummary> {
+    async fn run_segment(&self, mut task: SegmentTask, deadline: SystemTime, lease_ms: i64) -> Result<ScanSummary> {
         let mut summary = ScanSummary::default();
         let which = (task.segment, task.total_segments);
         let table = &self.config.event_table;
         // A scheduled pass's state comes from the table; a run by hand has none (and moves no watermark).
-        let mut state = match &task.pass {
-            Some(token) => match segment_pass::take(&self.dynamo, table, which, token, now_ms() + lease_ms).await? {
-                Some(state) => state,
-                None => {
-                    info!(
-                        segment = task.segment,
-                        "not the segment's running pass (superseded, finished or unknown): nothing done"
-                    );
-                    return Ok(ScanSummary { superseded: true, ..summary });
-                }
-            },
-            None => PassState { pass: Pass::default(), next_key: task.exclusive_start_key.clone() },
+        let taken = match task.pass.take() {
+            Some(token) => {
+                let mine = new_token();
+                let until = now_ms() + lease_ms;
+                let taken = segment_pass::take(&self.dynamo, table, which, (&token, &mine), until).await?;
+                task.pass = Some(mine);
+                taken
+            }
+            None => Some(PassState { pass: Pass::default(), next_key: task.exclusive_start_key.clone() }),
+        };
+        let Some(mut state) = taken else {
+            info!(
+                segment = task.segment,
+                "not the segment's running pass (superseded, taken on, finished or unknown): nothing done"
+            );
+            return Ok(ScanSummary { superseded: true, ..summary });
         };
         let mut start_key = state.next_key.take();
         // Events arriving before the current watermark are late: counted, never misplaced.
@@ -403,15 +412,15 @@ impl Scan {
     /// A segment's pass is over: its part of the watermark moves forward,
     /// if the pass still held the segment.
     async fn finish_pass(&self, task: &SegmentTask, pass: &Pass) -> Result<Option<i64>> {
-        let (Some(token), Some(time)) = (&task.pass, pass.watermark(self.config.watermark_lag_ms)) else {
-            return Ok(None);
-        };
+        let Some(token) = &task.pass else { return Ok(None) };
         let table = &self.config.event_table;
         let which = (task.segment, task.total_segments);
         if !segment_pass::finish(&self.dynamo, table, which, token).await? {
             info!(segment = task.segment, "the pass was taken over meanwhile: its watermark is not used");
             return Ok(None);
         }
+        // A pass that could not look at the stream moves events, not the watermark.
+        let Some(time) = pass.watermark(self.config.watermark_lag_ms) else { return Ok(None) };
         watermark::advance(&self.dynamo, table, task.segment, task.total_segments, time, now_ms()).await?;
         Ok(Some(time))
     }
