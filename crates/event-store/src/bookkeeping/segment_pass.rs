@@ -74,7 +74,8 @@ pub async fn claim(
         .table_name(table)
         .set_key(Some(pass_key(total_segments, segment)))
         .update_expression("SET #token = :token, #state = :state, lease_until = :until, done = :false")
-        .condition_expression("attribute_not_exists(#token) OR done = :true OR lease_until < :now")
+        // `#token = :token`: the SDK's own retry of this claim, applied before its answer was lost.
+        .condition_expression("attribute_not_exists(#token) OR done = :true OR lease_until < :now OR #token = :token")
         .expression_attribute_names("#token", "token")
         .expression_attribute_names("#state", "state")
         .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
@@ -106,7 +107,8 @@ pub async fn take(
         .table_name(table)
         .set_key(Some(pass_key(total_segments, segment)))
         .update_expression("SET #token = :next, lease_until = :until")
-        .condition_expression("#token = :token AND done = :false")
+        // `:next`: the SDK's own retry of this take, applied before its answer was lost.
+        .condition_expression("(#token = :token OR #token = :next) AND done = :false")
         .expression_attribute_names("#token", "token")
         .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
         .expression_attribute_values(":next", AttributeValue::S(next.to_owned()))
@@ -153,8 +155,9 @@ pub async fn hand_over(
     Ok(unless_condition_failed(result)?.is_some())
 }
 
-/// The pass `token` is over: the next scheduled run may claim the segment.
-/// False when `token` had lost the segment (its watermark must not move).
+/// The pass `token` is over (finished, stopped, or failed): the next
+/// scheduled run may claim the segment. False when `token` had lost the
+/// segment (its watermark must not move). Idempotent, so the SDK may retry it.
 pub async fn finish(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -166,11 +169,10 @@ pub async fn finish(
         .table_name(table)
         .set_key(Some(pass_key(total_segments, segment)))
         .update_expression("SET done = :true")
-        .condition_expression("#token = :token AND done = :false")
+        .condition_expression("#token = :token")
         .expression_attribute_names("#token", "token")
         .expression_attribute_values(":token", AttributeValue::S(token.to_owned()))
         .expression_attribute_values(":true", AttributeValue::Bool(true))
-        .expression_attribute_values(":false", AttributeValue::Bool(false))
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await;

@@ -196,7 +196,9 @@ pub struct Claim<'a> {
 /// Unless starting fresh, the stored binding must be the claim's (or
 /// absent: the first run binds the id).
 pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
-    let lease_free = "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :previous)";
+    // `lease_owner = :me`: the SDK's own retry of this take, applied before its answer was lost.
+    let lease_free =
+        "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :previous OR lease_owner = :me)";
     let same_binding =
         "(attribute_not_exists(window_start) OR (window_start = :ws AND window_end = :we AND #filter = :filter))";
     let mut update = dynamo
@@ -263,16 +265,13 @@ pub async fn save(
             Some(_) => "SET #checkpoint = :checkpoint, lease_until = :until",
             None => "SET #checkpoint = :checkpoint",
         })
-        .condition_expression(
-            "lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq) \
-             AND (attribute_not_exists(#checkpoint.done) OR #checkpoint.done = :false)",
-        )
+        // `<=`: the SDK's own retry of an applied save passes; anything further on is another run's.
+        .condition_expression("lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq)")
         .expression_attribute_names("#checkpoint", CHECKPOINT)
         .expression_attribute_names("#seq", "seq")
         .expression_attribute_values(":checkpoint", checkpoint_value(checkpoint)?)
         .expression_attribute_values(":me", s(owner))
         .expression_attribute_values(":seq", n(checkpoint.seq as i64))
-        .expression_attribute_values(":false", AttributeValue::Bool(false))
         .return_consumed_capacity(ReturnConsumedCapacity::Total);
     if let Some(until) = until {
         update = update.expression_attribute_values(":until", n(until));

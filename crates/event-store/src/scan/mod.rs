@@ -183,24 +183,52 @@ impl Scan {
         let total_segments = self.config.segments;
         let pass = self.start_pass().await;
         let mut summary = ScanSummary::default();
+        // One segment's failure does not keep the others from starting; the first error is reported.
+        let mut first_error = None;
         for segment in 0..total_segments {
             let token = new_token();
             let now = now_ms();
             let table = &self.config.event_table;
             let which = (segment, total_segments);
-            if !segment_pass::claim(&self.dynamo, table, which, &token, pass, now + 2 * lease_ms, now).await? {
-                summary.busy += 1;
+            match segment_pass::claim(&self.dynamo, table, which, &token, pass, now + 2 * lease_ms, now).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    summary.busy += 1;
+                    continue;
+                }
+                Err(err) => {
+                    warn!(segment, error = %err, "segment not claimed");
+                    first_error.get_or_insert(err);
+                    continue;
+                }
+            }
+            let task = SegmentTask { segment, total_segments, pass: Some(token.clone()), ..Default::default() };
+            if let Err(err) = continue_with(self.invoker.as_ref(), &task).await {
+                warn!(segment, error = %err, "fork not started: the segment is given back");
+                self.give_back(&task).await;
+                first_error.get_or_insert(err);
                 continue;
             }
-            let task = SegmentTask { segment, total_segments, pass: Some(token), ..Default::default() };
-            continue_with(self.invoker.as_ref(), &task).await?;
             summary.forked += 1;
         }
         if summary.busy > 0 {
             info!(busy = summary.busy, "segments whose last pass still runs were left to it");
         }
         info!(segments = summary.forked, "scan started");
-        Ok(summary)
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(summary),
+        }
+    }
+
+    /// Ends a pass that failed, without a watermark, so the next schedule
+    /// claims its segment at once rather than after the lease (best effort).
+    async fn give_back(&self, task: &SegmentTask) {
+        let Some(token) = &task.pass else { return };
+        let which = (task.segment, task.total_segments);
+        if let Err(err) = segment_pass::finish(&self.dynamo, &self.config.event_table, which, token).await {
+            warn!(segment = task.segment, error = %err, "pass not given back: the segment waits for its lease to expire");
+        }
     }
 
     /// Records the slot size at first use; refuses another one (see [`settings`]).
@@ -210,7 +238,6 @@ impl Scan {
     }
 
     async fn run_segment(&self, mut task: SegmentTask, deadline: SystemTime, lease_ms: i64) -> Result<ScanSummary> {
-        let mut summary = ScanSummary::default();
         let which = (task.segment, task.total_segments);
         let table = &self.config.event_table;
         // A scheduled pass's state comes from the table; a run by hand has none (and moves no watermark).
@@ -218,19 +245,44 @@ impl Scan {
             Some(token) => {
                 let mine = new_token();
                 let until = now_ms() + lease_ms;
-                let taken = segment_pass::take(&self.dynamo, table, which, (&token, &mine), until).await?;
+                let taken = segment_pass::take(&self.dynamo, table, which, (&token, &mine), until).await;
                 task.pass = Some(mine);
-                taken
+                match taken {
+                    Ok(taken) => taken,
+                    Err(err) => {
+                        // It may have been applied before the error: give the pass back under our token.
+                        self.give_back(&task).await;
+                        return Err(err);
+                    }
+                }
             }
             None => Some(PassState { pass: Pass::default(), next_key: task.exclusive_start_key.clone() }),
         };
-        let Some(mut state) = taken else {
+        let Some(state) = taken else {
             info!(
                 segment = task.segment,
                 "not the segment's running pass (superseded, taken on, finished or unknown): nothing done"
             );
-            return Ok(ScanSummary { superseded: true, ..summary });
+            return Ok(ScanSummary { superseded: true, ..Default::default() });
         };
+        let result = self.run_pass(&task, state, deadline, lease_ms).await;
+        if result.is_err() {
+            self.give_back(&task).await;
+        }
+        result
+    }
+
+    /// Moves the segment page after page from where the pass stands, until
+    /// the pass is done or the deadline nears.
+    async fn run_pass(
+        &self,
+        task: &SegmentTask,
+        mut state: PassState,
+        deadline: SystemTime,
+        lease_ms: i64,
+    ) -> Result<ScanSummary> {
+        let mut summary = ScanSummary::default();
+        let table = &self.config.event_table;
         let mut start_key = state.next_key.take();
         // Events arriving before the current watermark are late: counted, never misplaced.
         let watermark = match state.pass.pass_started_at {
@@ -240,20 +292,20 @@ impl Scan {
         // Slots this run has already indexed: each gets one index write per run, not one per page.
         let mut indexed = BTreeSet::new();
         loop {
-            let (items, last_key) = self.scan_page(&task, start_key.take()).await?;
+            let (items, last_key) = self.scan_page(task, start_key.take()).await?;
             let page = self.move_page(items, watermark, &mut indexed, deadline).await;
             summary.add(&page);
             state.pass.saw(page.oldest_left);
-            self.count_late(&task, &page).await;
+            self.count_late(task, &page).await;
             match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
                 SegmentStep::PassDone => {
-                    summary.watermark = self.finish_pass(&task, &state.pass).await?;
+                    summary.watermark = self.finish_pass(task, &state.pass).await?;
                     break;
                 }
                 SegmentStep::NextPage(key) => start_key = Some(key),
                 SegmentStep::HandOver(key) => {
                     state.next_key = Some(key);
-                    self.hand_over(&task, &state, lease_ms, &mut summary).await?;
+                    self.hand_over(task, &state, lease_ms, &mut summary).await?;
                     break;
                 }
             }
