@@ -235,6 +235,21 @@ pub async fn list_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Res
 /// Which of `records` are on `stream`, read back from every shard from
 /// `since_ms` (Kinesis arrival time) to the tip: after an ambiguous failure,
 /// this tells the records Kinesis applied from those it did not.
+/// One `GetRecords` call: up to `limit` records from `iterator`.
+pub async fn get_records(
+    kinesis: &aws_sdk_kinesis::Client,
+    iterator: String,
+    limit: i32,
+) -> Result<aws_sdk_kinesis::operation::get_records::GetRecordsOutput> {
+    kinesis
+        .get_records()
+        .shard_iterator(iterator)
+        .limit(limit)
+        .send()
+        .await
+        .map_err(|e| Error::kinesis("GetRecords", e))
+}
+
 pub async fn stored_since(
     client: &aws_sdk_kinesis::Client,
     stream: &str,
@@ -257,13 +272,7 @@ pub async fn stored_since(
         let mut iterator = out.shard_iterator().map(str::to_owned);
         for _ in 0..MAX_READ_BACK_CALLS {
             let Some(current) = iterator.take() else { break };
-            let out = client
-                .get_records()
-                .shard_iterator(current)
-                .limit(10_000)
-                .send()
-                .await
-                .map_err(|e| Error::kinesis("GetRecords", e))?;
+            let out = get_records(client, current, 10_000).await?;
             for record in out.records() {
                 let key = record.partition_key().unwrap_or_default();
                 if wanted.contains(&(key, record.data().as_ref())) {

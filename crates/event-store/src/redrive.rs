@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::event_item::sortable_sequence;
-use crate::kinesis::lambda_event;
+use crate::kinesis::{get_records, lambda_event};
 use crate::pump::Pump;
 
 /// What Lambda's on-failure record for a Kinesis event source says about the batch.
@@ -82,13 +82,7 @@ pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchI
     let mut records = Vec::new();
     let mut empty = 0;
     while let Some(current) = iterator.take() {
-        let out = kinesis
-            .get_records()
-            .shard_iterator(current)
-            .limit(10_000)
-            .send()
-            .await
-            .map_err(|e| Error::kinesis("GetRecords", e))?;
+        let out = get_records(kinesis, current, 10_000).await?;
         let before = records.len();
         for record in out.records() {
             let sequence = sortable_sequence(record.sequence_number());

@@ -23,6 +23,20 @@ async fn buffer(env: &TestEnv) -> HashMap<String, BufferItem> {
         .collect()
 }
 
+/// Puts `n` records `{"n": i}` on the event stream in one request, under `keys` partition keys `user-<i % keys>`.
+async fn put_on_event_stream(env: &TestEnv, n: usize, keys: usize) {
+    let entries: Vec<_> = (0..n)
+        .map(|i| {
+            aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
+                .partition_key(format!("user-{}", i % keys))
+                .data(aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}")))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    env.kinesis.put_records().stream_name(&env.names.event_stream).set_records(Some(entries)).send().await.unwrap();
+}
+
 /// The event table's quarantine partition (slot -1).
 async fn quarantine(env: &TestEnv) -> Vec<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
     let quarantine = aws_sdk_dynamodb::types::AttributeValue::N("-1".into());
@@ -33,16 +47,7 @@ async fn quarantine(env: &TestEnv) -> Vec<HashMap<String, aws_sdk_dynamodb::type
 async fn records_from_the_stream_are_buffered_once_even_when_redelivered() {
     let env = TestEnv::start(2).await;
     let arn = env.stream_arn(&env.names.event_stream).await;
-    let entries: Vec<_> = (0..60)
-        .map(|i| {
-            aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
-                .partition_key(format!("user-{}", i % 7))
-                .data(aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}")))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    env.kinesis.put_records().stream_name(&env.names.event_stream).set_records(Some(entries)).send().await.unwrap();
+    put_on_event_stream(&env, 60, 7).await;
 
     let batches = env.event_source_batches().await;
     let pump = pump(&env, &env.names.buffer_table);
@@ -186,16 +191,7 @@ async fn arrivals_never_decrease_along_a_shard_even_across_batches() {
 async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
     use event_store::redrive::{self, DeadLetter, KinesisBatchInfo};
     let env = TestEnv::start(1).await;
-    let entries: Vec<_> = (0..30)
-        .map(|i| {
-            aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
-                .partition_key(format!("user-{}", i % 3))
-                .data(aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}")))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    env.kinesis.put_records().stream_name(&env.names.event_stream).set_records(Some(entries)).send().await.unwrap();
+    put_on_event_stream(&env, 30, 3).await;
     let delivered = env.event_source_batches().await.remove(0);
     let records = delivered.records.clone();
     let batch = |range: std::ops::Range<usize>| {
@@ -256,16 +252,7 @@ async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
 #[tokio::test(flavor = "multi_thread")]
 async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late() {
     let env = TestEnv::start(1).await;
-    let entries: Vec<_> = (0..60)
-        .map(|i| {
-            aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
-                .partition_key(format!("user-{}", i % 3))
-                .data(aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}")))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    env.kinesis.put_records().stream_name(&env.names.event_stream).set_records(Some(entries)).send().await.unwrap();
+    put_on_event_stream(&env, 60, 3).await;
     let delivered = env.event_source_batches().await.remove(0);
     let arn = env.stream_arn(&env.names.event_stream).await;
     let first_key = buffer_key(&arn, delivered.records[0].event_id.as_deref().unwrap());

@@ -79,6 +79,21 @@ pub async fn query_range(
     }
 }
 
+/// A conditional `UpdateItem`'s answer: `Ok(None)` when its condition
+/// failed, other errors as errors.
+pub(crate) fn unless_condition_failed<O, R>(
+    result: std::result::Result<O, aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>>,
+) -> Result<Option<O>>
+where
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match result {
+        Ok(out) => Ok(Some(out)),
+        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => Ok(None),
+        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    }
+}
+
 /// The answer to a forward-only conditional `UpdateItem`: true when it
 /// moved the item, false when the item was already there or further.
 pub(crate) fn moved_forward<O, R>(
@@ -87,13 +102,7 @@ pub(crate) fn moved_forward<O, R>(
 where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
-    match result {
-        Ok(_) => Ok(true),
-        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => {
-            Ok(false)
-        }
-        Err(e) => Err(Error::dynamo("UpdateItem", e)),
-    }
+    Ok(unless_condition_failed(result)?.is_some())
 }
 
 /// The sort key of a bookkeeping item, if it has one.

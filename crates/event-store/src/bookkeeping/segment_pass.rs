@@ -12,12 +12,11 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 use serde::{Deserialize, Serialize};
 
-use super::key;
 use super::watermark::Pass;
+use super::{key, unless_condition_failed};
 use crate::error::{Error, Result};
 
 /// What a segment's pass has done so far (the `state` map of its item).
@@ -42,20 +41,6 @@ fn state_value(state: &PassState) -> Result<AttributeValue> {
 
 fn n(value: i64) -> AttributeValue {
     AttributeValue::N(value.to_string())
-}
-
-/// A conditional update's answer: `Ok(None)` when its condition failed.
-fn unless_condition_failed<O, R>(
-    result: std::result::Result<O, aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>>,
-) -> Result<Option<O>>
-where
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    match result {
-        Ok(out) => Ok(Some(out)),
-        Err(e) if matches!(e.as_service_error(), Some(UpdateItemError::ConditionalCheckFailedException(_))) => Ok(None),
-        Err(e) => Err(Error::dynamo("UpdateItem", e)),
-    }
 }
 
 /// Starts a new pass of the segment under `token`, unless its last pass

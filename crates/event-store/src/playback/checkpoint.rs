@@ -10,12 +10,11 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 use serde::{Deserialize, Serialize};
 
 use super::request::Filter;
-use crate::bookkeeping;
+use crate::bookkeeping::{self, unless_condition_failed};
 use crate::error::{Error, Result};
 use crate::event_item::sort_key_floor;
 
@@ -146,14 +145,6 @@ fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
         .map_err(|e| Error::encode("checkpoint", e))
 }
 
-/// True when a conditional write failed its condition (and only then).
-fn condition_failed<E, R>(err: &aws_sdk_dynamodb::error::SdkError<E, R>) -> bool
-where
-    E: ProvideErrorMetadata,
-{
-    err.as_service_error().and_then(|e| e.code()) == Some("ConditionalCheckFailedException")
-}
-
 pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<Stored>> {
     let out = dynamo
         .get_item()
@@ -227,22 +218,17 @@ pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, clai
             .update_expression(format!("SET {bind}"))
             .condition_expression(format!("{lease_free} AND {same_binding}")),
     };
-    match update.send().await {
-        Ok(out) => {
-            let stored = out.attributes().map(Stored::from_item).transpose()?.unwrap_or_default();
-            Ok(Taken::Held(stored.checkpoint))
+    if let Some(out) = unless_condition_failed(update.send().await)? {
+        let stored = out.attributes().map(Stored::from_item).transpose()?.unwrap_or_default();
+        return Ok(Taken::Held(stored.checkpoint));
+    }
+    let stored = load(dynamo, table, id).await?.unwrap_or_default();
+    match (stored.binding, stored.lease) {
+        (Some(bound), _) if claim.fresh.is_none() && bound != *claim.binding => {
+            Err(Error::BadInput(format!("playback id {id:?} was bound to another window or filter meanwhile")))
         }
-        Err(e) if condition_failed(&e) => {
-            let stored = load(dynamo, table, id).await?.unwrap_or_default();
-            match (stored.binding, stored.lease) {
-                (Some(bound), _) if claim.fresh.is_none() && bound != *claim.binding => {
-                    Err(Error::BadInput(format!("playback id {id:?} was bound to another window or filter meanwhile")))
-                }
-                // Held by another runner (or released just now: busy for an instant, try again).
-                (_, lease) => Ok(Taken::Busy(lease.map_or(claim.now, |lease| lease.until.max(claim.now)))),
-            }
-        }
-        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+        // Held by another runner (or released just now: busy for an instant, try again).
+        (_, lease) => Ok(Taken::Busy(lease.map_or(claim.now, |lease| lease.until.max(claim.now)))),
     }
 }
 
@@ -276,12 +262,9 @@ pub async fn save(
     if let Some(until) = until {
         update = update.expression_attribute_values(":until", n(until));
     }
-    match update.send().await {
-        Ok(_) => Ok(()),
-        Err(e) if condition_failed(&e) => {
-            Err(Error::LeaseLost(format!("playback {id}: another run holds it now (or it is further on)")))
-        }
-        Err(e) => Err(Error::dynamo("UpdateItem", e)),
+    match unless_condition_failed(update.send().await)? {
+        Some(_) => Ok(()),
+        None => Err(Error::LeaseLost(format!("playback {id}: another run holds it now (or it is further on)"))),
     }
 }
 
@@ -298,11 +281,8 @@ pub async fn release(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, o
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await;
-    match result {
-        Ok(_) => Ok(()),
-        Err(e) if condition_failed(&e) => Ok(()),
-        Err(e) => Err(Error::dynamo("UpdateItem", e)),
-    }
+    // Not ours any more: nothing to give up.
+    unless_condition_failed(result).map(|_| ())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::bookkeeping::shard_position::{self, ShardPosition};
 use crate::error::{Error, Result};
-use crate::kinesis::list_shards;
+use crate::kinesis::{get_records, list_shards};
 
 /// Empty `GetRecords` answers followed before a shard counts as unknown
 /// (Kinesis may answer empty while records lie further on).
@@ -103,13 +103,7 @@ async fn probe(
     let mut iterator = out.shard_iterator().map(str::to_owned);
     for _ in 0..MAX_EMPTY_READS {
         let Some(current) = iterator.take() else { return Ok(Probe::CaughtUp) };
-        let out = kinesis
-            .get_records()
-            .shard_iterator(current)
-            .limit(1)
-            .send()
-            .await
-            .map_err(|e| Error::kinesis("GetRecords", e))?;
+        let out = get_records(kinesis, current, 1).await?;
         if let Some(record) = out.records().first() {
             let arrival = record.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok());
             // A record without an arrival time cannot be placed: bound by the position only.
