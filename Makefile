@@ -57,9 +57,11 @@ check: ## the edit-compile-test loop: clippy -D warnings and the unit tests (no 
 test: lint tools-moto tools tools-node tools-chromium build ## lints, then all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
 	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo and browser tests"
 	@mkdir -p target
-	set -o pipefail; $(CARGO) test --workspace --locked 2>&1 | tee target/test.log
+	@df -Ph . | awk 'NR == 2 {print "   disk free before the test build: " $$4}'
+	set -o pipefail; $(if $(CI),CARGO_INCREMENTAL=0 )$(CARGO) test --workspace --locked 2>&1 | tee target/test.log
+	@df -Ph . | awk 'NR == 2 {print "   disk free after it: " $$4}'
 	@echo "== the integration suite again, against dynalite + kinesalite (strict about AWS limits)"
-	set -o pipefail; EMULATOR=strict $(CARGO) test --locked -p event-store --test load --test pump --test scan --test playback 2>&1 | tee -a target/test.log
+	set -o pipefail; EMULATOR=strict $(if $(CI),CARGO_INCREMENTAL=0 )$(CARGO) test --locked -p event-store --test load --test pump --test scan --test playback 2>&1 | tee -a target/test.log
 	@echo "== pytest: template translated, linted, deployed into moto's CloudFormation, functions under cargo lambda watch"
 	set -o pipefail; PATH=$(BIN):$$PATH $(BIN)/pytest -q tests 2>&1 | tee target/pytest.log
 	@cat target/test.log target/pytest.log | awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} \
