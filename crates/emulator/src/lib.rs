@@ -6,11 +6,13 @@
 //! - [`resources`]: the tables and streams `template.yaml` would create;
 //! - [`event_source`]: what a Kinesis event source mapping hands `pump`;
 //! - [`invoke`]: asynchronous invocations, run in-process;
-//! - [`runs`]: a scan pass or a playback with all its forks and continuations;
+//! - [`runs`]: a scan pass, a playback or a subscriptions tick with all its forks and continuations;
+//! - [`lambda_target`]: a subscription's Lambda target (the `Invoke` API, answered by a programmable consumer);
 //! - [`request_counter`]: AWS requests and capacity units, counted by an SDK interceptor.
 
 pub mod event_source;
 pub mod invoke;
+pub mod lambda_target;
 pub mod process;
 pub mod request_counter;
 pub mod resources;

@@ -22,6 +22,8 @@ pub struct Names {
     pub event_table: String,
     pub event_stream: String,
     pub playback_stream: String,
+    /// Not in the template (users bring their own targets): the local stack's demo subscription target.
+    pub subscription_stream: String,
 }
 
 impl Names {
@@ -32,6 +34,7 @@ impl Names {
             event_table: format!("{prefix}-event-table"),
             event_stream: format!("{prefix}-stream"),
             playback_stream: format!("{prefix}-playback"),
+            subscription_stream: format!("{prefix}-sub-demo"),
         }
     }
 }
@@ -76,7 +79,7 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
 
 /// Both streams with `shards` shards each; waits until they are active.
 pub async fn create_streams(client: &aws_sdk_kinesis::Client, names: &Names, shards: i32) -> Result<()> {
-    for stream in [&names.event_stream, &names.playback_stream] {
+    for stream in [&names.event_stream, &names.playback_stream, &names.subscription_stream] {
         match client.create_stream().stream_name(stream.as_str()).shard_count(shards).send().await {
             Ok(_) => {}
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}

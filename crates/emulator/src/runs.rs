@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use event_store::config::{PlaybackConfig, ScanConfig};
+use event_store::config::{PlaybackConfig, ScanConfig, SubscriptionConfig};
 use event_store::invoke::Invoker;
 use event_store::playback::{Playback, PlaybackSummary};
 use event_store::scan::{Scan, ScanSummary};
+use event_store::subscription::Subscriptions;
 use event_store::Result;
 use serde_json::Value;
 
@@ -48,6 +49,22 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
     }
 }
 
+/// Subscriptions of `names`' event table, one-second slots, a 10 s deadline
+/// margin, runners that stop once caught up (no following), a 1 s lease slack.
+pub fn subscription_config(names: &Names) -> SubscriptionConfig {
+    SubscriptionConfig {
+        event_table: names.event_table.clone(),
+        time_unit_ms: 1000,
+        deadline_margin: Duration::from_secs(10),
+        page_items: None,
+        dedupe_window_ms: event_store::config::DEFAULT_DEDUPE_WINDOW_MS,
+        max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
+        follow: Duration::ZERO,
+        lease_slack_ms: 1_000,
+        metrics_namespace: "EventStore/local".into(),
+    }
+}
+
 /// A deadline `budget` from now, for each run of a chain.
 pub fn deadline_in(budget: Duration) -> impl Fn() -> SystemTime + Send + Sync + 'static {
     move || SystemTime::now() + budget
@@ -81,6 +98,19 @@ pub async fn run_playback(
 ) -> Vec<Result<PlaybackSummary>> {
     run_chain("PlaybackFunction", make, request, deadline, |playback, payload, deadline| async move {
         playback.handle(payload, deadline).await
+    })
+    .await
+}
+
+/// Runs one invocation of the subscriptions function (a tick, a partition
+/// run, an action) and every runner and continuation it starts.
+pub async fn run_subscriptions(
+    make: impl FnOnce(Arc<dyn Invoker>) -> Subscriptions,
+    first: Value,
+    deadline: impl Fn() -> SystemTime + Send + Sync + 'static,
+) -> Vec<Result<Value>> {
+    run_chain("SubscriptionsFunction", make, first, deadline, |subs, payload, deadline| async move {
+        subs.handle(payload, deadline).await.and_then(|answer| answer.to_json())
     })
     .await
 }

@@ -252,6 +252,58 @@ impl PlaybackConfig {
     }
 }
 
+#[derive(Debug, Clone)]
+pub struct SubscriptionConfig {
+    pub event_table: String,
+    pub time_unit_ms: u64,
+    pub deadline_margin: Duration,
+    /// Items per query page (`QUERY_PAGE_ITEMS`); unset = DynamoDB's 1 MB pages.
+    pub page_items: Option<i32>,
+    /// As for playback: copies of one accepted event within this are delivered once.
+    pub dedupe_window_ms: u64,
+    /// Continuations one partition run may chain (`MAX_CONTINUATIONS`); the next tick goes on.
+    pub max_continuations: u32,
+    /// How long a caught-up runner keeps following the sealed log
+    /// (`SUBSCRIPTION_FOLLOW_SECONDS`, default 50: just under the tick's
+    /// minute, so runners of consecutive ticks do not overlap and the gap
+    /// between them is seconds).
+    pub follow: Duration,
+    /// How long a runner's lease outlasts its deadline (clock differences between runners).
+    pub lease_slack_ms: i64,
+    /// The CloudWatch namespace of the lag metric (`METRICS_NAMESPACE`).
+    pub metrics_namespace: String,
+}
+
+impl SubscriptionConfig {
+    pub const VARIABLES: Variables = Variables {
+        required: &["DYNAMO_EVENT_TABLE"],
+        optional: &[
+            "TIME_UNIT",
+            "DEADLINE_MARGIN_MS",
+            "QUERY_PAGE_ITEMS",
+            "DEDUPE_WINDOW_MS",
+            "MAX_CONTINUATIONS",
+            "SUBSCRIPTION_FOLLOW_SECONDS",
+            "METRICS_NAMESPACE",
+        ],
+    };
+
+    pub fn from_env() -> Result<Self> {
+        let env = Env(Self::VARIABLES);
+        Ok(Self {
+            event_table: env.var("DYNAMO_EVENT_TABLE")?,
+            time_unit_ms: env.time_unit()?,
+            deadline_margin: env.deadline_margin()?,
+            page_items: env.optional("QUERY_PAGE_ITEMS")?,
+            dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
+            max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
+            follow: Duration::from_secs(env.var_or("SUBSCRIPTION_FOLLOW_SECONDS", 50u64)?),
+            lease_slack_ms: 30_000,
+            metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,7 +313,13 @@ mod tests {
     /// undeclared one would fail the debug assertion), and bad values are refused.
     #[test]
     fn configurations_read_only_their_declared_variables() {
-        let all = [LoadConfig::VARIABLES, PumpConfig::VARIABLES, ScanConfig::VARIABLES, PlaybackConfig::VARIABLES];
+        let all = [
+            LoadConfig::VARIABLES,
+            PumpConfig::VARIABLES,
+            ScanConfig::VARIABLES,
+            PlaybackConfig::VARIABLES,
+            SubscriptionConfig::VARIABLES,
+        ];
         for name in all.iter().flat_map(|v| v.required.iter()) {
             std::env::set_var(name, format!("value-of-{name}"));
         }
@@ -276,6 +334,8 @@ mod tests {
         let scan = ScanConfig::from_env().unwrap();
         assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));
         assert_eq!(PlaybackConfig::from_env().unwrap().playback_stream, "value-of-PLAYBACK_STREAM");
+        let subscriptions = SubscriptionConfig::from_env().unwrap();
+        assert_eq!((subscriptions.follow.as_secs(), subscriptions.metrics_namespace.as_str()), (50, "EventStore"));
 
         std::env::set_var("TIME_UNIT", "0");
         assert!(matches!(ScanConfig::from_env(), Err(Error::Config(_))));

@@ -5,7 +5,8 @@
 //! # Layout
 //! - Stages, one module each, in the order an event travels:
 //!   [`load`] (HTTP → event stream), [`pump`] (event stream → buffer table),
-//!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream);
+//!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream),
+//!   [`subscription`] (the sealed log → subscribers' targets, forever, checkpointed);
 //!   [`redrive`] puts back what the pump's event source gave up on.
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
 //!   [`buffer_item`], [`event_item`] (table codecs and keys), [`encoding`] (zstd).
@@ -37,6 +38,7 @@ pub mod playback;
 pub mod pump;
 pub mod redrive;
 pub mod scan;
+pub mod subscription;
 pub mod time;
 
 pub use error::{Error, Result};

@@ -9,7 +9,8 @@
 //! | `shard#<shard id>` | [`shard_position`] | pump, after its buffer writes, forward only |
 //! | `pass#<segments, 4 digits>#<segment, 4 digits>` | [`segment_pass`] | scan: claimed by the schedule, then its chain (token-fenced) |
 //! | `playback#<id>` | [`crate::playback::checkpoint`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
-//! | `settings` | [`settings`] | scan and playback, at first use (`TIME_UNIT`) |
+//! | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…` | [`crate::subscription::store`] | management; a partition's lease holder (lease-fenced) |
+//! | `settings` | [`settings`] | scan, playback and subscriptions, at first use (`TIME_UNIT`) |
 //!
 //! Every item has one writer at a time (a scan page, a scan segment's pass,
 //! a playback run's lease holder); where two could race, the write is
@@ -17,6 +18,7 @@
 //! log never read negative slots, so neither this partition nor the
 //! quarantine (`slot = -1`) is ever played back.
 
+pub mod lease;
 pub mod segment_pass;
 pub mod settings;
 pub mod shard_position;

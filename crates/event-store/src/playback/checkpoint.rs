@@ -14,6 +14,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValu
 use serde::{Deserialize, Serialize};
 
 use super::request::Filter;
+pub use crate::bookkeeping::lease::Lease;
+use crate::bookkeeping::lease::{self, checkpoint_value, n, s, CHECKPOINT, LEASE_FREE};
 use crate::bookkeeping::{self, unless_condition_failed};
 use crate::error::{Error, Result};
 use crate::event_item::sort_key_floor;
@@ -70,19 +72,8 @@ pub struct Lookback {
     pub to_key: String,
 }
 
-/// The checkpoint's fields live in one map attribute (its `slot` would clash with the key's).
-const CHECKPOINT: &str = "checkpoint";
-
 fn key(id: &str) -> HashMap<String, AttributeValue> {
     bookkeeping::key(format!("playback#{id}"))
-}
-
-fn n(value: i64) -> AttributeValue {
-    AttributeValue::N(value.to_string())
-}
-
-fn s(value: &str) -> AttributeValue {
-    AttributeValue::S(value.to_owned())
 }
 
 /// What a playback id is bound to at its first run: its window and filter.
@@ -101,13 +92,6 @@ impl Binding {
     }
 }
 
-/// Who runs a playback id, until when (ms): one runner at a time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    pub owner: String,
-    pub until: i64,
-}
-
 /// A playback id's item: binding, lease and checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stored {
@@ -124,25 +108,8 @@ impl Stored {
             (Some(start), Some(end), Some(filter)) => Some(Binding { start, end, filter }),
             _ => None,
         };
-        let lease = match (text("lease_owner"), num("lease_until")) {
-            (Some(owner), Some(until)) => Some(Lease { owner, until }),
-            _ => None,
-        };
-        let checkpoint = item
-            .get(CHECKPOINT)
-            .and_then(|value| value.as_m().ok())
-            .map(|fields| {
-                serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}")))
-            })
-            .transpose()?;
-        Ok(Self { binding, lease, checkpoint })
+        Ok(Self { binding, lease: lease::lease_of(item), checkpoint: lease::checkpoint_of(item)? })
     }
-}
-
-fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
-    serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
-        .map(AttributeValue::M)
-        .map_err(|e| Error::encode("checkpoint", e))
 }
 
 pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<Stored>> {
@@ -187,9 +154,7 @@ pub struct Claim<'a> {
 /// Unless starting fresh, the stored binding must be the claim's (or
 /// absent: the first run binds the id).
 pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
-    // `lease_owner = :me`: the SDK's own retry of this take, applied before its answer was lost.
-    let lease_free =
-        "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :previous OR lease_owner = :me)";
+    let lease_free = LEASE_FREE;
     let same_binding =
         "(attribute_not_exists(window_start) OR (window_start = :ws AND window_end = :we AND #filter = :filter))";
     let mut update = dynamo
@@ -243,46 +208,15 @@ pub async fn save(
     checkpoint: &Checkpoint,
     until: Option<i64>,
 ) -> Result<()> {
-    let mut update = dynamo
-        .update_item()
-        .table_name(table)
-        .set_key(Some(key(id)))
-        .update_expression(match until {
-            Some(_) => "SET #checkpoint = :checkpoint, lease_until = :until",
-            None => "SET #checkpoint = :checkpoint",
-        })
-        // `<=`: the SDK's own retry of an applied save passes; anything further on is another run's.
-        .condition_expression("lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq)")
-        .expression_attribute_names("#checkpoint", CHECKPOINT)
-        .expression_attribute_names("#seq", "seq")
-        .expression_attribute_values(":checkpoint", checkpoint_value(checkpoint)?)
-        .expression_attribute_values(":me", s(owner))
-        .expression_attribute_values(":seq", n(checkpoint.seq as i64))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total);
-    if let Some(until) = until {
-        update = update.expression_attribute_values(":until", n(until));
+    if lease::save(dynamo, table, key(id), owner, checkpoint, until).await? {
+        return Ok(());
     }
-    match unless_condition_failed(update.send().await)? {
-        Some(_) => Ok(()),
-        None => Err(Error::LeaseLost(format!("playback {id}: another run holds it now (or it is further on)"))),
-    }
+    Err(Error::LeaseLost(format!("playback {id}: another run holds it now (or it is further on)")))
 }
 
 /// Gives the lease up (after an error, so a retry need not wait for it to expire).
 pub async fn release(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, owner: &str) -> Result<()> {
-    let result = dynamo
-        .update_item()
-        .table_name(table)
-        .set_key(Some(key(id)))
-        .update_expression("SET lease_until = :zero")
-        .condition_expression("lease_owner = :me")
-        .expression_attribute_values(":zero", n(0))
-        .expression_attribute_values(":me", s(owner))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await;
-    // Not ours any more: nothing to give up.
-    unless_condition_failed(result).map(|_| ())
+    lease::release(dynamo, table, key(id), owner).await
 }
 
 #[cfg(test)]

@@ -272,7 +272,15 @@ impl Playback {
         summary.slots = slots.len();
         self.tell(Progress::Planned { slots: slots.len() });
 
-        let reader = Reader { dynamo: &self.dynamo, config: &self.config, window };
+        let config = &self.config;
+        let reader = Reader {
+            dynamo: &self.dynamo,
+            table: &config.event_table,
+            time_unit_ms: config.time_unit_ms,
+            page_items: config.page_items,
+            dedupe_window_ms: config.dedupe_window_ms,
+            window,
+        };
         // The envelope ids delivered just before the position: a copy of one of them is not played again.
         let (recent, lookback_queries) = reader.recent_ids(&behind, &lookback).await?;
         summary.queries += lookback_queries;

@@ -11,7 +11,6 @@ use tracing::warn;
 
 use super::checkpoint::{Checkpoint, Lookback};
 use super::request::Window;
-use crate::config::PlaybackConfig;
 use crate::dedupe::{envelope_id, RecentIds};
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
@@ -31,9 +30,14 @@ pub struct Page {
     pub last_key: Option<String>,
 }
 
+/// Reads the event table's slots within `window` (playback's, and a subscription partition's).
 pub struct Reader<'a> {
     pub dynamo: &'a aws_sdk_dynamodb::Client,
-    pub config: &'a PlaybackConfig,
+    pub table: &'a str,
+    pub time_unit_ms: u64,
+    /// Items per query page; `None`: DynamoDB's 1 MB pages.
+    pub page_items: Option<i32>,
+    pub dedupe_window_ms: u64,
     pub window: &'a Window,
 }
 
@@ -65,7 +69,7 @@ impl Reader<'_> {
     /// The envelope ids in `range` of `slots` (the part of the log before a
     /// run's position), in log order, and the `Query` requests it took.
     pub async fn recent_ids(&self, slots: &[i64], range: &Lookback) -> Result<(RecentIds, usize)> {
-        let mut recent = RecentIds::new(self.config.dedupe_window_ms);
+        let mut recent = RecentIds::new(self.dedupe_window_ms);
         let mut queries = 0;
         for &slot in slots {
             let mut after = None;
@@ -88,7 +92,7 @@ impl Reader<'_> {
     }
 
     async fn query_page(&self, slot: i64, after: Option<String>) -> Result<Page> {
-        let (from, to) = self.window.key_range(slot, self.config.time_unit_ms);
+        let (from, to) = self.window.key_range(slot, self.time_unit_ms);
         self.query_range(slot, from, to, after).await
     }
 
@@ -97,7 +101,7 @@ impl Reader<'_> {
         let out = self
             .dynamo
             .query()
-            .table_name(&self.config.event_table)
+            .table_name(self.table)
             .consistent_read(true)
             .key_condition_expression("#slot = :slot AND #sk BETWEEN :from AND :to")
             .expression_attribute_names("#slot", event_item::HASH_KEY)
@@ -105,7 +109,7 @@ impl Reader<'_> {
             .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
             .expression_attribute_values(":from", AttributeValue::S(from))
             .expression_attribute_values(":to", AttributeValue::S(to))
-            .set_limit(self.config.page_items)
+            .set_limit(self.page_items)
             .set_exclusive_start_key(after.map(|key| event_key(slot, key)))
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()

@@ -1,0 +1,201 @@
+//! Managing subscriptions: one request type for the Lambda invocation
+//! (`{"action": "create", ...}`) and the local CLI, one answer (JSON).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tracing::info;
+
+use super::spec::{self, NewSubscription, State, Target};
+use super::store::{self, Parked};
+use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
+use super::Subscriptions;
+use crate::error::{Error, Result};
+use crate::event_item::{self, EventItem};
+use crate::playback::PlayedEvent;
+use crate::time::now_ms;
+
+/// A management request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Manage {
+    /// A new subscription (see [`NewSubscription`]).
+    Create(NewSubscription),
+    /// Every subscription with its lag per partition.
+    List,
+    /// Runners stop at their next look (within a second, or after the batch in flight).
+    Pause { name: String },
+    /// Active again, and stopped partitions go on.
+    Resume { name: String },
+    /// Every partition delivers again from `to` (`beginning`, `now` or a time).
+    Reset { name: String, to: String },
+    /// The subscription, its checkpoints and its parked events are deleted.
+    Delete { name: String },
+    /// The parked events.
+    Parked { name: String },
+    /// Delivers parked events again (all, or those of `event_ids`), one at a
+    /// time, and unparks those the target took.
+    Redrive {
+        name: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        event_ids: Vec<String>,
+    },
+}
+
+impl Subscriptions {
+    pub async fn manage(&self, request: Manage) -> Result<Value> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        self.ensure_time_unit().await?;
+        let answer = match request {
+            Manage::Create(new) => {
+                let sub = new.validate(now_ms())?;
+                match &sub.target {
+                    Target::Kinesis(stream) => target::check_stream(&self.kinesis, stream).await?,
+                    Target::Lambda(function) => target::check_function(&self.lambda, function).await?,
+                }
+                store::create(dynamo, table, &sub).await?;
+                info!(subscription = %sub.name, target = %sub.target, partitions = sub.partitions, "subscription created");
+                json!({ "created": sub })
+            }
+            Manage::List => {
+                let (sealed_end, subscriptions) = self.statuses().await?;
+                json!({ "sealed_end": sealed_end.map(crate::time::format_ms), "subscriptions": subscriptions })
+            }
+            Manage::Pause { name } => {
+                store::set_state(dynamo, table, &name, State::Paused).await?;
+                json!({ "paused": name })
+            }
+            Manage::Resume { name } => {
+                store::set_state(dynamo, table, &name, State::Active).await?;
+                store::unstop(dynamo, table, &name).await?;
+                json!({ "resumed": name })
+            }
+            Manage::Reset { name, to } => {
+                let sub = store::existing(dynamo, table, &name).await?;
+                let to = spec::parse_start(&to, now_ms())?;
+                store::reset(dynamo, table, &sub, to, self.config.time_unit_ms).await?;
+                json!({ "reset": name, "to": crate::time::format_ms(to) })
+            }
+            Manage::Delete { name } => {
+                store::delete(dynamo, table, &name).await?;
+                json!({ "deleted": name })
+            }
+            Manage::Parked { name } => {
+                store::existing(dynamo, table, &name).await?;
+                json!({ "parked": store::parked(dynamo, table, &name).await? })
+            }
+            Manage::Redrive { name, event_ids } => self.redrive(&name, &event_ids).await?,
+        };
+        Ok(answer)
+    }
+
+    /// Delivers the parked events of `name` (all, or those named) once each.
+    async fn redrive(&self, name: &str, event_ids: &[String]) -> Result<Value> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let sub = store::existing(dynamo, table, name).await?;
+        let mut redriven = Vec::new();
+        let mut failed = Vec::new();
+        for parked in store::parked(dynamo, table, name).await? {
+            if !event_ids.is_empty() && !event_ids.contains(&parked.event_id) {
+                continue;
+            }
+            let delivery = self.parked_delivery(&sub.name, &parked).await?;
+            let attempt = match &sub.target {
+                Target::Kinesis(stream) => {
+                    let clients = (&self.putter, &self.kinesis);
+                    let outcome = target::put_on_stream(
+                        clients,
+                        stream,
+                        std::slice::from_ref(&delivery),
+                        sub.record_format,
+                        &self.backoff,
+                    )
+                    .await;
+                    match outcome.unavailable {
+                        None => Attempt::Delivered,
+                        Some(error) => Attempt::Unavailable(error),
+                    }
+                }
+                Target::Lambda(function) => {
+                    target::invoke(
+                        &self.lambda,
+                        function,
+                        (&sub.name, parked.partition),
+                        std::slice::from_ref(&delivery),
+                    )
+                    .await
+                }
+            };
+            match attempt {
+                Attempt::Delivered => {
+                    store::unpark(dynamo, table, name, &parked).await?;
+                    redriven.push(parked.event_id);
+                }
+                Attempt::FailedFrom(_, error) | Attempt::Unavailable(error) => {
+                    failed.push(json!({ "event_id": parked.event_id, "error": error }));
+                }
+            }
+        }
+        info!(subscription = name, redriven = redriven.len(), failed = failed.len(), "parked events re-driven");
+        Ok(json!({ "redriven": redriven, "failed": failed }))
+    }
+
+    /// A parked event, read from the event table, as it is delivered.
+    async fn parked_delivery(&self, name: &str, parked: &Parked) -> Result<Delivery> {
+        let key = std::collections::HashMap::from([
+            (event_item::HASH_KEY.to_owned(), aws_sdk_dynamodb::types::AttributeValue::N(parked.slot.to_string())),
+            (
+                event_item::RANGE_KEY.to_owned(),
+                aws_sdk_dynamodb::types::AttributeValue::S(parked.event_sort_key.clone()),
+            ),
+        ]);
+        let out = self
+            .dynamo
+            .get_item()
+            .table_name(&self.config.event_table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("GetItem", e))?;
+        let item = out
+            .item()
+            .ok_or_else(|| Error::Malformed(format!("parked event {} is not in the event table", parked.event_id)))?;
+        let event = EventItem::from_item(item.clone())?;
+        let bytes = event.bytes()?;
+        let json = serde_json::from_slice(&bytes).ok();
+        let delivered = DeliveredEvent {
+            subscription: name.to_owned(),
+            partition: parked.partition,
+            position: Position { slot: event.slot, sort_key: event.sort_key.clone() },
+            event: PlayedEvent::new(&event, json, &bytes, parked.seq),
+        };
+        Ok(Delivery {
+            seq: parked.seq,
+            slot: event.slot,
+            sort_key: event.sort_key,
+            event_id: event.event_id,
+            partition_key: event.partition_key,
+            data: serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_by_action_and_refuse_unknown_fields() {
+        let create: Manage = serde_json::from_value(json!({
+            "action": "create", "name": "orders", "start": "beginning", "target": {"kinesis": "out"}, "partitions": 8
+        }))
+        .unwrap();
+        assert!(matches!(&create, Manage::Create(new) if new.partitions == Some(8) && new.name == "orders"));
+        let reset: Manage = serde_json::from_value(json!({"action": "reset", "name": "a", "to": "now"})).unwrap();
+        assert_eq!(reset, Manage::Reset { name: "a".into(), to: "now".into() });
+        assert!(serde_json::from_value::<Manage>(json!({"action": "create", "name": "a", "typo": 1})).is_err());
+        assert!(serde_json::from_value::<Manage>(json!({"action": "pause", "name": "a", "typo": 1})).is_err());
+        assert!(serde_json::from_value::<Manage>(json!({"action": "explode"})).is_err());
+        assert_eq!(serde_json::from_value::<Manage>(json!({"action": "list"})).unwrap(), Manage::List);
+    }
+}

@@ -1,0 +1,81 @@
+//! Subscription lag as CloudWatch metrics, in the embedded metric format:
+//! JSON lines in the function's log that CloudWatch turns into metrics, so
+//! no `PutMetricData` call (and no permission for it) is needed. Pure.
+//!
+//! Metric `SubscriptionLagSeconds` (the watermark's sealed end less the
+//! slowest partition's position), once per subscription (dimension
+//! `Subscription`) and once without dimensions: the largest of all, 0 with
+//! no subscription, which the template's alarm watches. The tick writes
+//! one every minute, so a missing value means the tick itself is not running.
+
+use serde_json::{json, Value};
+
+use super::TickSummary;
+
+pub const LAG_METRIC: &str = "SubscriptionLagSeconds";
+
+/// The EMF lines for a tick's lags, at `now_ms`.
+pub fn lag_lines(namespace: &str, tick: &TickSummary, now_ms: i64) -> Vec<String> {
+    let line = |dimensions: Value, extra: Value, lag_seconds: f64| {
+        let mut doc = json!({
+            "_aws": {
+                "Timestamp": now_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": namespace,
+                    "Dimensions": dimensions,
+                    "Metrics": [{"Name": LAG_METRIC, "Unit": "Seconds"}],
+                }],
+            },
+            LAG_METRIC: lag_seconds,
+        });
+        if let (Some(doc), Some(extra)) = (doc.as_object_mut(), extra.as_object()) {
+            doc.extend(extra.clone());
+        }
+        doc.to_string()
+    };
+    let seconds = |ms: i64| ms as f64 / 1000.0;
+    let mut lines = Vec::new();
+    let mut largest = 0;
+    for sub in &tick.subscriptions {
+        let Some(lag) = sub.lag_ms else { continue };
+        largest = largest.max(lag);
+        lines.push(line(json!([["Subscription"]]), json!({"Subscription": sub.subscription.name}), seconds(lag)));
+    }
+    lines.push(line(json!([[]]), json!({}), seconds(largest)));
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subscription::spec::{NewSubscription, Target};
+    use crate::subscription::SubscriptionStatus;
+
+    #[test]
+    fn one_line_per_subscription_and_one_for_the_alarm() {
+        let sub = |name: &str, lag_ms| SubscriptionStatus {
+            subscription: NewSubscription {
+                name: name.into(),
+                target: Some(Target::Kinesis("s".into())),
+                ..Default::default()
+            }
+            .validate(1_000)
+            .unwrap(),
+            lag_ms,
+            partitions: Vec::new(),
+        };
+        let tick =
+            TickSummary { subscriptions: vec![sub("a", Some(90_000)), sub("b", Some(1_500))], ..Default::default() };
+        let lines: Vec<Value> =
+            lag_lines("EventStore/test", &tick, 7).iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0]["Subscription"], "a");
+        assert_eq!(lines[0][LAG_METRIC], 90.0);
+        assert_eq!(lines[0]["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["Subscription"]]));
+        assert_eq!(lines[2][LAG_METRIC], 90.0, "the alarm's metric: the largest lag");
+        assert_eq!(lines[2]["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([[]]));
+        assert_eq!(lines[2]["_aws"]["Timestamp"], 7);
+        let idle = lag_lines("n", &TickSummary::default(), 7);
+        assert_eq!(idle.len(), 1, "no subscription: still a 0, so a silent tick is what alarms");
+    }
+}

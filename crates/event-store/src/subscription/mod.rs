@@ -1,0 +1,257 @@
+//! Subscriptions: durable, checkpointed consumers of the sealed log.
+//!
+//! A subscription ([`spec`]) delivers every event that arrived from its
+//! start on, and passes its filter, to its target ([`target`]: a Kinesis
+//! stream or a Lambda function), in order per partition key, forever. Its
+//! events are split over N partitions by a hash of their partition key;
+//! each partition has one runner at a time ([`runner`]), which reads only
+//! sealed slots (so a late writer cannot be missed: the completeness
+//! watermark, not a backtracking heuristic) and saves its checkpoint
+//! after every delivery, fenced by its lease ([`store`]).
+//!
+//! One Lambda function does it all, by payload:
+//! - a schedule event (anything without `action` or `run`): the **tick**:
+//!   measures each subscription's lag and starts a runner (an asynchronous
+//!   self-invocation) for every partition that has none;
+//! - `{"run": {"subscription", "partition"}}`: a partition's runner; where
+//!   it starts comes from the stored checkpoint, never from the payload;
+//! - `{"action": ...}`: management ([`manage`]): create, list, pause,
+//!   resume, reset, delete, parked, redrive.
+
+pub mod manage;
+pub mod metrics;
+pub mod runner;
+pub mod spec;
+pub mod store;
+pub mod target;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use aws_sdk_kinesis::config::retry::RetryConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::{info, warn};
+
+pub use manage::Manage;
+pub use runner::{PartitionTask, RunStatus, RunSummary};
+pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
+
+use crate::batch::Backoff;
+use crate::bookkeeping::settings;
+use crate::bookkeeping::watermark;
+use crate::config::SubscriptionConfig;
+use crate::error::{Error, Result};
+use crate::invoke::{continue_with, Invoker};
+use crate::playback::Checkpoint;
+use crate::time::{format_ms, now_ms};
+
+/// The AWS actions this function calls, and so the only ones its IAM role grants.
+pub const AWS_ACTIONS: &[&str] = &[
+    "dynamodb:Query",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:BatchWriteItem",
+    // Kinesis targets: put, check at create, read back after an ambiguous failure.
+    "kinesis:PutRecords",
+    "kinesis:DescribeStreamSummary",
+    "kinesis:ListShards",
+    "kinesis:GetShardIterator",
+    "kinesis:GetRecords",
+    // Lambda targets, and runners started by the tick or continued (itself).
+    "lambda:InvokeFunction",
+];
+
+pub struct Subscriptions {
+    pub(crate) dynamo: aws_sdk_dynamodb::Client,
+    /// Reads Kinesis targets back after an ambiguous put failure.
+    pub(crate) kinesis: aws_sdk_kinesis::Client,
+    /// Puts on Kinesis targets without the SDK's blind retries (see `Playback`).
+    pub(crate) putter: aws_sdk_kinesis::Client,
+    /// Invokes Lambda targets.
+    pub(crate) lambda: aws_sdk_lambda::Client,
+    pub(crate) config: SubscriptionConfig,
+    pub(crate) invoker: Arc<dyn Invoker>,
+    pub(crate) backoff: Backoff,
+    time_unit_checked: tokio::sync::OnceCell<()>,
+}
+
+/// A partition's place and lag, as the tick and `list` report it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionStatus {
+    pub partition: u32,
+    /// Where the partition stands: every event before it is delivered (ISO 8601).
+    pub position: String,
+    /// The watermark's sealed end less the position (ms), when there is a watermark.
+    pub lag_ms: Option<i64>,
+    pub delivered: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leased_until: Option<String>,
+}
+
+/// A subscription and its partitions' status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionStatus {
+    #[serde(flatten)]
+    pub subscription: Subscription,
+    /// The largest partition lag (ms).
+    pub lag_ms: Option<i64>,
+    pub partitions: Vec<PartitionStatus>,
+}
+
+/// What a tick did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TickSummary {
+    pub watermark: Option<String>,
+    pub subscriptions: Vec<SubscriptionStatus>,
+    /// Partition runners started.
+    pub started: usize,
+}
+
+/// Where a checkpoint stands, in ms of arrival time: the event after which it is, or its slot's start.
+pub fn position_ms(checkpoint: &Checkpoint) -> i64 {
+    checkpoint.after.as_deref().and_then(|k| k.get(..13)).and_then(|ms| ms.parse().ok()).unwrap_or(checkpoint.slot)
+}
+
+/// The status of `sub`'s partitions from their stored items, against the sealed end.
+pub fn status(
+    sub: &Subscription,
+    stored: &[store::Partition],
+    sealed_end: Option<i64>,
+    unit: u64,
+) -> SubscriptionStatus {
+    let partitions: Vec<PartitionStatus> = (0..sub.partitions)
+        .map(|partition| {
+            let item = stored.iter().find(|p| p.partition == partition);
+            let checkpoint = item
+                .and_then(|p| p.checkpoint.clone())
+                .unwrap_or_else(|| Checkpoint::at_slot(crate::time::slot_of(sub.start_ms, unit)));
+            let at = position_ms(&checkpoint).max(sub.start_ms);
+            PartitionStatus {
+                partition,
+                position: format_ms(at),
+                lag_ms: sealed_end.map(|end| (end - at).max(0)),
+                delivered: checkpoint.events,
+                stopped: item.and_then(|p| p.stopped.clone()),
+                leased_until: item
+                    .and_then(|p| p.lease.as_ref())
+                    .filter(|l| l.until > now_ms())
+                    .map(|l| format_ms(l.until)),
+            }
+        })
+        .collect();
+    let lag_ms = partitions.iter().filter_map(|p| p.lag_ms).max();
+    SubscriptionStatus { subscription: sub.clone(), lag_ms, partitions }
+}
+
+impl Subscriptions {
+    /// `lambda` invokes targets; `invoker` starts runners (this function itself).
+    pub fn new(
+        dynamo: aws_sdk_dynamodb::Client,
+        kinesis: aws_sdk_kinesis::Client,
+        lambda: aws_sdk_lambda::Client,
+        config: SubscriptionConfig,
+        invoker: Arc<dyn Invoker>,
+    ) -> Self {
+        let no_retries = kinesis.config().to_builder().retry_config(RetryConfig::disabled()).build();
+        Self {
+            dynamo,
+            putter: aws_sdk_kinesis::Client::from_conf(no_retries),
+            kinesis,
+            lambda,
+            config,
+            invoker,
+            backoff: Backoff::default(),
+            time_unit_checked: Default::default(),
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    pub fn config(&self) -> &SubscriptionConfig {
+        &self.config
+    }
+
+    /// One invocation: a tick, a partition run, or a management action (see the module doc).
+    pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<Answer> {
+        Ok(if payload.get("action").is_some() {
+            let request: Manage =
+                serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("subscription action: {e}")))?;
+            Answer::Managed(self.manage(request).await?)
+        } else if let Some(task) = payload.get("run") {
+            let task: PartitionTask =
+                serde_json::from_value(task.clone()).map_err(|e| Error::BadInput(format!("subscription run: {e}")))?;
+            Answer::Ran(self.run_partition(task, deadline).await?)
+        } else {
+            Answer::Ticked(self.tick().await?)
+        })
+    }
+
+    /// Records the slot size at first use; refuses another one (see [`settings`]).
+    pub(crate) async fn ensure_time_unit(&self) -> Result<()> {
+        let (dynamo, table, unit) = (&self.dynamo, &self.config.event_table, self.config.time_unit_ms);
+        self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
+    }
+
+    /// The end of the last sealed slot, if every scan segment has finished a pass.
+    pub(crate) async fn sealed_end(&self) -> Result<Option<i64>> {
+        let watermark = watermark::read(&self.dynamo, &self.config.event_table).await?;
+        Ok(watermark.sealed_end(self.config.time_unit_ms))
+    }
+
+    /// Every subscription's status (lag per partition).
+    pub async fn statuses(&self) -> Result<(Option<i64>, Vec<SubscriptionStatus>)> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let sealed_end = self.sealed_end().await?;
+        let mut out = Vec::new();
+        for sub in store::list(dynamo, table).await? {
+            let stored = store::partitions(dynamo, table, &sub.name).await?;
+            out.push(status(&sub, &stored, sealed_end, self.config.time_unit_ms));
+        }
+        Ok((sealed_end, out))
+    }
+
+    /// The schedule's tick: every subscription's lag, and a runner started
+    /// for each partition of an active subscription that has none (its
+    /// lease free or expired) and is not stopped.
+    pub async fn tick(&self) -> Result<TickSummary> {
+        self.ensure_time_unit().await?;
+        let (sealed_end, subscriptions) = self.statuses().await?;
+        let mut started = 0;
+        for sub in subscriptions.iter().filter(|s| s.subscription.state == State::Active) {
+            for partition in sub.partitions.iter().filter(|p| p.stopped.is_none() && p.leased_until.is_none()) {
+                let task = PartitionTask::first(&sub.subscription.name, partition.partition);
+                match continue_with(self.invoker.as_ref(), &serde_json::json!({ "run": task })).await {
+                    Ok(()) => started += 1,
+                    Err(err) => {
+                        warn!(subscription = %sub.subscription.name, partition = partition.partition, error = %err, "runner not started")
+                    }
+                }
+            }
+        }
+        info!(subscriptions = subscriptions.len(), started, "subscriptions tick");
+        Ok(TickSummary { watermark: sealed_end.map(format_ms), subscriptions, started })
+    }
+}
+
+/// What an invocation answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Answer {
+    Ticked(TickSummary),
+    Ran(RunSummary),
+    Managed(Value),
+}
+
+impl Answer {
+    pub fn to_json(&self) -> Result<Value> {
+        serde_json::to_value(self).map_err(|e| Error::encode("answer", e))
+    }
+}

@@ -1,0 +1,484 @@
+//! One partition's runner: takes the partition's lease, then delivers the
+//! partition's newly sealed events from its checkpoint, in rounds (each up
+//! to the sealed end the watermark gives), saving the checkpoint after every
+//! delivery while it holds the lease. Caught up, it keeps following for
+//! `SUBSCRIPTION_FOLLOW_SECONDS` (a look at the watermark a second), then
+//! gives the lease up; the next tick starts a runner again. Near its
+//! deadline with more to deliver, it hands over to a continuation, like
+//! playback.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::spec::{partition_of, OnPoison, State, Subscription, Target};
+use super::store::{self, Parked, Taken};
+use super::target::{self, deliver_in_order, put_on_stream, DeliveredEvent, Delivery, Outcome, Position};
+use super::Subscriptions;
+use crate::bookkeeping::slot_index::read_index;
+use crate::dedupe::{envelope_id, RecentIds};
+use crate::error::{Error, Result};
+use crate::event_item::EventItem;
+use crate::invoke::continue_with;
+use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
+use crate::playback::record::fits_one_record;
+use crate::playback::{Checkpoint, PlayedEvent, Window};
+use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
+
+/// How often a caught-up runner looks at the watermark.
+pub const POLL: Duration = Duration::from_secs(1);
+/// How long a handed-over lease waits for its continuation to start (as for playback).
+const HANDOVER_LEASE_MS: i64 = 300_000;
+
+/// A partition run's payload (`{"run": ...}`). Where to start is read from
+/// the stored checkpoint; a `lease` token from outside the chain is just
+/// another runner, which must wait for the lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionTask {
+    pub subscription: String,
+    pub partition: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hop: u32,
+}
+
+fn is_zero(hop: &u32) -> bool {
+    *hop == 0
+}
+
+impl PartitionTask {
+    pub fn first(subscription: &str, partition: u32) -> Self {
+        Self { subscription: subscription.to_owned(), partition, lease: None, hop: 0 }
+    }
+}
+
+/// How a partition run ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Everything sealed is delivered; the lease is given up.
+    #[default]
+    CaughtUp,
+    /// Handed over to a continuation near the deadline.
+    Continued,
+    /// Another runner holds the partition (until `busy_until`).
+    Busy,
+    /// The partition is stopped on a parked event (`error`); `resume` goes on.
+    Stopped,
+    Paused,
+    /// No such subscription (deleted).
+    Gone,
+    /// The target could not be reached (`error`): nothing skipped; the next tick tries again.
+    Unavailable,
+    /// The chain reached `MAX_CONTINUATIONS`; the next tick starts a new one.
+    ChainStopped,
+}
+
+/// What one partition run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub subscription: String,
+    pub partition: u32,
+    pub status: RunStatus,
+    /// Events delivered to the target (parked ones not included).
+    pub delivered: usize,
+    pub parked: usize,
+    /// Events of the log skipped: in other partitions, or not passing the filter.
+    pub other_partitions: usize,
+    pub filtered_out: usize,
+    /// Copies of an accepted event (same envelope id) skipped.
+    pub duplicates_dropped: usize,
+    pub unreadable: usize,
+    /// `Query` requests (slot index and events).
+    pub queries: usize,
+    /// Requests to the target (`PutRecords`, `Invoke`).
+    pub target_requests: usize,
+    /// Where the partition stands at the end of the run (ISO 8601).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_until: Option<String>,
+}
+
+/// How a round (one pass up to a sealed end) ended.
+enum Round {
+    Done,
+    HandOver,
+    Ended(RunStatus),
+}
+
+impl Subscriptions {
+    /// One partition run (see the module doc).
+    pub async fn run_partition(&self, task: PartitionTask, deadline: SystemTime) -> Result<RunSummary> {
+        let deadline = effective_deadline(deadline, SystemTime::now());
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let mut summary =
+            RunSummary { subscription: task.subscription.clone(), partition: task.partition, ..Default::default() };
+        let Some(sub) = store::get(dynamo, table, &task.subscription).await? else {
+            return Ok(RunSummary { status: RunStatus::Gone, ..summary });
+        };
+        if task.partition >= sub.partitions {
+            return Err(Error::BadInput(format!(
+                "subscription {} has {} partitions; there is no partition {}",
+                sub.name, sub.partitions, task.partition
+            )));
+        }
+        if sub.state == State::Paused {
+            return Ok(RunSummary { status: RunStatus::Paused, ..summary });
+        }
+        self.ensure_time_unit().await?;
+        // A token of this invocation's own, handed on to its continuation.
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let until = ms_of(deadline) + self.config.lease_slack_ms;
+        let name = sub.name.clone();
+        let place = (name.as_str(), task.partition);
+        let position = match store::take(dynamo, table, place, (&owner, task.lease.as_deref()), until, now_ms()).await?
+        {
+            Taken::Held(checkpoint) => {
+                checkpoint.unwrap_or_else(|| Checkpoint::at_slot(slot_of(sub.start_ms, self.config.time_unit_ms)))
+            }
+            Taken::Busy(until) => {
+                summary.busy_until = Some(format_ms(until));
+                return Ok(RunSummary { status: RunStatus::Busy, ..summary });
+            }
+            Taken::Stopped(error) => {
+                return Ok(RunSummary { status: RunStatus::Stopped, error: Some(error), ..summary })
+            }
+        };
+        info!(subscription = %sub.name, partition = task.partition, slot = %format_ms(position.slot), hop = task.hop, "subscription run");
+        let runner = Runner {
+            subs: self,
+            recent: RecentIds::new(self.config.dedupe_window_ms),
+            sub,
+            partition: task.partition,
+            owner: owner.clone(),
+            seq: position.seq,
+            position,
+            pending: Vec::new(),
+            deadline,
+            started: Instant::now(),
+            summary,
+        };
+        let result = runner.run(&task).await;
+        if let Err(err) = &result {
+            if !matches!(err, Error::LeaseLost(_)) {
+                if let Err(release) = store::release(dynamo, table, place, &owner).await {
+                    warn!(error = %release, "lease not released");
+                }
+            }
+        }
+        result
+    }
+}
+
+struct Runner<'a> {
+    subs: &'a Subscriptions,
+    sub: Subscription,
+    partition: u32,
+    /// The lease this run holds: every checkpoint write is conditional on it.
+    owner: String,
+    /// Where the partition stands: everything before it is delivered or parked.
+    position: Checkpoint,
+    /// The sequence number the next queued event gets.
+    seq: u64,
+    /// Envelope ids of the last `dedupe_window_ms`, to skip a second copy of an accepted event.
+    recent: RecentIds,
+    pending: Vec<Delivery>,
+    deadline: SystemTime,
+    started: Instant,
+    summary: RunSummary,
+}
+
+impl Runner<'_> {
+    async fn run(mut self, task: &PartitionTask) -> Result<RunSummary> {
+        self.recent = self.recent_ids().await?;
+        loop {
+            if let Some(end) = self.subs.sealed_end().await?.filter(|end| self.position.slot < *end) {
+                match self.round(end).await? {
+                    Round::Done => {}
+                    Round::HandOver => return self.hand_over(task).await,
+                    Round::Ended(status) => return self.end(status).await,
+                }
+            }
+            // Caught up with the sealed log: follow it a while, or give the partition up.
+            let follow_left = self.subs.config.follow.saturating_sub(self.started.elapsed());
+            if follow_left.is_zero() || remaining(self.deadline) <= self.subs.config.deadline_margin + POLL {
+                return self.end(RunStatus::CaughtUp).await;
+            }
+            tokio::time::sleep(POLL.min(follow_left)).await;
+            // Paused or deleted meanwhile? (A reset takes the lease away: the next save fails.)
+            match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
+                None => return self.end(RunStatus::Gone).await,
+                Some(sub) if sub.state == State::Paused => return self.end(RunStatus::Paused).await,
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn unit(&self) -> i64 {
+        self.subs.config.time_unit_ms as i64
+    }
+
+    fn reader<'w>(&'w self, window: &'w Window) -> Reader<'w> {
+        let config = &self.subs.config;
+        Reader {
+            dynamo: &self.subs.dynamo,
+            table: &config.event_table,
+            time_unit_ms: config.time_unit_ms,
+            page_items: config.page_items,
+            dedupe_window_ms: config.dedupe_window_ms,
+            window,
+        }
+    }
+
+    /// The envelope ids delivered just before the position.
+    async fn recent_ids(&mut self) -> Result<RecentIds> {
+        let lookback = self.position.lookback(self.sub.start_ms, self.subs.config.dedupe_window_ms);
+        let from = slot_of(lookback.from_ms, self.subs.config.time_unit_ms);
+        let (slots, queries) =
+            read_index(&self.subs.dynamo, &self.subs.config.event_table, from, self.position.slot + 1).await?;
+        let window = Window { start: lookback.from_ms, end: self.position.slot + self.unit() };
+        let (recent, lookback_queries) = self.reader(&window).recent_ids(&slots, &lookback).await?;
+        self.summary.queries += queries + lookback_queries;
+        Ok(recent)
+    }
+
+    /// Delivers the partition's events from the position up to `sealed_end`.
+    async fn round(&mut self, sealed_end: i64) -> Result<Round> {
+        let subs = self.subs;
+        let (dynamo, table) = (&subs.dynamo, subs.config.event_table.as_str());
+        let window = Window { start: self.sub.start_ms, end: sealed_end };
+        let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, sealed_end).await?;
+        slots.retain(|slot| *slot >= self.position.slot);
+        self.summary.queries += index_queries;
+        let reader = Reader {
+            dynamo,
+            table,
+            time_unit_ms: subs.config.time_unit_ms,
+            page_items: subs.config.page_items,
+            dedupe_window_ms: subs.config.dedupe_window_ms,
+            window: &window,
+        };
+        let (tx, mut rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
+        let producer = reader.fetch_pages(slots, self.position.clone(), tx);
+        let consumer = async {
+            // Returning drops `rx`, which stops the reader.
+            while let Some(page) = rx.recv().await {
+                let page = page?;
+                self.summary.queries += 1;
+                self.summary.unreadable += page.unreadable;
+                for event in page.events {
+                    self.queue(event)?;
+                }
+                while self.pending.len() >= self.sub.batch_size {
+                    let batch: Vec<Delivery> = self.pending.drain(..self.sub.batch_size).collect();
+                    if let Some(end) = self.deliver(batch).await? {
+                        return Ok(end);
+                    }
+                }
+                if remaining(self.deadline) <= subs.config.deadline_margin {
+                    // Deliver what is queued, and go on after this page in a continuation.
+                    if let Some(end) = self.deliver_pending().await? {
+                        return Ok(end);
+                    }
+                    let resume = match page.last_key {
+                        Some(key) => Checkpoint { slot: page.slot, after: Some(key), ..self.position.clone() },
+                        None => Checkpoint { slot: page.slot + self.unit(), after: None, ..self.position.clone() },
+                    };
+                    self.save(resume).await?;
+                    return Ok(Round::HandOver);
+                }
+            }
+            if let Some(end) = self.deliver_pending().await? {
+                return Ok(end);
+            }
+            // Everything before the sealed end is done, events of other partitions included.
+            self.save(Checkpoint { slot: sealed_end, after: None, ..self.position.clone() }).await?;
+            Ok(Round::Done)
+        };
+        let ((), result) = tokio::join!(producer, consumer);
+        result
+    }
+
+    /// Keeps an event of this partition that passes the filter (and is not
+    /// a copy of one just delivered) for delivery.
+    fn queue(&mut self, event: EventItem) -> Result<()> {
+        if partition_of(&event.partition_key, self.sub.partitions) != self.partition {
+            self.summary.other_partitions += 1;
+            return Ok(());
+        }
+        let bytes = match event.bytes() {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                warn!(slot = event.slot, error = %err, "event skipped");
+                self.summary.unreadable += 1;
+                return Ok(());
+            }
+        };
+        let json: Option<Value> = serde_json::from_slice(&bytes).ok();
+        if let Some(id) = json.as_ref().and_then(envelope_id) {
+            if !self.recent.first_sight(id, event.arrival) {
+                self.summary.duplicates_dropped += 1;
+                return Ok(());
+            }
+        }
+        if !self.sub.filter.iter().all(|f| f.matches(json.as_ref())) {
+            self.summary.filtered_out += 1;
+            return Ok(());
+        }
+        let position = Position { slot: event.slot, sort_key: event.sort_key.clone() };
+        let mut delivered = DeliveredEvent {
+            subscription: self.sub.name.clone(),
+            partition: self.partition,
+            position,
+            event: PlayedEvent::new(&event, json, &bytes, self.seq),
+        };
+        let mut data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
+        if matches!(self.sub.target, Target::Kinesis(_)) && !fits_one_record(&event.partition_key, data.len()) {
+            // Kinesis would refuse the whole request: a marker takes its place, in order (as in playback).
+            warn!(sort_key = %event.sort_key, bytes = data.len(), "delivered event over the Kinesis record limit: a marker goes instead");
+            delivered.event = PlayedEvent::too_large(&event, data.len(), self.seq);
+            data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
+        }
+        self.pending.push(Delivery {
+            seq: self.seq,
+            slot: event.slot,
+            sort_key: event.sort_key,
+            event_id: event.event_id,
+            partition_key: event.partition_key,
+            data,
+        });
+        self.seq += 1;
+        Ok(())
+    }
+
+    async fn deliver_pending(&mut self) -> Result<Option<Round>> {
+        let batch = std::mem::take(&mut self.pending);
+        if batch.is_empty() {
+            return Ok(None);
+        }
+        self.deliver(batch).await
+    }
+
+    /// Delivers `batch` in order, parks what keeps failing, and saves the
+    /// checkpoint past what is done. `Some`: the run ends here.
+    async fn deliver(&mut self, batch: Vec<Delivery>) -> Result<Option<Round>> {
+        let subs = self.subs;
+        let stop_at_poison = self.sub.on_poison == OnPoison::Stop;
+        let outcome = match &self.sub.target {
+            Target::Kinesis(stream) => {
+                let clients = (&subs.putter, &subs.kinesis);
+                put_on_stream(clients, stream, &batch, self.sub.record_format, &subs.backoff).await
+            }
+            Target::Lambda(function) => {
+                let place = (self.sub.name.as_str(), self.partition);
+                let batches = target::lambda_batches(&batch, self.sub.batch_size);
+                deliver_in_order(batches, &subs.backoff, stop_at_poison, |range| {
+                    target::invoke(&subs.lambda, function, place, &batch[range])
+                })
+                .await
+            }
+        };
+        self.record(&batch, &outcome).await?;
+        if let Some(error) = outcome.unavailable {
+            warn!(subscription = %self.sub.name, partition = self.partition, error, "target unavailable: the partition waits for the next tick");
+            self.summary.error = Some(error);
+            return Ok(Some(Round::Ended(RunStatus::Unavailable)));
+        }
+        if stop_at_poison && !outcome.poison.is_empty() {
+            let error = outcome.poison.last().map(|(_, e)| e.clone()).unwrap_or_default();
+            store::stop(&subs.dynamo, &subs.config.event_table, (&self.sub.name, self.partition), &self.owner, &error)
+                .await?;
+            self.summary.error = Some(error);
+            return Ok(Some(Round::Ended(RunStatus::Stopped)));
+        }
+        Ok(None)
+    }
+
+    /// Parks the poison events of `outcome`, then moves the checkpoint past what is done.
+    async fn record(&mut self, batch: &[Delivery], outcome: &Outcome) -> Result<()> {
+        let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
+        self.summary.target_requests += outcome.requests;
+        for (index, error) in &outcome.poison {
+            let event = &batch[*index];
+            warn!(subscription = %self.sub.name, partition = self.partition, event_id = %event.event_id, error, "event parked");
+            let parked = Parked {
+                partition: self.partition,
+                slot: event.slot,
+                event_sort_key: event.sort_key.clone(),
+                event_id: event.event_id.clone(),
+                partition_key: event.partition_key.clone(),
+                seq: event.seq,
+                error: error.clone(),
+                parked_at: format_ms(now_ms()),
+            };
+            store::park(dynamo, table, &self.sub.name, &parked).await?;
+        }
+        self.summary.parked += outcome.poison.len();
+        self.summary.delivered += outcome.done - outcome.poison.len();
+        let Some(last) = outcome.done.checked_sub(1).map(|i| &batch[i]) else { return Ok(()) };
+        let events = self.position.events + outcome.done as u64;
+        let next =
+            Checkpoint { slot: last.slot, after: Some(last.sort_key.clone()), seq: last.seq + 1, events, done: false };
+        self.save(next).await
+    }
+
+    /// Saves `checkpoint` while this run holds the lease (else [`Error::LeaseLost`]: the run stops).
+    async fn save(&mut self, checkpoint: Checkpoint) -> Result<()> {
+        let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
+        store::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &checkpoint, None).await?;
+        self.position = checkpoint;
+        Ok(())
+    }
+
+    /// Ends the run: the lease is given up (a stopped partition gave it up already).
+    async fn end(mut self, status: RunStatus) -> Result<RunSummary> {
+        let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
+        if status != RunStatus::Stopped {
+            store::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
+        }
+        self.summary.status = status;
+        self.summary.position = Some(format_ms(super::position_ms(&self.position).max(self.sub.start_ms)));
+        info!(
+            subscription = %self.sub.name,
+            partition = self.partition,
+            status = ?status,
+            delivered = self.summary.delivered,
+            parked = self.summary.parked,
+            position = ?self.summary.position,
+            "subscription run ends"
+        );
+        Ok(self.summary)
+    }
+
+    /// Hands the rest to a continuation that carries the lease token; at
+    /// `MAX_CONTINUATIONS` the chain stops instead (the next tick starts a new one).
+    async fn hand_over(mut self, task: &PartitionTask) -> Result<RunSummary> {
+        let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
+        let place = (self.sub.name.as_str(), self.partition);
+        if task.hop >= self.subs.config.max_continuations {
+            store::save(dynamo, table, place, &self.owner, &self.position, Some(0)).await?;
+            warn!(subscription = %self.sub.name, partition = self.partition, hops = task.hop, "MAX_CONTINUATIONS reached: the next tick goes on");
+            self.summary.status = RunStatus::ChainStopped;
+            return Ok(self.summary);
+        }
+        store::save(dynamo, table, place, &self.owner, &self.position, Some(now_ms() + HANDOVER_LEASE_MS)).await?;
+        let next = PartitionTask {
+            subscription: self.sub.name.clone(),
+            partition: self.partition,
+            lease: Some(self.owner.clone()),
+            hop: task.hop + 1,
+        };
+        continue_with(self.subs.invoker.as_ref(), &serde_json::json!({ "run": next })).await?;
+        self.summary.status = RunStatus::Continued;
+        self.summary.position = Some(format_ms(super::position_ms(&self.position)));
+        Ok(self.summary)
+    }
+}

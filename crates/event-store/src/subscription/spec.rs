@@ -1,0 +1,242 @@
+//! What a subscription is: its definition, validated, and the rule that
+//! assigns an event to one of its partitions. Pure: no I/O.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::playback::{Filter, RecordFormat};
+use crate::time::{format_ms, parse_time};
+
+/// The most partitions a subscription may have (each is one runner at a time).
+pub const MAX_PARTITIONS: u32 = 64;
+/// Default events per delivery: Kinesis' request limit, and a Lambda batch
+/// well under the 6 MB synchronous payload.
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// A subscription's name: 1 to 64 of `A-Z a-z 0-9 _ - .` (it is part of bookkeeping sort keys).
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Where a subscription delivers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Target {
+    /// A Kinesis stream (by name), records as playback puts them.
+    Kinesis(String),
+    /// A Lambda function (name or ARN), invoked synchronously with ordered batches.
+    Lambda(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Kinesis(stream) => write!(f, "kinesis:{stream}"),
+            Target::Lambda(function) => write!(f, "lambda:{function}"),
+        }
+    }
+}
+
+/// What a partition does after parking an event its target keeps refusing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPoison {
+    /// Park it and go on with the next event.
+    #[default]
+    Park,
+    /// Park it and stop the partition until `resume`.
+    Stop,
+}
+
+/// Whether the runners deliver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    #[default]
+    Active,
+    Paused,
+}
+
+/// A stored subscription.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscription {
+    pub name: String,
+    /// Events that arrived at or after this time (ms) are delivered.
+    pub start_ms: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filter: Vec<Filter>,
+    pub target: Target,
+    pub partitions: u32,
+    #[serde(default)]
+    pub on_poison: OnPoison,
+    pub batch_size: usize,
+    #[serde(default)]
+    pub record_format: RecordFormat,
+    #[serde(default)]
+    pub state: State,
+    pub created_at: String,
+}
+
+/// `create`'s fields, as a user sends them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSubscription {
+    pub name: String,
+    /// `beginning`, `now`, or a time (ISO 8601 or epoch ms); default `now`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filter: Vec<Filter>,
+    pub target: Option<Target>,
+    /// Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    #[serde(default)]
+    pub on_poison: OnPoison,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    #[serde(default)]
+    pub record_format: RecordFormat,
+}
+
+impl NewSubscription {
+    /// The subscription this asks for at `now` (ms), or why not (nothing is created then).
+    pub fn validate(self, now: i64) -> Result<Subscription> {
+        check_name(&self.name)?;
+        let start_ms = parse_start(self.start.as_deref().unwrap_or("now"), now)?;
+        let target = self
+            .target
+            .ok_or_else(|| bad("target is required: {\"kinesis\": \"<stream>\"} or {\"lambda\": \"<function>\"}"))?;
+        if matches!(&target, Target::Kinesis(s) | Target::Lambda(s) if s.trim().is_empty()) {
+            return Err(bad("the target names no stream or function"));
+        }
+        let partitions = self.partitions.unwrap_or(1);
+        if !(1..=MAX_PARTITIONS).contains(&partitions) {
+            return Err(bad(&format!("partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")));
+        }
+        let batch_size = self.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
+        if !(1..=crate::batch::KINESIS_BATCH_RECORDS).contains(&batch_size) {
+            return Err(bad(&format!("batch_size must be 1 to 500, not {batch_size}")));
+        }
+        for filter in &self.filter {
+            if !(filter.field.is_empty() || filter.field.starts_with('/')) {
+                return Err(bad(&format!("filter field {:?} is not a JSON pointer (/a/b)", filter.field)));
+            }
+        }
+        Ok(Subscription {
+            name: self.name,
+            start_ms,
+            filter: self.filter,
+            target,
+            partitions,
+            on_poison: self.on_poison,
+            batch_size,
+            record_format: self.record_format,
+            state: State::Active,
+            created_at: format_ms(now),
+        })
+    }
+}
+
+fn bad(message: &str) -> Error {
+    Error::BadInput(message.to_owned())
+}
+
+/// Names are part of bookkeeping sort keys: a short, plain alphabet.
+pub fn check_name(name: &str) -> Result<()> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(plain) {
+        return Err(bad(&format!("subscription name {name:?}: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ - .")));
+    }
+    Ok(())
+}
+
+/// `beginning` (the first event ever), `now`, or a time not in the future.
+pub fn parse_start(start: &str, now: i64) -> Result<i64> {
+    let ms = match start {
+        "beginning" => 0,
+        "now" => now,
+        time => parse_time(time)?,
+    };
+    if ms > now {
+        return Err(bad(&format!("start {} is in the future", format_ms(ms))));
+    }
+    Ok(ms.max(0))
+}
+
+/// The partition (of `partitions`) an event with this partition key belongs
+/// to: a hash, so one key's events all go to one partition, in order.
+pub fn partition_of(partition_key: &str, partitions: u32) -> u32 {
+    let digest = Sha256::digest(partition_key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    (u64::from_be_bytes(first) % u64::from(partitions.max(1))) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_795_000_000_000;
+
+    fn new(name: &str) -> NewSubscription {
+        NewSubscription { name: name.into(), target: Some(Target::Kinesis("s".into())), ..Default::default() }
+    }
+
+    #[test]
+    fn a_valid_request_gets_its_defaults() {
+        let sub = new("orders-v1").validate(NOW).unwrap();
+        assert_eq!((sub.start_ms, sub.partitions, sub.batch_size), (NOW, 1, DEFAULT_BATCH_SIZE));
+        assert_eq!((sub.state, sub.on_poison), (State::Active, OnPoison::Park));
+        let from_start = NewSubscription { start: Some("beginning".into()), ..new("a") }.validate(NOW).unwrap();
+        assert_eq!(from_start.start_ms, 0);
+        let two_days = NewSubscription { start: Some(format_ms(NOW - 172_800_000)), ..new("a") };
+        assert_eq!(two_days.validate(NOW).unwrap().start_ms, NOW - 172_800_000);
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let cases = [
+            (new(""), "name"),
+            (new("has space"), "name"),
+            (new(&"x".repeat(65)), "name"),
+            (new("a#b"), "name"),
+            (NewSubscription { start: Some(format_ms(NOW + 60_000)), ..new("a") }, "future"),
+            (NewSubscription { start: Some("yesterday-ish".into()), ..new("a") }, "time"),
+            (NewSubscription { target: None, ..new("a") }, "target"),
+            (NewSubscription { partitions: Some(0), ..new("a") }, "partitions"),
+            (NewSubscription { partitions: Some(65), ..new("a") }, "partitions"),
+            (NewSubscription { batch_size: Some(501), ..new("a") }, "batch_size"),
+            (
+                NewSubscription { filter: vec![Filter { field: "path".into(), equals: 1.into() }], ..new("a") },
+                "pointer",
+            ),
+        ];
+        for (request, word) in cases {
+            let err = request.clone().validate(NOW).expect_err(&format!("{request:?}"));
+            assert!(matches!(&err, Error::BadInput(m) if m.contains(word)), "{request:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn targets_and_requests_parse_strictly() {
+        let request: NewSubscription = serde_json::from_value(serde_json::json!({
+            "name": "a", "target": {"lambda": "consumer"}, "partitions": 8, "on_poison": "stop"
+        }))
+        .unwrap();
+        assert_eq!(request.target, Some(Target::Lambda("consumer".into())));
+        assert_eq!(request.on_poison, OnPoison::Stop);
+        assert!(serde_json::from_value::<NewSubscription>(serde_json::json!({"name": "a", "target": {"sqs": "q"}}))
+            .is_err());
+        assert!(serde_json::from_value::<NewSubscription>(serde_json::json!({"name": "a", "partition": 2})).is_err());
+    }
+
+    #[test]
+    fn one_keys_events_share_a_partition_and_keys_spread_over_all() {
+        assert_eq!(partition_of("user-7", 8), partition_of("user-7", 8));
+        let mut counts = [0usize; 8];
+        for i in 0..8_000 {
+            counts[partition_of(&format!("user-{i}"), 8) as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| (800..1_200).contains(&c)), "{counts:?}");
+        assert_eq!(partition_of("anything", 1), 0);
+    }
+}

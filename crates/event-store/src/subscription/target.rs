@@ -1,0 +1,383 @@
+//! Delivering a partition's events to a subscription's target, in order.
+//!
+//! - **Kinesis**: as playback puts them ([`put_in_key_order`]: each key's
+//!   records in order on first delivery; an ambiguous failure is read back
+//!   from the stream). Records Kinesis keeps refusing mean the target is
+//!   unavailable: the partition backs off and delivers the batch again later.
+//! - **Lambda**: a synchronous `Invoke` with the batch, the way an event
+//!   source mapping does it: a function error fails the batch; a
+//!   `batchItemFailures` answer fails the batch from its lowest failed item
+//!   (the items before it are done). A batch that keeps failing is
+//!   bisected; a single event that still fails is handed back to be parked
+//!   ([`deliver_in_order`], pure). An `Invoke` that does not reach the
+//!   function (throttled, function gone, network) means unavailable, as for Kinesis.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::ops::Range;
+
+use aws_sdk_lambda::primitives::Blob;
+use aws_sdk_lambda::types::InvocationType;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::batch::Backoff;
+use crate::error::{Error, Result};
+use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingRecord};
+use crate::playback::{kinesis_records, PlayedEvent, RecordFormat};
+use crate::time::now_ms;
+
+/// Attempts at one (sub-)batch before it is split, or its single event parked.
+pub const ATTEMPTS_BEFORE_BISECT: u32 = 3;
+/// The largest Lambda payload we send: under the 6 MB synchronous limit.
+pub const LAMBDA_PAYLOAD_BYTES: usize = 5 * 1024 * 1024;
+
+/// What a subscription's target receives for each event: the played
+/// record (as playback puts it; `playback_seq` numbers the partition's
+/// deliveries) with the subscription, the partition, and the event's
+/// position in the log. Positions only grow within a partition: a consumer
+/// that keeps the highest it has processed drops every duplicate by it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveredEvent {
+    pub subscription: String,
+    pub partition: u32,
+    pub position: Position,
+    #[serde(flatten)]
+    pub event: PlayedEvent,
+}
+
+/// An event's place in the event table (and so in the log): its slot and sort key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Position {
+    pub slot: i64,
+    pub sort_key: String,
+}
+
+/// One event ready to go: its record (the JSON a consumer receives) and what identifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The partition's delivery sequence number of this event.
+    pub seq: u64,
+    pub slot: i64,
+    pub sort_key: String,
+    pub event_id: String,
+    pub partition_key: String,
+    /// The delivered event's JSON.
+    pub data: Vec<u8>,
+}
+
+/// What one delivery attempt at a batch got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// Every event is delivered.
+    Delivered,
+    /// The events before this index are delivered; it and the rest failed.
+    FailedFrom(usize, String),
+    /// The target could not be reached (throttled, gone, network): try later, nothing parked.
+    Unavailable(String),
+}
+
+/// What delivering a batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The events before this index are delivered or parked: the checkpoint may pass them.
+    pub done: usize,
+    /// Events that kept failing alone (index, last error), to be parked.
+    pub poison: Vec<(usize, String)>,
+    /// Why delivery stopped before the end (target unavailable), if it did.
+    pub unavailable: Option<String>,
+    /// Requests made to the target.
+    pub requests: usize,
+}
+
+/// Delivers the events of `batches` (consecutive ranges) in order by
+/// calling `attempt` on ranges of them: a range that fails [`ATTEMPTS_BEFORE_BISECT`] times is split in two
+/// (first half first), down to single events, which go to `poison`. With
+/// `stop_at_poison`, delivery stops after the first one. Pure apart from
+/// the `attempt` closure and the backoff sleeps.
+pub async fn deliver_in_order<F, Fut>(
+    batches: Vec<Range<usize>>,
+    backoff: &Backoff,
+    stop_at_poison: bool,
+    mut attempt: F,
+) -> Outcome
+where
+    F: FnMut(Range<usize>) -> Fut,
+    Fut: Future<Output = Attempt>,
+{
+    let mut outcome = Outcome::default();
+    let mut ranges = VecDeque::from(batches);
+    while let Some(range) = ranges.pop_front() {
+        let (mut start, mut failures, mut split) = (range.start, 0, false);
+        while start < range.end {
+            outcome.requests += 1;
+            let error = match attempt(start..range.end).await {
+                Attempt::Delivered => break,
+                Attempt::Unavailable(error) => {
+                    outcome.done = start;
+                    outcome.unavailable = Some(error);
+                    return outcome;
+                }
+                Attempt::FailedFrom(index, error) => {
+                    if index > 0 {
+                        // Progress: what went through is done, the rest is retried afresh.
+                        start = (start + index).min(range.end);
+                        outcome.done = start;
+                        failures = 0;
+                        continue;
+                    }
+                    error
+                }
+            };
+            failures += 1;
+            if failures < ATTEMPTS_BEFORE_BISECT {
+                tokio::time::sleep(backoff.delay(failures - 1, fastrand::f64())).await;
+                continue;
+            }
+            if range.end - start > 1 {
+                let middle = start + (range.end - start) / 2;
+                ranges.push_front(middle..range.end);
+                ranges.push_front(start..middle);
+                split = true;
+                break;
+            }
+            outcome.poison.push((start, error));
+            start += 1;
+            outcome.done = start;
+            if stop_at_poison {
+                return outcome;
+            }
+        }
+        if !split {
+            outcome.done = range.end;
+        }
+    }
+    outcome
+}
+
+/// Puts `events` on a Kinesis stream in key order (see the module doc).
+pub async fn put_on_stream(
+    (putter, reader): (&aws_sdk_kinesis::Client, &aws_sdk_kinesis::Client),
+    stream: &str,
+    events: &[Delivery],
+    format: RecordFormat,
+    backoff: &Backoff,
+) -> Outcome {
+    let outgoing = events
+        .iter()
+        .map(|e| OutgoingRecord { partition_key: e.partition_key.clone(), data: e.data.clone() })
+        .collect();
+    let records = kinesis_records(outgoing, format);
+    // Read-backs start a little before the first send (Kinesis' clock is not ours).
+    let since = now_ms() - 5_000;
+    let stats = put_in_key_order(
+        &records,
+        backoff,
+        |batch| async move { send_put_records(putter, stream, &batch).await },
+        |batch| async move { stored_since(reader, stream, since, &batch).await },
+    )
+    .await;
+    match stats.failures.first() {
+        None => Outcome { done: events.len(), requests: stats.requests, ..Outcome::default() },
+        Some(first) => Outcome {
+            unavailable: Some(format!(
+                "kinesis {stream}: {} records still failing ({})",
+                stats.failures.len(),
+                first.code
+            )),
+            requests: stats.requests,
+            ..Outcome::default()
+        },
+    }
+}
+
+/// The payload a Lambda target receives: the subscription, the partition,
+/// and the events in order (their JSON as delivered).
+pub fn lambda_payload(subscription: &str, partition: u32, events: &[Delivery]) -> Vec<u8> {
+    let mut payload = format!(
+        "{{\"subscription\":{},\"partition\":{partition},\"events\":[",
+        serde_json::to_string(subscription).unwrap_or_default()
+    )
+    .into_bytes();
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 {
+            payload.push(b',');
+        }
+        payload.extend_from_slice(&event.data);
+    }
+    payload.extend_from_slice(b"]}");
+    payload
+}
+
+/// Reads a Lambda target's answer: `function_error` set fails the batch; a
+/// `batchItemFailures` list fails it from the lowest listed event (an
+/// identifier that names no event of the batch fails all of it, as for an
+/// event source mapping); anything else delivers it.
+pub fn read_answer(events: &[Delivery], function_error: Option<&str>, payload: &[u8]) -> Attempt {
+    let text = || String::from_utf8_lossy(&payload[..payload.len().min(1_000)]).into_owned();
+    if let Some(kind) = function_error {
+        return Attempt::FailedFrom(0, format!("function error {kind}: {}", text()));
+    }
+    let answer: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
+    let Some(failures) = answer.get("batchItemFailures").and_then(Value::as_array) else {
+        return Attempt::Delivered;
+    };
+    if failures.is_empty() {
+        return Attempt::Delivered;
+    }
+    let lowest = failures
+        .iter()
+        .map(|f| {
+            f.get("itemIdentifier").and_then(Value::as_str).and_then(|id| events.iter().position(|e| e.event_id == id))
+        })
+        .try_fold(usize::MAX, |lowest, index| index.map(|i| lowest.min(i)));
+    let index = lowest.unwrap_or(0);
+    Attempt::FailedFrom(index, format!("batch item failure from event {}: {}", index, text()))
+}
+
+/// One synchronous `Invoke` of a Lambda target with `events`.
+pub async fn invoke(
+    lambda: &aws_sdk_lambda::Client,
+    function: &str,
+    (subscription, partition): (&str, u32),
+    events: &[Delivery],
+) -> Attempt {
+    let sent = lambda
+        .invoke()
+        .function_name(function)
+        .invocation_type(InvocationType::RequestResponse)
+        .payload(Blob::new(lambda_payload(subscription, partition, events)))
+        .send()
+        .await;
+    match sent {
+        Ok(out) => {
+            let payload = out.payload().map(|p| p.as_ref()).unwrap_or_default();
+            read_answer(events, out.function_error(), payload)
+        }
+        Err(err) => Attempt::Unavailable(Error::invoke(err).to_string()),
+    }
+}
+
+/// Checks that `function` exists and may be invoked (`Invoke` with `DryRun`: nothing runs).
+pub async fn check_function(lambda: &aws_sdk_lambda::Client, function: &str) -> Result<()> {
+    lambda
+        .invoke()
+        .function_name(function)
+        .invocation_type(InvocationType::DryRun)
+        .send()
+        .await
+        .map_err(|e| Error::BadInput(format!("target function {function:?}: {}", Error::invoke(e))))?;
+    Ok(())
+}
+
+/// Checks that `stream` exists.
+pub async fn check_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<()> {
+    kinesis.describe_stream_summary().stream_name(stream).send().await.map_err(|e| {
+        Error::BadInput(format!("target stream {stream:?}: {}", Error::kinesis("DescribeStreamSummary", e)))
+    })?;
+    Ok(())
+}
+
+/// Splits `events` into batches of at most `max` events and [`LAMBDA_PAYLOAD_BYTES`].
+pub fn lambda_batches(events: &[Delivery], max: usize) -> Vec<Range<usize>> {
+    let sizes: Vec<usize> = events.iter().map(|e| e.data.len() + 1).collect();
+    crate::batch::chunk_ranges(&sizes, max, LAMBDA_PAYLOAD_BYTES - 200)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::time::Duration;
+
+    fn quick() -> Backoff {
+        Backoff { base: Duration::from_millis(1), cap: Duration::from_millis(2), max_attempts: 3 }
+    }
+
+    fn events(n: usize) -> Vec<Delivery> {
+        (0..n)
+            .map(|i| Delivery {
+                seq: i as u64,
+                slot: 0,
+                sort_key: format!("{i:04}"),
+                event_id: format!("e{i}"),
+                partition_key: "k".into(),
+                data: format!("{{\"n\":{i}}}").into_bytes(),
+            })
+            .collect()
+    }
+
+    /// A target that refuses any batch holding one of `poison`, and records every event it accepted.
+    async fn deliver_with_poison(n: usize, poison: &[usize], stop: bool) -> (Outcome, Vec<usize>) {
+        let accepted = RefCell::new(Vec::new());
+        let outcome = deliver_in_order(std::iter::once(0..n).collect(), &quick(), stop, |range| {
+            let hit = range.clone().find(|i| poison.contains(i));
+            let result = match hit {
+                Some(_) => Attempt::FailedFrom(0, "refused".into()),
+                None => {
+                    accepted.borrow_mut().extend(range);
+                    Attempt::Delivered
+                }
+            };
+            async move { result }
+        })
+        .await;
+        (outcome, accepted.into_inner())
+    }
+
+    #[tokio::test]
+    async fn a_poison_event_is_bisected_out_and_the_rest_delivered_in_order() {
+        let (outcome, accepted) = deliver_with_poison(10, &[6], false).await;
+        assert_eq!(outcome.poison.iter().map(|p| p.0).collect::<Vec<_>>(), vec![6]);
+        assert_eq!(outcome.done, 10);
+        assert_eq!(accepted, vec![0, 1, 2, 3, 4, 5, 7, 8, 9], "everything else, in order");
+        let (stopped, accepted) = deliver_with_poison(10, &[6], true).await;
+        assert_eq!((stopped.done, stopped.poison.len()), (7, 1), "stops just after the parked event");
+        assert_eq!(accepted, vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[tokio::test]
+    async fn partial_failures_keep_what_went_through_and_unavailable_stops_with_nothing_skipped() {
+        // The first answer fails from item 4 once; then everything goes.
+        let calls = RefCell::new(Vec::new());
+        let outcome = deliver_in_order(std::iter::once(0..8).collect(), &quick(), false, |range| {
+            calls.borrow_mut().push(range.clone());
+            let result = if range.start == 0 { Attempt::FailedFrom(4, "partial".into()) } else { Attempt::Delivered };
+            async move { result }
+        })
+        .await;
+        assert_eq!(calls.into_inner(), vec![0..8, 4..8]);
+        assert_eq!((outcome.done, outcome.poison.len()), (8, 0));
+
+        let outcome = deliver_in_order(std::iter::once(0..8).collect(), &quick(), false, |range| {
+            let result = if range.start == 0 {
+                Attempt::FailedFrom(3, "partial".into())
+            } else {
+                Attempt::Unavailable("throttled".into())
+            };
+            async move { result }
+        })
+        .await;
+        assert_eq!(outcome.done, 3, "the checkpoint may pass the three delivered, no more");
+        assert_eq!(outcome.unavailable.as_deref(), Some("throttled"));
+    }
+
+    #[test]
+    fn answers_are_read_as_an_event_source_mapping_reads_them() {
+        let batch = events(5);
+        assert_eq!(read_answer(&batch, None, b"null"), Attempt::Delivered);
+        assert_eq!(read_answer(&batch, None, br#"{"batchItemFailures": []}"#), Attempt::Delivered);
+        let partial = br#"{"batchItemFailures": [{"itemIdentifier": "e3"}, {"itemIdentifier": "e2"}]}"#;
+        assert!(matches!(read_answer(&batch, None, partial), Attempt::FailedFrom(2, _)));
+        let unknown = br#"{"batchItemFailures": [{"itemIdentifier": "nope"}]}"#;
+        assert!(matches!(read_answer(&batch, None, unknown), Attempt::FailedFrom(0, _)), "unknown id: all failed");
+        assert!(
+            matches!(read_answer(&batch, Some("Unhandled"), b"{}"), Attempt::FailedFrom(0, m) if m.contains("Unhandled"))
+        );
+        let payload: Value = serde_json::from_slice(&lambda_payload("orders", 3, &batch[..2])).unwrap();
+        assert_eq!(
+            payload,
+            serde_json::json!({"subscription": "orders", "partition": 3, "events": [{"n": 0}, {"n": 1}]})
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! Subscriptions against a real emulator (moto_server): the event table
+//! filled through pump and scan, runners started by ticks and run
+//! in-process, Kinesis targets on the emulator, Lambda targets on a local
+//! stand-in of the `Invoke` API (`event_store_emulator::lambda_target`).
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::{buffer_through_pump, TestEnv};
+use event_store::batch::Backoff;
+use event_store::config::{ScanConfig, SubscriptionConfig};
+use event_store::subscription::{PartitionTask, RunStatus, RunSummary, Subscriptions};
+use event_store::time::{format_ms, now_ms};
+use event_store::Error;
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::lambda_target::{Answer, LambdaTarget};
+use event_store_emulator::runs::{self, deadline_in, run_scan, run_subscriptions};
+use serde_json::{json, Value};
+
+/// Weeks before any run of these tests: sealed as soon as a scan pass ends.
+const T0: i64 = 1_790_000_000_000;
+const CONSUMER: &str = "consumer";
+
+/// `n` events for `keys` partition keys (`user-<i % keys>`), arriving from `from` over `spread_ms`,
+/// moved into the event table by pump and a scan pass.
+async fn stored_events(env: &TestEnv, range: std::ops::Range<i64>, keys: i64, from: i64, spread_ms: i64) {
+    let n = range.end - range.start;
+    let records: Vec<_> = range
+        .clone()
+        .map(|i| {
+            let at = from + (i - range.start) * spread_ms / n.max(1);
+            (format!("user-{}", i % keys), json!({"n": i, "pad": "x".repeat(50)}).to_string().into_bytes(), at)
+        })
+        .collect();
+    buffer_through_pump(env, &records).await;
+    scan_pass(env).await;
+}
+
+async fn scan_pass(env: &TestEnv) {
+    let config = ScanConfig { segments: 2, ..runs::scan_config(&env.names) };
+    let runs =
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), config, json!({}), deadline_in(Duration::from_secs(900)));
+    for result in runs.await {
+        result.unwrap();
+    }
+}
+
+/// A Lambda client whose requests go to `target`.
+fn lambda_client(env: &TestEnv, target: &LambdaTarget) -> aws_sdk_lambda::Client {
+    aws_sdk_lambda::Client::from_conf(
+        aws_sdk_lambda::config::Builder::from(&env.sdk).endpoint_url(&target.endpoint).build(),
+    )
+}
+
+fn quick() -> Backoff {
+    Backoff { base: Duration::from_millis(5), cap: Duration::from_millis(50), max_attempts: 4 }
+}
+
+fn subscriptions(env: &TestEnv, target: &LambdaTarget, config: SubscriptionConfig) -> Subscriptions {
+    let (invoker, _) = LocalInvoker::channel();
+    Subscriptions::new(env.dynamo.clone(), env.kinesis.clone(), lambda_client(env, target), config, Arc::new(invoker))
+        .with_backoff(quick())
+}
+
+/// One invocation with every runner and continuation it starts; their answers.
+async fn invoke(env: &TestEnv, target: &LambdaTarget, config: SubscriptionConfig, payload: Value) -> Vec<Value> {
+    let (dynamo, kinesis, lambda) = (env.dynamo.clone(), env.kinesis.clone(), lambda_client(env, target));
+    let make = move |invoker| Subscriptions::new(dynamo, kinesis, lambda, config, invoker).with_backoff(quick());
+    let answers = run_subscriptions(make, payload, deadline_in(Duration::from_secs(900))).await;
+    answers.into_iter().map(|a| a.unwrap()).collect()
+}
+
+/// A tick and the runs it starts: their summaries.
+async fn tick(env: &TestEnv, target: &LambdaTarget, config: SubscriptionConfig) -> Vec<RunSummary> {
+    let answers = invoke(env, target, config, json!({"source": "aws.events"})).await;
+    answers.into_iter().filter(|a| a.get("status").is_some()).map(|a| serde_json::from_value(a).unwrap()).collect()
+}
+
+async fn manage(env: &TestEnv, target: &LambdaTarget, action: Value) -> event_store::Result<Value> {
+    subscriptions(env, target, runs::subscription_config(&env.names)).handle(action, far()).await?.to_json()
+}
+
+fn far() -> SystemTime {
+    SystemTime::now() + Duration::from_secs(900)
+}
+
+/// The `n`s of delivered events (JSON as delivered) per partition key, in delivery order.
+fn by_key(events: &[Value]) -> HashMap<String, Vec<i64>> {
+    let mut out: HashMap<String, Vec<i64>> = HashMap::new();
+    for event in events {
+        out.entry(event["partition_key"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(event["data"]["n"].as_i64().unwrap());
+    }
+    out
+}
+
+/// Every `n` in `range` delivered, each key's events in order on first delivery; returns the duplicates.
+fn assert_all_in_key_order(events: &[Value], range: std::ops::Range<i64>, keys: i64) -> usize {
+    let mut duplicates = 0;
+    for (key, ns) in by_key(events) {
+        let user: i64 = key.trim_start_matches("user-").parse().unwrap();
+        let mut seen = HashSet::new();
+        let first: Vec<i64> = ns.iter().copied().filter(|n| seen.insert(*n)).collect();
+        duplicates += ns.len() - first.len();
+        let expected: Vec<i64> = range.clone().filter(|i| i % keys == user).collect();
+        assert_eq!(first, expected, "{key}: every event, in order on first delivery");
+    }
+    let keys_seen = by_key(events).len() as i64;
+    assert_eq!(keys_seen, keys.min(range.end - range.start), "every key delivered");
+    duplicates
+}
+
+/// The events on a Kinesis target (aggregated records unpacked).
+async fn on_stream(env: &TestEnv, stream: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (_, record) in env.read_stream(stream).await {
+        let key = record.partition_key().unwrap();
+        for (_, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
+            out.push(serde_json::from_slice(&data).unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_thousand_events_over_8_partitions_reach_a_kinesis_and_a_lambda_target_once_in_key_order() {
+    let env = TestEnv::start(2).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..10_000, 50, T0, 20_000).await;
+    let stream = env.names.subscription_stream.clone();
+    for (name, target_spec) in [("to-stream", json!({"kinesis": stream})), ("to-function", json!({"lambda": CONSUMER}))]
+    {
+        let created = manage(&env, &target, json!({
+            "action": "create", "name": name, "start": format_ms(T0 - 60_000), "target": target_spec, "partitions": 8
+        }))
+        .await
+        .unwrap();
+        assert_eq!(created["created"]["partitions"], 8);
+    }
+    env.counter.reset();
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(runs.len(), 16, "a runner per partition of each subscription");
+    assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
+    assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 20_000);
+    common::assert_only_declared_actions(&env.counter, event_store::subscription::AWS_ACTIONS);
+
+    let streamed = on_stream(&env, &stream).await;
+    assert_eq!(assert_all_in_key_order(&streamed, 0..10_000, 50), 0, "no duplicates without a fault");
+    let invoked = target.taken();
+    assert_eq!(assert_all_in_key_order(&invoked, 0..10_000, 50), 0, "no duplicates without a fault");
+    // Each event carries its subscription, partition and position; positions grow within a partition.
+    let mut last: HashMap<u64, (i64, String)> = HashMap::new();
+    for event in &invoked {
+        assert_eq!(event["subscription"], "to-function");
+        let position =
+            (event["position"]["slot"].as_i64().unwrap(), event["position"]["sort_key"].as_str().unwrap().to_owned());
+        let partition = event["partition"].as_u64().unwrap();
+        assert!(last.get(&partition).is_none_or(|before| *before < position), "positions grow within a partition");
+        last.insert(partition, position);
+    }
+    assert_eq!(last.len(), 8);
+    assert!(
+        target.received().iter().all(|r| r.payload["events"].as_array().unwrap().len() <= 100),
+        "batches of at most 100"
+    );
+
+    // Caught up: lag 0 everywhere; another tick delivers nothing again.
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    for sub in listed["subscriptions"].as_array().unwrap() {
+        assert_eq!(sub["lag_ms"], 0, "{sub}");
+    }
+    let again = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(again.iter().map(|r| r.delivered).sum::<usize>(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_mid_delivery_repeats_only_the_batch_in_flight() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..1_000, 10, T0, 5_000).await;
+    manage(
+        &env,
+        &target,
+        json!({"action": "create", "name": "c", "start": format_ms(T0), "target": {"lambda": CONSUMER}}),
+    )
+    .await
+    .unwrap();
+    // The fourth batch takes the consumer a while; the runner dies (its task is dropped) meanwhile.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    target.consume_with(move |_| match counted.fetch_add(1, Ordering::SeqCst) {
+        3 => Answer::Slow(Duration::from_secs(2), Box::new(Answer::Ok(Value::Null))),
+        _ => Answer::Ok(Value::Null),
+    });
+    let subs = subscriptions(&env, &target, runs::subscription_config(&env.names));
+    let crashed = tokio::spawn(async move {
+        subs.run_partition(PartitionTask::first("c", 0), SystemTime::now() + Duration::from_secs(2)).await
+    });
+    while calls.load(Ordering::SeqCst) < 4 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    crashed.abort();
+    // Its lease (deadline + 1 s slack) expires; the next tick's runner takes over from the checkpoint.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    target.consume_with(|_| Answer::Ok(Value::Null));
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(runs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![RunStatus::CaughtUp]);
+    let duplicates = assert_all_in_key_order(&target.taken(), 0..1_000, 10);
+    assert_eq!(duplicates, 100, "exactly the batch in flight, once more");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let two_days_ago = now_ms() - 2 * 86_400_000;
+    // Older than any stream's default retention: only the event table has them.
+    stored_events(&env, 0..600, 7, two_days_ago + 60_000, 86_400_000).await;
+    let created = manage(&env, &target, json!({
+        "action": "create", "name": "history", "start": format_ms(two_days_ago), "target": {"lambda": CONSUMER}, "partitions": 2
+    }))
+    .await
+    .unwrap();
+    assert_eq!(created["created"]["start_ms"], two_days_ago);
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 600);
+    // New events, sealed by the next pass, are followed.
+    stored_events(&env, 600..700, 7, now_ms() - 2_000, 1_000).await;
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 100);
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..700, 7), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_runners_for_one_partition_at_once_exactly_one_delivers() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..300, 5, T0, 3_000).await;
+    manage(
+        &env,
+        &target,
+        json!({"action": "create", "name": "one", "start": format_ms(T0), "target": {"lambda": CONSUMER}}),
+    )
+    .await
+    .unwrap();
+    target.consume_with(|_| Answer::Slow(Duration::from_millis(200), Box::new(Answer::Ok(Value::Null))));
+    let subs = subscriptions(&env, &target, runs::subscription_config(&env.names));
+    let (a, b) = tokio::join!(
+        subs.run_partition(PartitionTask::first("one", 0), far()),
+        subs.run_partition(PartitionTask::first("one", 0), far())
+    );
+    let mut statuses = vec![a.as_ref().unwrap().status, b.as_ref().unwrap().status];
+    statuses.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(statuses, vec![RunStatus::Busy, RunStatus::CaughtUp]);
+    assert_eq!(a.unwrap().delivered + b.unwrap().delivered, 300);
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..300, 5), 0, "each event once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_paused_past_its_lease_cannot_move_the_checkpoint_afterwards() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..300, 5, T0, 3_000).await;
+    manage(
+        &env,
+        &target,
+        json!({"action": "create", "name": "fenced", "start": format_ms(T0), "target": {"lambda": CONSUMER}}),
+    )
+    .await
+    .unwrap();
+    // The first runner's first batch hangs past its lease (deadline + 1 s slack).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    target.consume_with(move |_| match counted.fetch_add(1, Ordering::SeqCst) {
+        0 => Answer::Slow(Duration::from_secs(5), Box::new(Answer::Ok(Value::Null))),
+        _ => Answer::Ok(Value::Null),
+    });
+    let config =
+        SubscriptionConfig { deadline_margin: Duration::from_millis(100), ..runs::subscription_config(&env.names) };
+    let slow = subscriptions(&env, &target, config.clone());
+    let paused = tokio::spawn(async move {
+        slow.run_partition(PartitionTask::first("fenced", 0), SystemTime::now() + Duration::from_secs(1)).await
+    });
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let taken_over =
+        subscriptions(&env, &target, config).run_partition(PartitionTask::first("fenced", 0), far()).await.unwrap();
+    assert_eq!((taken_over.status, taken_over.delivered), (RunStatus::CaughtUp, 300), "the second runner took over");
+    let before = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    let late = paused.await.unwrap();
+    assert!(matches!(late, Err(Error::LeaseLost(_))), "{late:?}");
+    let after = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    assert_eq!(before, after, "the paused runner's write did not land");
+    assert_eq!(after["subscriptions"][0]["partitions"][0]["lag_ms"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poison_event_is_parked_the_partition_goes_on_or_stops_and_a_redrive_delivers_it() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..200, 4, T0, 2_000).await;
+    for (name, on_poison) in [("goes-on", "park"), ("stops", "stop")] {
+        manage(&env, &target, json!({
+            "action": "create", "name": name, "start": format_ms(T0), "target": {"lambda": CONSUMER}, "on_poison": on_poison
+        }))
+        .await
+        .unwrap();
+    }
+    let poison = |payload: &Value| payload["events"].as_array().unwrap().iter().any(|e| e["data"]["n"] == 37);
+    target.consume_with(move |payload| match poison(payload) {
+        true => Answer::FunctionError("cannot handle n = 37".into()),
+        false => Answer::Ok(Value::Null),
+    });
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    let status_of = |name: &str| runs.iter().find(|r| r.subscription == name).unwrap().clone();
+    let goes_on = status_of("goes-on");
+    assert_eq!((goes_on.status, goes_on.delivered, goes_on.parked), (RunStatus::CaughtUp, 199, 1));
+    let stops = status_of("stops");
+    assert_eq!((stops.status, stops.parked), (RunStatus::Stopped, 1));
+    assert!(stops.error.as_deref().unwrap().contains("n = 37"), "{stops:?}");
+
+    let parked = manage(&env, &target, json!({"action": "parked", "name": "goes-on"})).await.unwrap();
+    let parked = parked["parked"].as_array().unwrap().clone();
+    assert_eq!(parked.len(), 1);
+    assert!(parked[0]["error"].as_str().unwrap().contains("n = 37"));
+    let delivered_n = |name: &str| -> Vec<i64> {
+        target.taken().iter().filter(|e| e["subscription"] == name).map(|e| e["data"]["n"].as_i64().unwrap()).collect()
+    };
+    assert!(!delivered_n("goes-on").contains(&37));
+    assert_eq!(delivered_n("goes-on").len(), 199);
+    assert!(delivered_n("stops").iter().all(|n| *n < 37 || n % 4 != 37 % 4), "nothing of key 37's partition after it");
+
+    // Stopped: the next tick leaves it; list shows why.
+    assert!(tick(&env, &target, runs::subscription_config(&env.names)).await.iter().all(|r| r.subscription != "stops"));
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    let stopped = listed["subscriptions"].as_array().unwrap().iter().find(|s| s["name"] == "stops").unwrap().clone();
+    assert!(stopped["partitions"][0]["stopped"].as_str().unwrap().contains("n = 37"));
+
+    // The consumer is fixed: re-drive delivers the parked event; resume goes on.
+    target.consume_with(|_| Answer::Ok(Value::Null));
+    let redriven = manage(&env, &target, json!({"action": "redrive", "name": "goes-on"})).await.unwrap();
+    assert_eq!(redriven["redriven"].as_array().unwrap().len(), 1, "{redriven}");
+    assert!(delivered_n("goes-on").contains(&37));
+    let empty = manage(&env, &target, json!({"action": "parked", "name": "goes-on"})).await.unwrap();
+    assert_eq!(empty["parked"], json!([]));
+    manage(&env, &target, json!({"action": "resume", "name": "stops"})).await.unwrap();
+    tick(&env, &target, runs::subscription_config(&env.names)).await;
+    let mut stops_n = delivered_n("stops");
+    stops_n.sort();
+    assert_eq!(stops_n, (0..200).filter(|n| *n != 37).collect::<Vec<_>>(), "everything but the parked one");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unavailable_target_holds_the_partition_and_nothing_is_skipped() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..300, 5, T0, 3_000).await;
+    manage(
+        &env,
+        &target,
+        json!({"action": "create", "name": "t", "start": format_ms(T0), "target": {"lambda": CONSUMER}}),
+    )
+    .await
+    .unwrap();
+    let gone_stream = "event-store-test-sub-gone";
+    env.kinesis.create_stream().stream_name(gone_stream).shard_count(1).send().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    manage(
+        &env,
+        &target,
+        json!({"action": "create", "name": "k", "start": format_ms(T0), "target": {"kinesis": gone_stream}}),
+    )
+    .await
+    .unwrap();
+    env.kinesis.delete_stream().stream_name(gone_stream).send().await.unwrap();
+    target.consume_with(|_| Answer::Throttled);
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert!(runs.iter().all(|r| r.status == RunStatus::Unavailable && r.delivered == 0), "{runs:?}");
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    for sub in listed["subscriptions"].as_array().unwrap() {
+        assert!(sub["lag_ms"].as_i64().unwrap() > 0, "the lag shows it: {sub}");
+    }
+    // Back: delivery goes on from the checkpoint; nothing was skipped.
+    target.consume_with(|_| Answer::Ok(Value::Null));
+    env.kinesis.create_stream().stream_name(gone_stream).shard_count(1).send().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..300, 5), 0);
+    assert_eq!(assert_all_in_key_order(&on_stream(&env, gone_stream).await, 0..300, 5), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..100, 5, T0, 1_000).await;
+    let ok = json!({"action": "create", "name": "a", "start": format_ms(T0), "target": {"lambda": CONSUMER}});
+    manage(&env, &target, ok.clone()).await.unwrap();
+    let bad = [
+        (ok.clone(), "exists already"),
+        (json!({"action": "create", "name": "b c", "target": {"lambda": CONSUMER}}), "name"),
+        (
+            json!({"action": "create", "name": "b", "start": format_ms(now_ms() + 3_600_000), "target": {"lambda": CONSUMER}}),
+            "future",
+        ),
+        (json!({"action": "create", "name": "b", "target": {"lambda": "nobody"}}), "nobody"),
+        (json!({"action": "create", "name": "b", "target": {"kinesis": "no-such-stream"}}), "no-such-stream"),
+        (json!({"action": "create", "name": "b", "target": {"sqs": "q"}}), "unknown variant"),
+        (
+            json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "filter": [{"field": "x", "equals": 1}]}),
+            "pointer",
+        ),
+        (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "filter": "/x=1"}), "filter"),
+        (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 65}), "partitions"),
+        (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 0}), "partitions"),
+        (json!({"action": "pause", "name": "nope"}), "no subscription"),
+        (json!({"action": "reset", "name": "a", "to": format_ms(now_ms() + 3_600_000)}), "future"),
+    ];
+    for (request, word) in bad {
+        let err = manage(&env, &target, request.clone()).await.expect_err(&request.to_string());
+        assert!(matches!(&err, Error::BadInput(m) if m.contains(word)), "{request}: {err}");
+    }
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    assert_eq!(listed["subscriptions"].as_array().unwrap().len(), 1, "only the good one");
+
+    // Paused: the tick starts nothing. Resumed: everything.
+    manage(&env, &target, json!({"action": "pause", "name": "a"})).await.unwrap();
+    assert!(tick(&env, &target, runs::subscription_config(&env.names)).await.is_empty());
+    manage(&env, &target, json!({"action": "resume", "name": "a"})).await.unwrap();
+    assert_eq!(tick(&env, &target, runs::subscription_config(&env.names)).await[0].delivered, 100);
+    // Reset to the middle: delivered again from there.
+    let middle = T0 + 500;
+    manage(&env, &target, json!({"action": "reset", "name": "a", "to": format_ms(middle)})).await.unwrap();
+    let again = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(again[0].delivered, 50, "{again:?}");
+    // Deleted: gone with its checkpoints.
+    manage(&env, &target, json!({"action": "delete", "name": "a"})).await.unwrap();
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    assert_eq!(listed["subscriptions"], json!([]));
+    let gone = subscriptions(&env, &target, runs::subscription_config(&env.names))
+        .run_partition(PartitionTask::first("a", 0), far())
+        .await
+        .unwrap();
+    assert_eq!(gone.status, RunStatus::Gone);
+}
