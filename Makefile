@@ -29,7 +29,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback redrive load check test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+.PHONY: help demo local playback tail subscription redrive load check test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,12 @@ local: tools-moto local-bin ## run the whole pipeline locally until Ctrl-C (pixe
 
 playback: local-bin ## play back START..END (ISO 8601; default the last 15 min) from the running stack
 	$(LOCAL_BIN) playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)')
+
+tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|beginning|<time> [FILTER=/path=/track.gif]
+	$(LOCAL_BIN) tail --from '$(or $(FROM),now)' $(if $(FILTER),--filter '$(FILTER)')
+
+subscription: local-bin ## manage subscriptions of the running stack: ARGS='list' | ARGS='create NAME --target kinesis:S --start beginning' | pause/resume/reset/delete/parked/redrive
+	$(LOCAL_BIN) subscription $(or $(ARGS),list)
 
 redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (AWS=1: the deployed stack, tables from DYNAMO_BUFFER_TABLE/DYNAMO_EVENT_TABLE)
 	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(AWS),--aws)
@@ -88,7 +94,7 @@ BENCH_EVENTS ?= 20000
 export BENCH_EVENTS
 bench: tools-moto tools-node build ## throughput per stage vs the emulator's raw capacity, requests per event -> bench/results.{md,json}
 	@echo "== cargo run --release -p event-store-bench ($(BENCH_EVENTS) events per payload size)"
-	$(CARGO) build --release --locked -p load -p pump -p scan -p playback -p event-store-local -p event-store-bench
+	$(CARGO) build --release --locked -p load -p pump -p scan -p playback -p subscriptions -p event-store-local -p event-store-bench
 	./target/release/event-store-bench
 
 FUZZ_SECONDS ?= 30

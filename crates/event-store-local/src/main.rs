@@ -4,7 +4,9 @@
 //! - `local`: run the stack until Ctrl-C (pixel server on 127.0.0.1:$PORT);
 //! - `demo`: the main job end to end, with a report (exit 1 if anything was lost);
 //! - `playback`: play a window back from a running stack;
-//! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue.
+//! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue;
+//! - `subscription <action>`: manage subscriptions of the running stack;
+//! - `tail`: print the sealed log's events as their slots seal.
 
 mod demo;
 mod http;
@@ -13,6 +15,7 @@ mod settings;
 mod source;
 mod stack;
 mod stats;
+mod subscriptions;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -80,6 +83,20 @@ enum Command {
         /// DYNAMO_EVENT_TABLE come from the environment as they are.
         #[arg(long, default_value_t = false)]
         aws: bool,
+    },
+    /// Manage the running stack's subscriptions (what the subscriptions Lambda does for {"action": ...}).
+    Subscription {
+        #[command(subcommand)]
+        action: subscriptions::Action,
+    },
+    /// Print the events of the running stack's sealed log as their slots seal (Ctrl-C stops).
+    Tail {
+        /// `now`, `beginning`, or a time (ISO 8601 or epoch ms).
+        #[arg(long, env = "FROM", default_value = "now")]
+        from: String,
+        /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
+        #[arg(long = "filter", env = "FILTER", value_delimiter = ',')]
+        filters: Vec<String>,
     },
 }
 
@@ -152,6 +169,23 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
             let total = playback::total(&summaries);
             playback::print_summary(&total, summaries.len());
             Ok(total.status != event_store::playback::Status::Incomplete)
+        }
+        Command::Subscription { action } => {
+            playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
+            let sdk = event_store::aws_config().await;
+            println!("{}", serde_json::to_string_pretty(&subscriptions::manage(&sdk, action).await?)?);
+            Ok(true)
+        }
+        Command::Tail { from, filters } => {
+            playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
+            let sdk = event_store::aws_config().await;
+            let from = subscriptions::parse_from(&from)?;
+            let filters = filters.iter().map(|f| playback::parse_filter(f)).collect::<Result<Vec<_>>>()?;
+            eprintln!("following the sealed log from {} (Ctrl-C stops)", subscriptions::describe_from(from));
+            let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+            let printed = subscriptions::tail(&dynamo, from, &filters, shutdown_signal()).await?;
+            eprintln!("{printed} events");
+            Ok(true)
         }
         Command::Redrive { queue, .. } => {
             let sdk = event_store::aws_config().await;

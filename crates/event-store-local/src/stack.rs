@@ -1,16 +1,18 @@
 //! The whole pipeline in one process: emulator, resources, the pixel server
 //! (`load`), the event source feeding `pump`, the scan schedule with its
-//! forks run in-process, and a counter on the playback stream.
+//! forks run in-process, the subscriptions tick and its runners, and a
+//! counter on the playback stream.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use event_store::config::{LoadConfig, PumpConfig, ScanConfig};
+use event_store::config::{LoadConfig, PumpConfig, ScanConfig, SubscriptionConfig};
 use event_store::load::Load;
 use event_store::pump::Pump;
 use event_store::scan::Scan;
-use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker};
+use event_store::subscription::{Answer, Subscriptions};
+use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker, Queued};
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables};
 use event_store_emulator::Emulator;
@@ -27,12 +29,15 @@ use crate::stats::Stats;
 /// Local invocations get the deadlines the template's timeouts give them in Lambda.
 pub const SCAN_TIMEOUT: Duration = Duration::from_secs(120);
 pub const PLAYBACK_TIMEOUT: Duration = Duration::from_secs(900);
+pub const SUBSCRIPTIONS_TIMEOUT: Duration = Duration::from_secs(900);
 
 pub struct Stack {
     pub settings: Settings,
     pub emulator: Emulator,
     pub dynamo: aws_sdk_dynamodb::Client,
     pub kinesis: aws_sdk_kinesis::Client,
+    /// Lambda targets of subscriptions (moto runs functions only in Docker: locally, use Kinesis targets).
+    pub lambda: aws_sdk_lambda::Client,
     pub region: String,
     pub stats: Arc<Stats>,
     pub counter: RequestCounter,
@@ -54,7 +59,8 @@ impl Stack {
         create_tables(&dynamo, &settings.names).await.context("creating the tables")?;
         create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
         let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
-        Ok(Self { settings, emulator, dynamo, kinesis, region, stats: Arc::default(), counter })
+        let lambda = aws_sdk_lambda::Client::new(&sdk);
+        Ok(Self { settings, emulator, dynamo, kinesis, lambda, region, stats: Arc::default(), counter })
     }
 
     /// Starts every service; they stop when `shutdown` turns true.
@@ -86,7 +92,7 @@ impl Stack {
             tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
         }
 
-        let (invoker, mut invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
+        let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
         let scan = Arc::new(Scan::new(
             self.dynamo.clone(),
             self.kinesis.clone(),
@@ -94,43 +100,76 @@ impl Stack {
             Arc::new(invoker.clone()),
         ));
         let stats = self.stats.clone();
-        let mut stop = shutdown.clone();
-        // Asynchronous invocations of scan (schedule ticks, forks, continuations), each its own task.
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    Some((payload, hop)) = invocations.recv() => {
-                        let (scan, stats) = (scan.clone(), stats.clone());
-                        tokio::spawn(at_hop(hop, async move {
-                            match scan.handle(payload, SystemTime::now() + SCAN_TIMEOUT).await {
-                                Ok(summary) => stats.add_moved(summary.moved as u64),
-                                Err(err) => error!(error = %err, "scan invocation failed"),
-                            }
-                        }));
-                    }
-                    _ = stop.changed() => return,
+        tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
+            let (scan, stats) = (scan.clone(), stats.clone());
+            async move {
+                match scan.handle(payload, SystemTime::now() + SCAN_TIMEOUT).await {
+                    Ok(summary) => stats.add_moved(summary.moved as u64),
+                    Err(err) => error!(error = %err, "scan invocation failed"),
                 }
             }
-        });
-        let interval = self.settings.scan_interval;
-        let mut stop = shutdown.clone();
-        // The schedule: like EventBridge, it fires whether or not the last scan has finished.
-        tasks.spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticks.tick() => {
-                        let event = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
-                        if invoker.send(event).is_err() {
-                            return;
-                        }
-                    }
-                    _ = stop.changed() => return,
+        }));
+        tasks.spawn(schedule(invoker, self.settings.scan_interval, shutdown.clone()));
+
+        // Subscriptions: a tick on the same schedule; runners (follow 0) deliver what is sealed and end.
+        let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
+        let subscriptions = Arc::new(Subscriptions::new(
+            self.dynamo.clone(),
+            self.kinesis.clone(),
+            self.lambda.clone(),
+            SubscriptionConfig::from_env()?,
+            Arc::new(invoker.clone()),
+        ));
+        let stats = self.stats.clone();
+        tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
+            let (subscriptions, stats) = (subscriptions.clone(), stats.clone());
+            async move {
+                match subscriptions.handle(payload, SystemTime::now() + SUBSCRIPTIONS_TIMEOUT).await {
+                    Ok(Answer::Ran(run)) => stats.add_delivered(run.delivered as u64),
+                    Ok(_) => {}
+                    Err(err) => error!(error = %err, "subscriptions invocation failed"),
                 }
             }
-        });
+        }));
+        tasks.spawn(schedule(invoker, self.settings.scan_interval, shutdown.clone()));
         Ok(tasks)
+    }
+}
+
+/// Lambda's asynchronous invocations of one function: each payload the
+/// invoker queues runs as its own task, until `shutdown`.
+async fn run_invocations<F, Fut>(
+    mut invocations: tokio::sync::mpsc::UnboundedReceiver<Queued>,
+    mut shutdown: watch::Receiver<bool>,
+    handle: F,
+) where
+    F: Fn(serde_json::Value) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        tokio::select! {
+            Some((payload, hop)) = invocations.recv() => {
+                tokio::spawn(at_hop(hop, handle(payload)));
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// The schedule: like EventBridge, it fires whether or not the last run has finished.
+async fn schedule(invoker: LocalInvoker, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {
+                let event = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+                if invoker.send(event).is_err() {
+                    return;
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
     }
 }
 

@@ -14,6 +14,8 @@ pub struct Stats {
     pub moved: AtomicU64,
     /// Records seen on the playback stream.
     pub played_back: AtomicU64,
+    /// Events delivered by subscriptions.
+    pub delivered: AtomicU64,
     last_buffered: Mutex<Option<Instant>>,
     last_moved: Mutex<Option<Instant>>,
 }
@@ -37,6 +39,10 @@ impl Stats {
         }
     }
 
+    pub fn add_delivered(&self, n: u64) {
+        self.delivered.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub fn last_buffered(&self) -> Option<Instant> {
         self.last_buffered.lock().ok().and_then(|t| *t)
     }
@@ -48,11 +54,12 @@ impl Stats {
     pub fn line(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "received {} | buffered {} | moved {} | played back {}",
+            "received {} | buffered {} | moved {} | played back {} | delivered by subscriptions {}",
             get(&self.received),
             get(&self.buffered),
             get(&self.moved),
-            get(&self.played_back)
+            get(&self.played_back),
+            get(&self.delivered)
         )
     }
 }

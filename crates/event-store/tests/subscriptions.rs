@@ -198,11 +198,15 @@ async fn a_crash_mid_delivery_repeats_only_the_batch_in_flight() {
         3 => Answer::Slow(Duration::from_secs(2), Box::new(Answer::Ok(Value::Null))),
         _ => Answer::Ok(Value::Null),
     });
-    let subs = subscriptions(&env, &target, runs::subscription_config(&env.names));
+    let config =
+        SubscriptionConfig { deadline_margin: Duration::from_millis(100), ..runs::subscription_config(&env.names) };
+    let subs = subscriptions(&env, &target, config);
     let crashed = tokio::spawn(async move {
         subs.run_partition(PartitionTask::first("c", 0), SystemTime::now() + Duration::from_secs(2)).await
     });
+    let waiting = std::time::Instant::now();
     while calls.load(Ordering::SeqCst) < 4 {
+        assert!(waiting.elapsed() < Duration::from_secs(20), "the fourth batch never came");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     crashed.abort();
@@ -416,7 +420,10 @@ async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say
             json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "filter": [{"field": "x", "equals": 1}]}),
             "pointer",
         ),
-        (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "filter": "/x=1"}), "filter"),
+        (
+            json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "filter": "/x=1"}),
+            "expected a sequence",
+        ),
         (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 65}), "partitions"),
         (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 0}), "partitions"),
         (json!({"action": "pause", "name": "nope"}), "no subscription"),

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use event_store::config::{LoadConfig, PlaybackConfig, PumpConfig, ScanConfig, Variables};
+use event_store::config::{LoadConfig, PlaybackConfig, PumpConfig, ScanConfig, SubscriptionConfig, Variables};
 use serde_yaml::Value;
 
 fn template() -> Value {
@@ -33,6 +33,7 @@ fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'stati
         ),
         ("ScanFunction", ScanConfig::VARIABLES, event_store::scan::AWS_ACTIONS, &[]),
         ("PlaybackFunction", PlaybackConfig::VARIABLES, event_store::playback::AWS_ACTIONS, &[]),
+        ("SubscriptionsFunction", SubscriptionConfig::VARIABLES, event_store::subscription::AWS_ACTIONS, &[]),
     ]
 }
 
@@ -91,7 +92,9 @@ fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
 #[test]
 fn self_invocation_is_granted_on_the_function_itself_only() {
     let template = template();
-    for (name, suffix) in [("ScanFunction", "-scan"), ("PlaybackFunction", "-playback")] {
+    for (name, suffix) in
+        [("ScanFunction", "-scan"), ("PlaybackFunction", "-playback"), ("SubscriptionsFunction", "-subscriptions")]
+    {
         let function_name = format!("{:?}", template["Resources"][name]["Properties"]["FunctionName"]);
         assert!(function_name.contains(&format!("${{Stage}}{suffix}")), "{function_name}");
         let statements = template["Resources"][name]["Properties"]["Policies"][0]["Statement"].as_sequence().unwrap();
@@ -128,7 +131,7 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
 #[test]
 fn self_invoking_functions_declare_their_recursion_and_drop_stale_continuations() {
     let template = template();
-    for name in ["ScanFunction", "PlaybackFunction"] {
+    for name in ["ScanFunction", "PlaybackFunction", "SubscriptionsFunction"] {
         let properties = &template["Resources"][name]["Properties"];
         // Else Lambda's recursive loop detection stops every chain after about 16 hops.
         assert_eq!(properties["RecursiveLoop"].as_str(), Some("Allow"), "{name}");
@@ -153,4 +156,34 @@ fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
     assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::config::MAX_EVENT_BYTES_LIMIT as u64));
     let env = &template["Resources"]["LoadFunction"]["Properties"]["Environment"]["Variables"];
     assert!(format!("{:?}", env["MAX_EVENT_BYTES"]).contains("MaxEventBytes"));
+}
+
+#[test]
+fn the_lag_alarm_watches_the_metric_the_tick_writes_and_fires_when_the_tick_is_silent() {
+    let template = template();
+    let alarm = &template["Resources"]["SubscriptionLagAlarm"]["Properties"];
+    assert_eq!(alarm["MetricName"].as_str(), Some(event_store::subscription::metrics::LAG_METRIC));
+    let function = &template["Resources"]["SubscriptionsFunction"]["Properties"];
+    let namespace = &function["Environment"]["Variables"]["METRICS_NAMESPACE"];
+    assert_eq!(format!("{:?}", alarm["Namespace"]), format!("{namespace:?}"), "the namespace the function writes to");
+    assert!(alarm["Dimensions"].is_null(), "the metric without dimensions: the largest lag of all");
+    assert_eq!(alarm["TreatMissingData"].as_str(), Some("breaching"), "a tick that stopped writing is an alarm");
+    // Targets the role may reach: streams and functions named <service>-<stage>-sub-*, nothing else.
+    let statements = function["Policies"][0]["Statement"].as_sequence().unwrap();
+    for statement in statements
+        .iter()
+        .filter(|s| strings(&s["Action"]).iter().any(|a| a.starts_with("kinesis:") || a.starts_with("lambda:")))
+    {
+        let resources = match &statement["Resource"] {
+            Value::Sequence(items) => items.clone(),
+            one => vec![one.clone()],
+        };
+        for resource in resources.iter().map(|r| format!("{r:?}")) {
+            assert!(
+                resource.contains("${Service}-${Stage}-sub-*")
+                    || resource.contains("${Service}-${Stage}-subscriptions\""),
+                "{resource}"
+            );
+        }
+    }
 }

@@ -317,6 +317,8 @@ pub async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Parked {
     pub partition: u32,
+    /// Stored as `event_slot`: the item's own `slot` is the bookkeeping partition's.
+    #[serde(rename = "event_slot")]
     pub slot: i64,
     pub event_sort_key: String,
     pub event_id: String,
