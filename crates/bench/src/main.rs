@@ -16,15 +16,16 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 use event_store::batch::{Backoff, KINESIS_BATCH_RECORDS};
 use event_store::bookkeeping::shard_position;
-use event_store::config::{PlaybackConfig, PumpConfig, ScanConfig};
+use event_store::config::{PlaybackConfig, PumpConfig, ScanConfig, SubscriptionConfig};
 use event_store::kinesis::{put_in_key_order, send_put_records, OutgoingRecord};
 use event_store::playback::{kinesis_records, Pacer, Playback, RecordFormat};
 use event_store::pump::Pump;
+use event_store::subscription::Subscriptions;
 use event_store::time::format_ms;
 use event_store_emulator::invoke::LocalInvoker;
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables, Names};
-use event_store_emulator::runs::{self, deadline_in, run_scan};
+use event_store_emulator::runs::{self, deadline_in, run_scan, run_subscriptions};
 use event_store_emulator::{moto_server, Emulator};
 use futures::StreamExt;
 use serde::Serialize;
@@ -67,6 +68,9 @@ struct PayloadResult {
     stages: Vec<StageResult>,
     /// Playback's Kinesis records per played event (aggregated records carry many).
     playback_records_per_event: f64,
+    /// A one-partition subscription catching up over the same events onto a
+    /// Kinesis target: its events/s over playback's, in the same run (target >= 0.8).
+    subscription_to_playback: f64,
     /// Playback's put path alone on one paced shard, events/s by record format (200 B only).
     put_path: Vec<(RecordFormat, f64)>,
     capacity: Option<Capacity>,
@@ -285,14 +289,54 @@ async fn bench_payload(
     let started = Instant::now();
     let summary = playback.handle(window, SystemTime::now() + Duration::from_secs(900)).await?;
     anyhow::ensure!(summary.events == events, "playback played {} of {events}", summary.events);
+    let started_playback_elapsed = started.elapsed();
     let playback_records_per_event = summary.kinesis_records as f64 / events as f64;
     stage(
         "playback",
-        per_second(events, started.elapsed()),
+        per_second(events, started_playback_elapsed),
         "Query + PutRecords of the same records",
         raw_playback,
         &counter,
     );
+
+    let playback_eps = per_second(events, started_playback_elapsed);
+
+    // subscription: a one-partition subscription from the window's start catches up over the same
+    // events onto a Kinesis target (the same put path as playback), in one tick and its runner.
+    counter.reset();
+    let sub_config =
+        SubscriptionConfig { deadline_margin: Duration::from_secs(30), ..runs::subscription_config(&names) };
+    let subscriptions = Subscriptions::new(
+        dynamo.clone(),
+        kinesis.clone(),
+        aws_sdk_lambda::Client::new(dynamo_sdk),
+        sub_config.clone(),
+        Arc::new(LocalInvoker::channel().0),
+    );
+    let create = serde_json::json!({
+        "action": "create", "name": "bench", "start": format_ms(t0), "target": {"kinesis": names.subscription_stream}
+    });
+    subscriptions.handle(create, SystemTime::now() + Duration::from_secs(60)).await?;
+    counter.reset();
+    let (d, k, l) = (dynamo.clone(), kinesis.clone(), aws_sdk_lambda::Client::new(dynamo_sdk));
+    let make = move |invoker| Subscriptions::new(d, k, l, sub_config, invoker);
+    let started = Instant::now();
+    let delivered: u64 = run_subscriptions(make, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
+        .await
+        .into_iter()
+        .map(|answer| answer.map(|a| a["delivered"].as_u64().unwrap_or(0)).unwrap_or(0))
+        .sum();
+    let subscription_eps = per_second(events, started.elapsed());
+    anyhow::ensure!(delivered == events as u64, "the subscription delivered {delivered} of {events}");
+    let subscription = StageResult {
+        stage: "subscription",
+        events_per_second: subscription_eps,
+        raw_baseline: "Query + PutRecords of the same records",
+        raw_events_per_second: raw_playback,
+        ratio_to_raw: subscription_eps / raw_playback,
+        requests_per_event: per_event(&counter, events),
+    };
+    stages.push(subscription);
 
     let per_event = |n: f64| n / events as f64;
     let writes: f64 = ["DynamoDB.BatchWriteItem", "DynamoDB.UpdateItem", "DynamoDB.PutItem"]
@@ -314,6 +358,7 @@ async fn bench_payload(
         events,
         stages,
         playback_records_per_event,
+        subscription_to_playback: subscription_eps / playback_eps,
         put_path: Vec::new(),
         capacity: Some(capacity),
     })
@@ -351,6 +396,13 @@ fn base64(data: &[u8]) -> String {
 }
 
 fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
+    let ratios: Vec<String> =
+        results.iter().map(|r| format!("{} B: {:.2}", r.payload_bytes, r.subscription_to_playback)).collect();
+    let subscription_line = format!(
+        "\nSubscription catch-up (one partition, Kinesis target, one tick and its runner) over the same events as \
+         playback, in the same run, as a ratio of playback's events/s (target >= 0.8): {}.\n",
+        ratios.join(", ")
+    );
     let mut md = format!(
         "# Benchmark results\n\n{date}, {machine}. Local moto_server. Each stage's events/s is compared with the \
          emulator's raw capacity for the same work, measured in the same run: the same items and records, built \
@@ -387,6 +439,7 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
             ));
         }
     }
+    md.push_str(&subscription_line);
     for r in results.iter().filter(|r| !r.put_path.is_empty()) {
         md.push_str(&format!(
             "\nPlayback's put path alone ({CAP_EVENTS} played events of {} B built beforehand, no DynamoDB), \
@@ -427,7 +480,7 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
 /// Sizes of the arm64 bootstraps `make build` left in target/lambda.
 fn bootstrap_sizes() -> Vec<(&'static str, u64)> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/lambda");
-    ["load", "pump", "scan", "playback"]
+    ["load", "pump", "scan", "playback", "subscriptions"]
         .into_iter()
         .filter_map(|name| Some((name, std::fs::metadata(root.join(name).join("bootstrap")).ok()?.len())))
         .collect()
@@ -642,6 +695,14 @@ async fn main() -> Result<()> {
     md.push_str(&format!(
         "\nPixel hit to event-table item (`event-store-local demo`, {} hits, scan every {} s): p50 {} ms, p99 {} ms.\n",
         latency["sent"], latency["scan_interval_seconds"], latency["latency_p50_ms"], latency["latency_p99_ms"]
+    ));
+    md.push_str(&format!(
+        "\nArrival (Kinesis arrival of the event) to delivery (Kinesis arrival on the subscription's target stream), \
+         the demo's subscription (4 partitions, a tick every {} s, WATERMARK_LAG_MS 2000): p50 {} ms, p99 {} ms \
+         (target: p99 <= the watermark lag + 2 s = 4000 ms).\n",
+        latency["scan_interval_seconds"],
+        latency["subscription_latency_p50_ms"],
+        latency["subscription_latency_p99_ms"]
     ));
     md.push_str(&format!(
         "\nCold start of each x86_64 release binary under a minimal Lambda runtime API (median of {COLD_STARTS}; \

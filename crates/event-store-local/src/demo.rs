@@ -2,6 +2,8 @@
 //! sends pixel hits over HTTP, waits until pump and scan have moved them all
 //! into the event table, plays the window back, reads the playback stream
 //! and checks that every event came back, in time order per partition key.
+//! A subscription created before the first hit (4 partitions, a Kinesis
+//! target) must have delivered every event too, in order per key.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -12,6 +14,7 @@ use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
 use event_store::event_item::EventItem;
 use event_store::playback::{PlaybackRequest, PlayedEvent};
+use event_store::subscription::{Manage, NewSubscription, Target};
 use event_store::time::{format_ms, now_ms};
 use futures::StreamExt;
 use http_body_util::{BodyExt, Empty};
@@ -41,6 +44,8 @@ pub struct Report {
     pub duplicate_ids: Vec<String>,
     pub lost: usize,
     pub out_of_order: usize,
+    /// The demo subscription: events delivered, lost, duplicated, out of order.
+    pub subscribed: SubscriptionReport,
     pub wall: Duration,
     /// Pixel hit (load's `received_at`) to event-table item (the scan's `moved_at`), ms.
     pub latency_p50_ms: Option<i64>,
@@ -57,9 +62,26 @@ pub fn quantile(values: &[i64], q: f64) -> Option<i64> {
     sorted.get(rank - 1).copied()
 }
 
+/// What a subscription delivered, checked like the playback.
+#[derive(Debug, Default)]
+pub struct SubscriptionReport {
+    /// Event arrival to its record's arrival on the target stream, ms.
+    pub latency_p50_ms: Option<i64>,
+    pub latency_p99_ms: Option<i64>,
+    pub delivered: usize,
+    pub duplicates: usize,
+    pub lost: usize,
+    pub out_of_order: usize,
+}
+
 impl Report {
     pub fn ok(&self) -> bool {
-        self.lost == 0 && self.out_of_order == 0 && self.failed_requests == 0 && self.sent > 0
+        self.lost == 0
+            && self.out_of_order == 0
+            && self.failed_requests == 0
+            && self.sent > 0
+            && self.subscribed.lost == 0
+            && self.subscribed.out_of_order == 0
     }
 }
 
@@ -72,6 +94,21 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let port = stack.settings.port;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let window_start = now_ms() - 1;
+    let subscription = format!("demo-{}", &run_id[..8]);
+    println!(
+        "== creating subscription {subscription}: from now, 4 partitions, to the Kinesis stream {}",
+        stack.settings.names.subscription_stream
+    );
+    let subscriptions = crate::subscriptions::local_with(&stack)?;
+    subscriptions
+        .manage(Manage::Create(NewSubscription {
+            name: subscription.clone(),
+            start: Some(format_ms(window_start)),
+            target: Some(Target::Kinesis(stack.settings.names.subscription_stream.clone())),
+            partitions: Some(4),
+            ..Default::default()
+        }))
+        .await?;
 
     println!("== sending {events} pixel hits to http://127.0.0.1:{port}/track.gif (concurrency {concurrency})");
     let load_started = Instant::now();
@@ -101,11 +138,23 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let playback_time = playback_started.elapsed();
 
     println!("== reading the playback stream back and checking order");
-    let played = read_played(&stack, &run_id).await?;
+    let (played, _) = read_played(&stack, &stack.settings.names.playback_stream, &run_id).await?;
+    println!("== waiting until subscription {subscription} has delivered every event, then checking order");
+    let (subscribed, delivery_latencies) = wait_until_delivered(&stack, &run_id, &stored).await?;
+    subscriptions.manage(Manage::Delete { name: subscription }).await?;
     let _ = stop.send(true);
     while services.join_next().await.is_some() {}
 
     let mut report = check(&stored, &played, accepted);
+    let subscription_check = check(&stored, &subscribed, accepted);
+    report.subscribed = SubscriptionReport {
+        latency_p50_ms: quantile(&delivery_latencies, 0.5),
+        latency_p99_ms: quantile(&delivery_latencies, 0.99),
+        delivered: subscription_check.played_back,
+        duplicates: subscription_check.duplicates,
+        lost: subscription_check.lost,
+        out_of_order: subscription_check.out_of_order,
+    };
     report.stored_duplicates = stored_duplicates;
     report.sent = events;
     report.failed_requests = failed_requests;
@@ -260,10 +309,32 @@ async fn wait_until_stored(
     }
 }
 
-/// This run's records on the playback stream: envelope ids per partition key, in stream order.
-async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<String>>> {
-    let stream = &stack.settings.names.playback_stream;
+/// Reads the subscription's target stream until it holds every stored event of this run (or
+/// nothing new came for a while): envelope ids per partition key, in stream order.
+async fn wait_until_delivered(
+    stack: &Stack,
+    run_id: &str,
+    stored: &HashMap<String, (String, String)>,
+) -> Result<(HashMap<String, Vec<String>>, Vec<i64>)> {
+    let started = Instant::now();
+    loop {
+        let (delivered, latencies) = read_played(stack, &stack.settings.names.subscription_stream, run_id).await?;
+        let ids: HashSet<&String> = delivered.values().flatten().collect();
+        if stored.keys().all(|id| ids.contains(id)) || started.elapsed() > DRAIN_TIMEOUT {
+            return Ok((delivered, latencies));
+        }
+        eprintln!("   {} | delivered {}/{}", stack.stats.line(), ids.len(), stored.len());
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+}
+
+/// This run's records on `stream` (played back, or delivered by a
+/// subscription: both carry the played-record fields): envelope ids per
+/// partition key, in stream order, and for each the time from the event's
+/// arrival to its record's arrival on `stream` (ms).
+async fn read_played(stack: &Stack, stream: &str, run_id: &str) -> Result<(HashMap<String, Vec<String>>, Vec<i64>)> {
     let mut played: HashMap<String, Vec<String>> = HashMap::new();
+    let mut latencies = Vec::new();
     for shard in shard_ids(&stack.kinesis, stream).await? {
         let mut reader = ShardReader::new(stack.kinesis.clone(), stream, &shard);
         let mut errors = 0;
@@ -283,22 +354,25 @@ async fn read_played(stack: &Stack, run_id: &str) -> Result<HashMap<String, Vec<
             for record in records {
                 // An aggregated record (the default) carries many played events of one key.
                 let key = record.partition_key().unwrap_or_default();
+                let arrived = record.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok());
                 for (key, data) in deaggregate(key, record.data().as_ref())? {
                     // A played record wraps the event (the envelope) with its time and sequence number.
-                    let Some(envelope) = serde_json::from_slice::<PlayedEvent>(&data)
-                        .ok()
-                        .and_then(|played| serde_json::from_value::<Envelope>(played.data?).ok())
+                    let Some((event_ms, envelope)) =
+                        serde_json::from_slice::<PlayedEvent>(&data).ok().and_then(|played| {
+                            Some((played.event_ms, serde_json::from_value::<Envelope>(played.data?).ok()?))
+                        })
                     else {
                         continue;
                     };
                     if run_of(&envelope) == Some(run_id) {
                         played.entry(key).or_default().push(envelope.id);
+                        latencies.extend(arrived.map(|at| at - event_ms));
                     }
                 }
             }
         }
     }
-    Ok(played)
+    Ok((played, latencies))
 }
 
 /// Compares what was stored with what was played: lost events, duplicate
@@ -342,6 +416,16 @@ pub fn print(report: &Report) {
         report.stored, report.stored_duplicates
     );
     println!("events played back   {:>7}  ({} duplicates)", report.played_back, report.duplicates);
+    let sub = &report.subscribed;
+    println!(
+        "events subscribed    {:>7}  ({} duplicates, {} lost, {} out of order; arrival to delivery p50 {} ms, p99 {} ms)",
+        sub.delivered,
+        sub.duplicates,
+        sub.lost,
+        sub.out_of_order,
+        sub.latency_p50_ms.map_or("-".into(), |v| v.to_string()),
+        sub.latency_p99_ms.map_or("-".into(), |v| v.to_string())
+    );
     for id in &report.duplicate_ids {
         println!("duplicate delivery   {id}");
     }
@@ -360,6 +444,10 @@ impl Report {
         serde_json::json!({
             "sent": self.sent, "stored": self.stored, "played_back": self.played_back, "lost": self.lost,
             "duplicates": self.duplicates, "out_of_order": self.out_of_order, "ok": self.ok(),
+            "subscribed": self.subscribed.delivered, "subscription_lost": self.subscribed.lost,
+            "subscription_out_of_order": self.subscribed.out_of_order,
+            "subscription_latency_p50_ms": self.subscribed.latency_p50_ms,
+            "subscription_latency_p99_ms": self.subscribed.latency_p99_ms,
             "wall_seconds": self.wall.as_secs_f64(), "scan_interval_seconds": self.scan_interval.as_secs_f64(),
             "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
         })

@@ -78,8 +78,8 @@ impl Settings {
         default("IP_SALT", "local-stack-salt-not-secret");
         // The in-process event source hands records to the pump within a second.
         default("WATERMARK_LAG_MS", "2000");
-        // Each tick's runners deliver what is sealed and end; the next tick (every SCAN_INTERVAL) goes on.
-        default("SUBSCRIPTION_FOLLOW_SECONDS", "0");
+        // A runner follows the sealed log this long (polling each second), then the next tick starts another.
+        default("SUBSCRIPTION_FOLLOW_SECONDS", "30");
         default("AWS_ACCESS_KEY_ID", "local");
         default("AWS_SECRET_ACCESS_KEY", "local");
     }

@@ -128,6 +128,18 @@ pub fn local(sdk: &aws_config::SdkConfig) -> Result<Subscriptions> {
     ))
 }
 
+/// The subscriptions of a started stack (its clients, which count their requests).
+pub fn local_with(stack: &crate::stack::Stack) -> Result<Subscriptions> {
+    let (invoker, _) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
+    Ok(Subscriptions::new(
+        stack.dynamo.clone(),
+        stack.kinesis.clone(),
+        stack.lambda.clone(),
+        SubscriptionConfig::from_env()?,
+        Arc::new(invoker),
+    ))
+}
+
 /// Runs one management action against the local stack; its answer.
 pub async fn manage(sdk: &aws_config::SdkConfig, action: Action) -> Result<Value> {
     let subscriptions = local(sdk)?;
