@@ -21,7 +21,7 @@ from samtranslator.yaml_helper import yaml_parse
 
 from conftest import REGION, ROOT, free_port, wait_for_port
 
-FUNCTIONS = ["load", "pump", "scan", "playback"]
+FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions"]
 BUCKET = "event-store-artifacts"
 PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
 PREFIX = "event-store-ci"
@@ -147,6 +147,8 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert env["scan"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
     assert env["scan"]["EVENT_STREAM"] == f"{PREFIX}-stream", "the scan asks the event stream what is not buffered"
     assert env["playback"]["PLAYBACK_STREAM"] == f"{PREFIX}-playback"
+    assert env["subscriptions"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
+    assert env["subscriptions"]["METRICS_NAMESPACE"] == f"EventStore/{PREFIX}", "where the lag alarm looks"
 
 
 def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_letter_queue(stack, aws):
@@ -266,6 +268,20 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
         ("user-42", 0, "2026-11-01T05:58:44.123Z"), ("user-42", 1, "2026-11-01T05:58:44.456Z")]
     assert played[0][1]["data"] == {"id": "1b4e8c60", "path": "/track.gif"}
     assert base64.b64decode(played[1][1]["data_base64"]) == b"\x00\xff\x10not json"
+
+    # A subscription from the beginning onto a stream of its own (named as the role allows:
+    # <service>-<stage>-sub-*), created by the function; its partition's runner delivers both.
+    kinesis.create_stream(StreamName=f"{PREFIX}-sub-e2e", ShardCount=1)
+    kinesis.get_waiter("stream_exists").wait(StreamName=f"{PREFIX}-sub-e2e")
+    created = invoke(watch, "subscriptions", "subscription-create.json")
+    assert created["created"]["target"] == {"kinesis": f"{PREFIX}-sub-e2e"}
+    run = invoke(watch, "subscriptions", "subscription-run.json")
+    assert (run["status"], run["delivered"]) == ("caught_up", 2), run
+    delivered = deaggregated(kinesis, f"{PREFIX}-sub-e2e")
+    assert [(key, event["subscription"], event["event_time"]) for key, event in delivered] == [
+        ("user-42", "e2e", "2026-11-01T05:58:44.123Z"), ("user-42", "e2e", "2026-11-01T05:58:44.456Z")]
+    listed = invoke(watch, "subscriptions", "subscription-list.json")
+    assert [(s["name"], s["lag_ms"]) for s in listed["subscriptions"]] == [("e2e", 0)]
 
 
 def deaggregated(kinesis, stream):
