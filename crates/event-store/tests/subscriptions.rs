@@ -383,7 +383,11 @@ async fn an_unavailable_target_holds_the_partition_and_nothing_is_skipped() {
     .unwrap();
     env.kinesis.delete_stream().stream_name(gone_stream).send().await.unwrap();
     target.consume_with(|_| Answer::Throttled);
-    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    // Pages of 10 events: the reader is many pages ahead when the run stops, and must stop too.
+    let small_pages = SubscriptionConfig { page_items: Some(10), ..runs::subscription_config(&env.names) };
+    let runs = tokio::time::timeout(Duration::from_secs(120), tick(&env, &target, small_pages))
+        .await
+        .expect("a run that stops early does not wait for its reader");
     assert!(runs.iter().all(|r| r.status == RunStatus::Unavailable && r.delivered == 0), "{runs:?}");
     let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
     for sub in listed["subscriptions"].as_array().unwrap() {
@@ -397,6 +401,38 @@ async fn an_unavailable_target_holds_the_partition_and_nothing_is_skipped() {
     assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..300, 5), 0);
     assert_eq!(assert_all_in_key_order(&on_stream(&env, gone_stream).await, 0..300, 5), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_an_earlier_subscription_of_the_name_left_is_not_taken_and_unreadable_events_are_parked() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..100, 5, T0, 1_000).await;
+    let create = json!({"action": "create", "name": "again", "start": format_ms(T0), "target": {"lambda": CONSUMER}});
+    manage(&env, &target, create.clone()).await.unwrap();
+    assert_eq!(tick(&env, &target, runs::subscription_config(&env.names)).await[0].delivered, 100);
+    // Only the definition goes (a delete cut short, or a runner that recreated its partition item after it).
+    env.dynamo
+        .delete_item()
+        .table_name(&env.names.event_table)
+        .set_key(Some(event_store::bookkeeping::key("sub#again".into())))
+        .send()
+        .await
+        .unwrap();
+    // One event of the table can no longer be decoded (an encoding nobody knows).
+    let mut items = env.scan_table(&env.names.event_table).await;
+    items.retain(|i| i["slot"].as_n().unwrap() != "-2" && i["partition_key"].as_s().unwrap() == "user-3");
+    let mut broken = items.swap_remove(0);
+    broken.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("lz77000".into()));
+    let broken_id = broken["event_id"].as_s().unwrap().clone();
+    env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(broken)).send().await.unwrap();
+    // The same name again, from the same start: all of it again, from its own start.
+    manage(&env, &target, create).await.unwrap();
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!((runs[0].delivered, runs[0].parked, runs[0].unreadable), (99, 1, 1), "{runs:?}");
+    let parked = manage(&env, &target, json!({"action": "parked", "name": "again"})).await.unwrap();
+    assert_eq!(parked["parked"][0]["event_id"], broken_id.as_str());
+    assert!(parked["parked"][0]["error"].as_str().unwrap().starts_with("unreadable"), "{parked}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -66,7 +66,7 @@ impl Subscriptions {
             }
             Manage::Resume { name } => {
                 store::set_state(dynamo, table, &name, State::Active).await?;
-                store::unstop(dynamo, table, &name).await?;
+                store::unstop(dynamo, table, &store::existing(dynamo, table, &name).await?).await?;
                 json!({ "resumed": name })
             }
             Manage::Reset { name, to } => {
@@ -80,8 +80,8 @@ impl Subscriptions {
                 json!({ "deleted": name })
             }
             Manage::Parked { name } => {
-                store::existing(dynamo, table, &name).await?;
-                json!({ "parked": store::parked(dynamo, table, &name).await? })
+                let sub = store::existing(dynamo, table, &name).await?;
+                json!({ "parked": store::parked(dynamo, table, &sub).await? })
             }
             Manage::Redrive { name, event_ids } => self.redrive(&name, &event_ids).await?,
         };
@@ -94,7 +94,7 @@ impl Subscriptions {
         let sub = store::existing(dynamo, table, name).await?;
         let mut redriven = Vec::new();
         let mut failed = Vec::new();
-        for parked in store::parked(dynamo, table, name).await? {
+        for parked in store::parked(dynamo, table, &sub).await? {
             if !event_ids.is_empty() && !event_ids.contains(&parked.event_id) {
                 continue;
             }

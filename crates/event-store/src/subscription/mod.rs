@@ -127,9 +127,8 @@ pub fn status(
     let partitions: Vec<PartitionStatus> = (0..sub.partitions)
         .map(|partition| {
             let item = stored.iter().find(|p| p.partition == partition);
-            let checkpoint = item
-                .and_then(|p| p.checkpoint.clone())
-                .unwrap_or_else(|| Checkpoint::at_slot(crate::time::slot_of(sub.start_ms, unit)));
+            let checkpoint =
+                item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| runner::starting_at(sub.start_ms, unit));
             let at = position_ms(&checkpoint).max(sub.start_ms);
             PartitionStatus {
                 partition,
@@ -212,7 +211,7 @@ impl Subscriptions {
         let sealed_end = self.sealed_end().await?;
         let mut out = Vec::new();
         for sub in store::list(dynamo, table).await? {
-            let stored = store::partitions(dynamo, table, &sub.name).await?;
+            let stored = store::partitions(dynamo, table, &sub).await?;
             out.push(status(&sub, &stored, sealed_end, self.config.time_unit_ms));
         }
         Ok((sealed_end, out))

@@ -21,7 +21,7 @@ use super::Subscriptions;
 use crate::bookkeeping::slot_index::read_index;
 use crate::dedupe::{envelope_id, RecentIds};
 use crate::error::{Error, Result};
-use crate::event_item::EventItem;
+use crate::event_item::{sort_key_floor, EventItem};
 use crate::invoke::continue_with;
 use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
 use crate::playback::record::fits_one_record;
@@ -107,6 +107,12 @@ pub struct RunSummary {
     pub busy_until: Option<String>,
 }
 
+/// The position before the first event that arrived at or after `ms`: in
+/// its slot, after the sort-key floor of `ms` (every real key is longer).
+pub fn starting_at(ms: i64, unit: u64) -> Checkpoint {
+    Checkpoint { slot: slot_of(ms, unit), after: Some(sort_key_floor(ms)), ..Checkpoint::default() }
+}
+
 /// How a round (one pass up to a sealed end) ended.
 enum Round {
     Done,
@@ -139,11 +145,12 @@ impl Subscriptions {
         let until = ms_of(deadline) + self.config.lease_slack_ms;
         let name = sub.name.clone();
         let place = (name.as_str(), task.partition);
-        let position = match store::take(dynamo, table, place, (&owner, task.lease.as_deref()), until, now_ms()).await?
-        {
+        let claim = (owner.as_str(), task.lease.as_deref());
+        let position = match store::take(dynamo, table, (&sub, task.partition), claim, until, now_ms()).await? {
             Taken::Held(checkpoint) => {
-                checkpoint.unwrap_or_else(|| Checkpoint::at_slot(slot_of(sub.start_ms, self.config.time_unit_ms)))
+                checkpoint.unwrap_or_else(|| starting_at(sub.start_ms, self.config.time_unit_ms))
             }
+            Taken::Gone => return Ok(RunSummary { status: RunStatus::Gone, ..summary }),
             Taken::Busy(until) => {
                 summary.busy_until = Some(format_ms(until));
                 return Ok(RunSummary { status: RunStatus::Busy, ..summary });
@@ -162,6 +169,7 @@ impl Subscriptions {
             seq: position.seq,
             position,
             pending: Vec::new(),
+            unreadable: Vec::new(),
             deadline,
             started: Instant::now(),
             summary,
@@ -191,6 +199,8 @@ struct Runner<'a> {
     /// Envelope ids of the last `dedupe_window_ms`, to skip a second copy of an accepted event.
     recent: RecentIds,
     pending: Vec<Delivery>,
+    /// Events that could not be decoded, parked at the next save.
+    unreadable: Vec<Parked>,
     deadline: SystemTime,
     started: Instant,
     summary: RunSummary,
@@ -240,7 +250,7 @@ impl Runner<'_> {
 
     /// The envelope ids delivered just before the position.
     async fn recent_ids(&mut self) -> Result<RecentIds> {
-        let lookback = self.position.lookback(self.sub.start_ms, self.subs.config.dedupe_window_ms);
+        let lookback = self.position.lookback(0, self.subs.config.dedupe_window_ms);
         let from = slot_of(lookback.from_ms, self.subs.config.time_unit_ms);
         let (slots, queries) =
             read_index(&self.subs.dynamo, &self.subs.config.event_table, from, self.position.slot + 1).await?;
@@ -254,7 +264,8 @@ impl Runner<'_> {
     async fn round(&mut self, sealed_end: i64) -> Result<Round> {
         let subs = self.subs;
         let (dynamo, table) = (&subs.dynamo, subs.config.event_table.as_str());
-        let window = Window { start: self.sub.start_ms, end: sealed_end };
+        // Where to start within a slot is in the position (`after`), not in the window.
+        let window = Window { start: 0, end: sealed_end };
         let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, sealed_end).await?;
         slots.retain(|slot| *slot >= self.position.slot);
         self.summary.queries += index_queries;
@@ -266,10 +277,11 @@ impl Runner<'_> {
             dedupe_window_ms: subs.config.dedupe_window_ms,
             window: &window,
         };
-        let (tx, mut rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
+        let (tx, rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let producer = reader.fetch_pages(slots, self.position.clone(), tx);
         let consumer = async {
-            // Returning drops `rx`, which stops the reader.
+            // Owned here: returning early drops it, which stops the reader (else it would wait on a full channel).
+            let mut rx = rx;
             while let Some(page) = rx.recv().await {
                 let page = page?;
                 self.summary.queries += 1;
@@ -317,8 +329,18 @@ impl Runner<'_> {
         let bytes = match event.bytes() {
             Ok(bytes) => bytes,
             Err(err) => {
-                warn!(slot = event.slot, error = %err, "event skipped");
+                // Not deliverable, and not to be skipped silently: parked with why (before the checkpoint passes it).
+                warn!(slot = event.slot, error = %err, "unreadable event parked");
                 self.summary.unreadable += 1;
+                let place = Delivery {
+                    seq: self.seq,
+                    slot: event.slot,
+                    sort_key: event.sort_key.clone(),
+                    event_id: event.event_id.clone(),
+                    partition_key: event.partition_key.clone(),
+                    data: Vec::new(),
+                };
+                self.unreadable.push(self.parked(&place, format!("unreadable: {err}")));
                 return Ok(());
             }
         };
@@ -380,7 +402,9 @@ impl Runner<'_> {
             Target::Lambda(function) => {
                 let place = (self.sub.name.as_str(), self.partition);
                 let batches = target::lambda_batches(&batch, self.sub.batch_size);
-                deliver_in_order(batches, &subs.backoff, stop_at_poison, |range| {
+                let (deadline, margin) = (self.deadline, subs.config.deadline_margin);
+                let out_of_time = move || remaining(deadline) <= margin;
+                deliver_in_order(batches, &subs.backoff, (stop_at_poison, &out_of_time), |range| {
                     target::invoke(&subs.lambda, function, place, &batch[range])
                 })
                 .await
@@ -393,11 +417,12 @@ impl Runner<'_> {
             return Ok(Some(Round::Ended(RunStatus::Unavailable)));
         }
         if stop_at_poison && !outcome.poison.is_empty() {
-            let error = outcome.poison.last().map(|(_, e)| e.clone()).unwrap_or_default();
-            store::stop(&subs.dynamo, &subs.config.event_table, (&self.sub.name, self.partition), &self.owner, &error)
-                .await?;
-            self.summary.error = Some(error);
+            self.summary.error = outcome.poison.last().map(|(_, e)| e.clone());
             return Ok(Some(Round::Ended(RunStatus::Stopped)));
+        }
+        if outcome.out_of_time {
+            // Near the deadline inside a delivery: what is done is saved; the continuation goes on from it.
+            return Ok(Some(Round::HandOver));
         }
         Ok(None)
     }
@@ -409,17 +434,7 @@ impl Runner<'_> {
         for (index, error) in &outcome.poison {
             let event = &batch[*index];
             warn!(subscription = %self.sub.name, partition = self.partition, event_id = %event.event_id, error, "event parked");
-            let parked = Parked {
-                partition: self.partition,
-                slot: event.slot,
-                event_sort_key: event.sort_key.clone(),
-                event_id: event.event_id.clone(),
-                partition_key: event.partition_key.clone(),
-                seq: event.seq,
-                error: error.clone(),
-                parked_at: format_ms(now_ms()),
-            };
-            store::park(dynamo, table, &self.sub.name, &parked).await?;
+            store::park(dynamo, table, &self.sub.name, &self.parked(event, error.clone())).await?;
         }
         self.summary.parked += outcome.poison.len();
         self.summary.delivered += outcome.done - outcome.poison.len();
@@ -427,12 +442,40 @@ impl Runner<'_> {
         let events = self.position.events + outcome.done as u64;
         let next =
             Checkpoint { slot: last.slot, after: Some(last.sort_key.clone()), seq: last.seq + 1, events, done: false };
-        self.save(next).await
+        match outcome.poison.last().filter(|_| self.sub.on_poison == OnPoison::Stop) {
+            // The checkpoint past the parked event and the stop in one write: a crash cannot keep one without the other.
+            Some((_, error)) => {
+                store::stop(dynamo, table, (&self.sub.name, self.partition), &self.owner, &next, error).await?;
+                self.position = next;
+                Ok(())
+            }
+            None => self.save(next).await,
+        }
     }
 
-    /// Saves `checkpoint` while this run holds the lease (else [`Error::LeaseLost`]: the run stops).
+    /// The parked-list entry of `event`, with why.
+    fn parked(&self, event: &Delivery, error: String) -> Parked {
+        Parked {
+            sub_id: self.sub.id.clone(),
+            partition: self.partition,
+            slot: event.slot,
+            event_sort_key: event.sort_key.clone(),
+            event_id: event.event_id.clone(),
+            partition_key: event.partition_key.clone(),
+            seq: event.seq,
+            error,
+            parked_at: format_ms(now_ms()),
+        }
+    }
+
+    /// Saves `checkpoint` while this run holds the lease (else [`Error::LeaseLost`]: the run stops);
+    /// unreadable events met so far are parked first.
     async fn save(&mut self, checkpoint: Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
+        for parked in std::mem::take(&mut self.unreadable) {
+            store::park(dynamo, table, &self.sub.name, &parked).await?;
+            self.summary.parked += 1;
+        }
         store::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &checkpoint, None).await?;
         self.position = checkpoint;
         Ok(())
@@ -442,6 +485,7 @@ impl Runner<'_> {
     async fn end(mut self, status: RunStatus) -> Result<RunSummary> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
         if status != RunStatus::Stopped {
+            // Unreadable events before the saved position are parked already; later ones are met again.
             store::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
         }
         self.summary.status = status;

@@ -59,6 +59,10 @@ pub enum State {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Subscription {
     pub name: String,
+    /// Made at create: partition and parked items carry it, so what an
+    /// earlier subscription of the same name left behind is never taken for its own.
+    #[serde(default)]
+    pub id: String,
     /// Events that arrived at or after this time (ms) are delivered.
     pub start_ms: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -123,6 +127,7 @@ impl NewSubscription {
         }
         Ok(Subscription {
             name: self.name,
+            id: uuid::Uuid::new_v4().simple().to_string(),
             start_ms,
             filter: self.filter,
             target,

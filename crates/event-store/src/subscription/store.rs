@@ -133,6 +133,8 @@ pub async fn set_state(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &st
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Partition {
     pub partition: u32,
+    /// The subscription's `id` the item belongs to (another: left by an earlier subscription of the name).
+    pub sub_id: Option<String>,
     pub checkpoint: Option<Checkpoint>,
     pub lease: Option<Lease>,
     /// Why the partition stopped (a parked event, with `on_poison: stop`), until `resume`.
@@ -147,6 +149,7 @@ impl Partition {
             .ok_or_else(|| Error::Malformed("subscription partition item without its number".into()))?;
         Ok(Self {
             partition,
+            sub_id: item.get("sub_id").and_then(|v| v.as_s().ok()).cloned(),
             checkpoint: lease::checkpoint_of(item)?,
             lease: lease::lease_of(item),
             stopped: item.get("stopped").and_then(|v| v.as_s().ok()).cloned(),
@@ -154,10 +157,17 @@ impl Partition {
     }
 }
 
-/// The stored partitions of `name` (those never run have no item yet).
-pub async fn partitions(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Vec<Partition>> {
+/// The stored partition items of `name` (those never run have none yet), whoever left them.
+async fn partition_items(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Vec<Partition>> {
     let (items, _) = query_range(dynamo, table, partition_key(name, 0), partition_key(name, 9_999)).await?;
     items.iter().map(Partition::from_item).collect()
+}
+
+/// The stored partitions of `sub` (not those an earlier subscription of its name left).
+pub async fn partitions(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<Vec<Partition>> {
+    let mut stored = partition_items(dynamo, table, &sub.name).await?;
+    stored.retain(|p| p.sub_id.as_deref() == Some(sub.id.as_str()));
+    Ok(stored)
 }
 
 /// What [`take`] found.
@@ -169,29 +179,36 @@ pub enum Taken {
     Busy(i64),
     /// The partition stopped on a parked event (the error); `resume` goes on.
     Stopped(String),
+    /// The subscription was deleted (or deleted and created again) since the caller read it.
+    Gone,
 }
 
 /// Takes partition `partition`'s lease for `owner` until `until`: when it is
 /// free, expired before `now`, or handed on by `previous`; never while the
-/// partition is stopped.
+/// partition is stopped. The item is `sub`'s own (`sub_id`); one an earlier
+/// subscription of the name left behind is replaced by a fresh one.
 pub async fn take(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    (name, partition): (&str, u32),
+    (sub, partition): (&Subscription, u32),
     (owner, previous): (&str, Option<&str>),
     until: i64,
     now: i64,
 ) -> Result<Taken> {
+    let item_key = key(partition_key(&sub.name, partition));
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(partition_key(name, partition))))
-        .update_expression("SET lease_owner = :me, lease_until = :until")
-        .condition_expression(format!("{LEASE_FREE} AND attribute_not_exists(stopped)"))
+        .set_key(Some(item_key.clone()))
+        .update_expression("SET lease_owner = :me, lease_until = :until, sub_id = :sub")
+        .condition_expression(format!(
+            "{LEASE_FREE} AND attribute_not_exists(stopped) AND (attribute_not_exists(sub_id) OR sub_id = :sub)"
+        ))
         .expression_attribute_values(":me", s(owner))
         .expression_attribute_values(":previous", s(previous.unwrap_or(owner)))
         .expression_attribute_values(":until", n(until))
         .expression_attribute_values(":now", n(now))
+        .expression_attribute_values(":sub", s(&sub.id))
         .return_values(ReturnValue::AllNew)
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
@@ -199,11 +216,37 @@ pub async fn take(
     if let Some(out) = unless_condition_failed(result)? {
         return Ok(Taken::Held(out.attributes().map(lease::checkpoint_of).transpose()?.flatten()));
     }
-    let stored = partitions(dynamo, table, name).await?.into_iter().find(|p| p.partition == partition);
-    Ok(match stored {
-        Some(Partition { stopped: Some(error), .. }) => Taken::Stopped(error),
-        stored => Taken::Busy(stored.and_then(|p| p.lease).map_or(now, |lease| lease.until.max(now))),
-    })
+    let stored = partition_items(dynamo, table, &sub.name).await?.into_iter().find(|p| p.partition == partition);
+    match stored {
+        Some(Partition { sub_id: Some(other), .. }) if other != sub.id => {
+            // Left by an earlier subscription of this name, or this runner is the stale one.
+            if get(dynamo, table, &sub.name).await?.is_none_or(|current| current.id != sub.id) {
+                return Ok(Taken::Gone);
+            }
+            let mut fresh = item_key;
+            fresh.insert("sub_id".into(), s(&sub.id));
+            fresh.insert("lease_owner".into(), s(owner));
+            fresh.insert("lease_until".into(), n(until));
+            let replaced = dynamo
+                .put_item()
+                .table_name(table)
+                .set_item(Some(fresh))
+                .condition_expression("sub_id = :other")
+                .expression_attribute_values(":other", s(&other))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            match replaced {
+                Ok(_) => Ok(Taken::Held(None)),
+                Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
+                    Ok(Taken::Busy(now))
+                }
+                Err(e) => Err(Error::dynamo("PutItem", e)),
+            }
+        }
+        Some(Partition { stopped: Some(error), .. }) => Ok(Taken::Stopped(error)),
+        stored => Ok(Taken::Busy(stored.and_then(|p| p.lease).map_or(now, |lease| lease.until.max(now)))),
+    }
 }
 
 /// Saves the partition's checkpoint while `owner` holds the lease (see
@@ -232,21 +275,27 @@ pub async fn release(
     lease::release(dynamo, table, key(partition_key(name, partition)), owner).await
 }
 
-/// Stops the partition (its lease holder found a poison event and the
-/// subscription says stop), giving the lease up; `resume` clears it.
+/// Saves `checkpoint` (just past a parked event) and stops the partition in
+/// the same write (its lease holder parked an event and the subscription
+/// says stop), giving the lease up; `resume` clears it.
 pub async fn stop(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (name, partition): (&str, u32),
     owner: &str,
+    checkpoint: &Checkpoint,
     error: &str,
 ) -> Result<()> {
     let result = dynamo
         .update_item()
         .table_name(table)
         .set_key(Some(key(partition_key(name, partition))))
-        .update_expression("SET stopped = :error, lease_until = :zero")
-        .condition_expression("lease_owner = :me")
+        .update_expression("SET #checkpoint = :checkpoint, stopped = :error, lease_until = :zero")
+        .condition_expression("lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq)")
+        .expression_attribute_names("#checkpoint", CHECKPOINT)
+        .expression_attribute_names("#seq", "seq")
+        .expression_attribute_values(":checkpoint", lease::checkpoint_value(checkpoint)?)
+        .expression_attribute_values(":seq", n(checkpoint.seq as i64))
         .expression_attribute_values(":error", s(error))
         .expression_attribute_values(":zero", n(0))
         .expression_attribute_values(":me", s(owner))
@@ -261,9 +310,12 @@ pub async fn stop(
     }
 }
 
-/// Sets every partition of `sub` to deliver from `to` (ms), takes each
-/// partition's lease away from whoever holds it (their later writes fail),
-/// and clears `stopped`. Also the subscription's `start_ms` becomes `to`.
+/// Sets every partition of `sub` to deliver from `to` (ms) and clears
+/// `stopped`. Per partition, in two writes: the first takes the lease away
+/// from whoever holds it (their later writes fail) for a minute and returns
+/// the stored count, the second writes the new checkpoint (the count goes on,
+/// so sequence numbers never repeat) and frees the lease, conditional on the
+/// fence still holding it. The subscription's `start_ms` becomes `to`.
 pub async fn reset(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -271,39 +323,61 @@ pub async fn reset(
     to: i64,
     unit: u64,
 ) -> Result<()> {
-    let stored = partitions(dynamo, table, &sub.name).await?;
+    update(dynamo, table, &sub.name, &[("start_ms", n(to))]).await?;
     let fence = format!("reset-{}", uuid::Uuid::new_v4().simple());
     for partition in 0..sub.partitions {
-        let before = stored.iter().find(|p| p.partition == partition).and_then(|p| p.checkpoint.clone());
-        // The count of delivered events goes on (checkpoints are compared by it).
-        let (seq, events) = before.map_or((0, 0), |c| (c.seq, c.events));
-        let checkpoint = Checkpoint { slot: crate::time::slot_of(to, unit), after: None, seq, events, done: false };
-        dynamo
+        let item_key = key(partition_key(&sub.name, partition));
+        let fenced = dynamo
             .update_item()
             .table_name(table)
-            .set_key(Some(key(partition_key(&sub.name, partition))))
-            .update_expression(
-                "SET #checkpoint = :checkpoint, lease_owner = :fence, lease_until = :zero REMOVE stopped",
-            )
+            .set_key(Some(item_key.clone()))
+            .update_expression("SET lease_owner = :fence, lease_until = :minute, sub_id = :sub")
+            .expression_attribute_values(":fence", s(&fence))
+            .expression_attribute_values(":minute", n(crate::time::now_ms() + 60_000))
+            .expression_attribute_values(":sub", s(&sub.id))
+            .return_values(ReturnValue::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+        let before = fenced
+            .attributes()
+            .filter(|old| old.get("sub_id").and_then(|v| v.as_s().ok()) == Some(&sub.id))
+            .map(lease::checkpoint_of)
+            .transpose()?
+            .flatten();
+        let (seq, events) = before.map_or((0, 0), |c| (c.seq, c.events));
+        let checkpoint = Checkpoint { seq, events, ..super::runner::starting_at(to, unit) };
+        let result = dynamo
+            .update_item()
+            .table_name(table)
+            .set_key(Some(item_key))
+            .update_expression("SET #checkpoint = :checkpoint, lease_until = :zero REMOVE stopped")
+            .condition_expression("lease_owner = :fence")
             .expression_attribute_names("#checkpoint", CHECKPOINT)
             .expression_attribute_values(":checkpoint", lease::checkpoint_value(&checkpoint)?)
             .expression_attribute_values(":fence", s(&fence))
             .expression_attribute_values(":zero", n(0))
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
-            .await
-            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+            .await;
+        if unless_condition_failed(result)?.is_none() {
+            return Err(Error::LeaseLost(format!(
+                "subscription {} partition {partition}: reset raced another reset",
+                sub.name
+            )));
+        }
     }
-    update(dynamo, table, &sub.name, &[("start_ms", n(to))]).await
+    Ok(())
 }
 
-/// Clears `stopped` on every partition of `name`.
-pub async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
-    for partition in partitions(dynamo, table, name).await?.into_iter().filter(|p| p.stopped.is_some()) {
+/// Clears `stopped` on every partition of `sub`.
+pub async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
+    for partition in partitions(dynamo, table, sub).await?.into_iter().filter(|p| p.stopped.is_some()) {
         dynamo
             .update_item()
             .table_name(table)
-            .set_key(Some(key(partition_key(name, partition.partition))))
+            .set_key(Some(key(partition_key(&sub.name, partition.partition))))
             .update_expression("REMOVE stopped")
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
@@ -316,6 +390,9 @@ pub async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) 
 /// An event a subscription's target kept refusing: where it is in the event table, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Parked {
+    /// The subscription's `id` (see [`Subscription::id`]).
+    #[serde(default)]
+    pub sub_id: String,
     pub partition: u32,
     /// Stored as `event_slot`: the item's own `slot` is the bookkeeping partition's.
     #[serde(rename = "event_slot")]
@@ -345,11 +422,12 @@ pub async fn park(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, pa
     Ok(())
 }
 
-/// The parked events of `name`, in log order.
-pub async fn parked(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Vec<Parked>> {
-    let prefix = parked_prefix(name);
+/// The parked events of `sub`, in log order.
+pub async fn parked(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<Vec<Parked>> {
+    let prefix = parked_prefix(&sub.name);
     let (items, _) = query_range(dynamo, table, prefix.clone(), format!("{prefix}{LAST}")).await?;
-    items.iter().map(|item| decode(item, "parked event")).collect()
+    let all: Vec<Parked> = items.iter().map(|item| decode(item, "parked event")).collect::<Result<_>>()?;
+    Ok(all.into_iter().filter(|p| p.sub_id == sub.id).collect())
 }
 
 pub async fn unpark(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, parked: &Parked) -> Result<()> {

@@ -88,17 +88,20 @@ pub struct Outcome {
     pub unavailable: Option<String>,
     /// Requests made to the target.
     pub requests: usize,
+    /// Stopped before the end because the run's time ran out.
+    pub out_of_time: bool,
 }
 
 /// Delivers the events of `batches` (consecutive ranges) in order by
 /// calling `attempt` on ranges of them: a range that fails [`ATTEMPTS_BEFORE_BISECT`] times is split in two
 /// (first half first), down to single events, which go to `poison`. With
-/// `stop_at_poison`, delivery stops after the first one. Pure apart from
-/// the `attempt` closure and the backoff sleeps.
+/// `stop_at_poison`, delivery stops after the first one; once `out_of_time`
+/// says so, before the next attempt (the caller saves what is done). Pure
+/// apart from the closures and the backoff sleeps.
 pub async fn deliver_in_order<F, Fut>(
     batches: Vec<Range<usize>>,
     backoff: &Backoff,
-    stop_at_poison: bool,
+    (stop_at_poison, out_of_time): (bool, &(dyn Fn() -> bool + Sync)),
     mut attempt: F,
 ) -> Outcome
 where
@@ -110,6 +113,11 @@ where
     while let Some(range) = ranges.pop_front() {
         let (mut start, mut failures, mut split) = (range.start, 0, false);
         while start < range.end {
+            if outcome.requests > 0 && out_of_time() {
+                outcome.done = start;
+                outcome.out_of_time = true;
+                return outcome;
+            }
             outcome.requests += 1;
             let error = match attempt(start..range.end).await {
                 Attempt::Delivered => break,
@@ -310,7 +318,7 @@ mod tests {
     /// A target that refuses any batch holding one of `poison`, and records every event it accepted.
     async fn deliver_with_poison(n: usize, poison: &[usize], stop: bool) -> (Outcome, Vec<usize>) {
         let accepted = RefCell::new(Vec::new());
-        let outcome = deliver_in_order(std::iter::once(0..n).collect(), &quick(), stop, |range| {
+        let outcome = deliver_in_order(std::iter::once(0..n).collect(), &quick(), (stop, &|| false), |range| {
             let hit = range.clone().find(|i| poison.contains(i));
             let result = match hit {
                 Some(_) => Attempt::FailedFrom(0, "refused".into()),
@@ -340,7 +348,7 @@ mod tests {
     async fn partial_failures_keep_what_went_through_and_unavailable_stops_with_nothing_skipped() {
         // The first answer fails from item 4 once; then everything goes.
         let calls = RefCell::new(Vec::new());
-        let outcome = deliver_in_order(std::iter::once(0..8).collect(), &quick(), false, |range| {
+        let outcome = deliver_in_order(std::iter::once(0..8).collect(), &quick(), (false, &|| false), |range| {
             calls.borrow_mut().push(range.clone());
             let result = if range.start == 0 { Attempt::FailedFrom(4, "partial".into()) } else { Attempt::Delivered };
             async move { result }
@@ -349,7 +357,7 @@ mod tests {
         assert_eq!(calls.into_inner(), vec![0..8, 4..8]);
         assert_eq!((outcome.done, outcome.poison.len()), (8, 0));
 
-        let outcome = deliver_in_order(std::iter::once(0..8).collect(), &quick(), false, |range| {
+        let outcome = deliver_in_order(std::iter::once(0..8).collect(), &quick(), (false, &|| false), |range| {
             let result = if range.start == 0 {
                 Attempt::FailedFrom(3, "partial".into())
             } else {
@@ -360,6 +368,19 @@ mod tests {
         .await;
         assert_eq!(outcome.done, 3, "the checkpoint may pass the three delivered, no more");
         assert_eq!(outcome.unavailable.as_deref(), Some("throttled"));
+    }
+
+    #[tokio::test]
+    async fn out_of_time_it_stops_between_attempts_with_what_is_done() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = AtomicUsize::new(0);
+        let out_of_time = || calls.load(Ordering::SeqCst) >= 2;
+        let outcome = deliver_in_order(vec![0..4, 4..8, 8..12], &quick(), (false, &out_of_time), |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Attempt::Delivered }
+        })
+        .await;
+        assert_eq!((outcome.done, outcome.out_of_time, outcome.requests), (8, true, 2));
     }
 
     #[test]
