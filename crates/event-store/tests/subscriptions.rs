@@ -253,16 +253,23 @@ async fn two_runners_for_one_partition_at_once_exactly_one_delivers() {
     )
     .await
     .unwrap();
-    target.consume_with(|_| Answer::Slow(Duration::from_millis(200), Box::new(Answer::Ok(Value::Null))));
-    let subs = subscriptions(&env, &target, runs::subscription_config(&env.names));
-    let (a, b) = tokio::join!(
-        subs.run_partition(PartitionTask::first("one", 0), far()),
-        subs.run_partition(PartitionTask::first("one", 0), far())
-    );
-    let mut statuses = vec![a.as_ref().unwrap().status, b.as_ref().unwrap().status];
-    statuses.sort_by_key(|s| format!("{s:?}"));
-    assert_eq!(statuses, vec![RunStatus::Busy, RunStatus::CaughtUp]);
-    assert_eq!(a.unwrap().delivered + b.unwrap().delivered, 300);
+    target.consume_with(|_| Answer::Slow(Duration::from_millis(300), Box::new(Answer::Ok(Value::Null))));
+    // The second runner starts once the first holds the partition (its first batch is at the consumer).
+    // Not both at the same instant: moto does not apply two conditional writes to one item atomically,
+    // as DynamoDB does, so two simultaneous takes could both succeed there.
+    let subs = Arc::new(subscriptions(&env, &target, runs::subscription_config(&env.names)));
+    let first = subs.clone();
+    let a = tokio::spawn(async move { first.run_partition(PartitionTask::first("one", 0), far()).await });
+    let waiting = std::time::Instant::now();
+    while target.received().is_empty() {
+        assert!(waiting.elapsed() < Duration::from_secs(20), "the first runner never delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let b = subs.run_partition(PartitionTask::first("one", 0), far()).await.unwrap();
+    let a = a.await.unwrap().unwrap();
+    assert_eq!((b.status, b.delivered), (RunStatus::Busy, 0), "{b:?}");
+    assert!(b.busy_until.is_some());
+    assert_eq!((a.status, a.delivered), (RunStatus::CaughtUp, 300));
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..300, 5), 0, "each event once");
 }
 
