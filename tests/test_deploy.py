@@ -162,21 +162,22 @@ def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_lett
     assert mapping["DestinationConfig"]["OnFailure"]["Destination"].endswith(f":{PREFIX}-pump-dlq")
 
 
-def test_scan_is_scheduled_and_allowed_to_be_invoked_by_the_schedule(stack, aws):
+def test_scan_and_subscriptions_are_scheduled_and_allowed_to_be_invoked_by_the_schedule(stack, aws):
     events = aws("events")
     rules = [r for r in events.list_rules()["Rules"] if r.get("ScheduleExpression")]
-    assert [r["ScheduleExpression"] for r in rules] == ["rate(1 minute)"]
-    targets = events.list_targets_by_rule(Rule=rules[0]["Name"])["Targets"]
-    assert [t["Arn"].split(":")[-1] for t in targets] == [f"{PREFIX}-scan"]
-    policy = json.loads(aws("lambda").get_policy(FunctionName=f"{PREFIX}-scan")["Policy"])
-    assert any(s["Principal"] == {"Service": "events.amazonaws.com"} for s in policy["Statement"])
+    assert [r["ScheduleExpression"] for r in rules] == ["rate(1 minute)", "rate(1 minute)"]
+    targets = sorted(t["Arn"].split(":")[-1] for r in rules for t in events.list_targets_by_rule(Rule=r["Name"])["Targets"])
+    assert targets == [f"{PREFIX}-scan", f"{PREFIX}-subscriptions"]
+    for function in ("scan", "subscriptions"):
+        policy = json.loads(aws("lambda").get_policy(FunctionName=f"{PREFIX}-{function}")["Policy"])
+        assert any(s["Principal"] == {"Service": "events.amazonaws.com"} for s in policy["Statement"])
 
 
 def test_roles_grant_only_named_resources(stack, aws):
     iam = aws("iam")
     _, created = stack
     roles = [r["PhysicalResourceId"] for r in created.values() if r["ResourceType"] == "AWS::IAM::Role"]
-    assert len(roles) == 4
+    assert len(roles) == len(FUNCTIONS)
     for role in roles:
         for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
             document = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
