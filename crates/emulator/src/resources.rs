@@ -79,7 +79,9 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
 
 /// Both streams with `shards` shards each; waits until they are active.
 pub async fn create_streams(client: &aws_sdk_kinesis::Client, names: &Names, shards: i32) -> Result<()> {
-    for stream in [&names.event_stream, &names.playback_stream, &names.subscription_stream] {
+    // The demo subscription's target needs one shard (and kinesalite allows 10 per account).
+    let streams = [(&names.event_stream, shards), (&names.playback_stream, shards), (&names.subscription_stream, 1)];
+    for (stream, shards) in streams {
         match client.create_stream().stream_name(stream.as_str()).shard_count(shards).send().await {
             Ok(_) => {}
             Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
