@@ -10,7 +10,7 @@ use clap::Subcommand;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::bookkeeping::watermark;
 use event_store::config::SubscriptionConfig;
-use event_store::dedupe::{envelope_id, RecentIds};
+use event_store::dedupe::RecentIds;
 use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
 use event_store::playback::{Checkpoint, Filter, PlayedEvent, Window};
 use event_store::subscription::{Manage, NewSubscription, OnPoison, Subscriptions, Target};
@@ -195,11 +195,9 @@ async fn follow(
                     for event in page?.events {
                         let Ok(bytes) = event.bytes() else { continue };
                         let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-                        let copy = json
-                            .as_ref()
-                            .and_then(envelope_id)
-                            .is_some_and(|id| !recent.first_sight(id, event.arrival));
-                        if copy || !filters.iter().all(|f| f.matches(json.as_ref())) {
+                        if recent.is_copy(json.as_ref(), event.arrival)
+                            || !filters.iter().all(|f| f.matches(json.as_ref()))
+                        {
                             continue;
                         }
                         println!("{}", serde_json::to_string(&PlayedEvent::new(&event, json, &bytes, *printed))?);

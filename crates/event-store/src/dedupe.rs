@@ -54,6 +54,12 @@ impl RecentIds {
         true
     }
 
+    /// True when `event` (its JSON, if any) is a copy of an accepted event
+    /// seen within the window; otherwise it is remembered (see [`Self::first_sight`]).
+    pub fn is_copy(&mut self, event: Option<&Value>, arrival: i64) -> bool {
+        event.and_then(envelope_id).is_some_and(|id| !self.first_sight(id, arrival))
+    }
+
     pub fn len(&self) -> usize {
         self.seen.len()
     }

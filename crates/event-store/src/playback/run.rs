@@ -16,7 +16,7 @@ use super::request::{PlaybackRequest, Window};
 use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
 use super::Playback;
 use crate::batch::KINESIS_BATCH_RECORDS;
-use crate::dedupe::{envelope_id, RecentIds};
+use crate::dedupe::RecentIds;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
@@ -146,11 +146,9 @@ impl<'a> Run<'a> {
             }
         };
         let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-        if let Some(id) = json.as_ref().and_then(envelope_id) {
-            if !self.recent.first_sight(id, event.arrival) {
-                self.summary.duplicates_dropped += 1;
-                return Ok(());
-            }
+        if self.recent.is_copy(json.as_ref(), event.arrival) {
+            self.summary.duplicates_dropped += 1;
+            return Ok(());
         }
         if !self.request.wants(json.as_ref()) {
             self.summary.filtered_out += 1;

@@ -19,7 +19,7 @@ use super::store::{self, Parked, Taken};
 use super::target::{self, deliver_in_order, put_on_stream, DeliveredEvent, Delivery, Outcome, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::read_index;
-use crate::dedupe::{envelope_id, RecentIds};
+use crate::dedupe::RecentIds;
 use crate::error::{Error, Result};
 use crate::event_item::{sort_key_floor, EventItem};
 use crate::invoke::continue_with;
@@ -345,11 +345,9 @@ impl Runner<'_> {
             }
         };
         let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-        if let Some(id) = json.as_ref().and_then(envelope_id) {
-            if !self.recent.first_sight(id, event.arrival) {
-                self.summary.duplicates_dropped += 1;
-                return Ok(());
-            }
+        if self.recent.is_copy(json.as_ref(), event.arrival) {
+            self.summary.duplicates_dropped += 1;
+            return Ok(());
         }
         if !self.sub.filter.iter().all(|f| f.matches(json.as_ref())) {
             self.summary.filtered_out += 1;
