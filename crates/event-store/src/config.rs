@@ -304,6 +304,36 @@ impl SubscriptionConfig {
     }
 }
 
+/// The `/streams` API (`streams` function): the entity table.
+#[derive(Debug, Clone)]
+pub struct StreamsConfig {
+    pub entity_table: String,
+}
+
+impl StreamsConfig {
+    pub const VARIABLES: Variables = Variables { required: &["DYNAMO_ENTITY_TABLE"], optional: &[] };
+
+    pub fn from_env() -> Result<Self> {
+        let env = Env(Self::VARIABLES);
+        Ok(Self { entity_table: env.var("DYNAMO_ENTITY_TABLE")? })
+    }
+}
+
+/// The `relay` function: the event stream it puts entity events on.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub event_stream: String,
+}
+
+impl RelayConfig {
+    pub const VARIABLES: Variables = Variables { required: &["EVENT_STREAM"], optional: &[] };
+
+    pub fn from_env() -> Result<Self> {
+        let env = Env(Self::VARIABLES);
+        Ok(Self { event_stream: env.var("EVENT_STREAM")? })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

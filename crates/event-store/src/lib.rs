@@ -7,6 +7,8 @@
 //!   [`load`] (HTTP → event stream), [`pump`] (event stream → buffer table),
 //!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream),
 //!   [`subscription`] (the sealed log → subscribers' targets, forever, checkpointed);
+//!   [`entity`] (entity streams: appends with a version check, reads, snapshots;
+//!   its relay puts every append on the event stream);
 //!   [`redrive`] puts back what the pump's event source gave up on.
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
 //!   [`buffer_item`], [`event_item`] (table codecs and keys), [`encoding`] (zstd).
@@ -28,6 +30,7 @@ pub mod config;
 pub mod dedupe;
 pub mod dynamo;
 pub mod encoding;
+pub mod entity;
 pub mod envelope;
 pub mod error;
 pub mod event_item;

@@ -39,7 +39,7 @@ pub struct Reject {
 }
 
 impl Reject {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self { status, message: message.into() }
     }
 }
@@ -203,7 +203,7 @@ fn source_ip(req: &Request) -> Option<String> {
 }
 
 /// The request body as text: `None` when empty, 400 when not UTF-8.
-fn body_text(req: &Request) -> Result<Option<String>, Reject> {
+pub(crate) fn body_text(req: &Request) -> Result<Option<String>, Reject> {
     let bytes: &[u8] = req.body().as_ref();
     if bytes.is_empty() {
         return Ok(None);
@@ -213,7 +213,7 @@ fn body_text(req: &Request) -> Result<Option<String>, Reject> {
         .map_err(|_| Reject::new(StatusCode::BAD_REQUEST, "body is not valid UTF-8"))
 }
 
-fn check_json_content_type(req: &Request) -> Result<(), Reject> {
+pub(crate) fn check_json_content_type(req: &Request) -> Result<(), Reject> {
     let Some(value) = req.headers().get(header::CONTENT_TYPE) else {
         return Ok(());
     };
@@ -260,7 +260,7 @@ fn internal(detail: String) -> Reject {
     Reject::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
     let mut response = Response::new(Body::Text(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));

@@ -1,0 +1,339 @@
+//! The `/streams/{name}` HTTP API over [`EntityStore`]: versions travel as
+//! ETags (`"3"`), preconditions as `If-Match` / `If-None-Match`.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /streams/{name}` (`If-None-Match: *`, `If-Match: "v"` or none) | 201, 409, 404, 410 |
+//! | `GET /streams/{name}?from=&limit=&direction=` | 200, 304, 404 |
+//! | `DELETE /streams/{name}` with `If-Match` | 201, 409, 404, 410, 428 |
+//! | `GET /streams/{name}/state` | 200, 304, 404 |
+//! | `PUT /streams/{name}/snapshot` with `If-Match` | 200, 409, 404, 428 |
+
+use lambda_http::http::{header, HeaderMap, Method, StatusCode};
+use lambda_http::{Body, Request, RequestExt, Response};
+use serde_json::{json, Value};
+use tracing::{error, info};
+
+use super::{Direction, EntityError, EntityStore, Expected, Invalid};
+use crate::load::{body_text, check_json_content_type, json_response, Reject};
+
+/// Events one `GET` returns unless `limit` says otherwise.
+pub const DEFAULT_PAGE_EVENTS: usize = 100;
+/// The most events one `GET` returns.
+pub const MAX_PAGE_EVENTS: usize = 1000;
+
+enum Route<'a> {
+    Stream(&'a str),
+    State(&'a str),
+    Snapshot(&'a str),
+}
+
+/// `.../streams/{name}[/state|/snapshot]`, behind any stage or base path.
+fn route(path: &str) -> Option<Route<'_>> {
+    let segments: Vec<&str> = path.split('/').collect();
+    let at = segments.iter().rposition(|s| *s == "streams")?;
+    match &segments[at + 1..] {
+        [name] => Some(Route::Stream(name)),
+        [name, "state"] => Some(Route::State(name)),
+        [name, "snapshot"] => Some(Route::Snapshot(name)),
+        _ => None,
+    }
+}
+
+fn reject(status: StatusCode, message: impl Into<String>) -> Reject {
+    Reject::new(status, message)
+}
+
+/// An ETag for a version: `"3"`.
+pub fn etag(version: u64) -> String {
+    format!("\"{version}\"")
+}
+
+/// The version an `If-Match` names: `"3"` (or `3`).
+fn parse_version(value: &str) -> Result<u64, Reject> {
+    let trimmed = value.trim();
+    let inner = trimmed.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(trimmed);
+    if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(reject(
+            StatusCode::BAD_REQUEST,
+            format!("If-Match must name a version, like \"3\"; got {value:?}"),
+        ));
+    }
+    inner.parse().map_err(|_| reject(StatusCode::BAD_REQUEST, "the version in If-Match is too large"))
+}
+
+fn header_text<'a>(headers: &'a HeaderMap, name: header::HeaderName) -> Result<Option<&'a str>, Reject> {
+    headers
+        .get(name.clone())
+        .map(|v| v.to_str().map_err(|_| reject(StatusCode::BAD_REQUEST, format!("{name} is not ASCII"))))
+        .transpose()
+}
+
+/// The precondition of an append: `If-None-Match: *`, `If-Match: "v"`, or none.
+fn expected(headers: &HeaderMap) -> Result<Expected, Reject> {
+    match (header_text(headers, header::IF_MATCH)?, header_text(headers, header::IF_NONE_MATCH)?) {
+        (Some(_), Some(_)) => Err(reject(StatusCode::BAD_REQUEST, "send If-Match or If-None-Match, not both")),
+        (Some(v), None) => Ok(Expected::Version(parse_version(v)?)),
+        (None, Some(v)) if v.trim() == "*" => Ok(Expected::NoStream),
+        (None, Some(_)) => Err(reject(StatusCode::BAD_REQUEST, "an append takes only If-None-Match: *")),
+        (None, None) => Ok(Expected::Any),
+    }
+}
+
+fn required_version(headers: &HeaderMap, what: &str) -> Result<u64, Reject> {
+    match header_text(headers, header::IF_MATCH)? {
+        Some(v) => parse_version(v),
+        None => Err(reject(StatusCode::PRECONDITION_REQUIRED, format!("{what} needs If-Match with a version"))),
+    }
+}
+
+/// The version an `If-None-Match` on a read names (`*` or an ETag list are not versions: ignored).
+fn not_modified_since(headers: &HeaderMap) -> Option<u64> {
+    header_text(headers, header::IF_NONE_MATCH).ok().flatten().and_then(|v| parse_version(v).ok())
+}
+
+fn with_etag(mut response: Response<Body>, version: u64) -> Response<Body> {
+    if let Ok(value) = header::HeaderValue::from_str(&etag(version)) {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    response
+}
+
+fn not_modified(version: u64) -> Response<Body> {
+    let mut response = Response::new(Body::Empty);
+    *response.status_mut() = StatusCode::NOT_MODIFIED;
+    with_etag(response, version)
+}
+
+/// Maps what the store said to an answer: the caller's errors get their status, the store's a 503.
+fn failure(err: EntityError) -> Response<Body> {
+    let (status, body, version) = match &err {
+        EntityError::Invalid(Invalid::BadRequest(m)) => (StatusCode::BAD_REQUEST, json!({"error": m}), None),
+        EntityError::Invalid(Invalid::TooLarge(m)) => (StatusCode::PAYLOAD_TOO_LARGE, json!({"error": m}), None),
+        EntityError::NotFound => (StatusCode::NOT_FOUND, json!({"error": "no such stream"}), None),
+        EntityError::Conflict { current } => {
+            (StatusCode::CONFLICT, json!({"error": err.to_string(), "current_version": current}), Some(*current))
+        }
+        EntityError::Deleted { current } => {
+            (StatusCode::GONE, json!({"error": err.to_string(), "current_version": current}), Some(*current))
+        }
+        EntityError::StaleSnapshot { stored } => {
+            (StatusCode::CONFLICT, json!({"error": err.to_string(), "snapshot_version": stored}), None)
+        }
+        EntityError::Store(inner) => {
+            error!(error = %inner, "entity store unavailable");
+            (StatusCode::SERVICE_UNAVAILABLE, json!({"error": "store unavailable, retry later"}), None)
+        }
+    };
+    let response = json_response(status, &body);
+    match version {
+        Some(v) => with_etag(response, v),
+        None => response,
+    }
+}
+
+fn rejected(r: Reject) -> Response<Body> {
+    json_response(r.status, &json!({ "error": r.message }))
+}
+
+/// The `/streams` API of one entity table.
+pub struct StreamsApi {
+    store: EntityStore,
+}
+
+impl StreamsApi {
+    pub fn new(store: EntityStore) -> Self {
+        Self { store }
+    }
+
+    /// True when `path` is one of this API's (the local server sends those here).
+    pub fn serves(path: &str) -> bool {
+        route(path).is_some()
+    }
+
+    /// Answers one request. Never fails: every outcome is a response.
+    pub async fn handle(&self, req: Request) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let answer = match (route(&path), req.method().clone()) {
+            (Some(Route::Stream(name)), Method::POST) => self.append(&req, name, &path).await,
+            (Some(Route::Stream(name)), Method::GET) => self.read(&req, name, &path).await,
+            (Some(Route::Stream(name)), Method::DELETE) => self.delete(&req, name, &path).await,
+            (Some(Route::State(name)), Method::GET) => self.state(&req, name).await,
+            (Some(Route::Snapshot(name)), Method::PUT) => self.snapshot(&req, name).await,
+            (Some(_), _) => Err(reject(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")),
+            (None, _) => Err(reject(StatusCode::NOT_FOUND, "not found")),
+        };
+        answer.unwrap_or_else(rejected)
+    }
+
+    async fn append(&self, req: &Request, name: &str, path: &str) -> Result<Response<Body>, Reject> {
+        let expected = expected(req.headers())?;
+        check_json_content_type(req)?;
+        let body = req.body().as_ref();
+        if body.is_empty() {
+            return Err(reject(StatusCode::BAD_REQUEST, "empty body: send an event or an array of events"));
+        }
+        let events = match super::model::parse_events(body) {
+            Ok(events) => events,
+            Err(err) => return Ok(failure(err.into())),
+        };
+        Ok(match self.store.append(name, expected, events).await {
+            Ok(done) => created(done, path, name),
+            Err(err) => failure(err),
+        })
+    }
+
+    async fn delete(&self, req: &Request, name: &str, path: &str) -> Result<Response<Body>, Reject> {
+        let version = required_version(req.headers(), "DELETE")?;
+        Ok(match self.store.delete(name, version).await {
+            Ok(done) => created(done, path, name),
+            Err(err) => failure(err),
+        })
+    }
+
+    async fn read(&self, req: &Request, name: &str, path: &str) -> Result<Response<Body>, Reject> {
+        let query = req.query_string_parameters();
+        let number = |key: &str| -> Result<Option<u64>, Reject> {
+            query
+                .first(key)
+                .map(|v| {
+                    v.parse::<u64>().map_err(|_| reject(StatusCode::BAD_REQUEST, format!("{key} must be a number")))
+                })
+                .transpose()
+        };
+        let from = number("from")?;
+        let limit = number("limit")?.map_or(DEFAULT_PAGE_EVENTS as u64, |l| l);
+        if limit == 0 || limit > MAX_PAGE_EVENTS as u64 {
+            return Err(reject(StatusCode::BAD_REQUEST, format!("limit is 1 to {MAX_PAGE_EVENTS}")));
+        }
+        let direction = match query.first("direction").unwrap_or("forward") {
+            "forward" => Direction::Forward,
+            "backward" => Direction::Backward,
+            _ => return Err(reject(StatusCode::BAD_REQUEST, "direction is forward or backward")),
+        };
+        if let Some(seen) = not_modified_since(req.headers()) {
+            match self.store.tip(name).await {
+                Ok(Some(tip)) if tip.version == seen => return Ok(not_modified(seen)),
+                Ok(_) => {}
+                Err(err) => return Ok(failure(err.into())),
+            }
+        }
+        let page = match self.store.read(name, from, limit as usize, direction).await {
+            Ok(page) => page,
+            Err(err) => return Ok(failure(err)),
+        };
+        let direction_text = if direction == Direction::Forward { "forward" } else { "backward" };
+        let next = page.next.map(|from| format!("{path}?from={from}&limit={limit}&direction={direction_text}"));
+        let body = json!({
+            "stream": name,
+            "version": page.version,
+            "deleted": page.deleted,
+            "events": page.events,
+            "next": next,
+        });
+        Ok(with_etag(json_response(StatusCode::OK, &body), page.version))
+    }
+
+    async fn state(&self, req: &Request, name: &str) -> Result<Response<Body>, Reject> {
+        let state = match self.store.state(name).await {
+            Ok(state) => state,
+            Err(err) => return Ok(failure(err)),
+        };
+        if not_modified_since(req.headers()) == Some(state.version) {
+            return Ok(not_modified(state.version));
+        }
+        let snapshot = state.snapshot.as_ref().map(|s| json!({"version": s.version, "state": s.state}));
+        let body = json!({
+            "stream": name,
+            "version": state.version,
+            "deleted": state.deleted,
+            "snapshot": snapshot,
+            "events": state.events,
+        });
+        Ok(with_etag(json_response(StatusCode::OK, &body), state.version))
+    }
+
+    async fn snapshot(&self, req: &Request, name: &str) -> Result<Response<Body>, Reject> {
+        let version = required_version(req.headers(), "a snapshot")?;
+        check_json_content_type(req)?;
+        let text = body_text(req)?.ok_or_else(|| reject(StatusCode::BAD_REQUEST, "empty body: send the state"))?;
+        let state: Value = serde_json::from_str(&text).map_err(|e| {
+            reject(StatusCode::BAD_REQUEST, format!("malformed JSON at line {} column {}", e.line(), e.column()))
+        })?;
+        Ok(match self.store.save_snapshot(name, version, &state).await {
+            Ok(()) => json_response(StatusCode::OK, &json!({"stream": name, "snapshot_version": version})),
+            Err(err) => failure(err),
+        })
+    }
+}
+
+fn created(done: super::Appended, path: &str, name: &str) -> Response<Body> {
+    info!(stream = name, first = done.first, last = done.last, replayed = done.replayed, "append answered");
+    let versions: Vec<u64> = (done.first..=done.last).collect();
+    let body = json!({"stream": name, "first": done.first, "last": done.last, "versions": versions});
+    let mut response = with_etag(json_response(StatusCode::CREATED, &body), done.last);
+    if let Ok(location) = header::HeaderValue::from_str(&format!("{path}?from={}", done.first)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use lambda_http::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(name.clone(), HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn routes_behind_any_base_path() {
+        assert!(matches!(route("/streams/todo-1"), Some(Route::Stream("todo-1"))));
+        assert!(matches!(route("/prod/streams/todo-1/state"), Some(Route::State("todo-1"))));
+        assert!(matches!(route("/streams/todo-1/snapshot"), Some(Route::Snapshot("todo-1"))));
+        assert!(route("/streams").is_none());
+        assert!(route("/streams/a/b/c").is_none());
+        assert!(route("/track.gif").is_none());
+        assert!(StreamsApi::serves("/streams/x") && !StreamsApi::serves("/events"));
+    }
+
+    #[test]
+    fn preconditions() {
+        assert_eq!(expected(&headers(&[])).unwrap(), Expected::Any);
+        assert_eq!(expected(&headers(&[(header::IF_NONE_MATCH, "*")])).unwrap(), Expected::NoStream);
+        assert_eq!(expected(&headers(&[(header::IF_MATCH, "\"7\"")])).unwrap(), Expected::Version(7));
+        assert_eq!(expected(&headers(&[(header::IF_MATCH, "7")])).unwrap(), Expected::Version(7));
+        for bad in ["\"x\"", "W/\"1\"", "*", "\"\"", "-1", "\"99999999999999999999999\""] {
+            let err = expected(&headers(&[(header::IF_MATCH, bad)])).unwrap_err();
+            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+        let both = headers(&[(header::IF_MATCH, "\"1\""), (header::IF_NONE_MATCH, "*")]);
+        assert_eq!(expected(&both).unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            expected(&headers(&[(header::IF_NONE_MATCH, "\"3\"")])).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(required_version(&headers(&[]), "DELETE").unwrap_err().status, StatusCode::PRECONDITION_REQUIRED);
+        assert_eq!(not_modified_since(&headers(&[(header::IF_NONE_MATCH, "\"4\"")])), Some(4));
+        assert_eq!(not_modified_since(&headers(&[(header::IF_NONE_MATCH, "*")])), None);
+    }
+
+    #[test]
+    fn store_errors_map_to_statuses_and_etags() {
+        let conflict = failure(EntityError::Conflict { current: 5 });
+        assert_eq!(conflict.status(), StatusCode::CONFLICT);
+        assert_eq!(conflict.headers()[header::ETAG], "\"5\"");
+        assert_eq!(failure(EntityError::NotFound).status(), StatusCode::NOT_FOUND);
+        assert_eq!(failure(EntityError::Deleted { current: 2 }).status(), StatusCode::GONE);
+        assert_eq!(failure(Invalid::TooLarge("x".into()).into()).status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let store = failure(crate::Error::Malformed("boom".into()).into());
+        assert_eq!(store.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!String::from_utf8_lossy(store.body().as_ref()).contains("boom"), "no internal detail leaks");
+    }
+}

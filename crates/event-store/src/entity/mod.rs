@@ -1,0 +1,580 @@
+//! Entity streams: one stream of events per entity (an order, a todo),
+//! appended with optimistic concurrency, read back in version order, with a
+//! snapshot so loading an entity does not mean reading its whole history.
+//!
+//! [`EntityStore`] is the library (users' own Lambdas call it); [`http`] is the
+//! `/streams/{name}` API on top of it; [`relay`] puts every appended event on
+//! the event stream, so entity events reach the time-ordered log too.
+//!
+//! Every append is **one** `TransactWriteItems`: a conditional update of the
+//! stream's tip (the version check, never a read followed by a blind write)
+//! and the put of one batch item holding all the request's events (so a
+//! reader sees all of them or none). The storage layout is in [`model`].
+
+pub mod http;
+pub mod model;
+pub mod relay;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
+use tracing::debug;
+
+use crate::batch::Backoff;
+use crate::error::Error;
+use crate::time::now_ms;
+use model::{
+    batch_key, check_name, deleted_event, prepare, request_key, Batch, SnapshotItem, StoredEventItem, StreamItem, Tip,
+    HASH_KEY, MAX_SNAPSHOT_BYTES, MAX_VERSION, RANGE_KEY, SNAPSHOT, TIP,
+};
+pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
+
+/// The AWS actions the entity API calls (a transaction needs the actions of its parts).
+pub const AWS_ACTIONS: &[&str] =
+    &["dynamodb:ConditionCheckItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"];
+
+/// Why an entity operation did not happen. Everything but `Store` is the
+/// caller's to handle (the HTTP API maps each to a status).
+#[derive(Debug, thiserror::Error)]
+pub enum EntityError {
+    #[error("{0}")]
+    Invalid(#[from] Invalid),
+    #[error("no such stream")]
+    NotFound,
+    /// The expected version did not hold: someone else appended first.
+    #[error("the stream is at version {current}")]
+    Conflict { current: u64 },
+    /// The stream was deleted (its `StreamDeleted` event is at `current`).
+    #[error("the stream was deleted at version {current}")]
+    Deleted { current: u64 },
+    /// A snapshot of a later version is already stored.
+    #[error("a snapshot at version {stored} is already stored")]
+    StaleSnapshot { stored: u64 },
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Version of the first event appended.
+    pub first: u64,
+    /// Version of the last one: the stream's version after the append.
+    pub last: u64,
+    /// True when this request had already been applied (the same event ids):
+    /// nothing was written now, and this is the original answer.
+    pub replayed: bool,
+}
+
+/// Which way a read goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Backward,
+}
+
+/// One page of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// The stream's version when it was read (its ETag).
+    pub version: u64,
+    pub deleted: bool,
+    pub events: Vec<RecordedEvent>,
+    /// Where the next page starts, when there is one.
+    pub next: Option<u64>,
+}
+
+/// A snapshot as the caller stored it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub version: u64,
+    pub state: serde_json::Value,
+}
+
+/// An entity, ready to fold: its latest snapshot and the events after it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct State {
+    pub version: u64,
+    pub deleted: bool,
+    pub snapshot: Option<Snapshot>,
+    pub events: Vec<RecordedEvent>,
+    /// DynamoDB requests the load took (1 when the snapshot is recent).
+    pub requests: usize,
+}
+
+/// Items the first page of a state load asks for: the tip, the snapshot and
+/// this many batches back is one request in the common case.
+const STATE_FIRST_PAGE_ITEMS: i32 = 32;
+/// The most items one page of a read asks DynamoDB for.
+const MAX_QUERY_ITEMS: usize = 1000;
+
+/// The entity streams of one table.
+#[derive(Clone)]
+pub struct EntityStore {
+    dynamo: aws_sdk_dynamodb::Client,
+    table: String,
+    backoff: Backoff,
+}
+
+fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn key(stream: &str, item: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([(HASH_KEY.to_owned(), s(stream)), (RANGE_KEY.to_owned(), s(item))])
+}
+
+impl EntityStore {
+    pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        // Transaction conflicts between writers of one stream clear in milliseconds.
+        let backoff = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(500), max_attempts: 8 };
+        Self { dynamo, table: table.into(), backoff }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Appends `events` to `stream` if `expected` holds, all or none.
+    /// Sending the same events (same ids) again after a success answers the
+    /// original versions with `replayed` set, not a conflict.
+    pub async fn append(
+        &self,
+        stream: &str,
+        expected: Expected,
+        events: Vec<NewEvent>,
+    ) -> Result<Appended, EntityError> {
+        check_name(stream)?;
+        self.append_stored(stream, expected, prepare(events)?, false).await
+    }
+
+    /// Marks the stream deleted by appending a `StreamDeleted` event (nothing
+    /// is erased; later appends fail with [`EntityError::Deleted`]).
+    pub async fn delete(&self, stream: &str, expected_version: u64) -> Result<Appended, EntityError> {
+        check_name(stream)?;
+        self.append_stored(stream, Expected::Version(expected_version), vec![deleted_event(stream)], true).await
+    }
+
+    async fn append_stored(
+        &self,
+        stream: &str,
+        expected: Expected,
+        events: Vec<StoredEventItem>,
+        deleting: bool,
+    ) -> Result<Appended, EntityError> {
+        let count = events.len() as u64;
+        let request = request_key(&events);
+        for attempt in 0..self.backoff.max_attempts {
+            let expectation = match expected {
+                Expected::Any => match self.tip(stream).await? {
+                    Some(tip) if tip.last_request.as_deref() == Some(&request) => {
+                        let first = tip.last_first.unwrap_or(tip.version + 1 - count);
+                        return Ok(Appended { first, last: first + count - 1, replayed: true });
+                    }
+                    Some(tip) if tip.deleted => return Err(EntityError::Deleted { current: tip.version }),
+                    Some(tip) => Expected::Version(tip.version),
+                    None => Expected::NoStream,
+                },
+                other => other,
+            };
+            let first = expectation.first_version().unwrap_or(0);
+            let last = first + count - 1;
+            if last > MAX_VERSION {
+                return Err(Invalid::BadRequest(format!("a stream holds at most {MAX_VERSION} events")).into());
+            }
+            match self.write_append(stream, expectation, first, &events, &request, deleting).await {
+                Ok(()) => {
+                    debug!(stream, first, last, "appended");
+                    return Ok(Appended { first, last, replayed: false });
+                }
+                Err(AppendFailure::Store(err)) => return Err(err.into()),
+                Err(AppendFailure::Cancelled) => {}
+            }
+            // Cancelled: find out why from the tip as it is now.
+            let tip = self.tip(stream).await?;
+            if let Some(tip) = &tip {
+                if tip.version >= last && self.already_applied(stream, tip, first, &events, &request).await? {
+                    return Ok(Appended { first, last, replayed: true });
+                }
+            }
+            match (expectation, tip) {
+                (_, Some(tip)) if tip.deleted => return Err(EntityError::Deleted { current: tip.version }),
+                (Expected::NoStream, Some(tip)) if expected != Expected::Any => {
+                    return Err(EntityError::Conflict { current: tip.version })
+                }
+                (Expected::Version(_), None) if expected != Expected::Any => return Err(EntityError::NotFound),
+                (Expected::Version(v), Some(tip)) if tip.version != v && expected != Expected::Any => {
+                    return Err(EntityError::Conflict { current: tip.version })
+                }
+                // The expectation still holds (another transaction was in flight on the tip),
+                // or `Any` lost a race: try again.
+                _ => self.backoff.wait(attempt).await,
+            }
+        }
+        Err(Error::Throttled {
+            service: "dynamodb",
+            operation: "TransactWriteItems",
+            source: format!("stream {stream}: still contended after {} attempts", self.backoff.max_attempts).into(),
+        }
+        .into())
+    }
+
+    /// True when the batch at `first` holds exactly these events: this request was applied before.
+    async fn already_applied(
+        &self,
+        stream: &str,
+        tip: &Tip,
+        first: u64,
+        events: &[StoredEventItem],
+        request: &str,
+    ) -> Result<bool, Error> {
+        if tip.last_request.as_deref() == Some(request) && tip.last_first == Some(first) {
+            return Ok(true);
+        }
+        Ok(self.batch(stream, first).await?.is_some_and(|batch| batch.holds(events)))
+    }
+
+    async fn write_append(
+        &self,
+        stream: &str,
+        expected: Expected,
+        first: u64,
+        events: &[StoredEventItem],
+        request: &str,
+        deleting: bool,
+    ) -> Result<(), AppendFailure> {
+        let now = now_ms();
+        let last = first + events.len() as u64 - 1;
+        let mut set =
+            "SET #version = :last, updated_at = :now, last_request = :request, last_first = :first".to_owned();
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, TIP)))
+            .expression_attribute_names("#version", "version")
+            .expression_attribute_values(":last", n(last))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":request", s(request))
+            .expression_attribute_values(":first", n(first));
+        if deleting {
+            set.push_str(", deleted = :deleted");
+            update = update.expression_attribute_values(":deleted", AttributeValue::Bool(true));
+        }
+        update = match expected {
+            Expected::Version(v) => update
+                .condition_expression("#version = :expected AND attribute_not_exists(deleted)")
+                .expression_attribute_values(":expected", n(v)),
+            _ => update.condition_expression("attribute_not_exists(#version)"),
+        };
+        let update = update.update_expression(set).build().map_err(|e| AppendFailure::Store(e.into()))?;
+        let batch =
+            Batch { stream: stream.to_owned(), item: batch_key(first), first, at: now, events: events.to_vec() };
+        let item = serde_dynamo::to_item(&batch).map_err(|e| AppendFailure::Store(Error::encode("batch item", e)))?;
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#item)")
+            .expression_attribute_names("#item", RANGE_KEY)
+            .build()
+            .map_err(|e| AppendFailure::Store(e.into()))?;
+        let result = self
+            .dynamo
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) if is_cancelled(&err) => Err(AppendFailure::Cancelled),
+            Err(err) => Err(AppendFailure::Store(Error::dynamo("TransactWriteItems", err))),
+        }
+    }
+
+    /// Reads up to `limit` events from `from` (default: the start forward, the end backward).
+    pub async fn read(
+        &self,
+        stream: &str,
+        from: Option<u64>,
+        limit: usize,
+        direction: Direction,
+    ) -> Result<Page, EntityError> {
+        check_name(stream)?;
+        let limit = limit.clamp(1, MAX_QUERY_ITEMS);
+        let tip = self.tip(stream).await?.ok_or(EntityError::NotFound)?;
+        let events = match direction {
+            Direction::Forward => self.read_forward(stream, from.unwrap_or(0), tip.version, limit).await?,
+            Direction::Backward => {
+                self.read_backward(stream, from.unwrap_or(tip.version).min(tip.version), limit).await?
+            }
+        };
+        let next = match (direction, events.last()) {
+            (Direction::Forward, Some(e)) if e.version < tip.version => Some(e.version + 1),
+            (Direction::Backward, Some(e)) if e.version > 0 => Some(e.version - 1),
+            _ => None,
+        };
+        Ok(Page { version: tip.version, deleted: tip.deleted, events, next })
+    }
+
+    async fn read_forward(&self, stream: &str, from: u64, to: u64, limit: usize) -> Result<Vec<RecordedEvent>, Error> {
+        if from > to {
+            return Ok(vec![]);
+        }
+        let mut events = Vec::new();
+        // The batch that holds `from` may start before it: when no batch starts at `from`, look one back.
+        let mut batches = self.query_batches(stream, (from, to), true, limit).await?;
+        if from > 0 && batches.first().is_none_or(|b| b.first != from) {
+            if let Some(before) = self.query_batches(stream, (0, from - 1), false, 1).await?.pop() {
+                batches.insert(0, before);
+            }
+        }
+        for batch in &batches {
+            events.extend(batch.read().filter(|e| e.version >= from && e.version <= to));
+            if events.len() >= limit {
+                break;
+            }
+        }
+        events.truncate(limit);
+        Ok(events)
+    }
+
+    async fn read_backward(&self, stream: &str, from: u64, limit: usize) -> Result<Vec<RecordedEvent>, Error> {
+        let mut events = Vec::new();
+        for batch in self.query_batches(stream, (0, from), false, limit).await? {
+            let mut in_batch: Vec<RecordedEvent> = batch.read().filter(|e| e.version <= from).collect();
+            in_batch.reverse();
+            events.extend(in_batch);
+            if events.len() >= limit {
+                break;
+            }
+        }
+        events.truncate(limit);
+        Ok(events)
+    }
+
+    /// Batches starting within `range` (inclusive), in order, until they hold at least `events` events.
+    async fn query_batches(
+        &self,
+        stream: &str,
+        range: (u64, u64),
+        forward: bool,
+        events: usize,
+    ) -> Result<Vec<Batch>, Error> {
+        let mut batches: Vec<Batch> = Vec::new();
+        let mut held = 0;
+        let mut start = None;
+        loop {
+            let out = self
+                .dynamo
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#stream = :stream AND #item BETWEEN :low AND :high")
+                .expression_attribute_names("#stream", HASH_KEY)
+                .expression_attribute_names("#item", RANGE_KEY)
+                .expression_attribute_values(":stream", s(stream))
+                .expression_attribute_values(":low", s(batch_key(range.0)))
+                .expression_attribute_values(":high", s(batch_key(range.1)))
+                .scan_index_forward(forward)
+                .limit(events.saturating_sub(held).clamp(1, MAX_QUERY_ITEMS) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("Query", e))?;
+            for item in out.items().iter().cloned() {
+                if let StreamItem::Batch(batch) = StreamItem::decode(item)? {
+                    held += batch.events.len();
+                    batches.push(batch);
+                }
+            }
+            start = out.last_evaluated_key().cloned();
+            if start.is_none() || held >= events {
+                return Ok(batches);
+            }
+        }
+    }
+
+    /// The entity's latest snapshot and the events after it: one request when
+    /// the snapshot is among the latest batches.
+    pub async fn state(&self, stream: &str) -> Result<State, EntityError> {
+        check_name(stream)?;
+        let (mut tip, mut snapshot, mut batches) = (None::<Tip>, None::<SnapshotItem>, Vec::<Batch>::new());
+        let mut start = None;
+        let mut requests = 0;
+        loop {
+            let out = self
+                .dynamo
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#stream = :stream")
+                .expression_attribute_names("#stream", HASH_KEY)
+                .expression_attribute_values(":stream", s(stream))
+                .scan_index_forward(false)
+                .set_limit((requests == 0).then_some(STATE_FIRST_PAGE_ITEMS))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("Query", e))?;
+            requests += 1;
+            for item in out.items().iter().cloned() {
+                match StreamItem::decode(item)? {
+                    StreamItem::Tip(t) => tip = Some(t),
+                    StreamItem::Snapshot(s) => snapshot = Some(s),
+                    StreamItem::Batch(b) => batches.push(b),
+                }
+            }
+            if tip.is_none() {
+                return Err(EntityError::NotFound);
+            }
+            // Done once the batch holding the first event after the snapshot is in.
+            let needed_from = snapshot.as_ref().map_or(0, |s| s.version + 1);
+            start = out.last_evaluated_key().cloned();
+            if start.is_none() || batches.last().is_some_and(|b| b.first <= needed_from) {
+                break;
+            }
+        }
+        let tip = tip.ok_or(EntityError::NotFound)?;
+        let after = snapshot.as_ref().map(|s| s.version);
+        let events = batches
+            .iter()
+            .rev()
+            .flat_map(|b| b.read())
+            .filter(|e| after.is_none_or(|v| e.version > v) && e.version <= tip.version)
+            .collect();
+        let snapshot = snapshot.map(|s| Snapshot {
+            version: s.version,
+            state: serde_json::from_str(&s.state).unwrap_or(serde_json::Value::String(s.state)),
+        });
+        Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests })
+    }
+
+    /// Stores `state` as the snapshot folded up to `version` (which the stream
+    /// must have). A snapshot never replaces one of a later version.
+    pub async fn save_snapshot(
+        &self,
+        stream: &str,
+        version: u64,
+        state: &serde_json::Value,
+    ) -> Result<(), EntityError> {
+        check_name(stream)?;
+        let text = state.to_string();
+        if text.len() > MAX_SNAPSHOT_BYTES {
+            return Err(Invalid::TooLarge(format!(
+                "the snapshot is {} bytes; the limit is {MAX_SNAPSHOT_BYTES}",
+                text.len()
+            ))
+            .into());
+        }
+        for attempt in 0..self.backoff.max_attempts {
+            let snapshot = SnapshotItem {
+                stream: stream.to_owned(),
+                item: SNAPSHOT.to_owned(),
+                version,
+                state: text.clone(),
+                at: now_ms(),
+            };
+            let item = serde_dynamo::to_item(&snapshot).map_err(|e| Error::encode("snapshot item", e))?;
+            let check = ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(stream, TIP)))
+                .condition_expression("#version >= :version")
+                .expression_attribute_names("#version", "version")
+                .expression_attribute_values(":version", n(version))
+                .build()
+                .map_err(Error::from)?;
+            let put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(#item) OR #version <= :version")
+                .expression_attribute_names("#item", RANGE_KEY)
+                .expression_attribute_names("#version", "version")
+                .expression_attribute_values(":version", n(version))
+                .build()
+                .map_err(Error::from)?;
+            let result = self
+                .dynamo
+                .transact_write_items()
+                .transact_items(TransactWriteItem::builder().condition_check(check).build())
+                .transact_items(TransactWriteItem::builder().put(put).build())
+                .send()
+                .await;
+            match result {
+                Ok(_) => return Ok(()),
+                Err(err) if is_cancelled(&err) => {}
+                Err(err) => return Err(Error::dynamo("TransactWriteItems", err).into()),
+            }
+            match self.tip(stream).await? {
+                None => return Err(EntityError::NotFound),
+                Some(tip) if tip.version < version => return Err(EntityError::Conflict { current: tip.version }),
+                Some(_) => {}
+            }
+            if let Some(stored) = self.snapshot(stream).await?.filter(|s| s.version > version) {
+                return Err(EntityError::StaleSnapshot { stored: stored.version });
+            }
+            self.backoff.wait(attempt).await;
+        }
+        Err(Error::Throttled {
+            service: "dynamodb",
+            operation: "TransactWriteItems",
+            source: format!("snapshot of {stream}: still contended").into(),
+        }
+        .into())
+    }
+
+    /// The stream's tip (a strongly consistent read), `None` for a stream that does not exist.
+    pub async fn tip(&self, stream: &str) -> Result<Option<Tip>, Error> {
+        match self.get(stream, TIP).await? {
+            Some(StreamItem::Tip(tip)) => Ok(Some(tip)),
+            Some(_) => Err(Error::Malformed(format!("{stream}: the tip is not a tip"))),
+            None => Ok(None),
+        }
+    }
+
+    async fn snapshot(&self, stream: &str) -> Result<Option<SnapshotItem>, Error> {
+        match self.get(stream, SNAPSHOT).await? {
+            Some(StreamItem::Snapshot(snapshot)) => Ok(Some(snapshot)),
+            _ => Ok(None),
+        }
+    }
+
+    async fn batch(&self, stream: &str, first: u64) -> Result<Option<Batch>, Error> {
+        match self.get(stream, &batch_key(first)).await? {
+            Some(StreamItem::Batch(batch)) => Ok(Some(batch)),
+            _ => Ok(None),
+        }
+    }
+
+    async fn get(&self, stream: &str, item: &str) -> Result<Option<StreamItem>, Error> {
+        let out = self
+            .dynamo
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, item)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("GetItem", e))?;
+        out.item.map(StreamItem::decode).transpose()
+    }
+}
+
+enum AppendFailure {
+    /// A condition failed (or another transaction held the item): see the tip to know which.
+    Cancelled,
+    Store(Error),
+}
+
+fn is_cancelled<R>(
+    err: &aws_sdk_dynamodb::error::SdkError<
+        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError,
+        R,
+    >,
+) -> bool {
+    // A failed condition and a concurrent transaction on the tip both cancel the transaction.
+    err.as_service_error().is_some_and(|e| e.is_transaction_canceled_exception())
+}

@@ -1,0 +1,423 @@
+//! Entity streams, the pure part: names, the events a client appends, the
+//! expected version, and the three kinds of item a stream is stored as.
+//!
+//! One partition key per stream (`stream`), three kinds of sort key (`item`):
+//! - `e<first version, 12 digits>`: a **batch**, the events of one append (1 to
+//!   100), so an append is atomic by construction and costs one item, not one per event;
+//! - `snapshot`: the latest snapshot (a state folded up to a version);
+//! - `tip`: the stream's current version (what appends are conditional on),
+//!   whether it was deleted, and the last append's request key.
+//!
+//! The sort keys sort `e…` < `snapshot` < `tip`, so one backward `Query`
+//! returns the tip, the snapshot and the latest batches: loading an entity
+//! whose snapshot is recent is one request.
+
+use std::collections::{HashMap, HashSet};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::time::format_ms;
+
+/// Partition key of the entity table: the stream name.
+pub const HASH_KEY: &str = "stream";
+/// Sort key of the entity table: `e<version>`, `snapshot` or `tip`.
+pub const RANGE_KEY: &str = "item";
+/// Sort key of the tip item.
+pub const TIP: &str = "tip";
+/// Sort key of the snapshot item.
+pub const SNAPSHOT: &str = "snapshot";
+/// Events in one append (one request, one batch item).
+pub const MAX_EVENTS_PER_APPEND: usize = 100;
+/// One event (type, data, metadata and id as stored): 64 KiB.
+pub const MAX_EVENT_BYTES: usize = 64 * 1024;
+/// All events of one append: a batch item must stay under DynamoDB's 400 KB,
+/// and the relay's Kinesis records under 1 MiB each.
+pub const MAX_APPEND_BYTES: usize = 300 * 1024;
+/// A snapshot's state, for the same reason.
+pub const MAX_SNAPSHOT_BYTES: usize = 300 * 1024;
+/// Stream names: 1 to 256 bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Versions are written with this many digits (sort keys must sort as numbers).
+const VERSION_DIGITS: usize = 12;
+/// The highest version a stream may reach.
+pub const MAX_VERSION: u64 = 999_999_999_999;
+/// The type of the event `DELETE` appends.
+pub const STREAM_DELETED: &str = "StreamDeleted";
+
+/// Why a request cannot be acted on; the message is safe to show the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+/// Characters allowed in a stream name besides ASCII letters and digits.
+/// No `/`, `?`, `#`, `%` or space: a name is one URL path segment as it is.
+pub const NAME_PUNCTUATION: &str = "-_.:@+=~";
+
+/// Checks a stream name: 1 to 256 bytes of `[A-Za-z0-9]` and [`NAME_PUNCTUATION`].
+pub fn check_name(name: &str) -> Result<(), Invalid> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(Invalid::BadRequest(format!("a stream name is 1 to {MAX_NAME_BYTES} bytes")));
+    }
+    if let Some(c) = name.chars().find(|c| !c.is_ascii_alphanumeric() && !NAME_PUNCTUATION.contains(*c)) {
+        return Err(Invalid::BadRequest(format!(
+            "stream names use letters, digits and {NAME_PUNCTUATION:?}; {c:?} is not allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// What the writer believes about the stream, checked atomically by the append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// Append at the end, whatever the version (still a conditional write,
+    /// on the version just read, retried on a race).
+    Any,
+    /// The stream must not exist yet (`If-None-Match: *`).
+    NoStream,
+    /// The stream's current version must be exactly this (`If-Match`).
+    Version(u64),
+}
+
+impl Expected {
+    /// The version the first appended event gets if the expectation holds.
+    pub fn first_version(self) -> Option<u64> {
+        match self {
+            Expected::Any => None,
+            Expected::NoStream => Some(0),
+            Expected::Version(v) => Some(v + 1),
+        }
+    }
+}
+
+/// One event a client appends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewEvent {
+    /// Client-chosen UUID: sending the same request again is then idempotent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<uuid::Uuid>,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+impl NewEvent {
+    pub fn new(event_type: impl Into<String>, data: Value) -> Self {
+        Self { id: None, event_type: event_type.into(), data, metadata: None }
+    }
+}
+
+/// Parses a request body: one event object or an array of 1 to 100.
+pub fn parse_events(body: &[u8]) -> Result<Vec<NewEvent>, Invalid> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Invalid::BadRequest(format!("malformed JSON at line {} column {}", e.line(), e.column())))?;
+    let items = match value {
+        Value::Array(items) => items,
+        object @ Value::Object(_) => vec![object],
+        _ => return Err(Invalid::BadRequest("expected an event object or an array of events".into())),
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            serde_json::from_value::<NewEvent>(item).map_err(|e| Invalid::BadRequest(format!("event {i}: {e}")))
+        })
+        .collect()
+}
+
+/// An event as stored in a batch item (data and metadata as JSON text, so any
+/// JSON, numbers included, comes back exactly as sent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredEventItem {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub data: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<String>,
+}
+
+/// Checks an append and turns it into what is stored; events without an id get a random one.
+pub fn prepare(events: Vec<NewEvent>) -> Result<Vec<StoredEventItem>, Invalid> {
+    if events.is_empty() {
+        return Err(Invalid::BadRequest("no events to append".into()));
+    }
+    if events.len() > MAX_EVENTS_PER_APPEND {
+        return Err(Invalid::TooLarge(format!("{} events; at most {MAX_EVENTS_PER_APPEND} per append", events.len())));
+    }
+    let mut ids = HashSet::new();
+    let mut total = 0;
+    let mut stored = Vec::with_capacity(events.len());
+    for (i, event) in events.into_iter().enumerate() {
+        if event.event_type.is_empty() || event.event_type.len() > MAX_NAME_BYTES {
+            return Err(Invalid::BadRequest(format!("event {i}: type is 1 to {MAX_NAME_BYTES} bytes")));
+        }
+        let id = event.id.unwrap_or_else(uuid::Uuid::new_v4).to_string();
+        if !ids.insert(id.clone()) {
+            return Err(Invalid::BadRequest(format!("event {i}: id {id} appears twice")));
+        }
+        let item = StoredEventItem {
+            id,
+            event_type: event.event_type,
+            data: event.data.to_string(),
+            metadata: event.metadata.map(|m| m.to_string()),
+        };
+        let size =
+            item.id.len() + item.event_type.len() + item.data.len() + item.metadata.as_ref().map_or(0, String::len);
+        if size > MAX_EVENT_BYTES {
+            return Err(Invalid::TooLarge(format!("event {i} is {size} bytes; the limit is {MAX_EVENT_BYTES}")));
+        }
+        total += size;
+        stored.push(item);
+    }
+    if total > MAX_APPEND_BYTES {
+        return Err(Invalid::TooLarge(format!(
+            "the events are {total} bytes together; the limit is {MAX_APPEND_BYTES}"
+        )));
+    }
+    Ok(stored)
+}
+
+/// The key of a request for idempotency: a hash of its event ids, in order.
+pub fn request_key(events: &[StoredEventItem]) -> String {
+    let mut hasher = Sha256::new();
+    for event in events {
+        hasher.update(event.id.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(&hasher.finalize()[..16])
+}
+
+/// The id of the event `DELETE` appends: fixed per stream, so a retried
+/// `DELETE` is recognized as the same request.
+pub fn deleted_event(stream: &str) -> StoredEventItem {
+    let digest = Sha256::digest(format!("{stream}\0{STREAM_DELETED}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
+    StoredEventItem { id: id.to_string(), event_type: STREAM_DELETED.into(), data: "{}".into(), metadata: None }
+}
+
+/// Sort key of the batch whose first event has `version`.
+pub fn batch_key(version: u64) -> String {
+    format!("e{version:0width$}", width = VERSION_DIGITS)
+}
+
+/// The version a batch sort key starts at (`None` for the tip and the snapshot).
+pub fn batch_version(key: &str) -> Option<u64> {
+    key.strip_prefix('e')?.parse().ok()
+}
+
+/// The tip: the item every append is conditional on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tip {
+    pub stream: String,
+    pub item: String,
+    /// The version of the last event (events count from 0).
+    pub version: u64,
+    #[serde(default)]
+    pub deleted: bool,
+    /// [`request_key`] of the last append, with where it started.
+    #[serde(default)]
+    pub last_request: Option<String>,
+    #[serde(default)]
+    pub last_first: Option<u64>,
+    pub updated_at: i64,
+}
+
+/// The events of one append.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub stream: String,
+    pub item: String,
+    /// Version of the first event; the others follow without gaps.
+    pub first: u64,
+    /// Milliseconds since the epoch: when the append was made.
+    pub at: i64,
+    pub events: Vec<StoredEventItem>,
+}
+
+impl Batch {
+    pub fn last(&self) -> u64 {
+        self.first + self.events.len() as u64 - 1
+    }
+
+    /// The batch's events with their versions, as readers see them.
+    pub fn read(&self) -> impl Iterator<Item = RecordedEvent> + '_ {
+        self.events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| RecordedEvent::from_stored(&self.stream, self.first + i as u64, self.at, e))
+    }
+
+    /// True when this batch holds exactly these events (by id): the same request.
+    pub fn holds(&self, events: &[StoredEventItem]) -> bool {
+        self.events.len() == events.len() && self.events.iter().zip(events).all(|(a, b)| a.id == b.id)
+    }
+}
+
+/// The latest snapshot of a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotItem {
+    pub stream: String,
+    pub item: String,
+    /// The version the state was folded up to (included).
+    pub version: u64,
+    /// The state, JSON text.
+    pub state: String,
+    pub at: i64,
+}
+
+/// An event read back from a stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedEvent {
+    pub stream: String,
+    pub version: u64,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    /// When it was appended (RFC 3339, ms).
+    pub time: String,
+}
+
+impl RecordedEvent {
+    fn from_stored(stream: &str, version: u64, at: i64, e: &StoredEventItem) -> Self {
+        // Stored by this code from parsed JSON: it parses back. Anything else shows as a string, not a failure.
+        let parse = |text: &str| serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
+        RecordedEvent {
+            stream: stream.to_owned(),
+            version,
+            id: e.id.clone(),
+            event_type: e.event_type.clone(),
+            data: parse(&e.data),
+            metadata: e.metadata.as_deref().map(parse),
+            time: format_ms(at),
+        }
+    }
+}
+
+/// The item kinds of a stream, decoded from whatever a query returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamItem {
+    Tip(Tip),
+    Snapshot(SnapshotItem),
+    Batch(Batch),
+}
+
+impl StreamItem {
+    pub fn decode(item: HashMap<String, AttributeValue>) -> Result<Self, crate::Error> {
+        let key = match item.get(RANGE_KEY) {
+            Some(AttributeValue::S(key)) => key.clone(),
+            _ => return Err(crate::Error::Malformed("entity item without a sort key".into())),
+        };
+        let malformed = |e: serde_dynamo::Error| crate::Error::Malformed(format!("entity item {key}: {e}"));
+        Ok(match key.as_str() {
+            TIP => StreamItem::Tip(serde_dynamo::from_item(item).map_err(malformed)?),
+            SNAPSHOT => StreamItem::Snapshot(serde_dynamo::from_item(item).map_err(malformed)?),
+            _ => StreamItem::Batch(serde_dynamo::from_item(item).map_err(malformed)?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn names_are_one_plain_path_segment() {
+        assert!(check_name("Todo-42").is_ok());
+        assert!(check_name("order:2026.11@eu+x=y~z_").is_ok());
+        assert!(check_name(&"a".repeat(256)).is_ok());
+        assert!(check_name(&"a".repeat(257)).is_err());
+        assert!(check_name("").is_err());
+        for bad in ["a/b", "a b", "a%2F", "a#b", "a?b", "é"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parses_one_event_or_an_array_and_rejects_the_rest() {
+        let one = parse_events(br#"{"type":"Created","data":{"title":"x"}}"#).unwrap();
+        assert_eq!(one, vec![NewEvent::new("Created", json!({"title": "x"}))]);
+        let two = parse_events(br#"[{"type":"A","data":1},{"type":"B","data":null,"metadata":{"by":"me"}}]"#).unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1].metadata, Some(json!({"by": "me"})));
+        assert!(parse_events(b"[1,2]").is_err());
+        assert!(parse_events(b"{\"type\":\"A\"}").is_err(), "data is required");
+        assert!(parse_events(b"{\"type\":\"A\",\"data\":1,\"extra\":2}").is_err(), "unknown fields are refused");
+        assert!(parse_events(b"{\"type\":\"A\",\"data\":1,\"id\":\"not-a-uuid\"}").is_err());
+        assert!(matches!(parse_events(b"{oops"), Err(Invalid::BadRequest(m)) if m.contains("malformed JSON")));
+    }
+
+    #[test]
+    fn prepare_enforces_the_limits() {
+        let event = |size: usize| NewEvent::new("T", Value::String("x".repeat(size)));
+        assert!(matches!(prepare(vec![]), Err(Invalid::BadRequest(_))));
+        assert!(prepare(vec![event(1); 100]).is_ok());
+        assert!(matches!(prepare(vec![event(1); 101]), Err(Invalid::TooLarge(_))));
+        assert!(matches!(prepare(vec![event(MAX_EVENT_BYTES)]), Err(Invalid::TooLarge(m)) if m.contains("event 0")));
+        assert!(matches!(prepare(vec![event(60 * 1024); 6]), Err(Invalid::TooLarge(m)) if m.contains("together")));
+        let id = uuid::Uuid::new_v4();
+        let twice = vec![NewEvent { id: Some(id), ..event(1) }, NewEvent { id: Some(id), ..event(1) }];
+        assert!(matches!(prepare(twice), Err(Invalid::BadRequest(m)) if m.contains("twice")));
+        let empty_type = NewEvent::new("", json!(1));
+        assert!(prepare(vec![empty_type]).is_err());
+    }
+
+    #[test]
+    fn data_comes_back_exactly() {
+        let data = json!({"n": 12345678901234567u64, "f": 0.1, "s": "", "nested": [null, true]});
+        let stored = prepare(vec![NewEvent::new("T", data.clone())]).unwrap();
+        let batch = Batch { stream: "s".into(), item: batch_key(7), first: 7, at: 0, events: stored };
+        let read: Vec<RecordedEvent> = batch.read().collect();
+        assert_eq!(read[0].data, data);
+        assert_eq!(read[0].version, 7);
+        assert_eq!(batch.last(), 7);
+    }
+
+    #[test]
+    fn sort_keys_order_batches_then_snapshot_then_tip() {
+        let mut keys = vec![TIP.to_owned(), batch_key(10), SNAPSHOT.to_owned(), batch_key(9), batch_key(MAX_VERSION)];
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec![batch_key(9), batch_key(10), batch_key(MAX_VERSION), SNAPSHOT.to_owned(), TIP.to_owned()]
+        );
+        assert_eq!(batch_version(&batch_key(42)), Some(42));
+        assert_eq!(batch_version(TIP), None);
+        assert_eq!(batch_version(SNAPSHOT), None);
+    }
+
+    #[test]
+    fn request_keys_follow_the_ids_and_delete_has_a_fixed_id() {
+        let with_ids = |ids: &[&str]| -> Vec<StoredEventItem> {
+            ids.iter()
+                .map(|id| StoredEventItem {
+                    id: (*id).into(),
+                    event_type: "T".into(),
+                    data: "1".into(),
+                    metadata: None,
+                })
+                .collect()
+        };
+        assert_eq!(request_key(&with_ids(&["a", "b"])), request_key(&with_ids(&["a", "b"])));
+        assert_ne!(request_key(&with_ids(&["a", "b"])), request_key(&with_ids(&["b", "a"])));
+        assert_ne!(request_key(&with_ids(&["ab"])), request_key(&with_ids(&["a", "b"])));
+        assert_eq!(deleted_event("x"), deleted_event("x"));
+        assert_ne!(deleted_event("x").id, deleted_event("y").id);
+    }
+}

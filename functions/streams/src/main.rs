@@ -1,0 +1,16 @@
+//! `streams` Lambda: the `/streams/{name}` entity API. All logic is in `event_store::entity`.
+
+use event_store::config::StreamsConfig;
+use event_store::entity::http::StreamsApi;
+use event_store::entity::EntityStore;
+use lambda_http::{run, service_fn, Error, Request};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_http::tracing::init_default_subscriber();
+    let config = StreamsConfig::from_env()?;
+    let aws = event_store::aws_config().await;
+    let api = StreamsApi::new(EntityStore::new(aws_sdk_dynamodb::Client::new(&aws), config.entity_table));
+    let api = &api;
+    run(service_fn(move |request: Request| async move { Ok::<_, Error>(api.handle(request).await) })).await
+}
