@@ -5,6 +5,7 @@
 //! - [`process`]: the emulator itself (moto_server, or dynalite + kinesalite) on 127.0.0.1;
 //! - [`resources`]: the tables and streams `template.yaml` would create;
 //! - [`event_source`]: what a Kinesis event source mapping hands `pump`;
+//! - [`table_stream`]: a DynamoDB stream read the way its event source mapping reads it (for `relay`);
 //! - [`invoke`]: asynchronous invocations, run in-process;
 //! - [`runs`]: a scan pass, a playback or a subscriptions tick with all its forks and continuations;
 //! - [`lambda_target`]: a subscription's Lambda target (the `Invoke` API, answered by a programmable consumer);
@@ -17,5 +18,6 @@ pub mod process;
 pub mod request_counter;
 pub mod resources;
 pub mod runs;
+pub mod table_stream;
 
 pub use process::{answers, free_port, moto_server, Emulator, Error};

@@ -2,10 +2,13 @@
 //! local stack, the tests), with the keys and settings of `template.yaml`.
 //! Creating what already exists is not an error.
 
-use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, StreamSpecification,
+    StreamViewType,
+};
 
 use aws_sdk_dynamodb::error::DisplayErrorContext;
-use event_store::{buffer_item, event_item};
+use event_store::{buffer_item, entity, event_item};
 
 use crate::process::Error;
 
@@ -20,6 +23,8 @@ fn failed(operation: &str, err: impl std::error::Error) -> Error {
 pub struct Names {
     pub buffer_table: String,
     pub event_table: String,
+    /// Entity streams; its DynamoDB stream (new images) feeds `relay`.
+    pub entity_table: String,
     pub event_stream: String,
     pub playback_stream: String,
     /// Not in the template (users bring their own targets): the local stack's demo subscription target.
@@ -32,6 +37,7 @@ impl Names {
         Self {
             buffer_table: format!("{prefix}-buffer-table"),
             event_table: format!("{prefix}-event-table"),
+            entity_table: format!("{prefix}-entity-table"),
             event_stream: format!("{prefix}-stream"),
             playback_stream: format!("{prefix}-playback"),
             subscription_stream: format!("{prefix}-sub-demo"),
@@ -51,7 +57,8 @@ fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinitio
         .map_err(|e| failed("CreateTable", e))
 }
 
-/// Buffer table: hash key `id` (S); event table: `slot` (N) + `sort_key` (S). On-demand.
+/// Buffer table: hash key `id` (S); event table: `slot` (N) + `sort_key` (S);
+/// entity table: `stream` (S) + `item` (S), with a stream of new images. On-demand.
 pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> Result<()> {
     let tables = [
         (&names.buffer_table, vec![(buffer_item::HASH_KEY, KeyType::Hash, ScalarAttributeType::S)]),
@@ -62,9 +69,24 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
                 (event_item::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
             ],
         ),
+        (
+            &names.entity_table,
+            vec![
+                (entity::model::HASH_KEY, KeyType::Hash, ScalarAttributeType::S),
+                (entity::model::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
+            ],
+        ),
     ];
     for (table, keys) in tables {
         let mut request = client.create_table().table_name(table.as_str()).billing_mode(BillingMode::PayPerRequest);
+        if table == &names.entity_table {
+            let stream = StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewImage)
+                .build()
+                .map_err(|e| failed("CreateTable", e))?;
+            request = request.stream_specification(stream);
+        }
         for (name, kind, scalar) in keys {
             request = request.key_schema(key(name, kind)?).attribute_definitions(attribute(name, scalar)?);
         }

@@ -1,5 +1,6 @@
-//! The local HTTP server: the `load` handler (the same one Lambda runs)
-//! behind hyper, as API Gateway would call it, plus the demo page at `/`.
+//! The local HTTP server: the `load` handler and the `/streams` API (the
+//! same handlers Lambda runs) behind hyper, routed as the template's HTTP
+//! API routes them and called as API Gateway would, plus the demo page at `/`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -7,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use event_store::entity::http::StreamsApi;
 use event_store::load::Load;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -29,7 +31,13 @@ pub const DEMO_PAGE: &str = include_str!("demo.html");
 /// Lambda's request payload limit; API Gateway would refuse more.
 const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
-pub async fn serve(listener: TcpListener, load: Arc<Load>, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
+/// The functions behind the HTTP API.
+pub struct Api {
+    pub load: Load,
+    pub streams: StreamsApi,
+}
+
+pub async fn serve(listener: TcpListener, api: Arc<Api>, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -40,9 +48,9 @@ pub async fn serve(listener: TcpListener, load: Arc<Load>, stats: Arc<Stats>, mu
                         continue;
                     }
                 };
-                let (load, stats) = (load.clone(), stats.clone());
+                let (api, stats) = (api.clone(), stats.clone());
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(req, peer, load.clone(), stats.clone()));
+                    let service = service_fn(move |req| handle(req, peer, api.clone(), stats.clone()));
                     let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
                 });
             }
@@ -54,7 +62,7 @@ pub async fn serve(listener: TcpListener, load: Arc<Load>, stats: Arc<Stats>, mu
 async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
-    load: Arc<Load>,
+    api: Arc<Api>,
     stats: Arc<Stats>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() == Method::GET && req.uri().path() == "/" {
@@ -71,7 +79,12 @@ async fn handle(
             ))
         }
     };
-    let response = load.handle(lambda_request(parts, bytes, peer)).await;
+    if StreamsApi::serves(parts.uri.path()) {
+        let response = api.streams.handle(lambda_request(parts, bytes, peer)).await;
+        let (parts, body) = response.into_parts();
+        return Ok(Response::from_parts(parts, Full::new(Bytes::copy_from_slice(body.as_ref()))));
+    }
+    let response = api.load.handle(lambda_request(parts, bytes, peer)).await;
     stats.received.fetch_add(accepted_events(&response), Ordering::Relaxed);
     let (parts, body) = response.into_parts();
     Ok(Response::from_parts(parts, Full::new(Bytes::copy_from_slice(body.as_ref()))))

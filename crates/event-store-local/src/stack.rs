@@ -1,5 +1,6 @@
-//! The whole pipeline in one process: emulator, resources, the pixel server
-//! (`load`), the event source feeding `pump`, the scan schedule with its
+//! The whole pipeline in one process: emulator, resources, the HTTP server
+//! (`load` and the `/streams` API), the entity table's stream feeding
+//! `relay`, the event source feeding `pump`, the scan schedule with its
 //! forks run in-process, the subscriptions tick and its runners, and a
 //! counter on the playback stream.
 
@@ -8,6 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use event_store::config::{LoadConfig, PumpConfig, ScanConfig, SubscriptionConfig};
+use event_store::entity::http::StreamsApi;
+use event_store::entity::relay::Relay;
+use event_store::entity::EntityStore;
 use event_store::load::Load;
 use event_store::pump::Pump;
 use event_store::scan::Scan;
@@ -15,12 +19,13 @@ use event_store::subscription::{Answer, Subscriptions};
 use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker, Queued};
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables};
+use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use event_store_emulator::Emulator;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::settings::Settings;
 use crate::source::{count_records, feed_pump, shard_ids, stream_arn, ShardReader};
@@ -70,8 +75,17 @@ impl Stack {
 
         let address = ("127.0.0.1", self.settings.port);
         let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
-        let load = Arc::new(Load::new(self.kinesis.clone(), LoadConfig::from_env()?));
-        tasks.spawn(crate::http::serve(listener, load, self.stats.clone(), shutdown.clone()));
+        let api = Arc::new(crate::http::Api {
+            load: Load::new(self.kinesis.clone(), LoadConfig::from_env()?),
+            streams: StreamsApi::new(EntityStore::new(self.dynamo.clone(), names.entity_table.clone())),
+        });
+        tasks.spawn(crate::http::serve(listener, api, self.stats.clone(), shutdown.clone()));
+
+        // The entity table's DynamoDB stream feeds relay, as its event source mapping would.
+        let streams_client = aws_sdk_dynamodbstreams::Client::new(&event_store::aws_config().await);
+        let reader = TableStreamReader::open(&self.dynamo, streams_client, &names.entity_table, &self.region).await?;
+        let relay = Relay::new(self.kinesis.clone(), names.event_stream.clone());
+        tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
 
         let pump = Arc::new(Pump::new(self.dynamo.clone(), PumpConfig::from_env()?));
         let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
@@ -155,6 +169,24 @@ async fn run_invocations<F, Fut>(
         }
     }
 }
+
+/// Relays the entity table's stream until shutdown: what is there, then a poll every `RELAY_POLL`.
+async fn feed_relay(mut reader: TableStreamReader, relay: Relay, mut shutdown: watch::Receiver<bool>) {
+    let mut pending = std::collections::VecDeque::new();
+    while !*shutdown.borrow() {
+        // The template's mapping: batches of 100, retried until they succeed.
+        if let Err(err) = deliver_all(&mut reader, &mut pending, 100, u32::MAX, |event| relay.handle(event)).await {
+            warn!(error = %err, "entity table stream read failed; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RELAY_POLL) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// How often the local relay polls the entity table's stream (Lambda polls a DynamoDB stream 4 times a second).
+const RELAY_POLL: Duration = Duration::from_millis(250);
 
 /// The schedule: like EventBridge, it fires whether or not the last run has finished.
 async fn schedule(invoker: LocalInvoker, interval: Duration, mut shutdown: watch::Receiver<bool>) {

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeSet;
 
-use event_store::config::{LoadConfig, PlaybackConfig, PumpConfig, ScanConfig, SubscriptionConfig, Variables};
+use event_store::config::{
+    LoadConfig, PlaybackConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig, Variables,
+};
 use serde_yaml::Value;
 
 fn template() -> Value {
@@ -34,6 +36,20 @@ fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'stati
         ("ScanFunction", ScanConfig::VARIABLES, event_store::scan::AWS_ACTIONS, &[]),
         ("PlaybackFunction", PlaybackConfig::VARIABLES, event_store::playback::AWS_ACTIONS, &[]),
         ("SubscriptionsFunction", SubscriptionConfig::VARIABLES, event_store::subscription::AWS_ACTIONS, &[]),
+        ("StreamsFunction", StreamsConfig::VARIABLES, event_store::entity::AWS_ACTIONS, &[]),
+        (
+            "RelayFunction",
+            RelayConfig::VARIABLES,
+            event_store::entity::relay::AWS_ACTIONS,
+            // The DynamoDB stream event source mapping reads the table's stream and writes failures to the DLQ.
+            &[
+                "dynamodb:DescribeStream",
+                "dynamodb:GetRecords",
+                "dynamodb:GetShardIterator",
+                "dynamodb:ListStreams",
+                "sqs:SendMessage",
+            ],
+        ),
     ]
 }
 
@@ -126,6 +142,39 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     // The pump's shard positions need one batch per shard at a time, in order.
     assert!(mapping["ParallelizationFactor"].as_u64().is_none_or(|p| p == 1), "one batch per shard at a time");
     assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("PumpDeadLetterQueue"));
+}
+
+#[test]
+fn the_relay_keeps_version_order_and_its_copies_fall_inside_the_dedupe_window() {
+    let template = template();
+    let mapping = &template["Resources"]["RelayEventSource"]["Properties"];
+    assert!(format!("{:?}", mapping["EventSourceArn"]).contains("EntityTable.StreamArn"));
+    assert_eq!(strings(&mapping["FunctionResponseTypes"]), vec!["ReportBatchItemFailures"]);
+    assert_eq!(mapping["ParallelizationFactor"].as_u64(), Some(1), "one batch per shard: version order");
+    assert_eq!(mapping["MaximumRetryAttempts"].as_i64(), Some(-1));
+    let age = mapping["MaximumRecordAgeInSeconds"].as_i64().unwrap();
+    assert!((60..=12 * 3600).contains(&age), "inside the table stream's 24 h: {age}");
+    assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("RelayDeadLetterQueue"));
+    // A batch retried after it was applied is retried after the invocation failed: within its timeout.
+    let timeout = template["Resources"]["RelayFunction"]["Properties"]["Timeout"].as_u64().unwrap();
+    assert!(timeout * 1000 * 3 <= event_store::config::DEFAULT_DEDUPE_WINDOW_MS, "relay timeout {timeout} s");
+    let table = &template["Resources"]["EntityTable"]["Properties"];
+    assert_eq!(table["StreamSpecification"]["StreamViewType"].as_str(), Some("NEW_IMAGE"));
+    let keys: Vec<String> = table["KeySchema"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|k| k["AttributeName"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys, [event_store::entity::model::HASH_KEY, event_store::entity::model::RANGE_KEY]);
+    // The entity API is application data: every /streams route is signed (SigV4), unlike the pixel.
+    let events = template["Resources"]["StreamsFunction"]["Properties"]["Events"].as_mapping().unwrap();
+    assert_eq!(events.len(), 5);
+    for (name, event) in events {
+        let properties = &event["Properties"];
+        assert!(properties["Path"].as_str().unwrap().starts_with("/streams/{name}"), "{name:?}");
+        assert_eq!(properties["Auth"]["Authorizer"].as_str(), Some("AWS_IAM"), "{name:?}");
+    }
 }
 
 #[test]

@@ -151,6 +151,8 @@ struct State {
     rng: Mutex<fastrand::Rng>,
     counts: Mutex<BTreeMap<String, u64>>,
     applied: Mutex<Vec<Applied>>,
+    /// Held while a request is upstream, when requests go one at a time.
+    one_at_a_time: Option<tokio::sync::Mutex<()>>,
 }
 
 /// A request the proxy let through and then answered with a 500.
@@ -175,6 +177,20 @@ type Answer = Result<Response<Full<Bytes>>, std::io::Error>;
 impl FaultProxy {
     /// Starts the proxy on a free 127.0.0.1 port in front of `upstream` (`http://127.0.0.1:PORT`).
     pub async fn start(upstream: &str, config: Config) -> std::io::Result<Self> {
+        Self::launch(upstream, config, false).await
+    }
+
+    /// A proxy without faults that lets one request at a time through. moto
+    /// serves requests on many threads and applies `TransactWriteItems`
+    /// without a lock (two concurrent transactions both pass their condition),
+    /// where DynamoDB serializes the writes to an item: in front of moto this
+    /// gives tests of concurrent writers DynamoDB's isolation. The clients
+    /// still race (their reads and writes interleave request by request).
+    pub async fn start_one_at_a_time(upstream: &str) -> std::io::Result<Self> {
+        Self::launch(upstream, Config { seed: 0, rate: 0.0, only: Some(&[]) }, true).await
+    }
+
+    async fn launch(upstream: &str, config: Config, one_at_a_time: bool) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let endpoint = format!("http://{}", listener.local_addr()?);
         let state = Arc::new(State {
@@ -185,6 +201,7 @@ impl FaultProxy {
             rng: Mutex::new(fastrand::Rng::with_seed(config.seed)),
             counts: Mutex::new(BTreeMap::new()),
             applied: Mutex::new(Vec::new()),
+            one_at_a_time: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
         });
         let (stop, mut stopped) = watch::channel(false);
         let shared = state.clone();
@@ -255,6 +272,10 @@ impl State {
             }
         }
         let request = request.body(Full::new(body)).map_err(std::io::Error::other)?;
+        let _turn = match &self.one_at_a_time {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
         let response = self.client.request(request).await.map_err(std::io::Error::other)?;
         let (parts, body) = response.into_parts();
         let bytes = body.collect().await.map_err(std::io::Error::other)?.to_bytes();
@@ -465,6 +486,7 @@ mod tests {
                 rng: Mutex::new(fastrand::Rng::with_seed(seed)),
                 counts: Mutex::default(),
                 applied: Mutex::default(),
+                one_at_a_time: None,
             };
             let faults = applicable(Service::DynamoDb, "BatchWriteItem");
             (0..200).map(|_| state.draw(&faults)).collect::<Vec<_>>()

@@ -62,7 +62,7 @@ fn parse_version(value: &str) -> Result<u64, Reject> {
     inner.parse().map_err(|_| reject(StatusCode::BAD_REQUEST, "the version in If-Match is too large"))
 }
 
-fn header_text<'a>(headers: &'a HeaderMap, name: header::HeaderName) -> Result<Option<&'a str>, Reject> {
+fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, Reject> {
     headers
         .get(name.clone())
         .map(|v| v.to_str().map_err(|_| reject(StatusCode::BAD_REQUEST, format!("{name} is not ASCII"))))

@@ -380,7 +380,7 @@ impl EntityStore {
                 .expression_attribute_values(":low", s(batch_key(range.0)))
                 .expression_attribute_values(":high", s(batch_key(range.1)))
                 .scan_index_forward(forward)
-                .limit(events.saturating_sub(held).clamp(1, MAX_QUERY_ITEMS) as i32)
+                .limit(items_to_ask(events.saturating_sub(held), batches.len(), held))
                 .set_exclusive_start_key(start)
                 .send()
                 .await
@@ -563,6 +563,19 @@ impl EntityStore {
     }
 }
 
+/// How many items to ask for to get `wanted` more events, after `seen` items
+/// held `held` events: a query is billed for every item it reads, so ask for
+/// about what is needed (a batch holds 1 to 100 events), never 1 MB by default.
+fn items_to_ask(wanted: usize, seen: usize, held: usize) -> i32 {
+    let per_item = if seen == 0 { 1.0 } else { (held as f64 / seen as f64).max(1.0) };
+    let first_guess =
+        if seen == 0 { wanted.min(FIRST_QUERY_ITEMS) } else { (wanted as f64 / per_item).ceil() as usize + 1 };
+    first_guess.clamp(1, MAX_QUERY_ITEMS) as i32
+}
+
+/// The first page of a read asks for at most this many items, before it knows how large the batches are.
+const FIRST_QUERY_ITEMS: usize = 25;
+
 enum AppendFailure {
     /// A condition failed (or another transaction held the item): see the tip to know which.
     Cancelled,
@@ -577,4 +590,18 @@ fn is_cancelled<R>(
 ) -> bool {
     // A failed condition and a concurrent transaction on the tip both cancel the transaction.
     err.as_service_error().is_some_and(|e| e.is_transaction_canceled_exception())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_ask_for_about_the_items_they_need() {
+        assert_eq!(items_to_ask(1, 0, 0), 1);
+        assert_eq!(items_to_ask(1000, 0, 0), 25, "unknown batch sizes: a small first page");
+        assert_eq!(items_to_ask(975, 25, 2500), 11, "100-event batches: ~10 more items");
+        assert_eq!(items_to_ask(975, 25, 25), 976, "1-event batches: one item per event");
+        assert_eq!(items_to_ask(5000, 25, 25), MAX_QUERY_ITEMS as i32);
+    }
 }

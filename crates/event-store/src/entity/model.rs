@@ -224,7 +224,8 @@ pub struct Tip {
     pub item: String,
     /// The version of the last event (events count from 0).
     pub version: u64,
-    #[serde(default)]
+    /// Absent until `DELETE` (appends are conditional on its absence).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
     /// [`request_key`] of the last append, with where it started.
     #[serde(default)]
@@ -243,7 +244,27 @@ pub struct Batch {
     pub first: u64,
     /// Milliseconds since the epoch: when the append was made.
     pub at: i64,
+    /// The events, as one JSON array in one string attribute: a DynamoDB list of
+    /// maps would count every field name of every event against the item's
+    /// size, and is far slower to decode.
+    #[serde(with = "json_text")]
     pub events: Vec<StoredEventItem>,
+}
+
+/// A value stored as its JSON text.
+mod json_text {
+    use serde::de::{DeserializeOwned, Error as _};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+        let text = serde_json::to_string(value).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(&text)
+    }
+
+    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        serde_json::from_str(&text).map_err(D::Error::custom)
+    }
 }
 
 impl Batch {
@@ -387,6 +408,15 @@ mod tests {
         assert_eq!(read[0].data, data);
         assert_eq!(read[0].version, 7);
         assert_eq!(batch.last(), 7);
+    }
+
+    #[test]
+    fn a_batch_stores_its_events_as_one_json_string() {
+        let events = prepare(vec![NewEvent::new("T", json!({"a": 1})), NewEvent::new("U", json!(null))]).unwrap();
+        let batch = Batch { stream: "s".into(), item: batch_key(0), first: 0, at: 5, events };
+        let item: HashMap<String, AttributeValue> = serde_dynamo::to_item(&batch).unwrap();
+        assert!(matches!(&item["events"], AttributeValue::S(text) if text.starts_with("[{")));
+        assert_eq!(StreamItem::decode(item).unwrap(), StreamItem::Batch(batch));
     }
 
     #[test]

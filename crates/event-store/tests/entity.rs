@@ -1,0 +1,465 @@
+//! Entity streams against a real emulator (moto_server: transactions and
+//! DynamoDB Streams): the HTTP contract through the same handler Lambda runs,
+//! optimistic concurrency under concurrent writers, long streams read in
+//! pages, snapshots, and the relay into the time-ordered log with faults.
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+use common::TestEnv;
+use event_store::config::ScanConfig;
+use event_store::entity::http::StreamsApi;
+use event_store::entity::model::{batch_key, prepare, Batch, Tip, TIP};
+use event_store::entity::relay::Relay;
+use event_store::entity::{Direction, EntityError, EntityStore, Expected, NewEvent};
+use event_store::playback::PlayedEvent;
+use event_store::playback::{Playback, Status};
+use event_store::time::{format_ms, now_ms};
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::runs::{self, deadline_in, run_scan};
+use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
+use event_store_fault_proxy::{Config as FaultConfig, Fault};
+use lambda_http::aws_lambda_events::query_map::QueryMap;
+use lambda_http::http::{header, StatusCode};
+use lambda_http::{Body, RequestExt};
+use serde_json::{json, Value};
+
+fn store(env: &TestEnv) -> EntityStore {
+    EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
+}
+
+/// An HTTP request as API Gateway hands it to the function.
+fn request(method: &str, target: &str, headers: &[(&str, &str)], body: Option<Value>) -> lambda_http::Request {
+    let mut builder = lambda_http::http::Request::builder().method(method).uri(target);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let body = body.map_or(Body::Empty, |b| Body::Text(b.to_string()));
+    let query: QueryMap = target.split_once('?').map_or("", |(_, q)| q).parse().unwrap_or_default();
+    builder.body(body).unwrap().with_query_string_parameters(query)
+}
+
+struct Answer {
+    status: StatusCode,
+    etag: Option<String>,
+    location: Option<String>,
+    body: Value,
+}
+
+async fn call(api: &StreamsApi, req: lambda_http::Request) -> Answer {
+    let response = api.handle(req).await;
+    let text = |name: header::HeaderName| response.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
+    Answer {
+        status: response.status(),
+        etag: text(header::ETAG),
+        location: text(header::LOCATION),
+        body: serde_json::from_slice(response.body().as_ref()).unwrap_or(Value::Null),
+    }
+}
+
+fn todo(kind: &str, title: &str) -> Value {
+    json!({"type": kind, "data": {"title": title}})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_todo_flow_counter_and_every_precondition_answer() {
+    let env = TestEnv::start(1).await;
+    let api = StreamsApi::new(store(&env));
+    let todo_id = "todo-7f3a";
+    let path = format!("/streams/{todo_id}");
+
+    // The article's Todo flow, step by step.
+    let created =
+        call(&api, request("POST", &path, &[("if-none-match", "*")], Some(todo("TodoCreated", "milk")))).await;
+    assert_eq!((created.status, created.etag.as_deref()), (StatusCode::CREATED, Some("\"0\"")));
+    assert_eq!(created.location.as_deref(), Some("/streams/todo-7f3a?from=0"));
+    assert_eq!(created.body["versions"], json!([0]));
+    let again = call(&api, request("POST", &path, &[("if-none-match", "*")], Some(todo("TodoCreated", "milk")))).await;
+    assert_eq!((again.status, again.body["current_version"].as_u64()), (StatusCode::CONFLICT, Some(0)));
+    let updated =
+        call(&api, request("POST", &path, &[("if-match", "\"0\"")], Some(todo("TodoUpdated", "oat milk")))).await;
+    assert_eq!((updated.status, updated.etag.as_deref()), (StatusCode::CREATED, Some("\"1\"")));
+    let stale = call(&api, request("POST", &path, &[("if-match", "\"0\"")], Some(todo("TodoUpdated", "soy")))).await;
+    assert_eq!((stale.status, stale.etag.as_deref()), (StatusCode::CONFLICT, Some("\"1\"")));
+    assert_eq!(stale.body["current_version"], json!(1));
+    let unknown =
+        call(&api, request("POST", "/streams/todo-nope", &[("if-match", "\"0\"")], Some(todo("TodoUpdated", "x"))))
+            .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let deleted = call(&api, request("DELETE", &path, &[("if-match", "\"1\"")], None)).await;
+    assert_eq!((deleted.status, deleted.etag.as_deref()), (StatusCode::CREATED, Some("\"2\"")));
+    let read = call(&api, request("GET", &path, &[], None)).await;
+    assert_eq!((read.status, read.etag.as_deref()), (StatusCode::OK, Some("\"2\"")));
+    let types: Vec<&str> =
+        read.body["events"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["TodoCreated", "TodoUpdated", "StreamDeleted"]);
+    let versions: Vec<u64> =
+        read.body["events"].as_array().unwrap().iter().map(|e| e["version"].as_u64().unwrap()).collect();
+    assert_eq!(versions, [0, 1, 2]);
+    assert_eq!(read.body["events"][1]["data"], json!({"title": "oat milk"}));
+    assert!(read.body["events"][0]["id"].as_str().unwrap().len() == 36 && read.body["events"][0]["time"].is_string());
+    // After the delete: appends are gone (410), reads keep the history, a retried DELETE is the same 201.
+    let gone = call(&api, request("POST", &path, &[("if-match", "\"2\"")], Some(todo("TodoUpdated", "x")))).await;
+    assert_eq!(gone.status, StatusCode::GONE);
+    assert_eq!(call(&api, request("POST", &path, &[], Some(todo("TodoUpdated", "x")))).await.status, StatusCode::GONE);
+    let redelete = call(&api, request("DELETE", &path, &[("if-match", "\"1\"")], None)).await;
+    assert_eq!((redelete.status, redelete.etag.as_deref()), (StatusCode::CREATED, Some("\"2\"")));
+    let cached = call(&api, request("GET", &path, &[("if-none-match", "\"2\"")], None)).await;
+    assert_eq!((cached.status, cached.etag.as_deref()), (StatusCode::NOT_MODIFIED, Some("\"2\"")));
+
+    // The article's Counter: a fold over what the store gives back.
+    let counter = store(&env);
+    let steps = ["Increment", "Increment", "Increment", "Decrement"];
+    for (i, step) in steps.iter().enumerate() {
+        let expected = if i == 0 { Expected::NoStream } else { Expected::Version(i as u64 - 1) };
+        counter.append("counter-1", expected, vec![NewEvent::new(*step, json!({}))]).await.unwrap();
+    }
+    let page = counter.read("counter-1", None, 100, Direction::Forward).await.unwrap();
+    let value: i64 = page.events.iter().map(|e| if e.event_type == "Increment" { 1 } else { -1 }).sum();
+    assert_eq!(value, 2);
+
+    // Bad input: a short message, nothing written.
+    let long = format!("/streams/{}", "a".repeat(257));
+    let bad: Vec<(lambda_http::Request, StatusCode)> = vec![
+        (request("POST", &long, &[], Some(todo("T", "x"))), StatusCode::BAD_REQUEST),
+        (request("POST", "/streams/a%20b", &[], Some(todo("T", "x"))), StatusCode::BAD_REQUEST),
+        (request("POST", "/streams/bad-1", &[], Some(json!(vec![todo("T", "x"); 101]))), StatusCode::PAYLOAD_TOO_LARGE),
+        (
+            request("POST", "/streams/bad-1", &[], Some(json!({"type": "T", "data": "x".repeat(70_000)}))),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (request("POST", "/streams/bad-1", &[("if-match", "\"one\"")], Some(todo("T", "x"))), StatusCode::BAD_REQUEST),
+        (request("POST", "/streams/bad-1", &[], Some(json!({"data": 1}))), StatusCode::BAD_REQUEST),
+        (request("DELETE", &path, &[], None), StatusCode::PRECONDITION_REQUIRED),
+        (request("PUT", "/streams/bad-1/snapshot", &[], Some(json!({}))), StatusCode::PRECONDITION_REQUIRED),
+        (request("GET", "/streams/bad-1?limit=0", &[], None), StatusCode::BAD_REQUEST),
+        (request("GET", "/streams/bad-1?direction=sideways", &[], None), StatusCode::BAD_REQUEST),
+        (request("PATCH", &path, &[], None), StatusCode::METHOD_NOT_ALLOWED),
+    ];
+    for (req, status) in bad {
+        let target = req.uri().to_string();
+        let answer = call(&api, req).await;
+        assert_eq!(answer.status, status, "{target}: {}", answer.body);
+        assert!(answer.body["error"].as_str().is_some_and(|m| !m.is_empty() && m.len() < 200), "{}", answer.body);
+    }
+    let malformed = lambda_http::http::Request::builder()
+        .method("POST")
+        .uri("/streams/bad-1")
+        .body(Body::Text("{\"type\": ".into()))
+        .unwrap();
+    assert_eq!(call(&api, malformed).await.status, StatusCode::BAD_REQUEST);
+    assert!(matches!(store(&env).read("bad-1", None, 10, Direction::Forward).await, Err(EntityError::NotFound)));
+    // A transaction is authorized by the actions of its parts (UpdateItem, PutItem, ConditionCheckItem).
+    let declared: Vec<&str> =
+        event_store::entity::AWS_ACTIONS.iter().copied().chain(["dynamodb:TransactWriteItems"]).collect();
+    common::assert_only_declared_actions(&env.counter, &declared);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn appends_are_atomic_idempotent_and_cost_one_request() {
+    let env = TestEnv::start(1).await;
+    let store = store(&env);
+    let with_ids = |n: usize, kind: &str| -> Vec<NewEvent> {
+        (0..n).map(|i| NewEvent { id: Some(uuid::Uuid::new_v4()), ..NewEvent::new(kind, json!({"i": i})) }).collect()
+    };
+    env.counter.reset();
+    let first = store.append("order-1", Expected::NoStream, with_ids(1, "Placed")).await.unwrap();
+    assert_eq!((first.first, first.last, first.replayed), (0, 0, false));
+    assert_eq!(env.counter.service_total("DynamoDB"), 1, "one event appended with one request");
+
+    // 100 events in one request: one item, all versions, visible together.
+    let batch = with_ids(100, "Line");
+    let done = store.append("order-1", Expected::Version(0), batch.clone()).await.unwrap();
+    assert_eq!((done.first, done.last), (1, 100));
+    // The same request again (a client retry after a lost answer): the original answer, nothing written.
+    env.counter.reset();
+    let replay = store.append("order-1", Expected::Version(0), batch.clone()).await.unwrap();
+    assert_eq!((replay.first, replay.last, replay.replayed), (1, 100, true));
+    assert_eq!(env.counter.get("DynamoDB.TransactWriteItems"), 1, "the retry's write was refused, not repeated");
+    // Without a precondition, a retry right after is recognized too.
+    let loose = with_ids(2, "Note");
+    let a = store.append("order-1", Expected::Any, loose.clone()).await.unwrap();
+    let b = store.append("order-1", Expected::Any, loose).await.unwrap();
+    assert_eq!((a.first, a.last, b.first, b.last, b.replayed), (101, 102, 101, 102, true));
+    // Other events under the stale version conflict, they do not replay.
+    let other = store.append("order-1", Expected::Version(0), with_ids(100, "Line")).await;
+    assert!(matches!(other, Err(EntityError::Conflict { current: 102 })), "{other:?}");
+
+    let page = store.read("order-1", None, 1000, Direction::Forward).await.unwrap();
+    assert_eq!(page.events.len(), 103);
+    assert_eq!(page.events.iter().map(|e| e.version).collect::<Vec<_>>(), (0..103).collect::<Vec<_>>());
+    let ids: HashSet<&str> = page.events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids.len(), 103, "no event stored twice");
+    let items = env.scan_table(&env.names.entity_table).await;
+    assert_eq!(items.len(), 4, "the tip and one item per append applied (3)");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn eight_concurrent_writers_lose_no_update() {
+    let env = TestEnv::start(1).await;
+    // moto applies concurrent transactions without a lock; DynamoDB serializes writes to an item.
+    let serial =
+        event_store_fault_proxy::FaultProxy::start_one_at_a_time(env.sdk.endpoint_url().unwrap()).await.unwrap();
+    let dynamo = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk).endpoint_url(&serial.endpoint).build(),
+    );
+    let api = Arc::new(StreamsApi::new(EntityStore::new(dynamo, env.names.entity_table.clone())));
+    let path = "/streams/hot-counter";
+    assert_eq!(
+        call(&api, request("POST", path, &[("if-none-match", "*")], Some(json!({"type": "Opened", "data": {}}))))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let started = std::time::Instant::now();
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let (mut conflicts, mut other) = (0, Vec::new());
+                for n in 0..20 {
+                    loop {
+                        // The current version: the ETag of the cheapest read (the last event).
+                        let latest = "/streams/hot-counter?direction=backward&limit=1";
+                        let etag = call(&api, request("GET", latest, &[], None)).await.etag.unwrap();
+                        let event = json!({"type": "Added", "data": {"writer": w, "n": n}, "id": uuid::Uuid::new_v4()});
+                        let answer = call(&api, request("POST", path, &[("if-match", &etag)], Some(event))).await;
+                        match answer.status {
+                            StatusCode::CREATED => break,
+                            StatusCode::CONFLICT => conflicts += 1,
+                            status => other.push(format!("{status}: {}", answer.body)),
+                        }
+                    }
+                }
+                (conflicts, other)
+            })
+        })
+        .collect();
+    let mut conflicts = 0;
+    for writer in writers {
+        let (c, other) = writer.await.unwrap();
+        assert!(other.is_empty(), "every refusal is a 409: {other:?}");
+        conflicts += c;
+    }
+    let elapsed = started.elapsed();
+    let page = store(&env).read("hot-counter", None, 1000, Direction::Forward).await.unwrap();
+    assert_eq!(page.version, 160);
+    assert_eq!(page.events.iter().map(|e| e.version).collect::<Vec<_>>(), (0..=160).collect::<Vec<_>>(), "no gaps");
+    let mut per_writer: HashMap<u64, Vec<u64>> = HashMap::new();
+    for event in &page.events[1..] {
+        per_writer.entry(event.data["writer"].as_u64().unwrap()).or_default().push(event.data["n"].as_u64().unwrap());
+    }
+    for (writer, ns) in &per_writer {
+        assert_eq!(ns, &(0..20).collect::<Vec<_>>(), "writer {writer}: every append once, in its order");
+    }
+    println!(
+        "one hot stream, 8 writers: 160 appends, {conflicts} conflicts (409), {:.0} appends/s",
+        160.0 / elapsed.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_of_100000_events_reads_back_forward_and_backward_in_pages() {
+    let env = TestEnv::start(1).await;
+    let store = store(&env);
+    // 99,000 events as the appends would have stored them (990 batch items of 100 and the tip),
+    // written with BatchWriteItem: moto copies the whole table for every transaction, so 1,000
+    // appends take minutes there. The last 1,000 events are real appends on top.
+    let at = now_ms();
+    let mut items: Vec<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> = (0..990u64)
+        .map(|b| {
+            let events = (0..100).map(|i| NewEvent::new("Tick", json!({"n": b * 100 + i}))).collect();
+            let batch = Batch {
+                stream: "long-1".into(),
+                item: batch_key(b * 100),
+                first: b * 100,
+                at,
+                events: prepare(events).unwrap(),
+            };
+            serde_dynamo::to_item(&batch).unwrap()
+        })
+        .collect();
+    let tip = Tip {
+        stream: "long-1".into(),
+        item: TIP.into(),
+        version: 98_999,
+        deleted: false,
+        last_request: None,
+        last_first: None,
+        updated_at: at,
+    };
+    items.push(serde_dynamo::to_item(&tip).unwrap());
+    for chunk in items.chunks(25) {
+        let writes = chunk
+            .iter()
+            .map(|item| {
+                WriteRequest::builder()
+                    .put_request(PutRequest::builder().set_item(Some(item.clone())).build().unwrap())
+                    .build()
+            })
+            .collect();
+        let out = env.dynamo.batch_write_item().request_items(&env.names.entity_table, writes).send().await.unwrap();
+        assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
+    }
+    let started = std::time::Instant::now();
+    for append in 990..1000u64 {
+        let events = (0..100).map(|i| NewEvent::new("Tick", json!({"n": append * 100 + i}))).collect();
+        store.append("long-1", Expected::Version(append * 100 - 1), events).await.unwrap();
+    }
+    println!("the last 1,000 events appended in 10 requests: {:.1} s", started.elapsed().as_secs_f64());
+    for (direction, limit) in [(Direction::Forward, 1000), (Direction::Backward, 700)] {
+        let started = std::time::Instant::now();
+        let (mut from, mut seen, mut pages) = (None, Vec::with_capacity(100_000), 0);
+        loop {
+            let page = store.read("long-1", from, limit, direction).await.unwrap();
+            assert_eq!(page.version, 99_999);
+            assert!(page.events.len() <= limit);
+            seen.extend(page.events.iter().map(|e| e.data["n"].as_u64().unwrap()));
+            pages += 1;
+            match page.next {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+        }
+        let expected: Vec<u64> = match direction {
+            Direction::Forward => (0..100_000).collect(),
+            Direction::Backward => (0..100_000).rev().collect(),
+        };
+        assert!(seen == expected, "{direction:?}: {} events, in order", seen.len());
+        println!("{direction:?}: 100,000 events in {pages} pages, {:.1} s", started.elapsed().as_secs_f64());
+    }
+    // From the middle of a batch, both ways.
+    let middle = store.read("long-1", Some(150), 7, Direction::Forward).await.unwrap();
+    assert_eq!(middle.events.iter().map(|e| e.version).collect::<Vec<_>>(), (150..157).collect::<Vec<_>>());
+    assert_eq!(middle.next, Some(157));
+    let back = store.read("long-1", Some(150), 3, Direction::Backward).await.unwrap();
+    assert_eq!(back.events.iter().map(|e| e.version).collect::<Vec<_>>(), vec![150, 149, 148]);
+    let past_end = store.read("long-1", Some(100_000), 10, Direction::Forward).await.unwrap();
+    assert!(past_end.events.is_empty() && past_end.next.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fresh_snapshot_loads_in_one_request_and_never_moves_back() {
+    let env = TestEnv::start(1).await;
+    let store = store(&env);
+    let api = StreamsApi::new(store.clone());
+    for v in 0..50u64 {
+        let expected = if v == 0 { Expected::NoStream } else { Expected::Version(v - 1) };
+        store.append("cart-9", expected, vec![NewEvent::new("Added", json!({"sku": v}))]).await.unwrap();
+    }
+    // No snapshot: everything, folded from the start (more than one page).
+    let cold = store.state("cart-9").await.unwrap();
+    assert_eq!((cold.version, cold.events.len(), cold.snapshot.is_none()), (49, 50, true));
+    assert!(cold.requests > 1);
+
+    let put =
+        |version: &str, state: Value| request("PUT", "/streams/cart-9/snapshot", &[("if-match", version)], Some(state));
+    assert_eq!(call(&api, put("\"45\"", json!({"items": 46}))).await.status, StatusCode::OK);
+    for v in 50..53u64 {
+        store
+            .append("cart-9", Expected::Version(v - 1), vec![NewEvent::new("Added", json!({"sku": v}))])
+            .await
+            .unwrap();
+    }
+    env.counter.reset();
+    let warm = store.state("cart-9").await.unwrap();
+    assert_eq!(warm.requests, 1);
+    assert_eq!(env.counter.service_total("DynamoDB"), 1, "loading with a fresh snapshot is one request");
+    assert_eq!(warm.snapshot.as_ref().map(|s| (s.version, s.state.clone())), Some((45, json!({"items": 46}))));
+    assert_eq!(warm.events.iter().map(|e| e.version).collect::<Vec<_>>(), (46..53).collect::<Vec<_>>());
+
+    let state = call(&api, request("GET", "/streams/cart-9/state", &[], None)).await;
+    assert_eq!((state.status, state.etag.as_deref()), (StatusCode::OK, Some("\"52\"")));
+    assert_eq!(state.body["snapshot"]["version"], json!(45));
+    assert_eq!(state.body["events"].as_array().unwrap().len(), 7);
+    // Older than the stored one, or beyond the stream: refused. The same version again: fine.
+    assert_eq!(call(&api, put("\"40\"", json!({}))).await.status, StatusCode::CONFLICT);
+    assert_eq!(call(&api, put("\"99\"", json!({}))).await.status, StatusCode::CONFLICT);
+    assert_eq!(call(&api, put("\"45\"", json!({"items": 46}))).await.status, StatusCode::OK);
+    let unknown = request("PUT", "/streams/nobody/snapshot", &[("if-match", "\"0\"")], Some(json!({})));
+    assert_eq!(call(&api, unknown).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(&api, request("GET", "/streams/nobody/state", &[], None)).await.status, StatusCode::NOT_FOUND);
+}
+
+/// Entity events through the whole log: relay (its Kinesis requests through a
+/// fault proxy that also applies requests and then answers 500), pump, scan,
+/// playback. Each (stream, version) is played once, each stream in version order.
+#[tokio::test(flavor = "multi_thread")]
+async fn relayed_entity_events_play_back_once_in_version_order_despite_faults() {
+    let env = TestEnv::start(2).await;
+    let store = store(&env);
+    let window_start = now_ms() - 1;
+    let mut expected: HashMap<String, u64> = HashMap::new();
+    for round in 0..12u64 {
+        for s in 0..5 {
+            let name = format!("account-{s}");
+            let size = 1 + (round + s) % 3;
+            let events = (0..size).map(|i| NewEvent::new("Moved", json!({"round": round, "i": i}))).collect();
+            let at = expected.get(&name).copied();
+            let expectation = at.map_or(Expected::NoStream, |v| Expected::Version(v - 1));
+            let done = store.append(&name, expectation, events).await.unwrap();
+            expected.insert(name, done.last + 1);
+        }
+    }
+    let faults = FaultConfig {
+        rate: 0.3,
+        seed: 11,
+        only: Some(&[Fault::AppliedThenInternalError, Fault::PartialPutRecords, Fault::ProvisionedThroughputExceeded]),
+    };
+    let (kinesis, proxy) = common::through_faults(&env, faults).await;
+    let relay = Relay::new(kinesis, env.names.event_stream.clone());
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    let mut pending = VecDeque::new();
+    // Small batches: more requests, more faults.
+    let relayed = deliver_all(&mut reader, &mut pending, 10, 50, |event| relay.handle(event)).await.unwrap();
+    assert!(relayed >= 60, "every append's stream record was relayed: {relayed}");
+    assert!(
+        !proxy.applied_then_failed().is_empty(),
+        "a relay batch was retried after it was applied: {:?}",
+        proxy.counts()
+    );
+    let on_stream = env.read_stream(&env.names.event_stream).await.len() as u64;
+    let total: u64 = expected.values().sum();
+    assert!(on_stream > total, "copies reached the event stream ({on_stream} records for {total} events)");
+
+    let pump = common::pump(&env);
+    for batch in env.event_source_batches().await {
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+    let done = now_ms();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let scan = ScanConfig { segments: 2, watermark_lag_ms: 0, ..runs::scan_config(&env.names) };
+    for result in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(900))).await
+    {
+        result.unwrap();
+    }
+    let (invoker, _rx) = LocalInvoker::channel();
+    let playback =
+        Playback::new(env.dynamo.clone(), env.kinesis.clone(), runs::playback_config(&env.names), Arc::new(invoker));
+    let window = json!({"start": format_ms(window_start), "end": format_ms(done)});
+    let summary = playback.handle(window, SystemTime::now() + Duration::from_secs(900)).await.unwrap();
+    assert_eq!(summary.status, Status::Complete, "{summary:?}");
+    assert_eq!(summary.events as u64, total, "{summary:?}");
+
+    let mut played: HashMap<String, Vec<u64>> = HashMap::new();
+    for (_, record) in env.read_stream(&env.names.playback_stream).await {
+        let key = record.partition_key().unwrap();
+        for (_, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
+            let event: PlayedEvent = serde_json::from_slice(&data).unwrap();
+            let body = &event.data.as_ref().unwrap()["body"];
+            assert_eq!(event.partition_key, body["stream"].as_str().unwrap(), "keyed by the entity stream");
+            played.entry(event.partition_key).or_default().push(body["version"].as_u64().unwrap());
+        }
+    }
+    for (name, count) in &expected {
+        assert_eq!(played.get(name), Some(&(0..*count).collect::<Vec<_>>()), "{name}: each version once, in order");
+    }
+}
