@@ -3,7 +3,9 @@
 //! into the event table, plays the window back, reads the playback stream
 //! and checks that every event came back, in time order per partition key.
 //! A subscription created before the first hit (4 partitions, a Kinesis
-//! target) must have delivered every event too, in order per key.
+//! target) must have delivered every event too, in order per key. Entity
+//! streams appended over `/streams` first (the Todo flow, the Counter, a few
+//! accounts) must come back in both, each stream in version order.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -26,6 +28,10 @@ use crate::settings::Settings;
 use crate::source::{shard_ids, ShardReader};
 use crate::stack::Stack;
 
+/// Account streams the demo appends to at once, and appends to each.
+const ENTITY_STREAMS: usize = 4;
+const ENTITY_APPENDS: u64 = 8;
+
 /// How long to wait for the pipeline to store everything before calling the rest lost.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -44,6 +50,10 @@ pub struct Report {
     pub duplicate_ids: Vec<String>,
     pub lost: usize,
     pub out_of_order: usize,
+    /// Entity events appended (through `/streams`), and what went wrong with them: a step of the
+    /// Todo flow or Counter answered against the contract, a stream not played in version order.
+    pub entity_events: usize,
+    pub entity_problems: Vec<String>,
     /// The demo subscription: events delivered, lost, duplicated, out of order.
     pub subscribed: SubscriptionReport,
     pub wall: Duration,
@@ -82,6 +92,7 @@ impl Report {
             && self.sent > 0
             && self.subscribed.lost == 0
             && self.subscribed.out_of_order == 0
+            && self.entity_problems.is_empty()
     }
 }
 
@@ -110,12 +121,20 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
         }))
         .await?;
 
+    println!(
+        "== entity streams over http://127.0.0.1:{port}/streams: the Todo flow, the Counter, {ENTITY_STREAMS} account streams at once"
+    );
+    let entities_started = Instant::now();
+    let entity_run = crate::entities::run(port, &run_id, ENTITY_STREAMS, ENTITY_APPENDS).await?;
+    let entity_time = entities_started.elapsed();
+
     println!("== sending {events} pixel hits to http://127.0.0.1:{port}/track.gif (concurrency {concurrency})");
     let load_started = Instant::now();
-    let (accepted, failed_requests) = send_hits(port, &run_id, events, concurrency).await;
+    let (hits, failed_requests) = send_hits(port, &run_id, events, concurrency).await;
     let load_time = load_started.elapsed();
+    let accepted = hits + entity_run.events();
 
-    println!("== waiting until pump and scan have moved every event into the event table");
+    println!("== waiting until relay, pump and scan have moved every event into the event table");
     let (stored, stored_duplicates, latencies) = wait_until_stored(&stack, &run_id, accepted).await?;
     let stored_time = load_started.elapsed();
 
@@ -147,6 +166,10 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
 
     let mut report = check(&stored, &played, accepted);
     let subscription_check = check(&stored, &subscribed, accepted);
+    report.entity_events = entity_run.events();
+    report.entity_problems = entity_run.problems.clone();
+    report.entity_problems.extend(crate::entities::check_versions(&entity_run.streams, &played, "playback"));
+    report.entity_problems.extend(crate::entities::check_versions(&entity_run.streams, &subscribed, "subscription"));
     report.subscribed = SubscriptionReport {
         latency_p50_ms: quantile(&delivery_latencies, 0.5),
         latency_p99_ms: quantile(&delivery_latencies, 0.99),
@@ -166,9 +189,17 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     let since_load = |t: Option<Instant>| t.map(|t| t.duration_since(load_started)).unwrap_or(stored_time);
     report.lines = vec![
         format!(
-            "load      {:>8.0} events/s  ({accepted} pixel hits answered in {:.2} s)",
-            rate(accepted, load_time),
+            "load      {:>8.0} events/s  ({hits} pixel hits answered in {:.2} s)",
+            rate(hits, load_time),
             load_time.as_secs_f64()
+        ),
+        format!(
+            "streams   {:>8.0} requests/s ({} entity events in {} streams, {} requests, {:.2} s, one at a time per stream)",
+            rate(entity_run.requests, entity_time),
+            entity_run.events(),
+            entity_run.streams.len(),
+            entity_run.requests,
+            entity_time.as_secs_f64()
         ),
         format!(
             "pump      {:>8.0} events/s  (all buffered {:.2} s after the first hit)",
@@ -234,8 +265,10 @@ async fn send_hits(port: u16, run_id: &str, events: usize, concurrency: usize) -
     (accepted, events - accepted)
 }
 
+/// The run an event belongs to: a pixel hit's `run` parameter, an entity event's `metadata.run`.
 fn run_of(envelope: &Envelope) -> Option<&str> {
-    envelope.query.get("run").and_then(|v| v.first()).map(String::as_str)
+    let entity = || envelope.body.as_ref()?.get("metadata")?.get("run")?.as_str();
+    envelope.query.get("run").and_then(|v| v.first()).map(String::as_str).or_else(entity)
 }
 
 /// This run's event items by envelope id: (partition key, sort key), how
@@ -429,6 +462,14 @@ pub fn print(report: &Report) {
     for id in &report.duplicate_ids {
         println!("duplicate delivery   {id}");
     }
+    println!(
+        "entity events        {:>7}  (in playback and subscription: every stream in version order{})",
+        report.entity_events,
+        if report.entity_problems.is_empty() { ", checked" } else { ": FAILED" }
+    );
+    for problem in &report.entity_problems {
+        println!("entity problem       {problem}");
+    }
     println!("lost                 {:>7}", report.lost);
     println!("out of order         {:>7}", report.out_of_order);
     println!("wall time            {:>7.1} s", report.wall.as_secs_f64());
@@ -444,6 +485,7 @@ impl Report {
         serde_json::json!({
             "sent": self.sent, "stored": self.stored, "played_back": self.played_back, "lost": self.lost,
             "duplicates": self.duplicates, "out_of_order": self.out_of_order, "ok": self.ok(),
+            "entity_events": self.entity_events, "entity_problems": self.entity_problems,
             "subscribed": self.subscribed.delivered, "subscription_lost": self.subscribed.lost,
             "subscription_out_of_order": self.subscribed.out_of_order,
             "subscription_latency_p50_ms": self.subscribed.latency_p50_ms,

@@ -9,6 +9,7 @@
 //! - `tail`: print the sealed log's events as their slots seal.
 
 mod demo;
+mod entities;
 mod http;
 mod playback;
 mod settings;

@@ -1,0 +1,205 @@
+//! The demo's entity streams, over HTTP against the local server: the
+//! article's Todo flow and Counter step by step, then a few account streams
+//! appended at once. Every event carries the run id in its metadata, so the
+//! demo follows each one through relay, pump and scan into the playback and
+//! the subscription, and checks each stream comes back in version order.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// What the entity phase did.
+#[derive(Debug, Default)]
+pub struct EntityRun {
+    /// Events of this run per entity stream: versions `0..n` (a `StreamDeleted` is not counted).
+    pub streams: BTreeMap<String, u64>,
+    /// Steps of the Todo flow and the Counter that did not answer as the contract says.
+    pub problems: Vec<String>,
+    pub requests: usize,
+}
+
+impl EntityRun {
+    pub fn events(&self) -> usize {
+        self.streams.values().sum::<u64>() as usize
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    etag: Option<String>,
+    body: Value,
+}
+
+struct Http {
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    async fn call(&self, method: Method, path: &str, headers: &[(&str, &str)], body: Option<Value>) -> Result<Answer> {
+        let mut request = Request::builder().method(method).uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let response =
+            self.client.request(request.header("content-type", "application/json").body(Full::new(body))?).await?;
+        let status = response.status();
+        let etag = response.headers().get("etag").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let bytes = response.into_body().collect().await?.to_bytes();
+        Ok(Answer { status, etag, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null) })
+    }
+}
+
+/// Records a step that did not answer `status` (and `etag`, when given).
+fn expect(out: &mut EntityRun, step: &str, answer: &Answer, status: StatusCode, etag: Option<&str>) {
+    out.requests += 1;
+    if answer.status != status || (etag.is_some() && answer.etag.as_deref() != etag) {
+        out.problems
+            .push(format!("{step}: {} {:?} {}, expected {status} {etag:?}", answer.status, answer.etag, answer.body));
+    }
+}
+
+fn event(kind: &str, data: Value, run_id: &str) -> Value {
+    json!({"type": kind, "data": data, "metadata": {"run": run_id}, "id": uuid::Uuid::new_v4()})
+}
+
+/// Runs the Todo flow, the Counter and `streams` account streams of `appends` appends each.
+pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Result<EntityRun> {
+    let http =
+        Http { client: Client::builder(TokioExecutor::new()).build_http(), base: format!("http://127.0.0.1:{port}") };
+    let mut out = EntityRun::default();
+    let short = &run_id[..8];
+
+    // The article's Todo flow.
+    let todo = format!("/streams/todo-{short}");
+    let created = event("TodoCreated", json!({"title": "buy milk"}), run_id);
+    let a = http.call(Method::POST, &todo, &[("if-none-match", "*")], Some(created.clone())).await?;
+    expect(&mut out, "create", &a, StatusCode::CREATED, Some("\"0\""));
+    let a = http
+        .call(Method::POST, &todo, &[("if-none-match", "*")], Some(event("TodoCreated", json!({}), run_id)))
+        .await?;
+    expect(&mut out, "create again", &a, StatusCode::CONFLICT, Some("\"0\""));
+    let a = http.call(Method::POST, &todo, &[("if-none-match", "*")], Some(created)).await?;
+    expect(&mut out, "the same create, retried", &a, StatusCode::CREATED, Some("\"0\""));
+    let updated = event("TodoUpdated", json!({"title": "buy oat milk"}), run_id);
+    let a = http.call(Method::POST, &todo, &[("if-match", "\"0\"")], Some(updated)).await?;
+    expect(&mut out, "update", &a, StatusCode::CREATED, Some("\"1\""));
+    let a =
+        http.call(Method::POST, &todo, &[("if-match", "\"0\"")], Some(event("TodoUpdated", json!({}), run_id))).await?;
+    expect(&mut out, "stale update", &a, StatusCode::CONFLICT, Some("\"1\""));
+    let unknown = format!("/streams/todo-{short}-unknown");
+    let a = http
+        .call(Method::POST, &unknown, &[("if-match", "\"0\"")], Some(event("TodoUpdated", json!({}), run_id)))
+        .await?;
+    expect(&mut out, "update an unknown id", &a, StatusCode::NOT_FOUND, None);
+    let a = http.call(Method::DELETE, &todo, &[("if-match", "\"1\"")], None).await?;
+    expect(&mut out, "delete", &a, StatusCode::CREATED, Some("\"2\""));
+    let a = http.call(Method::GET, &todo, &[], None).await?;
+    expect(&mut out, "read", &a, StatusCode::OK, Some("\"2\""));
+    let types: Vec<&str> =
+        a.body["events"].as_array().map(|e| e.iter().filter_map(|e| e["type"].as_str()).collect()).unwrap_or_default();
+    if types != ["TodoCreated", "TodoUpdated", "StreamDeleted"] {
+        out.problems.push(format!("read: events {types:?}"));
+    }
+    out.streams.insert(format!("todo-{short}"), 2);
+
+    // The article's Counter.
+    let counter = format!("/streams/counter-{short}");
+    for (i, step) in ["Increment", "Increment", "Increment", "Decrement"].iter().enumerate() {
+        let precondition =
+            if i == 0 { ("if-none-match", "*".to_owned()) } else { ("if-match", format!("\"{}\"", i - 1)) };
+        let a = http
+            .call(Method::POST, &counter, &[(precondition.0, &precondition.1)], Some(event(step, json!({}), run_id)))
+            .await?;
+        expect(&mut out, step, &a, StatusCode::CREATED, None);
+    }
+    let a = http.call(Method::GET, &counter, &[], None).await?;
+    let value: i64 = a.body["events"]
+        .as_array()
+        .map(|events| events.iter().map(|e| if e["type"] == "Increment" { 1 } else { -1 }).sum())
+        .unwrap_or_default();
+    if value != 2 {
+        out.problems.push(format!("counter: the fold gives {value}, not 2"));
+    }
+    out.streams.insert(format!("counter-{short}"), 4);
+
+    // Account streams, appended at the same time: batches of 1 to 3 events, each If-Match the last ETag.
+    let accounts = futures::future::join_all((0..streams).map(|k| {
+        let http = &http;
+        async move {
+            let path = format!("/streams/account-{short}-{k}");
+            let mut version: Option<u64> = None;
+            let mut problems = Vec::new();
+            for n in 0..appends {
+                let size = 1 + (n + k as u64) % 3;
+                let events: Vec<Value> = (0..size).map(|i| event("Moved", json!({"n": n, "i": i}), run_id)).collect();
+                let precondition = match version {
+                    None => ("if-none-match", "*".to_owned()),
+                    Some(v) => ("if-match", format!("\"{v}\"")),
+                };
+                let a =
+                    http.call(Method::POST, &path, &[(precondition.0, &precondition.1)], Some(json!(events))).await?;
+                if a.status != StatusCode::CREATED {
+                    problems.push(format!("{path}: {} {}", a.status, a.body));
+                    break;
+                }
+                version = a.body["last"].as_u64();
+            }
+            Ok::<_, anyhow::Error>((format!("account-{short}-{k}"), version.map_or(0, |v| v + 1), problems))
+        }
+    }))
+    .await;
+    for account in accounts {
+        let (name, events, problems) = account.context("appending to the account streams")?;
+        out.requests += appends as usize;
+        out.problems.extend(problems);
+        out.streams.insert(name, events);
+    }
+    Ok(out)
+}
+
+/// Checks the delivered ids (`<stream>/<version>` per partition key, in delivery order) of each
+/// entity stream: versions `0..n`, first deliveries in order, none missing.
+pub fn check_versions(
+    streams: &BTreeMap<String, u64>,
+    delivered: &HashMap<String, Vec<String>>,
+    what: &str,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (stream, count) in streams {
+        let mut seen = HashSet::new();
+        let firsts: Vec<u64> = delivered
+            .get(stream)
+            .into_iter()
+            .flatten()
+            .filter(|id| seen.insert(id.as_str()))
+            .filter_map(|id| id.rsplit_once('/').and_then(|(_, v)| v.parse().ok()))
+            .collect();
+        if firsts != (0..*count).collect::<Vec<_>>() {
+            problems.push(format!("{what}: {stream} came as versions {firsts:?}, not 0..{count} in order"));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_must_come_in_order_without_gaps_copies_aside() {
+        let streams = BTreeMap::from([("a".to_owned(), 3)]);
+        let ids = |v: &[&str]| HashMap::from([("a".to_owned(), v.iter().map(|v| format!("a/{v}")).collect())]);
+        assert!(check_versions(&streams, &ids(&["0", "1", "1", "2"]), "x").is_empty());
+        assert_eq!(check_versions(&streams, &ids(&["0", "2", "1"]), "x").len(), 1);
+        assert_eq!(check_versions(&streams, &ids(&["0", "1"]), "x").len(), 1);
+        assert_eq!(check_versions(&streams, &HashMap::new(), "x").len(), 1);
+    }
+}
