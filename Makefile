@@ -29,7 +29,7 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback tail subscription redrive load check test bench build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+.PHONY: help demo local playback tail subscription redrive load check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -94,8 +94,12 @@ BENCH_EVENTS ?= 20000
 export BENCH_EVENTS
 bench: tools-moto tools-node build ## throughput per stage vs the emulator's raw capacity, requests per event -> bench/results.{md,json}
 	@echo "== cargo run --release -p event-store-bench ($(BENCH_EVENTS) events per payload size)"
-	$(CARGO) build --release --locked -p load -p pump -p scan -p playback -p subscriptions -p event-store-local -p event-store-bench
+	$(CARGO) build --release --locked $(addprefix -p ,$(FUNCTIONS)) -p event-store-local -p event-store-bench
 	./target/release/event-store-bench
+
+bench-entity: tools-moto ## the entity-stream figures only (requests per append and load, appends/s vs raw, a hot stream) -> bench/entity.md
+	$(CARGO) build --release --locked -p event-store-bench
+	BENCH_ONLY=entity ./target/release/event-store-bench
 
 FUZZ_SECONDS ?= 30
 fuzz: ## run each fuzz target for FUZZ_SECONDS (cargo fuzz on nightly; not part of make test)

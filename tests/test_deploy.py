@@ -21,7 +21,7 @@ from samtranslator.yaml_helper import yaml_parse
 
 from conftest import REGION, ROOT, free_port, wait_for_port
 
-FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions"]
+FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay"]
 BUCKET = "event-store-artifacts"
 PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
 PREFIX = "event-store-ci"
@@ -122,6 +122,10 @@ def test_tables_and_streams_are_keyed_as_declared(stack, aws):
                                    {"AttributeName": "sort_key", "KeyType": "RANGE"}]
     assert not events.get("LocalSecondaryIndexes")
     assert events["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    entity = dynamo.describe_table(TableName=f"{PREFIX}-entity-table")["Table"]
+    assert entity["KeySchema"] == [{"AttributeName": "stream", "KeyType": "HASH"},
+                                   {"AttributeName": "item", "KeyType": "RANGE"}]
+    assert entity["StreamSpecification"] == {"StreamEnabled": True, "StreamViewType": "NEW_IMAGE"}
     kinesis = aws("kinesis")
     for stream in (f"{PREFIX}-stream", f"{PREFIX}-playback"):
         assert kinesis.describe_stream_summary(StreamName=stream)["StreamDescriptionSummary"]["OpenShardCount"] == 1
@@ -149,6 +153,17 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert env["playback"]["PLAYBACK_STREAM"] == f"{PREFIX}-playback"
     assert env["subscriptions"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
     assert env["subscriptions"]["METRICS_NAMESPACE"] == f"EventStore/{PREFIX}", "where the lag alarm looks"
+    assert env["streams"] == {"DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table"}
+    assert env["relay"] == {"EVENT_STREAM": f"{PREFIX}-stream"}
+
+
+def test_relay_is_wired_to_the_entity_table_stream(stack, aws):
+    mappings = aws("lambda").list_event_source_mappings(FunctionName=f"{PREFIX}-relay")["EventSourceMappings"]
+    assert len(mappings) == 1
+    mapping = mappings[0]
+    assert f":table/{PREFIX}-entity-table/stream/" in mapping["EventSourceArn"]
+    assert mapping.get("FunctionResponseTypes") == ["ReportBatchItemFailures"]
+    assert mapping["DestinationConfig"]["OnFailure"]["Destination"].endswith(f":{PREFIX}-relay-dlq")
 
 
 def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_letter_queue(stack, aws):
@@ -283,6 +298,19 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
         ("user-42", "e2e", "2026-11-01T05:58:44.123Z"), ("user-42", "e2e", "2026-11-01T05:58:44.456Z")]
     listed = invoke(watch, "subscriptions", "subscription-list.json")
     assert [(s["name"], s["lag_ms"]) for s in listed["subscriptions"]] == [("e2e", 0)]
+
+    # An entity stream: two events appended in one request, then the relay puts the batch's
+    # stream record on the event stream, one record per event, keyed by the stream name.
+    appended = invoke(watch, "streams", "streams-append.json")
+    assert appended["statusCode"] == 201, appended
+    assert appended["headers"]["etag"] == '"1"'
+    assert json.loads(appended["body"])["versions"] == [0, 1]
+    again = invoke(watch, "streams", "streams-append.json")
+    assert (again["statusCode"], again["headers"]["etag"]) == (201, '"1"'), "the same request: the original answer"
+    assert invoke(watch, "relay", "relay.json") == {"batchItemFailures": []}
+    records = kinesis.get_records(ShardIterator=iterator)["Records"]
+    relayed = [json.loads(r["Data"]) for r in records if r["PartitionKey"] == "todo-e2e"]
+    assert [(e["id"], e["body"]["type"]) for e in relayed] == [("todo-e2e/0", "TodoCreated"), ("todo-e2e/1", "TodoUpdated")]
 
 
 def deaggregated(kinesis, stream):

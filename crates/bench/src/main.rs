@@ -31,6 +31,7 @@ use futures::StreamExt;
 use serde::Serialize;
 
 mod cold_start;
+mod entity;
 mod raw;
 
 /// In-flight requests for the raw loops and the stages alike.
@@ -633,6 +634,23 @@ async fn main() -> Result<()> {
         .credentials_provider(Credentials::new("bench", "bench", None, None, "bench"))
         .load()
         .await;
+    let machine = format!("{} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    let dir = root.join("bench");
+    std::fs::create_dir_all(&dir)?;
+    // Entity streams first, on a moto of their own (moto copies a table per transaction).
+    println!("== entity streams: appends across {} streams vs the raw transaction loop, loads, one hot stream", 100);
+    let entity_emulator = Emulator::start_on_free_port(&moto_server(&root))?;
+    let entity_sdk = sdk.to_builder().endpoint_url(&entity_emulator.endpoint).build();
+    let entity = entity::run(&entity_sdk, &entity_emulator.endpoint).await?;
+    drop(entity_emulator);
+    let entity_md = entity::markdown(&entity, &date, &machine);
+    print!("{entity_md}");
+    std::fs::write(dir.join("entity.md"), &entity_md)?;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("entity") {
+        println!("wrote bench/entity.md (BENCH_ONLY=entity: the other stages were not run)");
+        return Ok(());
+    }
     let node = root.join(".node/node_modules/.bin");
     let mut results = Vec::new();
     for size in [200, 1024, 3072, 4096] {
@@ -681,14 +699,10 @@ async fn main() -> Result<()> {
             c.init_ms, c.first_response_ms, c.peak_rss_mb, c.outcome
         );
     }
-    let machine = format!("{} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
-    let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
-    let dir = root.join("bench");
-    std::fs::create_dir_all(&dir)?;
     let bootstraps: BTreeMap<&str, u64> = bootstrap_sizes().into_iter().collect();
     let json = serde_json::json!({
         "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps,
-        "latency": latency, "cold_starts": cold,
+        "latency": latency, "cold_starts": cold, "entity": entity,
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = markdown(&results, &machine, &date);
@@ -714,6 +728,8 @@ async fn main() -> Result<()> {
             c.init_ms, c.first_response_ms, c.peak_rss_mb, c.outcome
         ));
     }
+    md.push('\n');
+    md.push_str(&entity_md);
     std::fs::write(dir.join("results.md"), md)?;
     println!("wrote bench/results.md and bench/results.json");
     Ok(())

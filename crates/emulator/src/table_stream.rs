@@ -105,8 +105,14 @@ impl TableStreamReader {
             if let Some(seq) = out.records().last().and_then(|r| r.dynamodb()).and_then(|d| d.sequence_number()) {
                 shard.last_sequence = Some(seq.to_owned());
             }
-            shard.iterator = out.next_shard_iterator().map(str::to_owned);
-            shard.done = shard.iterator.is_none();
+            shard.done = out.next_shard_iterator().is_none();
+            // An idle shard gets a fresh iterator (after the last record) on the next poll rather
+            // than following this one: moto restores a table from a copy when a transaction fails,
+            // and iterators made before then keep reading the old copy's stream forever.
+            shard.iterator = match out.records().is_empty() {
+                true => None,
+                false => out.next_shard_iterator().map(str::to_owned),
+            };
             records.extend(out.records().iter().cloned());
         }
         Ok(records)
@@ -180,11 +186,21 @@ where
             return Ok(delivered);
         }
         let batch: Vec<Record> = pending.iter().take(batch_size).cloned().collect();
-        let response = handle(reader.lambda_event(&batch)).await;
+        let event = reader.lambda_event(&batch);
+        if event.records.len() != batch.len() {
+            return Err(Error(format!(
+                "{} of {} stream records could not be read",
+                batch.len() - event.records.len(),
+                batch.len()
+            )));
+        }
+        let response = handle(event).await;
         let done = done_before_first_failure(&batch, &response);
+        tracing::debug!(batch = batch.len(), done, "table stream batch delivered");
         pending.drain(..done);
         delivered += done;
         if done < batch.len() {
+            tracing::warn!(failed_from = done, batch = batch.len(), retry, "relay reported failures; delivering again");
             if retry >= max_retries {
                 return Err(Error(format!("relay kept failing: {} records left", pending.len())));
             }

@@ -463,3 +463,35 @@ async fn relayed_entity_events_play_back_once_in_version_order_despite_faults() 
         assert_eq!(played.get(name), Some(&(0..*count).collect::<Vec<_>>()), "{name}: each version once, in order");
     }
 }
+
+/// The sample events of `events/` (what `sam local invoke` and `cargo lambda invoke` send):
+/// an API Gateway v2 append, and the DynamoDB stream event of a batch item and a tip.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sample_events_append_and_relay() {
+    let env = TestEnv::start(1).await;
+    let api = StreamsApi::new(store(&env));
+    let append = || lambda_http::request::from_str(&common::sample_event("streams-append.json")).unwrap();
+    let first = call(&api, append()).await;
+    assert_eq!((first.status, first.etag.as_deref()), (StatusCode::CREATED, Some("\"1\"")));
+    assert_eq!(first.location.as_deref(), Some("/streams/todo-e2e?from=0"));
+    let again = call(&api, append()).await;
+    assert_eq!(
+        (again.status, again.etag.as_deref()),
+        (StatusCode::CREATED, Some("\"1\"")),
+        "its ids make it idempotent"
+    );
+
+    let event: aws_lambda_events::event::dynamodb::Event =
+        serde_json::from_str(&common::sample_event("relay.json")).unwrap();
+    let response = Relay::new(env.kinesis.clone(), env.names.event_stream.clone()).handle(event).await;
+    assert!(response.batch_item_failures.is_empty());
+    let relayed: Vec<(String, Value)> = env
+        .read_stream(&env.names.event_stream)
+        .await
+        .into_iter()
+        .map(|(_, r)| (r.partition_key().unwrap().to_owned(), serde_json::from_slice(r.data().as_ref()).unwrap()))
+        .collect();
+    let ids: Vec<(&str, &str)> = relayed.iter().map(|(key, e)| (key.as_str(), e["id"].as_str().unwrap())).collect();
+    assert_eq!(ids, [("todo-e2e", "todo-e2e/0"), ("todo-e2e", "todo-e2e/1")], "the tip's change is not an event");
+    assert_eq!(relayed[1].1["body"]["data"], json!({"title": "buy oat milk"}));
+}

@@ -1,0 +1,241 @@
+//! Entity streams (issue 15): requests per append and per load, appends/s
+//! across 100 streams against the raw `TransactWriteItems` loop of the same
+//! shape in the same run, and one hot stream under 8 concurrent writers.
+//! On moto (dynalite has no transactions); moto copies a table for every
+//! transaction, so the raw loop and the store write to two tables of equal
+//! size, in alternating rounds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put, ScalarAttributeType,
+    TransactWriteItem, Update,
+};
+use event_store::entity::{EntityError, EntityStore, Expected, NewEvent};
+use event_store_emulator::request_counter::RequestCounter;
+use event_store_emulator::resources::{create_tables, Names};
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+
+const STREAMS: usize = 100;
+const ROUNDS: usize = 10;
+const CONCURRENCY: usize = 8;
+const HOT_WRITERS: usize = 8;
+const HOT_APPENDS_EACH: usize = 25;
+/// The data of each appended event: about 1 KB.
+const EVENT_BYTES: usize = 1000;
+
+#[derive(Debug, Serialize)]
+pub struct EntityFigures {
+    pub streams: usize,
+    pub appends: usize,
+    pub dynamodb_requests_per_append: f64,
+    pub dynamodb_requests_per_fresh_load: f64,
+    pub appends_per_second: f64,
+    pub raw_transactions_per_second: f64,
+    pub ratio_to_raw: f64,
+    pub hot_writers: usize,
+    pub hot_appends: usize,
+    pub hot_conflicts: usize,
+    pub hot_appends_per_second: f64,
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+async fn create_raw_table(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<()> {
+    let mut request = dynamo.create_table().table_name(table).billing_mode(BillingMode::PayPerRequest);
+    for (name, kind) in [("stream", KeyType::Hash), ("item", KeyType::Range)] {
+        request = request
+            .key_schema(KeySchemaElement::builder().attribute_name(name).key_type(kind).build()?)
+            .attribute_definitions(
+                AttributeDefinition::builder().attribute_name(name).attribute_type(ScalarAttributeType::S).build()?,
+            );
+    }
+    request.send().await.context("creating the raw table")?;
+    Ok(())
+}
+
+/// The raw loop's append: the same two writes, built by hand, nothing checked or parsed.
+async fn raw_append(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    stream: &str,
+    version: u64,
+    data: &str,
+) -> Result<()> {
+    let mut tip = Update::builder()
+        .table_name(table)
+        .key("stream", s(stream))
+        .key("item", s("tip"))
+        .update_expression("SET version = :v")
+        .expression_attribute_values(":v", n(version));
+    tip = if version == 0 {
+        tip.condition_expression("attribute_not_exists(version)")
+    } else {
+        tip.condition_expression("version = :prev").expression_attribute_values(":prev", n(version - 1))
+    };
+    let item = HashMap::from([
+        ("stream".to_owned(), s(stream)),
+        ("item".to_owned(), s(format!("e{version:012}"))),
+        ("events".to_owned(), s(data)),
+    ]);
+    let put = Put::builder().table_name(table).set_item(Some(item)).condition_expression("attribute_not_exists(item)");
+    dynamo
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().update(tip.build()?).build())
+        .transact_items(TransactWriteItem::builder().put(put.build()?).build())
+        .send()
+        .await
+        .context("raw TransactWriteItems")?;
+    Ok(())
+}
+
+pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFigures> {
+    let counter = RequestCounter::default();
+    let dynamo = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(counter.clone()).build(),
+    );
+    let names = Names::for_stack("bench-entity");
+    create_tables(&dynamo, &names).await?;
+    let raw_table = "bench-entity-raw";
+    create_raw_table(&dynamo, raw_table).await?;
+    let store = EntityStore::new(dynamo.clone(), names.entity_table.clone());
+    let data = json!({"pad": "x".repeat(EVENT_BYTES)});
+    let raw_data = serde_json::to_string(&vec![json!({"id": uuid(), "type": "Moved", "data": data.to_string()})])?;
+
+    let (mut raw_time, mut store_time, mut requests) = (Duration::ZERO, Duration::ZERO, 0);
+    for round in 0..ROUNDS as u64 {
+        let started = Instant::now();
+        let results: Vec<Result<()>> = futures::stream::iter(0..STREAMS)
+            .map(|k| {
+                let (dynamo, raw_data) = (&dynamo, &raw_data);
+                async move { raw_append(dynamo, raw_table, &format!("s-{k}"), round, raw_data).await }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        raw_time += started.elapsed();
+        results.into_iter().collect::<Result<Vec<_>>>()?;
+
+        counter.reset();
+        let started = Instant::now();
+        let results: Vec<Result<(), EntityError>> = futures::stream::iter(0..STREAMS)
+            .map(|k| {
+                let (store, data) = (&store, &data);
+                async move {
+                    let expected = if round == 0 { Expected::NoStream } else { Expected::Version(round - 1) };
+                    store
+                        .append(&format!("s-{k}"), expected, vec![NewEvent::new("Moved", data.clone())])
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        store_time += started.elapsed();
+        requests += counter.service_total("DynamoDB");
+        results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    }
+    let appends = STREAMS * ROUNDS;
+
+    // A fresh snapshot: the load is one request.
+    store.save_snapshot("s-0", ROUNDS as u64 - 1, &json!({"moved": ROUNDS})).await?;
+    for v in ROUNDS as u64..ROUNDS as u64 + 3 {
+        store.append("s-0", Expected::Version(v - 1), vec![NewEvent::new("Moved", data.clone())]).await?;
+    }
+    counter.reset();
+    let state = store.state("s-0").await?;
+    let load_requests = counter.service_total("DynamoDB");
+    anyhow::ensure!(state.events.len() == 3 && state.snapshot.is_some(), "the state after the snapshot");
+
+    // One hot stream, 8 writers with If-Match; moto gets one request at a time (see tests/entity.rs).
+    let serial = event_store_fault_proxy::FaultProxy::start_one_at_a_time(endpoint).await?;
+    let serial_dynamo = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(sdk).endpoint_url(&serial.endpoint).build(),
+    );
+    let hot = Arc::new(EntityStore::new(serial_dynamo, names.entity_table.clone()));
+    hot.append("hot", Expected::NoStream, vec![NewEvent::new("Opened", json!({}))]).await?;
+    let started = Instant::now();
+    let writers = (0..HOT_WRITERS).map(|w| {
+        let (hot, data) = (hot.clone(), data.clone());
+        tokio::spawn(async move {
+            let mut conflicts = 0;
+            for _ in 0..HOT_APPENDS_EACH {
+                loop {
+                    let version = hot.tip("hot").await?.map(|t| t.version).context("the hot stream")?;
+                    let event = NewEvent::new("Added", json!({"writer": w, "data": data}));
+                    match hot.append("hot", Expected::Version(version), vec![event]).await {
+                        Ok(_) => break,
+                        Err(EntityError::Conflict { .. }) => conflicts += 1,
+                        Err(other) => return Err(anyhow::Error::new(other)),
+                    }
+                }
+            }
+            Ok::<usize, anyhow::Error>(conflicts)
+        })
+    });
+    let mut hot_conflicts = 0;
+    for writer in writers.collect::<Vec<_>>() {
+        hot_conflicts += writer.await??;
+    }
+    let hot_time = started.elapsed();
+    let hot_appends = HOT_WRITERS * HOT_APPENDS_EACH;
+    let final_version = hot.tip("hot").await?.map(|t| t.version).unwrap_or_default();
+    anyhow::ensure!(final_version == hot_appends as u64, "no lost update on the hot stream: at {final_version}");
+
+    let rate = |count: usize, time: Duration| count as f64 / time.as_secs_f64().max(1e-9);
+    let appends_per_second = rate(appends, store_time);
+    let raw_transactions_per_second = rate(appends, raw_time);
+    Ok(EntityFigures {
+        streams: STREAMS,
+        appends,
+        dynamodb_requests_per_append: requests as f64 / appends as f64,
+        dynamodb_requests_per_fresh_load: load_requests as f64,
+        appends_per_second,
+        raw_transactions_per_second,
+        ratio_to_raw: appends_per_second / raw_transactions_per_second,
+        hot_writers: HOT_WRITERS,
+        hot_appends,
+        hot_conflicts,
+        hot_appends_per_second: rate(hot_appends, hot_time),
+    })
+}
+
+fn uuid() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+/// The figures as the markdown section of `bench/results.md` (and `bench/entity.md`).
+pub fn markdown(f: &EntityFigures, date: &str, machine: &str) -> String {
+    format!(
+        "## Entity streams ({date}, {machine}, moto)\n\n\
+         | figure | measured | target |\n|---|---|---|\n\
+         | DynamoDB requests per append of one event | {:.2} | <= 2 |\n\
+         | DynamoDB requests to load an entity with a fresh snapshot | {:.0} | 1 |\n\
+         | appends/s across {} streams ({} appends of ~1 KB, {} at a time) vs the raw `TransactWriteItems` loop of the same shape | {:.0} vs {:.0} = {:.2} | >= 0.8 |\n\
+         | one hot stream, {} writers with If-Match ({} appends; moto fed one request at a time) | {:.0} appends/s, {} conflicts (409) | reported |\n",
+        f.dynamodb_requests_per_append,
+        f.dynamodb_requests_per_fresh_load,
+        f.streams,
+        f.appends,
+        CONCURRENCY,
+        f.appends_per_second,
+        f.raw_transactions_per_second,
+        f.ratio_to_raw,
+        f.hot_writers,
+        f.hot_appends,
+        f.hot_appends_per_second,
+        f.hot_conflicts,
+    )
+}
