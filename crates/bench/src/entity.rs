@@ -77,19 +77,24 @@ async fn raw_append(
         .table_name(table)
         .key("stream", s(stream))
         .key("item", s("tip"))
-        .update_expression("SET version = :v")
+        .update_expression("SET #version = :v")
+        .expression_attribute_names("#version", "version")
         .expression_attribute_values(":v", n(version));
     tip = if version == 0 {
-        tip.condition_expression("attribute_not_exists(version)")
+        tip.condition_expression("attribute_not_exists(#version)")
     } else {
-        tip.condition_expression("version = :prev").expression_attribute_values(":prev", n(version - 1))
+        tip.condition_expression("#version = :prev").expression_attribute_values(":prev", n(version - 1))
     };
     let item = HashMap::from([
         ("stream".to_owned(), s(stream)),
         ("item".to_owned(), s(format!("e{version:012}"))),
         ("events".to_owned(), s(data)),
     ]);
-    let put = Put::builder().table_name(table).set_item(Some(item)).condition_expression("attribute_not_exists(item)");
+    let put = Put::builder()
+        .table_name(table)
+        .set_item(Some(item))
+        .condition_expression("attribute_not_exists(#item)")
+        .expression_attribute_names("#item", "item");
     dynamo
         .transact_write_items()
         .transact_items(TransactWriteItem::builder().update(tip.build()?).build())
