@@ -56,12 +56,10 @@ async fn create_raw_table(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Res
     // The same stream as the entity table: moto keeps a table's stream records
     // in the table and copies them for every transaction, so a raw table
     // without one would be measured against a cheaper emulator, not a cheaper loop.
-    let stream = StreamSpecification::builder().stream_enabled(true).stream_view_type(StreamViewType::NewImage).build()?;
-    let mut request = dynamo
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .stream_specification(stream);
+    let stream =
+        StreamSpecification::builder().stream_enabled(true).stream_view_type(StreamViewType::NewImage).build()?;
+    let mut request =
+        dynamo.create_table().table_name(table).billing_mode(BillingMode::PayPerRequest).stream_specification(stream);
     for (name, kind) in [("stream", KeyType::Hash), ("item", KeyType::Range)] {
         request = request
             .key_schema(KeySchemaElement::builder().attribute_name(name).key_type(kind).build()?)
