@@ -11,6 +11,7 @@
 //! and the put of one batch item holding all the request's events (so a
 //! reader sees all of them or none). The storage layout is in [`model`].
 
+pub mod cqrs;
 pub mod http;
 pub mod model;
 pub mod relay;
@@ -30,7 +31,9 @@ use model::{
 };
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 
-/// The AWS actions the entity API calls (a transaction needs the actions of its parts).
+/// The AWS actions the entity API calls (a transaction needs the actions of
+/// its parts). [`EntityStore::stream_names`] also needs `dynamodb:Scan`; the
+/// streams function does not call it.
 pub const AWS_ACTIONS: &[&str] =
     &["dynamodb:ConditionCheckItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"];
 
@@ -67,6 +70,16 @@ pub struct Appended {
     pub replayed: bool,
 }
 
+/// What an append writes besides its events.
+#[derive(Debug, Clone, Copy)]
+enum Also<'a> {
+    Nothing,
+    /// Marks the stream deleted (its events: the `StreamDeleted` event).
+    Delete,
+    /// The snapshot (JSON text) folded up to the last appended event.
+    Snapshot(&'a str),
+}
+
 /// Which way a read goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -90,6 +103,26 @@ pub struct Page {
 pub struct Snapshot {
     pub version: u64,
     pub state: serde_json::Value,
+}
+
+impl From<SnapshotItem> for Snapshot {
+    fn from(item: SnapshotItem) -> Self {
+        // Stored by this code from a JSON value: it parses back.
+        let state = serde_json::from_str(&item.state).unwrap_or(serde_json::Value::String(item.state));
+        Snapshot { version: item.version, state }
+    }
+}
+
+/// A snapshot's state as stored (JSON text), within the size limit.
+fn snapshot_text(state: &serde_json::Value) -> Result<String, Invalid> {
+    let text = state.to_string();
+    if text.len() > MAX_SNAPSHOT_BYTES {
+        return Err(Invalid::TooLarge(format!(
+            "the snapshot is {} bytes; the limit is {MAX_SNAPSHOT_BYTES}",
+            text.len()
+        )));
+    }
+    Ok(text)
 }
 
 /// An entity, ready to fold: its latest snapshot and the events after it.
@@ -150,14 +183,30 @@ impl EntityStore {
         events: Vec<NewEvent>,
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
-        self.append_stored(stream, expected, prepare(events)?, false).await
+        self.append_stored(stream, expected, prepare(events)?, Also::Nothing).await
+    }
+
+    /// Appends `events` as [`append`](Self::append) does and, in the same
+    /// transaction, stores `state` as the snapshot folded up to the last of
+    /// them: the snapshot can never be missing for a committed append, nor
+    /// name one that failed (what an aggregate stored as its state needs).
+    pub async fn append_with_snapshot(
+        &self,
+        stream: &str,
+        expected: Expected,
+        events: Vec<NewEvent>,
+        state: &serde_json::Value,
+    ) -> Result<Appended, EntityError> {
+        check_name(stream)?;
+        let state = snapshot_text(state)?;
+        self.append_stored(stream, expected, prepare(events)?, Also::Snapshot(&state)).await
     }
 
     /// Marks the stream deleted by appending a `StreamDeleted` event (nothing
     /// is erased; later appends fail with [`EntityError::Deleted`]).
     pub async fn delete(&self, stream: &str, expected_version: u64) -> Result<Appended, EntityError> {
         check_name(stream)?;
-        self.append_stored(stream, Expected::Version(expected_version), vec![deleted_event(stream)], true).await
+        self.append_stored(stream, Expected::Version(expected_version), vec![deleted_event(stream)], Also::Delete).await
     }
 
     async fn append_stored(
@@ -165,7 +214,7 @@ impl EntityStore {
         stream: &str,
         expected: Expected,
         events: Vec<StoredEventItem>,
-        deleting: bool,
+        also: Also<'_>,
     ) -> Result<Appended, EntityError> {
         let count = events.len() as u64;
         let request = request_key(&events);
@@ -187,7 +236,7 @@ impl EntityStore {
             if last > MAX_VERSION {
                 return Err(Invalid::BadRequest(format!("a stream holds at most {MAX_VERSION} events")).into());
             }
-            match self.write_append(stream, expectation, first, &events, &request, deleting).await {
+            match self.write_append(stream, expectation, first, &events, &request, also).await {
                 Ok(()) => {
                     debug!(stream, first, last, "appended");
                     return Ok(Appended { first, last, replayed: false });
@@ -246,7 +295,7 @@ impl EntityStore {
         first: u64,
         events: &[StoredEventItem],
         request: &str,
-        deleting: bool,
+        also: Also<'_>,
     ) -> Result<(), AppendFailure> {
         let now = now_ms();
         let last = first + events.len() as u64 - 1;
@@ -260,7 +309,7 @@ impl EntityStore {
             .expression_attribute_values(":now", n(now))
             .expression_attribute_values(":request", s(request))
             .expression_attribute_values(":first", n(first));
-        if deleting {
+        if let Also::Delete = also {
             set.push_str(", deleted = :deleted");
             update = update.expression_attribute_values(":deleted", AttributeValue::Bool(true));
         }
@@ -281,14 +330,31 @@ impl EntityStore {
             .expression_attribute_names("#item", RANGE_KEY)
             .build()
             .map_err(|e| AppendFailure::Store(e.into()))?;
-        let result = self
+        let mut transaction = self
             .dynamo
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(update).build())
-            .transact_items(TransactWriteItem::builder().put(put).build())
-            .send()
-            .await;
-        match result {
+            .transact_items(TransactWriteItem::builder().put(put).build());
+        if let Also::Snapshot(state) = also {
+            // No condition of its own: the tip's version check makes this the
+            // newest version, so no stored snapshot can be of a later one.
+            let snapshot = SnapshotItem {
+                stream: stream.to_owned(),
+                item: SNAPSHOT.to_owned(),
+                version: last,
+                state: state.to_owned(),
+                at: now,
+            };
+            let item = serde_dynamo::to_item(&snapshot)
+                .map_err(|e| AppendFailure::Store(Error::encode("snapshot item", e)))?;
+            let put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .build()
+                .map_err(|e| AppendFailure::Store(e.into()))?;
+            transaction = transaction.transact_items(TransactWriteItem::builder().put(put).build());
+        }
+        match transaction.send().await {
             Ok(_) => Ok(()),
             Err(err) if is_cancelled(&err) => Err(AppendFailure::Cancelled),
             Err(err) => Err(AppendFailure::Store(Error::dynamo("TransactWriteItems", err))),
@@ -446,10 +512,7 @@ impl EntityStore {
             .flat_map(|b| b.read())
             .filter(|e| after.is_none_or(|v| e.version > v) && e.version <= tip.version)
             .collect();
-        let snapshot = snapshot.map(|s| Snapshot {
-            version: s.version,
-            state: serde_json::from_str(&s.state).unwrap_or(serde_json::Value::String(s.state)),
-        });
+        let snapshot = snapshot.map(Snapshot::from);
         Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests })
     }
 
@@ -462,14 +525,7 @@ impl EntityStore {
         state: &serde_json::Value,
     ) -> Result<(), EntityError> {
         check_name(stream)?;
-        let text = state.to_string();
-        if text.len() > MAX_SNAPSHOT_BYTES {
-            return Err(Invalid::TooLarge(format!(
-                "the snapshot is {} bytes; the limit is {MAX_SNAPSHOT_BYTES}",
-                text.len()
-            ))
-            .into());
-        }
+        let text = snapshot_text(state)?;
         for attempt in 0..self.backoff.max_attempts {
             let snapshot = SnapshotItem {
                 stream: stream.to_owned(),
@@ -524,6 +580,41 @@ impl EntityStore {
             source: format!("snapshot of {stream}: still contended").into(),
         }
         .into())
+    }
+
+    /// The stream's latest snapshot, if it has one (one `GetItem`).
+    pub async fn latest_snapshot(&self, stream: &str) -> Result<Option<Snapshot>, EntityError> {
+        check_name(stream)?;
+        Ok(self.snapshot(stream).await?.map(Snapshot::from))
+    }
+
+    /// The names of the streams that start with `prefix`, in no particular
+    /// order: a `Scan` of the whole table that keeps only tips, so for rare
+    /// jobs (rebuilding a read model), not for serving requests.
+    pub async fn stream_names(&self, prefix: &str) -> Result<Vec<String>, EntityError> {
+        let mut names = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .dynamo
+                .scan()
+                .table_name(&self.table)
+                .filter_expression("#item = :tip AND begins_with(#stream, :prefix)")
+                .projection_expression("#stream")
+                .expression_attribute_names("#item", RANGE_KEY)
+                .expression_attribute_names("#stream", HASH_KEY)
+                .expression_attribute_values(":tip", s(TIP))
+                .expression_attribute_values(":prefix", s(prefix))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("Scan", e))?;
+            names.extend(out.items().iter().filter_map(|item| item.get(HASH_KEY)?.as_s().ok().cloned()));
+            start = out.last_evaluated_key().cloned();
+            if start.is_none() {
+                return Ok(names);
+            }
+        }
     }
 
     /// The stream's tip (a strongly consistent read), `None` for a stream that does not exist.
