@@ -10,7 +10,7 @@ use std::future::Future;
 
 use aws_lambda_events::event::dynamodb::{Event, EventRecord};
 use aws_lambda_events::event::streams::DynamoDbEventResponse;
-use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
+use aws_sdk_dynamodbstreams::types::{OperationType, Record, ShardIteratorType};
 use event_store::batch::Backoff;
 use serde_json::json;
 
@@ -24,7 +24,6 @@ fn failed(operation: &str, err: impl std::fmt::Display) -> Error {
 
 struct Shard {
     id: String,
-    iterator: Option<String>,
     last_sequence: Option<String>,
     /// A closed shard (split or stream disabled) that has been read to its end.
     done: bool,
@@ -33,6 +32,8 @@ struct Shard {
 /// The stream of one table, all its shards.
 pub struct TableStreamReader {
     client: aws_sdk_dynamodbstreams::Client,
+    dynamo: aws_sdk_dynamodb::Client,
+    table: String,
     pub stream_arn: String,
     region: String,
     shards: Vec<Shard>,
@@ -52,7 +53,14 @@ impl TableStreamReader {
             .and_then(|t| t.latest_stream_arn())
             .ok_or_else(|| Error(format!("table {table} has no stream")))?
             .to_owned();
-        Ok(Self { client, stream_arn: arn, region: region.to_owned(), shards: vec![] })
+        Ok(Self {
+            client,
+            dynamo: dynamo.clone(),
+            table: table.to_owned(),
+            stream_arn: arn,
+            region: region.to_owned(),
+            shards: vec![],
+        })
     }
 
     async fn refresh_shards(&mut self) -> Result<()> {
@@ -66,7 +74,7 @@ impl TableStreamReader {
         for shard in out.stream_description().map(|d| d.shards()).unwrap_or_default() {
             let Some(id) = shard.shard_id() else { continue };
             if !self.shards.iter().any(|s| s.id == id) {
-                self.shards.push(Shard { id: id.to_owned(), iterator: None, last_sequence: None, done: false });
+                self.shards.push(Shard { id: id.to_owned(), last_sequence: None, done: false });
             }
         }
         Ok(())
@@ -77,22 +85,19 @@ impl TableStreamReader {
         self.refresh_shards().await?;
         let mut records = Vec::new();
         for shard in self.shards.iter_mut().filter(|s| !s.done) {
-            let iterator = match shard.iterator.take() {
-                Some(it) => it,
-                None => {
-                    let request = self.client.get_shard_iterator().stream_arn(&self.stream_arn).shard_id(&shard.id);
-                    let request = match &shard.last_sequence {
-                        Some(seq) => {
-                            request.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).sequence_number(seq)
-                        }
-                        None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
-                    };
-                    let out = request.send().await.map_err(|e| failed("GetShardIterator", e))?;
-                    match out.shard_iterator() {
-                        Some(it) => it.to_owned(),
-                        None => continue,
-                    }
-                }
+            // A fresh iterator on every poll, after the last record read, never the one the
+            // last read returned: when a transaction fails, moto replaces the table with a
+            // copy made before it, and an older iterator goes on reading the replaced
+            // table's stream, which holds records of the cancelled transaction's writes
+            // (and then nothing more). DynamoDB emits nothing for a cancelled transaction.
+            let request = self.client.get_shard_iterator().stream_arn(&self.stream_arn).shard_id(&shard.id);
+            let request = match &shard.last_sequence {
+                Some(seq) => request.shard_iterator_type(ShardIteratorType::AfterSequenceNumber).sequence_number(seq),
+                None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            };
+            let out = request.send().await.map_err(|e| failed("GetShardIterator", e))?;
+            let Some(iterator) = out.shard_iterator().map(str::to_owned) else {
+                continue;
             };
             let out = self
                 .client
@@ -102,18 +107,23 @@ impl TableStreamReader {
                 .send()
                 .await
                 .map_err(|e| failed("GetRecords", e))?;
-            if let Some(seq) = out.records().last().and_then(|r| r.dynamodb()).and_then(|d| d.sequence_number()) {
+            // A read that raced a cancelled transaction in moto (its put recorded, the table
+            // not yet replaced) ends before the phantom; the next poll reads on from there
+            // in the replacement, whose sequence numbers may repeat the phantom's.
+            let mut read = out.records().to_vec();
+            let mut phantom = false;
+            for (at, record) in read.iter().enumerate() {
+                if is_phantom(&self.dynamo, &self.table, record).await? {
+                    read.truncate(at);
+                    phantom = true;
+                    break;
+                }
+            }
+            if let Some(seq) = read.last().and_then(|r| r.dynamodb()).and_then(|d| d.sequence_number()) {
                 shard.last_sequence = Some(seq.to_owned());
             }
-            shard.done = out.next_shard_iterator().is_none();
-            // An idle shard gets a fresh iterator (after the last record) on the next poll rather
-            // than following this one: moto restores a table from a copy when a transaction fails,
-            // and iterators made before then keep reading the old copy's stream forever.
-            shard.iterator = match out.records().is_empty() {
-                true => None,
-                false => out.next_shard_iterator().map(str::to_owned),
-            };
-            records.extend(out.records().iter().cloned());
+            shard.done = !phantom && out.next_shard_iterator().is_none();
+            records.extend(read);
         }
         Ok(records)
     }
@@ -124,6 +134,28 @@ impl TableStreamReader {
         event.records = records.iter().filter_map(|r| lambda_record(r, &self.stream_arn, &self.region)).collect();
         event
     }
+}
+
+/// An insert whose item is not in the table: only a cancelled transaction's
+/// write in moto (nothing here deletes what it inserts).
+async fn is_phantom(dynamo: &aws_sdk_dynamodb::Client, table: &str, record: &Record) -> Result<bool> {
+    if record.event_name() != Some(&OperationType::Insert) {
+        return Ok(false);
+    }
+    let Some(keys) = record.dynamodb().and_then(|d| d.keys()) else {
+        return Ok(false);
+    };
+    let key: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> =
+        serde_dynamo::Item::from(keys.clone()).into();
+    let out = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| failed("GetItem", e))?;
+    Ok(out.item().is_none())
 }
 
 fn lambda_record(record: &Record, arn: &str, region: &str) -> Option<EventRecord> {

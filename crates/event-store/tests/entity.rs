@@ -662,3 +662,48 @@ async fn cqrs_es_aggregates_live_in_entity_streams() {
         [("a1", 4), ("b2", 3), ("c3", 5)].into_iter().map(|(id, n)| (id.to_owned(), (1..=n).collect())).collect();
     assert_eq!(replayed, expected);
 }
+
+/// moto emits a stream record for the put of a transaction it then cancels
+/// (the put ran before the failed condition was found) into the table it
+/// replaces with a copy; a reader following its old iterator saw that
+/// phantom append (a demo run stored one event too many). DynamoDB emits
+/// nothing for a cancelled transaction, and the local reader must not either.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_append_never_reaches_the_table_stream() {
+    let env = TestEnv::start(1).await;
+    let store = store(&env);
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    store.append("real", Expected::NoStream, vec![NewEvent::new("Made", json!({}))]).await.unwrap();
+    // Each record as (stream, item): the tip's and the batch's, per append.
+    let keys = |records: Vec<aws_sdk_dynamodbstreams::types::Record>| -> Vec<(String, String)> {
+        records
+            .iter()
+            .filter_map(|r| {
+                let keys = r.dynamodb()?.keys()?;
+                Some((keys.get("stream")?.as_s().ok()?.clone(), keys.get("item")?.as_s().ok()?.clone()))
+            })
+            .collect()
+    };
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        seen.extend(keys(reader.poll().await.unwrap()));
+        if seen.iter().any(|(_, item)| item.starts_with('e')) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.iter().all(|(stream, _)| stream == "real"), "{seen:?}");
+    // The reader now follows the iterator its last read returned. A stream that does not exist: 404.
+    let missing = store.append("ghost", Expected::Version(0), vec![NewEvent::new("Boo", json!({}))]).await;
+    assert!(matches!(missing, Err(EntityError::NotFound)), "{missing:?}");
+    store.append("real", Expected::Version(0), vec![NewEvent::new("Made", json!({}))]).await.unwrap();
+    let mut later = Vec::new();
+    for _ in 0..5 {
+        later.extend(keys(reader.poll().await.unwrap()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(later.iter().any(|(stream, item)| stream == "real" && item == "e000000000001"), "{later:?}");
+    assert!(later.iter().all(|(stream, _)| stream == "real"), "no phantom of the cancelled append: {later:?}");
+}
