@@ -127,6 +127,14 @@ impl EntityRepository {
         Ok(events.into_iter().map(|e| serialized(A::TYPE, aggregate_id, e)).collect())
     }
 
+    /// A stream of these aggregates' events, fed by a task of its own.
+    fn replay(&self, aggregate_type: &'static str, ids: Vec<String>) -> ReplayStream {
+        let (feed, stream) = ReplayStream::new(PAGE);
+        let repository = self.clone();
+        tokio::spawn(async move { repository.feed(aggregate_type, ids, feed).await });
+        stream
+    }
+
     /// Feeds the events of these aggregates, one after the other, each in order.
     async fn feed(&self, aggregate_type: &'static str, ids: Vec<String>, mut feed: ReplayFeed) {
         for id in ids {
@@ -212,11 +220,7 @@ impl PersistedEventRepository for EntityRepository {
     }
 
     async fn stream_events<A: Aggregate>(&self, aggregate_id: &str) -> Result<ReplayStream, PersistenceError> {
-        let (feed, stream) = ReplayStream::new(PAGE);
-        let (repository, aggregate_type) = (self.clone(), A::TYPE);
-        let ids = vec![aggregate_id.to_owned()];
-        tokio::spawn(async move { repository.feed(aggregate_type, ids, feed).await });
-        Ok(stream)
+        Ok(self.replay(A::TYPE, vec![aggregate_id.to_owned()]))
     }
 
     /// Every aggregate of the type, one after the other: finds them with
@@ -225,10 +229,7 @@ impl PersistedEventRepository for EntityRepository {
         let prefix = Self::stream_name(A::TYPE, "");
         let names = self.store.stream_names(&prefix).await.map_err(persistence_error)?;
         let ids = names.into_iter().filter_map(|name| name.strip_prefix(&prefix).map(str::to_owned)).collect();
-        let (feed, stream) = ReplayStream::new(PAGE);
-        let (repository, aggregate_type) = (self.clone(), A::TYPE);
-        tokio::spawn(async move { repository.feed(aggregate_type, ids, feed).await });
-        Ok(stream)
+        Ok(self.replay(A::TYPE, ids))
     }
 }
 
