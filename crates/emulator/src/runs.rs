@@ -31,6 +31,7 @@ pub fn scan_config(names: &Names) -> ScanConfig {
         retention_days: None,
         watermark_lag_ms: 0,
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
+        slot_subkeys: 1,
     }
 }
 

@@ -1,8 +1,11 @@
-//! The buffer table's item: one Kinesis record as the pump wrote it.
+//! The buffer table's item: a chunk of Kinesis records of one shard and one
+//! slot as the pump wrote them ([`crate::chunk`]), or, in items written before
+//! chunks, one record.
 //!
-//! Its key is derived from the record's identity (stream ARN + Kinesis event
-//! id), never from time or randomness, so a redelivered record overwrites
-//! itself and writes spread evenly over all partitions.
+//! Its key is derived from the records' identity (stream ARN and the first
+//! and last Kinesis event ids), never from time or randomness, so a
+//! redelivered batch cut the same way overwrites itself (with the same
+//! bytes) and writes spread evenly over all partitions.
 
 use std::collections::HashMap;
 
@@ -11,6 +14,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::chunk::{self, ChunkEvent, Packed};
 use crate::encoding::{decode, encode};
 use crate::error::{Error, Result};
 
@@ -21,26 +25,37 @@ pub const KEY: &[&str] = &[HASH_KEY];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferItem {
-    /// Hex sha256 of (event source ARN + Kinesis event id).
+    /// Hex sha256 of the event source ARN and the Kinesis event ids of the first and last record.
     pub id: String,
-    /// Kinesis event id: `shardId-...:<sequence number>`.
+    /// Kinesis event id of the (first) record: `shardId-...:<sequence number>`.
     pub event_id: String,
-    /// Kinesis approximate arrival time, ms since the epoch.
+    /// Arrival time of the (first) record, ms since the epoch: the oldest in the item.
     pub arrival: i64,
+    /// The record's partition key (single-record items only: a chunk keeps one per event).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub partition_key: String,
     /// The record's data bytes, compressed when that saves space (see [`crate::encoding`]).
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
-    /// `zstd` when `data` is compressed; absent when it is the bytes as sent.
+    /// [`chunk::CHUNK`] for a chunk; for a single record `zstd` when `data` is
+    /// compressed, absent when it is the bytes as sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
+    /// Records in a chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
     /// When the pump wrote the item (ms): `buffered_at - arrival` is the pump's
     /// lag, which the scan's completeness watermark allows for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffered_at: Option<i64>,
 }
 
-/// The buffer key of a Kinesis record.
+/// The buffer key of a chunk of one shard's records from `first` to `last` (Kinesis event ids).
+pub fn chunk_key(event_source_arn: &str, first: &str, last: &str) -> String {
+    buffer_key(event_source_arn, &format!("{first}{}{last}", chunk::SEPARATOR))
+}
+
+/// The buffer key of a Kinesis record (items written before chunks).
 pub fn buffer_key(event_source_arn: &str, event_id: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(event_source_arn.as_bytes());
@@ -63,7 +78,42 @@ impl BufferItem {
             data,
             encoding,
             buffered_at: Some(now_ms),
+            count: None,
         })
+    }
+
+    /// The buffer item of a chunk of `packed` records of the stream `event_source_arn`, stamped `now_ms`.
+    pub fn chunk(event_source_arn: &str, packed: &Packed, now_ms: i64) -> Option<Self> {
+        let first = packed.events.first()?;
+        let last = packed.events.last()?;
+        Some(Self {
+            id: chunk_key(event_source_arn, &first.event_id, &last.event_id),
+            event_id: first.event_id.clone(),
+            arrival: packed.events.iter().map(|e| e.arrival).min()?,
+            partition_key: String::new(),
+            data: packed.bytes.clone(),
+            encoding: Some(chunk::CHUNK.to_owned()),
+            buffered_at: Some(now_ms),
+            count: Some(packed.events.len()),
+        })
+    }
+
+    /// The records the item holds, their data as sent.
+    pub fn events(&self) -> Result<Vec<ChunkEvent>> {
+        if self.encoding.as_deref() == Some(chunk::CHUNK) {
+            return chunk::unpack(&self.data);
+        }
+        Ok(vec![ChunkEvent {
+            event_id: self.event_id.clone(),
+            arrival: self.arrival,
+            partition_key: self.partition_key.clone(),
+            data: self.raw_data()?,
+        }])
+    }
+
+    /// True when the item holds a chunk.
+    pub fn is_chunk(&self) -> bool {
+        self.encoding.as_deref() == Some(chunk::CHUNK)
     }
 
     pub fn to_item(&self) -> HashMap<String, AttributeValue> {

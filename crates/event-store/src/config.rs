@@ -128,15 +128,27 @@ pub struct PumpConfig {
     pub buffer_table: String,
     /// Where the pump keeps each shard's buffered position (bookkeeping partition).
     pub event_table: String,
+    /// The slot size: a chunk holds records of one slot (the scan cuts it again
+    /// if its own `TIME_UNIT` differs, so this only decides how records are grouped).
+    pub time_unit_ms: u64,
 }
 
 impl PumpConfig {
     pub const VARIABLES: Variables =
-        Variables { required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"], optional: &[] };
+        Variables { required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"], optional: &["TIME_UNIT"] };
+
+    /// The tables, with the default slot size.
+    pub fn new(buffer_table: impl Into<String>, event_table: impl Into<String>) -> Self {
+        Self { buffer_table: buffer_table.into(), event_table: event_table.into(), time_unit_ms: DEFAULT_TIME_UNIT_MS }
+    }
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        Ok(Self { buffer_table: env.var("DYNAMO_BUFFER_TABLE")?, event_table: env.var("DYNAMO_EVENT_TABLE")? })
+        Ok(Self {
+            buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
+            event_table: env.var("DYNAMO_EVENT_TABLE")?,
+            time_unit_ms: env.time_unit()?,
+        })
     }
 }
 
@@ -163,7 +175,14 @@ pub struct ScanConfig {
     pub watermark_lag_ms: u64,
     /// Continuations one segment's pass may chain (`MAX_CONTINUATIONS`).
     pub max_continuations: u32,
+    /// Sub-keys a slot's chunks are spread over (`SLOT_SUBKEYS`, default 1):
+    /// a partition takes at most 1,000 write units a second, so a slot
+    /// written faster than about 1 MB/s of compressed events needs more.
+    pub slot_subkeys: u32,
 }
+
+/// The most `SLOT_SUBKEYS` may be.
+pub const MAX_SLOT_SUBKEYS: u32 = 1000;
 
 /// Default `WATERMARK_LAG_MS`: a clock allowance, far above what NTP-synced hosts differ by.
 pub const DEFAULT_WATERMARK_LAG_MS: u64 = 5_000;
@@ -179,6 +198,7 @@ impl ScanConfig {
             "RETENTION_DAYS",
             "WATERMARK_LAG_MS",
             "MAX_CONTINUATIONS",
+            "SLOT_SUBKEYS",
         ],
     };
 
@@ -188,17 +208,26 @@ impl ScanConfig {
         if segments == 0 {
             return Err(Error::Config("SCAN_SEGMENTS must be at least 1".into()));
         }
+        let time_unit_ms = env.time_unit()?;
+        let slot_subkeys: u32 = env.var_or("SLOT_SUBKEYS", 1)?;
+        // Sub-key k of a slot is stored under `slot + k`: it must stay inside the slot.
+        if slot_subkeys == 0 || slot_subkeys > MAX_SLOT_SUBKEYS || u64::from(slot_subkeys) > time_unit_ms {
+            return Err(Error::Config(format!(
+                "SLOT_SUBKEYS={slot_subkeys}: from 1 to {MAX_SLOT_SUBKEYS}, and at most TIME_UNIT ({time_unit_ms})"
+            )));
+        }
         Ok(Self {
             buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
             event_table: env.var("DYNAMO_EVENT_TABLE")?,
             event_stream: env.var("EVENT_STREAM")?,
-            time_unit_ms: env.time_unit()?,
+            time_unit_ms,
             segments,
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("SCAN_PAGE_ITEMS")?,
             retention_days: env.optional("RETENTION_DAYS")?.filter(|days| *days > 0),
             watermark_lag_ms: env.var_or("WATERMARK_LAG_MS", DEFAULT_WATERMARK_LAG_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
+            slot_subkeys,
         })
     }
 }

@@ -202,6 +202,7 @@ mod tests {
             data,
             encoding,
             buffered_at: None,
+            count: None,
         }
     }
 

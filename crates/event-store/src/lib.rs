@@ -26,6 +26,7 @@ pub mod aggregation;
 pub mod batch;
 pub mod bookkeeping;
 pub mod buffer_item;
+pub mod chunk;
 pub mod config;
 pub mod dedupe;
 pub mod dynamo;

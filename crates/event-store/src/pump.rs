@@ -1,7 +1,9 @@
-//! `pump`: Kinesis event source → buffer table. Every record becomes one
-//! buffer item under a key derived from its identity, written with
-//! `BatchWriteItem`; the response names exactly the records that could not
-//! be written, so the event source retries those and nothing else.
+//! `pump`: Kinesis event source → buffer table. A shard's records of one
+//! slot are packed into chunks ([`crate::chunk`]: as few items as fit, zstd
+//! over all of them), each a buffer item under a key derived from its
+//! records' identity, written with `BatchWriteItem`; the response names
+//! exactly the records that could not be written, so the event source
+//! retries those and nothing else.
 
 use aws_lambda_events::encodings::SecondTimestamp;
 use aws_lambda_events::event::kinesis::KinesisEvent;
@@ -17,10 +19,12 @@ use tracing::{error, info, warn};
 use crate::batch::Backoff;
 use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
 use crate::buffer_item::BufferItem;
+use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::error::{Error, Result};
-use crate::event_item::{item_size, quarantine_item, MAX_ITEM_BYTES};
+use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
+use crate::time::slot_of;
 
 /// Parses the Lambda Kinesis event, reading `approximateArrivalTimestamp`
 /// ourselves: aws_lambda_events 1.2 parses the digits after the decimal
@@ -125,12 +129,12 @@ impl Pump {
     /// records were dealt with, and the sequence numbers of those not written.
     async fn write(&self, records: &[&KinesisEventRecord], arrivals: &[i64]) -> (usize, Vec<String>) {
         let now = crate::time::now_ms();
-        let mut items = Vec::new();
+        let mut events = Vec::new();
         let mut buildable = records.len();
         for (i, (record, arrival)) in records.iter().zip(arrivals).enumerate() {
             let sequence = record.kinesis.sequence_number.clone();
-            match buffer_item(record, *arrival, now) {
-                Ok((id, attributes)) => items.push((id, sequence, attributes)),
+            match chunk_event(record, *arrival) {
+                Ok(event) => events.push(event),
                 Err(err) => match self.quarantine(record, *arrival, &err, now).await {
                     Ok(()) => {
                         warn!(error = %err, sequence, "record cannot be buffered: quarantined with its place in the stream")
@@ -143,13 +147,34 @@ impl Pump {
                 },
             }
         }
+        let arn = records.first().and_then(|r| r.event_source_arn.clone()).unwrap_or_default();
+        let mut items = Vec::new();
+        let mut not_done: Vec<String> = Vec::new();
+        for run in slot_runs(events, self.config.time_unit_ms) {
+            for packed in pack_to_fit(run, MAX_CHUNK_BYTES) {
+                // Every event fits alone (checked above), so a chunk never fails to pack but for a defect.
+                let packed = match packed {
+                    Ok(packed) => packed,
+                    Err((event, err)) => {
+                        error!(error = %err, event_id = event.event_id, "record not packed: delivered again");
+                        not_done.push(sequence_of(&event.event_id));
+                        continue;
+                    }
+                };
+                let sequences: Vec<String> = packed.events.iter().map(|e| sequence_of(&e.event_id)).collect();
+                match BufferItem::chunk(&arn, &packed, now) {
+                    Some(item) => items.push((item.id.clone(), sequences, item.to_item())),
+                    None => not_done.extend(sequences),
+                }
+            }
+        }
         let puts = keyed_puts(items);
         let buffer = Table { name: &self.config.buffer_table, key: crate::buffer_item::KEY };
         let unwritten = write_all(&self.dynamo, buffer, puts.requests, &self.backoff, None).await;
-        let mut not_done: Vec<String> = puts.failed;
+        not_done.extend(puts.failed.into_iter().flatten());
         let mut sources = puts.sources;
         for key in &unwritten {
-            not_done.extend(sources.remove(key).unwrap_or_default());
+            not_done.extend(sources.remove(key).unwrap_or_default().into_iter().flatten());
         }
         (buildable, not_done)
     }
@@ -228,22 +253,47 @@ impl Pump {
     }
 }
 
-/// The buffer item of one record with its stored arrival, unless it is
-/// malformed or too large for an item (with room for what the event item
-/// adds, so whatever is buffered can always be moved on).
-fn buffer_item(
-    record: &KinesisEventRecord,
-    arrival: i64,
-    now: i64,
-) -> Result<(String, HashMap<String, AttributeValue>)> {
-    let mut item = BufferItem::from_kinesis(record, now)?;
-    item.arrival = arrival;
-    let attributes = item.to_item();
-    let size = item_size(&attributes);
-    if size + ITEM_HEADROOM > MAX_ITEM_BYTES {
-        return Err(Error::Malformed(format!("record of {size} bytes is too large for a DynamoDB item")));
+/// One record as a chunk's event with its stored arrival, unless it is
+/// malformed or too large for an item even alone and compressed (with room
+/// for what the event item adds, so whatever is buffered can always be moved on).
+fn chunk_event(record: &KinesisEventRecord, arrival: i64) -> Result<ChunkEvent> {
+    let event_id = record.event_id.as_deref().ok_or_else(|| Error::Malformed("kinesis record without eventID".into()))?;
+    if record.event_source_arn.is_none() {
+        return Err(Error::Malformed("kinesis record without eventSourceARN".into()));
     }
-    Ok((item.id, attributes))
+    let event = ChunkEvent {
+        event_id: event_id.to_owned(),
+        arrival,
+        partition_key: record.kinesis.partition_key.clone(),
+        data: record.kinesis.data.0.clone(),
+    };
+    // Anything smaller than a chunk's limit fits, compressed or not; larger ones are tried alone.
+    if event.raw_len() > MAX_CHUNK_BYTES {
+        let packed = crate::chunk::pack(std::slice::from_ref(&event))?;
+        let size = packed.len() + event.event_id.len();
+        if size + ITEM_HEADROOM > MAX_ITEM_BYTES {
+            return Err(Error::Malformed(format!("record of {size} bytes compressed is too large for a DynamoDB item")));
+        }
+    }
+    Ok(event)
+}
+
+/// The sequence number of a Kinesis event id (`shardId-…:<sequence>`).
+fn sequence_of(event_id: &str) -> String {
+    event_id.rsplit_once(':').map_or(event_id, |(_, sequence)| sequence).to_owned()
+}
+
+/// Consecutive events of one slot together: one shard's events in order, cut where the slot changes.
+fn slot_runs(events: Vec<ChunkEvent>, time_unit_ms: u64) -> Vec<Vec<ChunkEvent>> {
+    let mut runs: Vec<Vec<ChunkEvent>> = Vec::new();
+    for event in events {
+        let slot = slot_of(event.arrival, time_unit_ms);
+        match runs.last_mut() {
+            Some(run) if run.last().is_some_and(|e| slot_of(e.arrival, time_unit_ms) == slot) => run.push(event),
+            _ => runs.push(vec![event]),
+        }
+    }
+    runs
 }
 
 /// The batch's records by shard (from the event id `shardId-...:<sequence>`), each in delivery order.
@@ -279,6 +329,20 @@ mod tests {
         assert_eq!(arrival_of(serde_json::json!(1795327124.1234)), 1_795_327_124_123);
         assert_eq!(arrival_of(serde_json::json!(1795327124)), 1_795_327_124_000);
         assert_eq!(arrival_of(serde_json::json!("1795327124.05")), 1_795_327_124_050);
+    }
+
+    #[test]
+    fn records_are_grouped_by_slot_in_order() {
+        let event = |arrival: i64| ChunkEvent {
+            event_id: format!("shardId-000000000000:{arrival}"),
+            arrival,
+            partition_key: "p".into(),
+            data: Vec::new(),
+        };
+        let runs = slot_runs([10, 999, 1_000, 1_500, 2_000].map(event).to_vec(), 1000);
+        let arrivals: Vec<Vec<i64>> = runs.iter().map(|r| r.iter().map(|e| e.arrival).collect()).collect();
+        assert_eq!(arrivals, vec![vec![10, 999], vec![1_000, 1_500], vec![2_000]]);
+        assert_eq!(sequence_of("shardId-000000000000:4959"), "4959");
     }
 
     #[test]

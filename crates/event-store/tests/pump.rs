@@ -11,7 +11,7 @@ use event_store::config::PumpConfig;
 use event_store::pump::Pump;
 
 fn pump(env: &TestEnv, table: &str) -> Pump {
-    Pump::new(env.dynamo.clone(), PumpConfig { buffer_table: table.into(), event_table: env.names.event_table.clone() })
+    Pump::new(env.dynamo.clone(), PumpConfig::new(table.into(), env.names.event_table.clone()))
 }
 
 async fn buffer(env: &TestEnv) -> HashMap<String, BufferItem> {
@@ -265,7 +265,7 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
             .build(),
     );
     let config =
-        PumpConfig { buffer_table: env.names.buffer_table.clone(), event_table: env.names.event_table.clone() };
+        PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone());
     let fast = event_store::batch::Backoff {
         base: std::time::Duration::from_millis(1),
         cap: std::time::Duration::from_millis(2),

@@ -266,8 +266,8 @@ impl Playback {
         let (mut slots, index_queries) =
             read_index(&self.dynamo, &self.config.event_table, slot_of(lookback.from_ms, unit as u64), window.end)
                 .await?;
-        let behind: Vec<i64> = slots.iter().copied().filter(|s| *s <= position.slot).collect();
-        slots.retain(|s| *s >= position.slot && *s + unit > window.start);
+        let behind: Vec<_> = slots.iter().copied().filter(|s| s.slot <= position.slot).collect();
+        slots.retain(|s| s.slot >= position.slot && s.slot + unit > window.start);
         summary.index_queries = index_queries;
         summary.slots = slots.len();
         self.tell(Progress::Planned { slots: slots.len() });

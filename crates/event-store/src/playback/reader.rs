@@ -1,6 +1,17 @@
 //! Reads the window's non-empty slots from the event table, page by page,
 //! ahead of the puts: the first pages of the next slots are in flight
 //! together, a slot's further pages follow one by one.
+//!
+//! A slot's items are chunks of many events ([`crate::chunk`]), or single
+//! events written before chunks, stored under one or more sub-keys. Each
+//! sub-key is queried in key order (the order of each chunk's first event)
+//! and the events are merged ([`SlotMerge`]): handed out in sort-key order,
+//! each once, only once no chunk still unread can hold an earlier one.
+//!
+//! A chunk may start before where reading begins (a window's start, a
+//! checkpoint inside the slot) and end after it, so a slot is queried from
+//! its first key, and items ending before the start are filtered out by
+//! their `last` attribute (they still cost their read units).
 
 use std::collections::HashMap;
 
@@ -11,23 +22,30 @@ use tracing::warn;
 
 use super::checkpoint::{Checkpoint, Lookback};
 use super::request::Window;
+use crate::bookkeeping::slot_index::SlotRef;
+use crate::chunk::{self, decode_item, SlotMerge};
 use crate::dedupe::{envelope_id, RecentIds};
 use crate::error::{Error, Result};
-use crate::event_item::{self, EventItem};
+use crate::event_item::{self, sort_key_floor, EventItem};
 
 /// Slots whose first page is queried ahead of the one being put.
 const QUERY_AHEAD: usize = 8;
 /// Pages fetched but not yet consumed (memory bound: about this many MB).
 pub const PAGES_AHEAD: usize = 4;
 
-/// One page of one slot, decoded.
+/// Events of one slot, in order, from one or more query pages.
 pub struct Page {
     pub slot: i64,
     pub events: Vec<EventItem>,
-    /// Items that could not be decoded (skipped, logged).
+    /// Items that could not be decoded as items at all (skipped, logged).
+    /// A chunk whose bytes do not decode comes as one event whose `bytes()`
+    /// fail, so that readers park or count it where it stands.
     pub unreadable: usize,
-    /// Set when the slot has more pages.
+    /// Set when the slot has more: the sort key to resume after (every event
+    /// up to it is in this page or an earlier one).
     pub last_key: Option<String>,
+    /// `Query` requests this page took.
+    pub queries: usize,
 }
 
 /// Reads the event table's slots within `window` (playback's, and a subscription partition's).
@@ -44,61 +62,82 @@ pub struct Reader<'a> {
 impl Reader<'_> {
     /// Queries `slots`' pages in order into `tx`, the first from `from`.
     /// Stops when the consumer hangs up.
-    pub async fn fetch_pages(&self, slots: Vec<i64>, from: Checkpoint, tx: mpsc::Sender<Result<Page>>) {
+    pub async fn fetch_pages(&self, slots: Vec<SlotRef>, from: Checkpoint, tx: mpsc::Sender<Result<Page>>) {
         let first_pages = futures::stream::iter(slots)
             .map(|slot| {
-                let after = if slot == from.slot { from.after.clone() } else { None };
-                async move { self.query_page(slot, after).await }
+                let after = if slot.slot == from.slot { from.after.clone() } else { None };
+                async move {
+                    let (lo, to) = self.window.key_range(slot.slot, self.time_unit_ms);
+                    let after = after.filter(|a| *a > lo).unwrap_or(lo);
+                    let mut read = SlotRead::new(self, slot, after, to);
+                    let page = read.next_page().await;
+                    (read, page)
+                }
             })
             .buffered(QUERY_AHEAD);
         futures::pin_mut!(first_pages);
-        while let Some(mut page) = first_pages.next().await {
+        while let Some((mut read, mut page)) = first_pages.next().await {
             loop {
-                let next = page.as_ref().ok().and_then(|p| p.last_key.clone().map(|k| (p.slot, k)));
+                let more = page.as_ref().is_ok_and(|p| p.last_key.is_some());
                 if tx.send(page).await.is_err() {
                     return;
                 }
-                match next {
-                    Some((slot, key)) => page = self.query_page(slot, Some(key)).await,
-                    None => break,
+                if !more {
+                    break;
                 }
+                page = read.next_page().await;
             }
         }
     }
 
     /// The envelope ids in `range` of `slots` (the part of the log before a
     /// run's position), in log order, and the `Query` requests it took.
-    pub async fn recent_ids(&self, slots: &[i64], range: &Lookback) -> Result<(RecentIds, usize)> {
+    pub async fn recent_ids(&self, slots: &[SlotRef], range: &Lookback) -> Result<(RecentIds, usize)> {
         let mut recent = RecentIds::new(self.dedupe_window_ms);
         let mut queries = 0;
         for &slot in slots {
-            let mut after = None;
+            let mut read = SlotRead::new(self, slot, range.from_key.clone(), range.to_key.clone());
             loop {
-                let page = self.query_range(slot, range.from_key.clone(), range.to_key.clone(), after).await?;
-                queries += 1;
+                let page = read.next_page().await?;
+                queries += page.queries;
                 for event in &page.events {
                     let json = event.bytes().ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
                     if let Some(id) = json.as_ref().and_then(envelope_id) {
                         recent.first_sight(id, event.arrival);
                     }
                 }
-                match page.last_key {
-                    Some(key) => after = Some(key),
-                    None => break,
+                if page.last_key.is_none() {
+                    break;
                 }
             }
         }
         Ok((recent, queries))
     }
 
-    async fn query_page(&self, slot: i64, after: Option<String>) -> Result<Page> {
-        let (from, to) = self.window.key_range(slot, self.time_unit_ms);
-        self.query_range(slot, from, to, after).await
+    /// The event of `slot` with `sort_key`, if the table holds it.
+    pub async fn event_at(&self, slot: SlotRef, sort_key: &str) -> Result<Option<EventItem>> {
+        let mut read = SlotRead::new(self, slot, sort_key_floor(slot.slot), sort_key.to_owned());
+        loop {
+            let page = read.next_page().await?;
+            if let Some(event) = page.events.into_iter().find(|e| e.sort_key == sort_key) {
+                return Ok(Some(event));
+            }
+            if page.last_key.is_none() {
+                return Ok(None);
+            }
+        }
     }
 
-    /// One page of `slot`'s events with sort keys in `[from, to]`, after `after`.
-    async fn query_range(&self, slot: i64, from: String, to: String, after: Option<String>) -> Result<Page> {
-        let out = self
+    /// One page of items of `slot`'s sub-key `storage` with sort keys in
+    /// `[from, to]`, after `start`, keeping those whose last event is after `after`.
+    async fn query(
+        &self,
+        storage: i64,
+        (from, to): (&str, &str),
+        after: Option<&str>,
+        start: Option<HashMap<String, AttributeValue>>,
+    ) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<String>)> {
+        let mut query = self
             .dynamo
             .query()
             .table_name(self.table)
@@ -106,28 +145,136 @@ impl Reader<'_> {
             .key_condition_expression("#slot = :slot AND #sk BETWEEN :from AND :to")
             .expression_attribute_names("#slot", event_item::HASH_KEY)
             .expression_attribute_names("#sk", event_item::RANGE_KEY)
-            .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
-            .expression_attribute_values(":from", AttributeValue::S(from))
-            .expression_attribute_values(":to", AttributeValue::S(to))
+            .expression_attribute_values(":slot", AttributeValue::N(storage.to_string()))
+            .expression_attribute_values(":from", AttributeValue::S(from.to_owned()))
+            .expression_attribute_values(":to", AttributeValue::S(to.to_owned()));
+        if let Some(after) = after {
+            // Items written before chunks have no `last`: they pass, and the merge drops those before `after`.
+            query = query
+                .filter_expression("attribute_not_exists(#last) OR #last > :after")
+                .expression_attribute_names("#last", chunk::LAST)
+                .expression_attribute_values(":after", AttributeValue::S(after.to_owned()));
+        }
+        let out = query
             .set_limit(self.page_items)
-            .set_exclusive_start_key(after.map(|key| event_key(slot, key)))
+            .set_exclusive_start_key(start)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await
             .map_err(|e| Error::dynamo("Query", e))?;
-        let mut page = Page { slot, events: Vec::new(), unreadable: 0, last_key: None };
-        for item in out.items() {
-            match EventItem::from_item(item.clone()) {
-                Ok(event) => page.events.push(event),
+        let last_key =
+            out.last_evaluated_key().and_then(|k| k.get(event_item::RANGE_KEY)).and_then(|v| v.as_s().ok()).cloned();
+        Ok((out.items().to_vec(), last_key))
+    }
+}
+
+/// One slot being read: a query cursor per sub-key and the merge of their events.
+struct SlotRead<'a> {
+    reader: &'a Reader<'a>,
+    slot: SlotRef,
+    /// Events after this key are wanted (exclusive).
+    after: String,
+    /// ... up to this key (inclusive).
+    to: String,
+    merge: SlotMerge,
+    /// Per sub-key: where its next page starts (`None` before the first page).
+    cursors: Vec<Option<String>>,
+    started: bool,
+}
+
+impl<'a> SlotRead<'a> {
+    fn new(reader: &'a Reader<'a>, slot: SlotRef, after: String, to: String) -> Self {
+        let sources = slot.subkeys.max(1) as usize;
+        Self {
+            reader,
+            slot,
+            merge: SlotMerge::new(sources, Some(after.clone()), to.clone()),
+            after,
+            to,
+            cursors: vec![None; sources],
+            started: false,
+        }
+    }
+
+    /// The next events of the slot, querying until some are final or the slot is read.
+    async fn next_page(&mut self) -> Result<Page> {
+        let mut page = Page { slot: self.slot.slot, events: Vec::new(), unreadable: 0, last_key: None, queries: 0 };
+        if !self.started {
+            self.started = true;
+            let sources: Vec<usize> = (0..self.cursors.len()).collect();
+            let pages = futures::future::join_all(sources.iter().map(|&source| self.query_source(source))).await;
+            for (source, result) in sources.into_iter().zip(pages) {
+                self.add(source, result?, &mut page);
+            }
+        }
+        loop {
+            page.events.extend(self.merge.ready());
+            if self.merge.is_done() {
+                return Ok(page);
+            }
+            if !page.events.is_empty() {
+                page.last_key = Some(page.events.last().map(|e| e.sort_key.clone()).unwrap_or_default());
+                return Ok(page);
+            }
+            let Some(source) = self.merge.next_source() else { return Ok(page) };
+            let result = self.query_source(source).await?;
+            self.add(source, result, &mut page);
+        }
+    }
+
+    async fn query_source(
+        &self,
+        source: usize,
+    ) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<String>)> {
+        let slot = self.slot.slot;
+        let storage = slot + source as i64;
+        let from = sort_key_floor(slot);
+        // A chunk whose first event is `to` itself sorts just after it: the bound takes it in.
+        let to = format!("{}{}\u{10FFFF}", self.to, chunk::SEPARATOR);
+        let after = (self.after > from).then_some(self.after.as_str());
+        let start = self.cursors[source].clone().map(|key| event_key(storage, key));
+        self.reader.query(storage, (&from, &to), after, start).await
+    }
+
+    fn add(&mut self, source: usize, (items, last_key): (Vec<HashMap<String, AttributeValue>>, Option<String>), page: &mut Page) {
+        page.queries += 1;
+        let mut events = Vec::new();
+        for item in &items {
+            let decoded = decode_item(self.slot.slot, item);
+            match decoded.events {
+                Ok(mut decoded) => events.append(&mut decoded),
+                Err(err) if decoded.sort_key.contains(chunk::SEPARATOR) => {
+                    warn!(slot = self.slot.slot, sort_key = decoded.sort_key, error = %err, "chunk that cannot be read: handed on as one unreadable event");
+                    events.push(unreadable_chunk(self.slot.slot, &decoded.sort_key, item));
+                }
                 Err(err) => {
-                    warn!(slot, error = %err, "event item skipped");
+                    warn!(slot = self.slot.slot, error = %err, "event item skipped");
                     page.unreadable += 1;
                 }
             }
         }
-        page.last_key =
-            out.last_evaluated_key().and_then(|k| k.get(event_item::RANGE_KEY)).and_then(|v| v.as_s().ok()).cloned();
-        Ok(page)
+        self.merge.add(source, events, last_key.as_deref(), last_key.is_some());
+        self.cursors[source] = last_key;
+    }
+}
+
+/// A chunk that does not decode, as one event at its first key whose bytes
+/// are an error (readers park it or count it as unreadable, never skip it silently).
+fn unreadable_chunk(slot: i64, sort_key: &str, item: &HashMap<String, AttributeValue>) -> EventItem {
+    let first = chunk::first_key_of(sort_key).to_owned();
+    let encoding = item.get("encoding").and_then(|v| v.as_s().ok()).cloned().unwrap_or_else(|| "none".into());
+    EventItem {
+        slot,
+        arrival: first.get(..13).and_then(|ms| ms.parse().ok()).unwrap_or(slot),
+        sort_key: first,
+        event_id: format!("chunk {sort_key}"),
+        partition_key: String::new(),
+        data: item.get("data").and_then(|v| v.as_b().ok()).map(|b| b.as_ref().to_vec()).or(Some(Vec::new())),
+        // An encoding no reader decodes: `bytes()` says why the chunk cannot be read.
+        encoding: Some(format!("unreadable {encoding}")),
+        payload: None,
+        expires_at: None,
+        moved_at: None,
     }
 }
 

@@ -117,7 +117,7 @@ impl<'a> Run<'a> {
     /// Takes one page: queues its events, puts every full batch, reports a
     /// finished slot, and near the deadline stops.
     pub async fn accept(&mut self, page: Page) -> Result<Flow> {
-        self.summary.queries += 1;
+        self.summary.queries += page.queries;
         self.summary.unreadable += page.unreadable;
         for event in page.events {
             self.queue(page.slot, event)?;

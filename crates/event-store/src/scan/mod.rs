@@ -406,6 +406,7 @@ impl Scan {
             time_unit_ms: self.config.time_unit_ms,
             retention_days: self.config.retention_days,
             now_ms: now_ms(),
+            slot_subkeys: self.config.slot_subkeys,
         };
         let mut plan = PagePlan::new(items, moving, indexed);
         let writes = std::mem::take(&mut plan.writes);

@@ -1,4 +1,6 @@
-//! One scan page, planned without I/O: which buffer items become events,
+//! One scan page, planned without I/O: which buffer items become event-table
+//! chunks (a buffer chunk of one slot is copied as it is; one that spans
+//! slots, or an item of the format before chunks, is packed again by slot),
 //! which go to quarantine and which slots need an index entry
 //! ([`PagePlan::new`]); once the event-table writes are back, which buffer
 //! items may be deleted ([`PagePlan::settle`]); once the deletes are back,
@@ -11,13 +13,17 @@ use tracing::{error, warn};
 
 use crate::bookkeeping::slot_index::index_item;
 use crate::buffer_item::{self, BufferItem};
+use crate::chunk::{pack_to_fit, ChunkItem, Packed, MAX_CHUNK_BYTES};
 use crate::dynamo::keyed_puts;
-use crate::event_item::{quarantine_item, EventItem};
+use crate::error::{Error, Result};
+use crate::event_item::quarantine_item;
+use crate::time::slot_of;
 
 /// Where one event-table write of a page goes. Typed, so that an index
 /// entry is never mistaken for an event when its write comes back failed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TableKey {
+    /// A chunk: `slot` is where it is stored (the slot plus its sub-key).
     Event {
         slot: i64,
         sort_key: String,
@@ -34,6 +40,46 @@ pub struct Moving {
     pub time_unit_ms: u64,
     pub retention_days: Option<u32>,
     pub now_ms: i64,
+    /// Sub-keys each slot's chunks are spread over.
+    pub slot_subkeys: u32,
+}
+
+/// The event-table chunks of a buffer item, and the arrival and slot of each of its events.
+pub fn event_chunks(buffer: &BufferItem, moving: Moving) -> Result<(Vec<ChunkItem>, Vec<(i64, i64)>)> {
+    let events = buffer.events()?;
+    let unit = moving.time_unit_ms;
+    let places: Vec<(i64, i64)> = events.iter().map(|e| (e.arrival, slot_of(e.arrival, unit))).collect();
+    let mut by_slot: std::collections::BTreeMap<i64, Vec<crate::chunk::ChunkEvent>> = Default::default();
+    for event in events {
+        by_slot.entry(slot_of(event.arrival, unit)).or_default().push(event);
+    }
+    let mut chunks = Vec::new();
+    let whole = buffer.is_chunk() && by_slot.len() == 1;
+    for (slot, mut events) in by_slot {
+        let packed = if whole {
+            // The pump's chunk is of one slot: its bytes are moved as they are.
+            vec![Packed { events, bytes: buffer.data.clone() }]
+        } else {
+            events.sort_by_key(|e| e.sort_key());
+            pack_to_fit(events, MAX_CHUNK_BYTES)
+                .into_iter()
+                .map(|p| p.map_err(|(event, err)| Error::Malformed(format!("event {}: {err}", event.event_id))))
+                .collect::<Result<Vec<_>>>()?
+        };
+        for packed in packed {
+            let item = ChunkItem::new(slot, &packed, moving.slot_subkeys, moving.now_ms, moving.retention_days)
+                .ok_or_else(|| Error::Malformed(format!("buffer item {} holds no events", buffer.id)))?;
+            if !item.fits() {
+                return Err(Error::Malformed(format!(
+                    "chunk of {} events is {} bytes, over the 400 KB item limit",
+                    item.count,
+                    item.size()
+                )));
+            }
+            chunks.push(item);
+        }
+    }
+    Ok((chunks, places))
 }
 
 /// One page's writes and what they stand for.
@@ -45,8 +91,9 @@ pub struct PagePlan {
     sources: HashMap<TableKey, Vec<String>>,
     /// Slots whose index entry this page writes.
     index_slots: BTreeSet<i64>,
-    /// Arrival and slot of each buffer id that became an event.
-    arrivals: HashMap<String, (i64, i64)>,
+    /// Arrival and slot of each event of each buffer id that became chunks.
+    arrivals: HashMap<String, Vec<(i64, i64)>>,
+    time_unit_ms: u64,
     /// Buffer ids whose write could not even be built: they stay.
     unbuilt: Vec<String>,
     /// Items left in place that no id names (no string id, or too large even for quarantine).
@@ -86,7 +133,7 @@ impl PagePlan {
     /// Plans the page `items`; slots in `indexed` already have their index
     /// entry from an earlier page of this run (one index write per slot per run).
     pub fn new(items: Vec<HashMap<String, AttributeValue>>, moving: Moving, indexed: &BTreeSet<i64>) -> Self {
-        let mut plan = PagePlan::default();
+        let mut plan = PagePlan { time_unit_ms: moving.time_unit_ms, ..PagePlan::default() };
         let mut writes = Vec::new();
         for attributes in items {
             let Some(id) = attributes.get(buffer_item::HASH_KEY).and_then(|v| v.as_s().ok()).cloned() else {
@@ -94,15 +141,13 @@ impl PagePlan {
                 plan.stuck += 1;
                 continue;
             };
-            let event = BufferItem::from_item(attributes.clone()).and_then(|b| {
-                let event = EventItem::from_buffer(&b, moving.time_unit_ms)?;
-                Ok(event.with_retention(moving.retention_days).moved(moving.now_ms))
-            });
-            match event {
-                Ok(event) => {
-                    plan.arrivals.insert(id.clone(), (event.arrival, event.slot));
-                    let key = TableKey::Event { slot: event.slot, sort_key: event.sort_key.clone() };
-                    writes.push((key, id, event.to_item()));
+            match BufferItem::from_item(attributes.clone()).and_then(|b| event_chunks(&b, moving)) {
+                Ok((chunks, places)) => {
+                    plan.arrivals.insert(id.clone(), places);
+                    for chunk in chunks {
+                        let key = TableKey::Event { slot: chunk.storage_slot, sort_key: chunk.sort_key.clone() };
+                        writes.push((key, id.clone(), chunk.to_item()));
+                    }
                 }
                 Err(err) => match quarantine_item(&id, &err.to_string(), attributes, moving.now_ms) {
                     Some(item) => {
@@ -127,17 +172,23 @@ impl PagePlan {
         plan.index_slots = plan
             .sources
             .keys()
-            .filter_map(|key| match key {
-                TableKey::Event { slot, .. } if *slot >= 0 && !indexed.contains(slot) => Some(*slot),
-                _ => None,
-            })
+            .filter_map(|key| plan.slot_of(key))
+            .filter(|slot| *slot >= 0 && !indexed.contains(slot))
             .collect();
         for &slot in &plan.index_slots {
-            if let Ok(put) = PutRequest::builder().set_item(Some(index_item(slot))).build() {
+            if let Ok(put) = PutRequest::builder().set_item(Some(index_item(slot, moving.slot_subkeys))).build() {
                 plan.writes.push((TableKey::SlotIndex(slot), WriteRequest::builder().put_request(put).build()));
             }
         }
         plan
+    }
+
+    /// The slot a chunk's write belongs to (its stored hash key is the slot plus a sub-key).
+    fn slot_of(&self, key: &TableKey) -> Option<i64> {
+        match key {
+            TableKey::Event { slot, .. } => Some(slot_of(*slot, self.time_unit_ms.max(1))),
+            _ => None,
+        }
     }
 
     /// Given the event-table writes that failed, splits the page's buffer
@@ -156,11 +207,17 @@ impl PagePlan {
         }
         settled.indexed = self.index_slots.difference(&settled.unindexed).copied().collect();
         for (key, ids) in sources {
-            match key {
-                TableKey::Event { slot, .. } if settled.unindexed.contains(&slot) => settled.left.extend(ids),
+            match self.slot_of(&key) {
+                Some(slot) if settled.unindexed.contains(&slot) => settled.left.extend(ids),
                 _ => settled.delete.extend(ids),
             }
         }
+        // A buffer item cut into several chunks leaves only once every one of them is written.
+        let left: HashSet<String> = settled.left.iter().cloned().collect();
+        let mut seen = HashSet::new();
+        settled.delete.retain(|id| !left.contains(id) && seen.insert(id.clone()));
+        let mut seen = HashSet::new();
+        settled.left.retain(|id| seen.insert(id.clone()));
         settled
     }
 
@@ -176,18 +233,20 @@ impl PagePlan {
             Some(watermark) => moved
                 .iter()
                 .filter_map(|id| self.arrivals.get(*id))
+                .flatten()
                 .filter(|(arrival, _)| *arrival < watermark)
                 .map(|(_, slot)| *slot)
                 .collect(),
             None => Vec::new(),
         };
+        let events_of = |id: &String| self.arrivals.get(id).map_or(1, Vec::len);
         PageOutcome {
-            moved: moved.len(),
-            failed: self.stuck + left.len(),
+            moved: moved.iter().map(|id| events_of(id)).sum(),
+            failed: self.stuck + left.iter().map(events_of).sum::<usize>(),
             quarantined: self.quarantined,
             late: late.len(),
             first_late_slot: late.iter().min().copied(),
-            oldest_left: left.iter().filter_map(|id| self.arrivals.get(id)).map(|(arrival, _)| *arrival).min(),
+            oldest_left: left.iter().filter_map(|id| self.arrivals.get(id)).flatten().map(|(arrival, _)| *arrival).min(),
         }
     }
 }
@@ -218,12 +277,13 @@ mod tests {
             data,
             encoding,
             buffered_at: Some(buffered_at),
+            count: None,
         }
         .to_item()
     }
 
     fn moving() -> Moving {
-        Moving { time_unit_ms: 1000, retention_days: None, now_ms: T + 10_000 }
+        Moving { time_unit_ms: 1000, retention_days: None, now_ms: T + 10_000, slot_subkeys: 1 }
     }
 
     fn keys(plan: &PagePlan) -> Vec<TableKey> {
@@ -266,6 +326,54 @@ mod tests {
         assert_eq!((outcome.moved, outcome.failed, outcome.late), (1, 2, 1), "a moved behind the watermark");
         assert_eq!(outcome.first_late_slot, Some(T));
         assert_eq!(outcome.oldest_left, Some(T + 20));
+    }
+
+    /// A buffer chunk of `arrivals` (one shard's events), as the pump writes it.
+    fn chunk(arrivals: &[i64]) -> BufferItem {
+        let events: Vec<crate::chunk::ChunkEvent> = arrivals
+            .iter()
+            .map(|&a| crate::chunk::ChunkEvent {
+                event_id: format!("shardId-000000000000:{a}"),
+                arrival: a,
+                partition_key: "pk".into(),
+                data: br#"{"n":1}"#.to_vec(),
+            })
+            .collect();
+        let packed = crate::chunk::Packed { bytes: crate::chunk::pack(&events).unwrap(), events };
+        BufferItem::chunk("arn", &packed, T).unwrap()
+    }
+
+    #[test]
+    fn a_chunk_of_one_slot_moves_as_it_is_and_one_across_slots_is_cut_and_leaves_only_whole() {
+        let one = chunk(&[T + 1, T + 2, T + 3]);
+        let (chunks, places) = event_chunks(&one, moving()).unwrap();
+        assert_eq!((chunks.len(), places.len()), (1, 3));
+        assert_eq!(chunks[0].bytes, one.data, "the pump's bytes, not packed again");
+        assert_eq!(chunks[0].storage_slot, T);
+
+        let across = chunk(&[T + 998, T + 999, T + 1_000, T + 1_001]);
+        let eight = Moving { slot_subkeys: 8, ..moving() };
+        let (chunks, _) = event_chunks(&across, eight).unwrap();
+        let slots: Vec<i64> = chunks.iter().map(|c| c.storage_slot / 1000 * 1000).collect();
+        assert_eq!(slots, vec![T, T + 1_000]);
+        assert!(chunks.iter().all(|c| c.count == 2 && c.storage_slot % 1000 < 8));
+
+        let mut plan = PagePlan::new(vec![across.to_item()], eight, &BTreeSet::new());
+        let keys = keys(&plan);
+        assert!(keys.contains(&TableKey::SlotIndex(T)) && keys.contains(&TableKey::SlotIndex(T + 1_000)));
+        let index: Vec<String> = plan
+            .writes
+            .iter()
+            .filter(|(k, _)| matches!(k, TableKey::SlotIndex(_)))
+            .map(|(_, w)| w.put_request().unwrap().item()["sort_key"].as_s().unwrap().clone())
+            .collect();
+        assert!(index.iter().all(|k| k.ends_with("#8")), "{index:?}");
+        let second = keys.iter().find(|k| matches!(k, TableKey::Event { slot, .. } if *slot >= T + 1_000)).unwrap().clone();
+        let settled = plan.settle(&[second]);
+        assert!(settled.delete.is_empty(), "half written: the buffer chunk stays");
+        assert_eq!(settled.left, vec![across.id.clone()]);
+        let outcome = plan.outcome(settled, &[], None);
+        assert_eq!((outcome.moved, outcome.failed, outcome.oldest_left), (0, 4, Some(T + 998)));
     }
 
     #[test]

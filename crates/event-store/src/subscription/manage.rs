@@ -10,7 +10,9 @@ use super::store::{self, Parked};
 use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::error::{Error, Result};
-use crate::event_item::{self, EventItem};
+use crate::bookkeeping::slot_index::{read_index, SlotRef};
+use crate::playback::reader::Reader;
+use crate::playback::Window;
 use crate::playback::PlayedEvent;
 use crate::time::now_ms;
 
@@ -141,26 +143,22 @@ impl Subscriptions {
 
     /// A parked event, read from the event table, as it is delivered.
     async fn parked_delivery(&self, name: &str, parked: &Parked) -> Result<Delivery> {
-        let key = std::collections::HashMap::from([
-            (event_item::HASH_KEY.to_owned(), aws_sdk_dynamodb::types::AttributeValue::N(parked.slot.to_string())),
-            (
-                event_item::RANGE_KEY.to_owned(),
-                aws_sdk_dynamodb::types::AttributeValue::S(parked.event_sort_key.clone()),
-            ),
-        ]);
-        let out = self
-            .dynamo
-            .get_item()
-            .table_name(&self.config.event_table)
-            .set_key(Some(key))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("GetItem", e))?;
-        let item = out
-            .item()
+        let config = &self.config;
+        let (slots, _) = read_index(&self.dynamo, &config.event_table, parked.slot, parked.slot + 1).await?;
+        let slot = slots.into_iter().find(|s| s.slot == parked.slot).unwrap_or(SlotRef::single(parked.slot));
+        let window = Window { start: parked.slot, end: parked.slot + config.time_unit_ms as i64 };
+        let reader = Reader {
+            dynamo: &self.dynamo,
+            table: &config.event_table,
+            time_unit_ms: config.time_unit_ms,
+            page_items: config.page_items,
+            dedupe_window_ms: config.dedupe_window_ms,
+            window: &window,
+        };
+        let event = reader
+            .event_at(slot, &parked.event_sort_key)
+            .await?
             .ok_or_else(|| Error::Malformed(format!("parked event {} is not in the event table", parked.event_id)))?;
-        let event = EventItem::from_item(item.clone())?;
         let bytes = event.bytes()?;
         let json = serde_json::from_slice(&bytes).ok();
         let delivered = DeliveredEvent {

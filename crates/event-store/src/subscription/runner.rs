@@ -267,7 +267,7 @@ impl Runner<'_> {
         // Where to start within a slot is in the position (`after`), not in the window.
         let window = Window { start: 0, end: sealed_end };
         let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, sealed_end).await?;
-        slots.retain(|slot| *slot >= self.position.slot);
+        slots.retain(|s| s.slot >= self.position.slot);
         self.summary.queries += index_queries;
         let reader = Reader {
             dynamo,
@@ -284,7 +284,7 @@ impl Runner<'_> {
             let mut rx = rx;
             while let Some(page) = rx.recv().await {
                 let page = page?;
-                self.summary.queries += 1;
+                self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
                 for event in page.events {
                     self.queue(event)?;
