@@ -226,11 +226,18 @@ async fn bench_payload(
 
     // The raw baselines first, on their own tables: the same items and records, tight loops.
     let now = event_store::time::now_ms();
-    let buffer_items = batches
-        .iter()
-        .flat_map(|b| &b.records)
-        .map(|r| event_store::buffer_item::BufferItem::from_kinesis(r, now).map(|b| b.to_item()))
-        .collect::<event_store::Result<Vec<_>>>()?;
+    // The pump's own chunks of each batch (one shard each), as it writes them.
+    let mut buffer_items = Vec::new();
+    for batch in &batches {
+        let events = batch
+            .records
+            .iter()
+            .map(|r| event_store::pump::chunk_event(r, r.kinesis.approximate_arrival_timestamp.timestamp_millis()))
+            .collect::<event_store::Result<Vec<_>>>()?;
+        let (chunks, failed) = event_store::pump::buffer_chunks(arn, events, 1000, now);
+        anyhow::ensure!(failed.is_empty(), "records not packed");
+        buffer_items.extend(chunks.into_iter().map(|(item, _)| item.to_item()));
+    }
     let slots: Vec<i64> = {
         let set: std::collections::BTreeSet<i64> = (0..events as i64).map(|i| (t0 + i) / 1000 * 1000).collect();
         set.into_iter().collect()
@@ -384,6 +391,7 @@ fn uncompressed_write_units(events: usize, size: usize, t0: i64) -> Result<f64> 
             data: payload(i, size),
             encoding: None,
             buffered_at: Some(arrival),
+            count: None,
         };
         let event = EventItem::from_buffer(&buffered, 1000)?.moved(arrival);
         total += 2.0 * kb(item_size(&buffered.to_item())) + kb(item_size(&event.to_item()));

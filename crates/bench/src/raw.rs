@@ -12,10 +12,12 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRe
 use event_store::batch::{DYNAMO_BATCH_ITEMS, KINESIS_BATCH_RECORDS};
 use event_store::bookkeeping::slot_index::index_item;
 use event_store::buffer_item::{self, BufferItem};
+use event_store::chunk::decode_item;
 use event_store::dynamo::send_batch_write;
-use event_store::event_item::{self, EventItem};
+use event_store::event_item;
 use event_store::kinesis::{send_put_records, OutgoingRecord, RecordResult};
 use event_store::playback::PlayedEvent;
+use event_store::scan::plan::{event_chunks, Moving};
 use futures::StreamExt;
 
 use crate::CONCURRENCY;
@@ -81,19 +83,24 @@ pub async fn scan(dynamo: &aws_sdk_dynamodb::Client, buffer: &str, events: &str,
     let mut puts = Vec::new();
     let mut slots = std::collections::BTreeSet::new();
     let mut deletes = Vec::new();
+    let moving = Moving { time_unit_ms: 1000, retention_days: None, now_ms: now, slot_subkeys: 1 };
+    let mut moved = 0;
     for attributes in &items {
         let buffered = BufferItem::from_item(attributes.clone())?;
-        let event = EventItem::from_buffer(&buffered, 1000)?.moved(now);
-        slots.insert(event.slot);
-        puts.push(event.to_item());
+        let (chunks, places) = event_chunks(&buffered, moving)?;
+        moved += places.len();
+        for chunk in chunks {
+            slots.insert(chunk.storage_slot);
+            puts.push(chunk.to_item());
+        }
         let delete = DeleteRequest::builder().set_key(Some(BufferItem::key_of(&buffered.id))).build()?;
         deletes.push(WriteRequest::builder().delete_request(delete).build());
     }
-    puts.extend(slots.into_iter().map(index_item));
+    puts.extend(slots.into_iter().map(|slot| index_item(slot, 1)));
     put_items(dynamo, events, puts).await?;
     batch_write(dynamo, buffer, deletes).await?;
     anyhow::ensure!(!items.is_empty() && items.iter().all(|i| i.contains_key(buffer_item::HASH_KEY)));
-    Ok(items.len() as f64 / started.elapsed().as_secs_f64().max(1e-9))
+    Ok(moved as f64 / started.elapsed().as_secs_f64().max(1e-9))
 }
 
 /// Every event of `slot`, its pages one after the other.
@@ -133,8 +140,9 @@ pub async fn playback(
     let pages: Vec<Result<Vec<Item>>> =
         futures::stream::iter(slots).map(|slot| query_slot(dynamo, table, slot)).buffered(CONCURRENCY).collect().await;
     let mut records = Vec::new();
-    for item in pages.into_iter().collect::<Result<Vec<_>>>()?.into_iter().flatten() {
-        let event = EventItem::from_item(item)?;
+    let decoded =
+        pages.into_iter().collect::<Result<Vec<_>>>()?.into_iter().flatten().map(|item| decode_item(0, &item));
+    for event in decoded.map(|d| d.events).collect::<event_store::Result<Vec<_>>>()?.into_iter().flatten() {
         let bytes = event.bytes()?;
         let json = serde_json::from_slice(&bytes).ok();
         let data = serde_json::to_vec(&PlayedEvent::new(&event, json, &bytes, records.len() as u64))?;

@@ -173,7 +173,11 @@ pub fn pack_to_fit(events: Vec<ChunkEvent>, max_bytes: usize) -> Vec<std::result
     out
 }
 
-fn pack_group(events: Vec<ChunkEvent>, max_bytes: usize, out: &mut Vec<std::result::Result<Packed, (ChunkEvent, Error)>>) {
+fn pack_group(
+    events: Vec<ChunkEvent>,
+    max_bytes: usize,
+    out: &mut Vec<std::result::Result<Packed, (ChunkEvent, Error)>>,
+) {
     let packed = pack(&events);
     let limit = if events.len() == 1 { max_bytes.max(MAX_LONE_EVENT_BYTES) } else { max_bytes };
     match packed {
@@ -192,7 +196,10 @@ fn pack_group(events: Vec<ChunkEvent>, max_bytes: usize, out: &mut Vec<std::resu
         Ok(bytes) => {
             let size = bytes.len();
             let event = events.into_iter().next().expect("one event");
-            out.push(Err((event, Error::Malformed(format!("an event of {size} bytes compressed is too large for a DynamoDB item")))))
+            out.push(Err((
+                event,
+                Error::Malformed(format!("an event of {size} bytes compressed is too large for a DynamoDB item")),
+            )))
         }
         Err(err) => {
             for event in events {
@@ -303,7 +310,9 @@ pub fn decode_item(slot: i64, item: &HashMap<String, AttributeValue>) -> Decoded
     let encoding = item.get("encoding").and_then(|v| v.as_s().ok()).map(String::as_str);
     let events = if encoding == Some(CHUNK) {
         match item.get("data").and_then(|v| v.as_b().ok()) {
-            Some(data) => unpack(data.as_ref()).map(|events| events.into_iter().map(|e| e.into_event_item(slot)).collect()),
+            Some(data) => {
+                unpack(data.as_ref()).map(|events| events.into_iter().map(|e| e.into_event_item(slot)).collect())
+            }
             None => Err(Error::Malformed(format!("chunk {sort_key} has no data"))),
         }
     } else {
@@ -419,9 +428,8 @@ mod tests {
     #[test]
     fn large_batches_are_cut_into_chunks_that_fit_in_order_and_a_lone_giant_is_refused() {
         let mut rng = fastrand::Rng::with_seed(3);
-        let events: Vec<ChunkEvent> = (0..200)
-            .map(|n| ChunkEvent { data: (0..2_000).map(|_| rng.u8(..)).collect(), ..event(n) })
-            .collect();
+        let events: Vec<ChunkEvent> =
+            (0..200).map(|n| ChunkEvent { data: (0..2_000).map(|_| rng.u8(..)).collect(), ..event(n) }).collect();
         let packed = pack_to_fit(events.clone(), 100_000);
         let chunks: Vec<Packed> = packed.into_iter().map(|p| p.unwrap()).collect();
         assert!(chunks.len() >= 4, "400 KB of noise in 100 KB chunks: {}", chunks.len());

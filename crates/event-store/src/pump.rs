@@ -148,26 +148,8 @@ impl Pump {
             }
         }
         let arn = records.first().and_then(|r| r.event_source_arn.clone()).unwrap_or_default();
-        let mut items = Vec::new();
-        let mut not_done: Vec<String> = Vec::new();
-        for run in slot_runs(events, self.config.time_unit_ms) {
-            for packed in pack_to_fit(run, MAX_CHUNK_BYTES) {
-                // Every event fits alone (checked above), so a chunk never fails to pack but for a defect.
-                let packed = match packed {
-                    Ok(packed) => packed,
-                    Err((event, err)) => {
-                        error!(error = %err, event_id = event.event_id, "record not packed: delivered again");
-                        not_done.push(sequence_of(&event.event_id));
-                        continue;
-                    }
-                };
-                let sequences: Vec<String> = packed.events.iter().map(|e| sequence_of(&e.event_id)).collect();
-                match BufferItem::chunk(&arn, &packed, now) {
-                    Some(item) => items.push((item.id.clone(), sequences, item.to_item())),
-                    None => not_done.extend(sequences),
-                }
-            }
-        }
+        let (chunks, mut not_done) = buffer_chunks(&arn, events, self.config.time_unit_ms, now);
+        let items = chunks.into_iter().map(|(item, sequences)| (item.id.clone(), sequences, item.to_item()));
         let puts = keyed_puts(items);
         let buffer = Table { name: &self.config.buffer_table, key: crate::buffer_item::KEY };
         let unwritten = write_all(&self.dynamo, buffer, puts.requests, &self.backoff, None).await;
@@ -256,8 +238,9 @@ impl Pump {
 /// One record as a chunk's event with its stored arrival, unless it is
 /// malformed or too large for an item even alone and compressed (with room
 /// for what the event item adds, so whatever is buffered can always be moved on).
-fn chunk_event(record: &KinesisEventRecord, arrival: i64) -> Result<ChunkEvent> {
-    let event_id = record.event_id.as_deref().ok_or_else(|| Error::Malformed("kinesis record without eventID".into()))?;
+pub fn chunk_event(record: &KinesisEventRecord, arrival: i64) -> Result<ChunkEvent> {
+    let event_id =
+        record.event_id.as_deref().ok_or_else(|| Error::Malformed("kinesis record without eventID".into()))?;
     if record.event_source_arn.is_none() {
         return Err(Error::Malformed("kinesis record without eventSourceARN".into()));
     }
@@ -272,10 +255,43 @@ fn chunk_event(record: &KinesisEventRecord, arrival: i64) -> Result<ChunkEvent> 
         let packed = crate::chunk::pack(std::slice::from_ref(&event))?;
         let size = packed.len() + event.event_id.len();
         if size + ITEM_HEADROOM > MAX_ITEM_BYTES {
-            return Err(Error::Malformed(format!("record of {size} bytes compressed is too large for a DynamoDB item")));
+            return Err(Error::Malformed(format!(
+                "record of {size} bytes compressed is too large for a DynamoDB item"
+            )));
         }
     }
     Ok(event)
+}
+
+/// The buffer items of one shard's events (in order): one chunk per run of
+/// one slot, cut to fit an item, each with the sequence numbers it holds;
+/// and the sequence numbers of events that could not be packed (none, but
+/// for a defect: every event was checked to fit alone).
+pub fn buffer_chunks(
+    event_source_arn: &str,
+    events: Vec<ChunkEvent>,
+    time_unit_ms: u64,
+    now_ms: i64,
+) -> (Vec<(BufferItem, Vec<String>)>, Vec<String>) {
+    let (mut items, mut failed) = (Vec::new(), Vec::new());
+    for run in slot_runs(events, time_unit_ms) {
+        for packed in pack_to_fit(run, MAX_CHUNK_BYTES) {
+            let packed = match packed {
+                Ok(packed) => packed,
+                Err((event, err)) => {
+                    error!(error = %err, event_id = event.event_id, "record not packed: delivered again");
+                    failed.push(sequence_of(&event.event_id));
+                    continue;
+                }
+            };
+            let sequences: Vec<String> = packed.events.iter().map(|e| sequence_of(&e.event_id)).collect();
+            match BufferItem::chunk(event_source_arn, &packed, now_ms) {
+                Some(item) => items.push((item, sequences)),
+                None => failed.extend(sequences),
+            }
+        }
+    }
+    (items, failed)
 }
 
 /// The sequence number of a Kinesis event id (`shardId-…:<sequence>`).

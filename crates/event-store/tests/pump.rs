@@ -6,21 +6,32 @@ mod common;
 use std::collections::HashMap;
 
 use common::{kinesis_event, sample_event, TestEnv};
-use event_store::buffer_item::{buffer_key, BufferItem};
+use event_store::buffer_item::BufferItem;
+use event_store::chunk::ChunkEvent;
 use event_store::config::PumpConfig;
 use event_store::pump::Pump;
 
 fn pump(env: &TestEnv, table: &str) -> Pump {
-    Pump::new(env.dynamo.clone(), PumpConfig::new(table.into(), env.names.event_table.clone()))
+    Pump::new(env.dynamo.clone(), PumpConfig::new(table, env.names.event_table.clone()))
 }
 
-async fn buffer(env: &TestEnv) -> HashMap<String, BufferItem> {
+/// The buffer table's items (chunks), by id.
+async fn buffer_items(env: &TestEnv) -> HashMap<String, BufferItem> {
     env.scan_table(&env.names.buffer_table)
         .await
         .into_iter()
         .map(|item| BufferItem::from_item(item).unwrap())
         .map(|b| (b.id.clone(), b))
         .collect()
+}
+
+/// The records the buffer holds, by Kinesis event id (a record held twice would be one entry: counted by `buffered_count`).
+async fn buffer(env: &TestEnv) -> HashMap<String, ChunkEvent> {
+    let events: Vec<ChunkEvent> = buffer_items(env).await.into_values().flat_map(|b| b.events().unwrap()).collect();
+    let count = events.len();
+    let by_id: HashMap<String, ChunkEvent> = events.into_iter().map(|e| (e.event_id.clone(), e)).collect();
+    assert_eq!(by_id.len(), count, "a record buffered twice");
+    by_id
 }
 
 /// Puts `n` records `{"n": i}` on the event stream in one request, under `keys` partition keys `user-<i % keys>`.
@@ -54,15 +65,18 @@ async fn records_from_the_stream_are_buffered_once_even_when_redelivered() {
     for batch in &batches {
         assert!(pump.handle(batch.clone()).await.batch_item_failures.is_empty());
     }
-    let first = buffer(&env).await;
-    assert_eq!(first.len(), 60);
+    let events = buffer(&env).await;
+    assert_eq!(events.len(), 60);
     for record in batches.iter().flat_map(|b| &b.records) {
-        let key = buffer_key(&arn, record.event_id.as_deref().unwrap());
-        let item = &first[&key];
-        assert_eq!(item.raw_data().unwrap(), record.kinesis.data.0, "raw bytes, not base64 text");
-        assert_eq!(item.partition_key, record.kinesis.partition_key);
-        assert_eq!(item.arrival, record.kinesis.approximate_arrival_timestamp.timestamp_millis());
+        let event = &events[record.event_id.as_deref().unwrap()];
+        assert_eq!(event.data, record.kinesis.data.0, "raw bytes, not base64 text");
+        assert_eq!(event.partition_key, record.kinesis.partition_key);
+        assert_eq!(event.arrival, record.kinesis.approximate_arrival_timestamp.timestamp_millis());
     }
+    let first = buffer_items(&env).await;
+    assert!(first.len() < 60, "packed: {} items for 60 records", first.len());
+    assert!(first.values().all(|b| b.id.len() == 64 && b.count.is_some()), "chunks under sha256 keys");
+    let _ = arn;
 
     // The event source retries a whole batch (and a bisected half of it): same keys, no new items.
     for batch in &batches {
@@ -75,7 +89,7 @@ async fn records_from_the_stream_are_buffered_once_even_when_redelivered() {
     let unstamped = |items: HashMap<String, BufferItem>| -> HashMap<String, BufferItem> {
         items.into_iter().map(|(k, b)| (k, BufferItem { buffered_at: None, ..b })).collect()
     };
-    assert_eq!(unstamped(buffer(&env).await), unstamped(first), "redelivery overwrote, did not duplicate");
+    assert_eq!(unstamped(buffer_items(&env).await), unstamped(first), "redelivery overwrote, did not duplicate");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -86,14 +100,14 @@ async fn sample_event_is_buffered_with_json_and_binary_data() {
     let response = pump(&env, &env.names.buffer_table).handle(event).await;
     assert!(response.batch_item_failures.is_empty());
     let items = buffer(&env).await;
-    let mut data: Vec<Vec<u8>> = items.values().map(|b| b.raw_data().unwrap()).collect();
+    let mut data: Vec<Vec<u8>> = items.values().map(|e| e.data.clone()).collect();
     data.sort();
     assert_eq!(data, vec![b"\x00\xff\x10not json".to_vec(), br#"{"id":"1b4e8c60","path":"/track.gif"}"#.to_vec()]);
     assert!(items.values().all(|b| b.arrival == 1_793_512_724_123 || b.arrival == 1_793_512_724_456));
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_batch_of_500_costs_one_request_per_20_events_and_two_for_the_shard_position() {
+async fn a_batch_of_500_is_packed_into_one_chunk_one_request_and_two_for_the_shard_position() {
     let env = TestEnv::start(1).await;
     let records: Vec<_> =
         (0..500).map(|i| (format!("pk-{}", i % 10), vec![b'x'; 200], 1_795_327_124_000 + i)).collect();
@@ -104,8 +118,9 @@ async fn a_batch_of_500_costs_one_request_per_20_events_and_two_for_the_shard_po
     common::assert_only_declared_actions(&env.counter, event_store::pump::AWS_ACTIONS);
     println!("pump: {requests} DynamoDB requests for 500 events = {:.3} per event", requests as f64 / 500.0);
     assert_eq!(buffer(&env).await.len(), 500);
-    // 25 BatchWriteItem, and the shard position read and moved once per batch.
-    assert!(requests <= 500 / 20 + 2, "{requests} requests");
+    assert_eq!(buffer_items(&env).await.len(), 1, "one shard, one slot: one chunk");
+    // One BatchWriteItem, and the shard position read and moved once per batch.
+    assert!(requests <= 3, "{requests} requests");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -173,7 +188,7 @@ async fn arrivals_never_decrease_along_a_shard_even_across_batches() {
     let by_sequence: HashMap<String, i64> = buffer(&env)
         .await
         .into_values()
-        .map(|b| (b.event_id.rsplit_once(':').unwrap().1.to_owned(), b.arrival))
+        .map(|e| (e.event_id.rsplit_once(':').unwrap().1.to_owned(), e.arrival))
         .collect();
     let stored: Vec<i64> = sequences.iter().map(|s| by_sequence[s] - t).collect();
     assert_eq!(stored, vec![1_000, 1_000, 1_010, 1_020, 1_020], "stored order is sequence order");
@@ -252,10 +267,25 @@ async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
 #[tokio::test(flavor = "multi_thread")]
 async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late() {
     let env = TestEnv::start(1).await;
-    put_on_event_stream(&env, 60, 3).await;
+    // One record a request, so that (with 1 ms slots in the pump) each is a chunk of its own, and
+    // 60 chunks take three BatchWriteItem requests.
+    for i in 0..60 {
+        let data = aws_sdk_kinesis::primitives::Blob::new(format!("{{\"n\":{i}}}"));
+        let put = env.kinesis.put_record().stream_name(&env.names.event_stream);
+        put.partition_key(format!("user-{}", i % 3)).data(data).send().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     let delivered = env.event_source_batches().await.remove(0);
     let arn = env.stream_arn(&env.names.event_stream).await;
-    let first_key = buffer_key(&arn, delivered.records[0].event_id.as_deref().unwrap());
+    let events = delivered
+        .records
+        .iter()
+        .map(|r| event_store::pump::chunk_event(r, r.kinesis.approximate_arrival_timestamp.timestamp_millis()))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let (chunks, _) = event_store::pump::buffer_chunks(&arn, events, 1, 0);
+    assert_eq!(chunks.len(), 60, "arrivals a millisecond apart at least");
+    let first_key = chunks[0].0.id.clone();
     // The request holding the first record fails: the other 35 records are written, all 60 are redelivered.
     let failing = aws_sdk_dynamodb::Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&env.sdk)
@@ -264,8 +294,10 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
             }))
             .build(),
     );
-    let config =
-        PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone());
+    let config = PumpConfig {
+        time_unit_ms: 1,
+        ..PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone())
+    };
     let fast = event_store::batch::Backoff {
         base: std::time::Duration::from_millis(1),
         cap: std::time::Duration::from_millis(2),
@@ -283,7 +315,11 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
     let first: Vec<_> = scan().await.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(first.iter().map(|s| s.moved).sum::<usize>(), 35, "the records after the failure are moved");
     // The event source delivers the batch again; this time it is written, then moved.
-    assert!(pump(&env, &env.names.buffer_table).handle(delivered).await.batch_item_failures.is_empty());
+    let config = PumpConfig {
+        time_unit_ms: 1,
+        ..PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone())
+    };
+    assert!(Pump::new(env.dynamo.clone(), config).handle(delivered).await.batch_item_failures.is_empty());
     let second: Vec<_> = scan().await.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(second.iter().map(|s| s.moved).sum::<usize>(), 60);
     assert_eq!(first.iter().chain(&second).map(|s| s.late).sum::<usize>(), 0, "nothing counted late");

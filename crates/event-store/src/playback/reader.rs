@@ -222,10 +222,7 @@ impl<'a> SlotRead<'a> {
         }
     }
 
-    async fn query_source(
-        &self,
-        source: usize,
-    ) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<String>)> {
+    async fn query_source(&self, source: usize) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<String>)> {
         let slot = self.slot.slot;
         let storage = slot + source as i64;
         let from = sort_key_floor(slot);
@@ -236,7 +233,12 @@ impl<'a> SlotRead<'a> {
         self.reader.query(storage, (&from, &to), after, start).await
     }
 
-    fn add(&mut self, source: usize, (items, last_key): (Vec<HashMap<String, AttributeValue>>, Option<String>), page: &mut Page) {
+    fn add(
+        &mut self,
+        source: usize,
+        (items, last_key): (Vec<HashMap<String, AttributeValue>>, Option<String>),
+        page: &mut Page,
+    ) {
         page.queries += 1;
         let mut events = Vec::new();
         for item in &items {

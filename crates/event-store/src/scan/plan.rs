@@ -24,10 +24,7 @@ use crate::time::slot_of;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TableKey {
     /// A chunk: `slot` is where it is stored (the slot plus its sub-key).
-    Event {
-        slot: i64,
-        sort_key: String,
-    },
+    Event { slot: i64, sort_key: String },
     /// The quarantine partition, keyed by buffer id.
     Quarantine(String),
     /// The slot index entry of a slot.
@@ -246,7 +243,12 @@ impl PagePlan {
             quarantined: self.quarantined,
             late: late.len(),
             first_late_slot: late.iter().min().copied(),
-            oldest_left: left.iter().filter_map(|id| self.arrivals.get(id)).flatten().map(|(arrival, _)| *arrival).min(),
+            oldest_left: left
+                .iter()
+                .filter_map(|id| self.arrivals.get(id))
+                .flatten()
+                .map(|(arrival, _)| *arrival)
+                .min(),
         }
     }
 }
@@ -368,7 +370,8 @@ mod tests {
             .map(|(_, w)| w.put_request().unwrap().item()["sort_key"].as_s().unwrap().clone())
             .collect();
         assert!(index.iter().all(|k| k.ends_with("#8")), "{index:?}");
-        let second = keys.iter().find(|k| matches!(k, TableKey::Event { slot, .. } if *slot >= T + 1_000)).unwrap().clone();
+        let second =
+            keys.iter().find(|k| matches!(k, TableKey::Event { slot, .. } if *slot >= T + 1_000)).unwrap().clone();
         let settled = plan.settle(&[second]);
         assert!(settled.delete.is_empty(), "half written: the buffer chunk stays");
         assert_eq!(settled.left, vec![across.id.clone()]);

@@ -9,11 +9,11 @@ use super::spec::{self, NewSubscription, State, Target};
 use super::store::{self, Parked};
 use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
-use crate::error::{Error, Result};
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
+use crate::error::{Error, Result};
 use crate::playback::reader::Reader;
-use crate::playback::Window;
 use crate::playback::PlayedEvent;
+use crate::playback::Window;
 use crate::time::now_ms;
 
 /// A management request.
