@@ -414,7 +414,14 @@ async fn an_unavailable_target_holds_the_partition_and_nothing_is_skipped() {
 async fn what_an_earlier_subscription_of_the_name_left_is_not_taken_and_unreadable_events_are_parked() {
     let env = TestEnv::start(1).await;
     let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
-    stored_events(&env, 0..100, 5, T0, 1_000).await;
+    // One record a batch: each event a chunk of its own, so one unreadable chunk is one event.
+    let records: Vec<_> = (0..100)
+        .map(|i| {
+            (format!("user-{}", i % 5), json!({"n": i, "pad": "x".repeat(50)}).to_string().into_bytes(), T0 + i * 10)
+        })
+        .collect();
+    common::buffer_one_by_one(&env, &records).await;
+    scan_pass(&env).await;
     let create = json!({"action": "create", "name": "again", "start": format_ms(T0), "target": {"lambda": CONSUMER}});
     manage(&env, &target, create.clone()).await.unwrap();
     assert_eq!(tick(&env, &target, runs::subscription_config(&env.names)).await[0].delivered, 100);
@@ -426,12 +433,15 @@ async fn what_an_earlier_subscription_of_the_name_left_is_not_taken_and_unreadab
         .send()
         .await
         .unwrap();
-    // One event of the table can no longer be decoded (an encoding nobody knows).
+    // One chunk of the table can no longer be decoded (an encoding nobody knows).
     let mut items = env.scan_table(&env.names.event_table).await;
-    items.retain(|i| i["slot"].as_n().unwrap() != "-2" && i["partition_key"].as_s().unwrap() == "user-3");
+    items.retain(|i| {
+        i["slot"].as_n().unwrap() != "-2"
+            && event_store::chunk::decode_item(T0, i).events.unwrap()[0].partition_key == "user-3"
+    });
     let mut broken = items.swap_remove(0);
     broken.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("lz77000".into()));
-    let broken_id = broken["event_id"].as_s().unwrap().clone();
+    let broken_id = format!("chunk {}", broken["sort_key"].as_s().unwrap());
     env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(broken)).send().await.unwrap();
     // The same name again, from the same start: all of it again, from its own start.
     manage(&env, &target, create).await.unwrap();

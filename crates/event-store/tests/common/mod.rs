@@ -225,6 +225,43 @@ pub async fn buffer_through_pump(env: &TestEnv, records: &[(String, Vec<u8>, i64
     }
 }
 
+/// Puts `records` (arrivals a millisecond apart at least) into the buffer
+/// table through the real pump grouping by 1 ms slots: each event a chunk of
+/// its own, many small items (for tests of paging, which count items).
+pub async fn buffer_one_by_one(env: &TestEnv, records: &[(String, Vec<u8>, i64)]) {
+    use event_store::config::PumpConfig;
+    assert!(records.windows(2).all(|w| w[0].2 < w[1].2), "arrivals must differ");
+    let config = PumpConfig { time_unit_ms: 1, ..PumpConfig::new(&env.names.buffer_table, &env.names.event_table) };
+    let pump = event_store::pump::Pump::new(env.dynamo.clone(), config);
+    for chunk in records.chunks(500) {
+        let event = kinesis_event(TEST_ARN, chunk);
+        assert!(pump.handle(event).await.batch_item_failures.is_empty());
+    }
+}
+
+/// The events the event table holds (chunks decoded; not the bookkeeping or
+/// quarantine partitions), each with its slot.
+pub async fn stored_events(env: &TestEnv) -> Vec<event_store::event_item::EventItem> {
+    env.scan_table(&env.names.event_table)
+        .await
+        .into_iter()
+        .filter_map(|item| {
+            let storage: i64 = item["slot"].as_n().ok()?.parse().ok()?;
+            (storage >= 0).then(|| event_store::chunk::decode_item(storage - storage.rem_euclid(1000), &item))
+        })
+        .flat_map(|decoded| decoded.events.expect("a readable item"))
+        .collect()
+}
+
+/// How many records the buffer table holds (in all its chunks).
+pub async fn buffered_events(env: &TestEnv) -> usize {
+    env.scan_table(&env.names.buffer_table)
+        .await
+        .into_iter()
+        .map(|item| event_store::buffer_item::BufferItem::from_item(item).unwrap().events().unwrap().len())
+        .sum()
+}
+
 /// Every AWS operation counted so far is one the stage declares in its
 /// `AWS_ACTIONS` (which the template grants): the declaration is checked
 /// against what the code really calls.
