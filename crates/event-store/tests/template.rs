@@ -205,6 +205,15 @@ fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
     assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::config::MAX_EVENT_BYTES_LIMIT as u64));
     let env = &template["Resources"]["LoadFunction"]["Properties"]["Environment"]["Variables"];
     assert!(format!("{:?}", env["MAX_EVENT_BYTES"]).contains("MaxEventBytes"));
+    // The function URL (no route throttling) is off by default, and on, the load function's
+    // reserved concurrency bounds what anonymous callers can spend.
+    assert_eq!(parameters["PixelFunctionUrl"]["Default"].as_str(), Some("off"));
+    for resource in ["LoadFunctionUrl", "LoadFunctionUrlPermission"] {
+        assert_eq!(template["Resources"][resource]["Condition"].as_str(), Some("UseFunctionUrl"), "{resource}");
+    }
+    let reserved = &template["Resources"]["LoadFunction"]["Properties"]["ReservedConcurrentExecutions"];
+    let reserved = format!("{reserved:?}");
+    assert!(reserved.contains("UseFunctionUrl") && reserved.contains("LoadReservedConcurrency"), "{reserved}");
 }
 
 #[test]
