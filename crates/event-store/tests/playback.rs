@@ -881,8 +881,7 @@ async fn old_items_and_chunks_in_one_slot_and_chunks_cut_twice_play_each_event_o
     assert_eq!(stored, 300 + 150 + 60, "the copies are stored (the documented cost of a lost position)");
 
     let summaries =
-        play(&env, config(&env, Some(3)), window(T0, T0 + 2000), || SystemTime::now() + Duration::from_secs(900))
-            .await;
+        play(&env, config(&env, Some(3)), window(T0, T0 + 2000), || SystemTime::now() + Duration::from_secs(900)).await;
     assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 360, "{summaries:?}");
     let mut by_time: Vec<PlayedEvent> = played_events(&env).await;
     by_time.sort_by_key(|e| e.playback_seq);
@@ -905,16 +904,18 @@ async fn old_items_and_chunks_in_one_slot_and_chunks_cut_twice_play_each_event_o
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slot_spread_over_8_sub_keys_plays_back_complete_and_in_order() {
     let env = TestEnv::start(1).await;
-    let records: Vec<_> = (0..600)
-        .map(|n| (format!("user-{}", n % 5), json!({"n": n}).to_string().into_bytes(), T0 + n * 5))
-        .collect();
+    let records: Vec<_> =
+        (0..600).map(|n| (format!("user-{}", n % 5), json!({"n": n}).to_string().into_bytes(), T0 + n * 5)).collect();
     common::buffer_one_by_one(&env, &records).await;
     scan_pass(&env, ScanConfig { slot_subkeys: 8, ..scan_config(&env, 0) }).await;
     let (slots, _) =
         event_store::bookkeeping::slot_index::read_index(&env.dynamo, &env.names.event_table, T0, T0 + 3000)
             .await
             .unwrap();
-    assert_eq!(slots.iter().map(|s| (s.slot, s.subkeys)).collect::<Vec<_>>(), vec![(T0, 8), (T0 + 1000, 8), (T0 + 2000, 8)]);
+    assert_eq!(
+        slots.iter().map(|s| (s.slot, s.subkeys)).collect::<Vec<_>>(),
+        vec![(T0, 8), (T0 + 1000, 8), (T0 + 2000, 8)]
+    );
     let items = env.scan_table(&env.names.event_table).await;
     let subkeys: std::collections::BTreeSet<i64> = items
         .iter()
@@ -924,8 +925,7 @@ async fn a_slot_spread_over_8_sub_keys_plays_back_complete_and_in_order() {
     assert_eq!(subkeys, (T0..T0 + 8).collect(), "all 8 sub-keys of the first slot hold chunks");
 
     let summaries =
-        play(&env, config(&env, Some(7)), window(T0, T0 + 3000), || SystemTime::now() + Duration::from_secs(900))
-            .await;
+        play(&env, config(&env, Some(7)), window(T0, T0 + 3000), || SystemTime::now() + Duration::from_secs(900)).await;
     assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 600);
     assert_played_once_in_order(&env, 600).await;
     let mut events = played_events(&env).await;
