@@ -41,8 +41,11 @@ pub struct Moving {
     pub slot_subkeys: u32,
 }
 
+/// The arrival and slot of each event of a buffer item.
+pub type Places = Vec<(i64, i64)>;
+
 /// The event-table chunks of a buffer item, and the arrival and slot of each of its events.
-pub fn event_chunks(buffer: &BufferItem, moving: Moving) -> Result<(Vec<ChunkItem>, Vec<(i64, i64)>)> {
+pub fn event_chunks(buffer: &BufferItem, moving: Moving) -> Result<(Vec<ChunkItem>, Places)> {
     let events = buffer.events()?;
     let unit = moving.time_unit_ms;
     let places: Vec<(i64, i64)> = events.iter().map(|e| (e.arrival, slot_of(e.arrival, unit))).collect();
