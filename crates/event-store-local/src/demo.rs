@@ -288,10 +288,20 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             .send()
             .await
             .context("scanning the event table")?;
-        for item in page.items() {
-            let Ok(event) = EventItem::from_item(item.clone()) else {
-                continue;
-            };
+        // Events are stored in chunks (one item, many events): each item's events, with its `moved_at`.
+        let events = page
+            .items()
+            .iter()
+            .filter(|i| i.get("slot").and_then(|v| v.as_n().ok()).is_some_and(|n| !n.starts_with('-')))
+            .flat_map(|item| {
+                let moved = item.get("moved_at").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+                let events: Vec<EventItem> = event_store::chunk::decode_item(0, item).events.unwrap_or_default();
+                events.into_iter().map(move |mut e| {
+                    e.moved_at = e.moved_at.or(moved);
+                    e
+                })
+            });
+        for event in events {
             let Some(envelope) = event.json().and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
                 continue;
             };
