@@ -348,8 +348,7 @@ pub struct SlotMerge {
 }
 
 impl SlotMerge {
-    /// A merge over `sources` sources, handing out events in `(after, to]`
-    /// (`from`, a lower bound, is inclusive).
+    /// A merge over `sources` sources, handing out events in `(after, to]`.
     pub fn new(sources: usize, after: Option<String>, to: String) -> Self {
         Self { frontiers: vec![Some(String::new()); sources], pending: Vec::new(), after, to, copies: 0 }
     }

@@ -11,7 +11,6 @@ use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
 use crate::error::{Error, Result};
-use crate::playback::reader::Reader;
 use crate::playback::PlayedEvent;
 use crate::playback::Window;
 use crate::time::now_ms;
@@ -147,18 +146,10 @@ impl Subscriptions {
         let (slots, _) = read_index(&self.dynamo, &config.event_table, parked.slot, parked.slot + 1).await?;
         let slot = slots.into_iter().find(|s| s.slot == parked.slot).unwrap_or(SlotRef::single(parked.slot));
         let window = Window { start: parked.slot, end: parked.slot + config.time_unit_ms as i64 };
-        let reader = Reader {
-            dynamo: &self.dynamo,
-            table: &config.event_table,
-            time_unit_ms: config.time_unit_ms,
-            page_items: config.page_items,
-            dedupe_window_ms: config.dedupe_window_ms,
-            window: &window,
-        };
-        let event = reader
-            .event_at(slot, &parked.event_sort_key)
-            .await?
-            .ok_or_else(|| Error::Malformed(format!("parked event {} is not in the event table", parked.event_id)))?;
+        let event =
+            self.reader(&window).event_at(slot, &parked.event_sort_key).await?.ok_or_else(|| {
+                Error::Malformed(format!("parked event {} is not in the event table", parked.event_id))
+            })?;
         let bytes = event.bytes()?;
         let json = serde_json::from_slice(&bytes).ok();
         let delivered = DeliveredEvent {

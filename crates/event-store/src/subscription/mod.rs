@@ -148,6 +148,18 @@ pub fn status(
 }
 
 impl Subscriptions {
+    /// A reader of the event table within `window`, with this function's settings.
+    pub(crate) fn reader<'w>(&'w self, window: &'w crate::playback::Window) -> crate::playback::reader::Reader<'w> {
+        crate::playback::reader::Reader {
+            dynamo: &self.dynamo,
+            table: &self.config.event_table,
+            time_unit_ms: self.config.time_unit_ms,
+            page_items: self.config.page_items,
+            dedupe_window_ms: self.config.dedupe_window_ms,
+            window,
+        }
+    }
+
     /// `lambda` invokes targets; `invoker` starts runners (this function itself).
     pub fn new(
         dynamo: aws_sdk_dynamodb::Client,

@@ -23,7 +23,7 @@ use crate::dedupe::RecentIds;
 use crate::error::{Error, Result};
 use crate::event_item::{sort_key_floor, EventItem};
 use crate::invoke::continue_with;
-use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
+use crate::playback::reader::{Page, PAGES_AHEAD};
 use crate::playback::record::fits_one_record;
 use crate::playback::{Checkpoint, PlayedEvent, Window};
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
@@ -236,18 +236,6 @@ impl Runner<'_> {
         self.subs.config.time_unit_ms as i64
     }
 
-    fn reader<'w>(&'w self, window: &'w Window) -> Reader<'w> {
-        let config = &self.subs.config;
-        Reader {
-            dynamo: &self.subs.dynamo,
-            table: &config.event_table,
-            time_unit_ms: config.time_unit_ms,
-            page_items: config.page_items,
-            dedupe_window_ms: config.dedupe_window_ms,
-            window,
-        }
-    }
-
     /// The envelope ids delivered just before the position.
     async fn recent_ids(&mut self) -> Result<RecentIds> {
         let lookback = self.position.lookback(0, self.subs.config.dedupe_window_ms);
@@ -255,7 +243,7 @@ impl Runner<'_> {
         let (slots, queries) =
             read_index(&self.subs.dynamo, &self.subs.config.event_table, from, self.position.slot + 1).await?;
         let window = Window { start: lookback.from_ms, end: self.position.slot + self.unit() };
-        let (recent, lookback_queries) = self.reader(&window).recent_ids(&slots, &lookback).await?;
+        let (recent, lookback_queries) = self.subs.reader(&window).recent_ids(&slots, &lookback).await?;
         self.summary.queries += queries + lookback_queries;
         Ok(recent)
     }
@@ -269,14 +257,7 @@ impl Runner<'_> {
         let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, sealed_end).await?;
         slots.retain(|s| s.slot >= self.position.slot);
         self.summary.queries += index_queries;
-        let reader = Reader {
-            dynamo,
-            table,
-            time_unit_ms: subs.config.time_unit_ms,
-            page_items: subs.config.page_items,
-            dedupe_window_ms: subs.config.dedupe_window_ms,
-            window: &window,
-        };
+        let reader = subs.reader(&window);
         let (tx, rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let producer = reader.fetch_pages(slots, self.position.clone(), tx);
         let consumer = async {
