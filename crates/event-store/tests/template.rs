@@ -208,9 +208,17 @@ fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
     // The function URL (no route throttling) is off by default, and on, the load function's
     // reserved concurrency bounds what anonymous callers can spend.
     assert_eq!(parameters["PixelFunctionUrl"]["Default"].as_str(), Some("off"));
-    for resource in ["LoadFunctionUrl", "LoadFunctionUrlPermission"] {
+    for resource in ["LoadFunctionUrl", "LoadFunctionUrlPermission", "LoadFunctionUrlInvokePermission"] {
         assert_eq!(template["Resources"][resource]["Condition"].as_str(), Some("UseFunctionUrl"), "{resource}");
     }
+    // A URL made since October 2025 answers 403 unless lambda:InvokeFunction is granted too,
+    // and that grant must be for calls through the URL only.
+    let invoke = &template["Resources"]["LoadFunctionUrlInvokePermission"]["Properties"];
+    assert_eq!(invoke["Action"].as_str(), Some("lambda:InvokeFunction"));
+    assert_eq!(invoke["InvokedViaFunctionUrl"].as_bool(), Some(true));
+    let url = &template["Resources"]["LoadFunctionUrlPermission"]["Properties"];
+    assert_eq!(url["Action"].as_str(), Some("lambda:InvokeFunctionUrl"));
+    assert_eq!(url["FunctionUrlAuthType"].as_str(), Some("NONE"));
     let reserved = &template["Resources"]["LoadFunction"]["Properties"]["ReservedConcurrentExecutions"];
     let reserved = format!("{reserved:?}");
     assert!(reserved.contains("UseFunctionUrl") && reserved.contains("LoadReservedConcurrency"), "{reserved}");
