@@ -30,6 +30,7 @@ use event_store_emulator::{moto_server, Emulator};
 use futures::StreamExt;
 use serde::Serialize;
 
+mod capacity;
 mod cold_start;
 mod entity;
 mod raw;
@@ -88,6 +89,12 @@ struct Capacity {
     /// The same events' write units computed from item sizes, data stored as sent (no compression).
     uncompressed_write_units_per_event: f64,
     usd_per_million_events: f64,
+    /// Event-table bytes per event (items as DynamoDB sizes them, bookkeeping left out).
+    stored_bytes_per_event: f64,
+    /// The events' JSON as sent, bytes per event.
+    raw_bytes_per_event: f64,
+    /// The pump's packing (postcard + zstd) on one core of this machine, MB of raw events a second.
+    pack_mb_per_second: f64,
 }
 
 const WORDS: &[&str] = &[
@@ -360,6 +367,9 @@ async fn bench_payload(
         read_units_per_event: per_event(reads),
         uncompressed_write_units_per_event: uncompressed_write_units(events, size, t0)?,
         usd_per_million_events: per_event(writes) * USD_PER_MILLION_WRU + per_event(reads) * USD_PER_MILLION_RRU,
+        stored_bytes_per_event: per_event(stored_bytes(&plain, &names.event_table).await? as f64),
+        raw_bytes_per_event: per_event(records.iter().map(|(_, data)| data.len()).sum::<usize>() as f64),
+        pack_mb_per_second: pack_mb_per_second(&records)?,
     };
     Ok(PayloadResult {
         payload_bytes: size,
@@ -370,6 +380,43 @@ async fn bench_payload(
         put_path: Vec::new(),
         capacity: Some(capacity),
     })
+}
+
+/// Bytes of the event table's event items (slots from 0; bookkeeping and quarantine are negative).
+async fn stored_bytes(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<usize> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let mut pages = client
+        .scan()
+        .table_name(table)
+        .filter_expression("#slot >= :zero")
+        .expression_attribute_names("#slot", "slot")
+        .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+        .into_paginator()
+        .send();
+    let mut bytes = 0;
+    while let Some(page) = pages.next().await {
+        bytes += page?.items().iter().map(event_store::event_item::item_size).sum::<usize>();
+    }
+    Ok(bytes)
+}
+
+/// The pump's packing of these events in its batches, timed on one core.
+fn pack_mb_per_second(records: &[(usize, Vec<u8>)]) -> Result<f64> {
+    let events: Vec<event_store::chunk::ChunkEvent> = records
+        .iter()
+        .map(|(i, data)| event_store::chunk::ChunkEvent {
+            event_id: format!("shardId-000000000000:4959{:052}", i + 1),
+            arrival: *i as i64,
+            partition_key: format!("user-{}", i % 50),
+            data: data.clone(),
+        })
+        .collect();
+    let started = Instant::now();
+    for batch in events.chunks(PUMP_BATCH) {
+        event_store::chunk::pack(batch)?;
+    }
+    let raw: usize = records.iter().map(|(_, data)| data.len()).sum();
+    Ok(raw as f64 / 1e6 / started.elapsed().as_secs_f64().max(1e-9))
 }
 
 /// Write units per event (buffer put + buffer delete + event put) computed
@@ -462,20 +509,24 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
     md.push_str(
         "\nDynamoDB capacity per event (pump + scan + playback), as dynalite reports it (moto reports a constant), \
          and the cost at on-demand prices (us-east-1: $0.625 per million write units, $0.125 per million read units):\n\n\
-         | payload | write units/event | write units/event if stored uncompressed | read units/event | $ per million events |\n|---|---|---|---|---|\n",
+         | payload | write units/event | write units/event if stored one uncompressed event per item | read units/event | $ per million events | stored bytes/event | stored / raw JSON | pack MB/s (one core) |\n|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         if let Some(c) = &r.capacity {
             md.push_str(&format!(
-                "| {} B | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                "| {} B | {:.3} | {:.2} | {:.3} | {:.3} | {:.0} | {:.3} | {:.0} |\n",
                 r.payload_bytes,
                 c.write_units_per_event,
                 c.uncompressed_write_units_per_event,
                 c.read_units_per_event,
-                c.usd_per_million_events
+                c.usd_per_million_events,
+                c.stored_bytes_per_event,
+                c.stored_bytes_per_event / c.raw_bytes_per_event,
+                c.pack_mb_per_second
             ));
         }
     }
+    md.push_str(&targets(results));
     let sizes = bootstrap_sizes();
     if !sizes.is_empty() {
         md.push_str("\narm64 bootstrap sizes (`make build`, release, LTO, stripped):\n\n| function | bytes | MB |\n|---|---|---|\n");
@@ -483,6 +534,29 @@ fn markdown(results: &[PayloadResult], machine: &str, date: &str) -> String {
             md.push_str(&format!("| {name} | {bytes} | {:.2} |\n", bytes as f64 / 1e6));
         }
     }
+    md
+}
+
+/// Packed storage's targets (issue 16) against this run's capacity pass.
+fn targets(results: &[PayloadResult]) -> String {
+    let capacity = |size: usize| results.iter().find(|r| r.payload_bytes == size).and_then(|r| r.capacity.as_ref());
+    let mut md = String::from(
+        "\nPacked storage against its targets (one run):\n\n| figure | target | measured | |\n|---|---|---|---|\n",
+    );
+    let mut row = |figure: String, target: f64, measured: Option<f64>| {
+        if let Some(m) = measured {
+            let verdict = if m <= target { "met" } else { "missed" };
+            md.push_str(&format!("| {figure} | <= {target} | {m:.3} | {verdict} |\n"));
+        }
+    };
+    for (size, target) in [(200, 0.15), (1024, 0.5), (3072, 1.2)] {
+        row(format!("write units per {size} B event"), target, capacity(size).map(|c| c.write_units_per_event));
+    }
+    for size in [200, 1024, 3072, 4096] {
+        let ratio = capacity(size).map(|c| c.stored_bytes_per_event / c.raw_bytes_per_event);
+        row(format!("stored bytes / raw JSON bytes, {size} B"), 0.3, ratio);
+    }
+    row("DynamoDB $ per million 1 KB events".into(), 0.35, capacity(1024).map(|c| c.usd_per_million_events));
     md
 }
 
@@ -635,6 +709,9 @@ async fn cold_starts(
 async fn main() -> Result<()> {
     let events: usize = std::env::var("BENCH_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if std::env::args().nth(1).as_deref() == Some("capacity") {
+        return write_capacity(&root);
+    }
     let emulator = Emulator::start_on_free_port(&moto_server(&root))?;
     let sdk = aws_config::defaults(BehaviorVersion::latest())
         .endpoint_url(&emulator.endpoint)
@@ -740,5 +817,14 @@ async fn main() -> Result<()> {
     md.push_str(&entity_md);
     std::fs::write(dir.join("results.md"), md)?;
     println!("wrote bench/results.md and bench/results.json");
+    write_capacity(&root)
+}
+
+/// docs/capacity.md from the results on disk.
+fn write_capacity(root: &std::path::Path) -> Result<()> {
+    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("bench/results.json"))?)?;
+    let md = capacity::render(&capacity::Measured::from_results(&results)?);
+    std::fs::write(root.join("docs/capacity.md"), md)?;
+    println!("wrote docs/capacity.md");
     Ok(())
 }
