@@ -52,6 +52,8 @@ const MB_PER_VCPU: f64 = 1769.0;
 const EVENT_BYTES: f64 = 1024.0;
 const PUMP_BATCH: f64 = 500.0;
 const PUMP_MEMORY_MB: f64 = 128.0;
+/// The other functions' memory (the template's global default).
+const MEMORY_MB: f64 = 128.0;
 const TIME_UNIT_S: f64 = 1.0;
 const SCAN_CYCLE_S: f64 = 60.0;
 const MAX_SCAN_SEGMENTS: usize = 100;
@@ -65,6 +67,8 @@ const MAX_SUBSCRIPTION_PARTITIONS: usize = 64;
 const SEGMENT_BYTES_PER_S: f64 = 5e6;
 const WRITE_LATENCY_S: f64 = 0.025;
 const RUNNER_RAW_BYTES_PER_S: f64 = 4e6;
+/// A pixel hit's billed duration (assumed, too).
+const PIXEL_SECONDS: f64 = 0.010;
 /// An event-table chunk's attributes besides its data (keys, counts, times).
 const CHUNK_OVERHEAD_BYTES: f64 = 200.0;
 
@@ -159,7 +163,7 @@ pub fn plan(events_per_s: f64, m: &Measured) -> Plan {
     let readers_per_key = (PARTITION_RCU * UTILISATION / reader_rcu_per_key).floor() as usize;
     let subscription_partitions = (events_per_s * EVENT_BYTES / RUNNER_RAW_BYTES_PER_S).ceil() as usize;
     let target_shards = (events_per_s * EVENT_BYTES / (SHARD_BYTES_PER_S * UTILISATION)).ceil() as usize;
-    let pixel = (events_per_s * 0.010).ceil() as usize; // about 10 ms a hit
+    let pixel = (events_per_s * PIXEL_SECONDS).ceil() as usize;
     let pump = (shards as f64 * pump_duty.min(1.0)).ceil() as usize;
     let concurrency = pump + scan_segments + subscription_partitions.min(MAX_SUBSCRIPTION_PARTITIONS) + pixel;
     Plan {
@@ -254,12 +258,12 @@ pub fn cost(p: &Plan, m: &Measured) -> Cost {
     let per_million = 1e6;
     let gb_s = |seconds: f64, mb: f64| seconds * mb / 1024.0 * LAMBDA_ARM_PER_GB_SECOND;
     // The pixel: one invocation of about 10 ms per hit; the pump: its duty per shard.
-    let pixel = LAMBDA_PER_MILLION_REQUESTS + per_million * gb_s(0.010, 128.0);
+    let pixel = LAMBDA_PER_MILLION_REQUESTS + per_million * gb_s(PIXEL_SECONDS, MEMORY_MB);
     let pump_seconds_per_event = p.pump_duty / (p.events_per_s / p.shards as f64);
     let pump = LAMBDA_PER_MILLION_REQUESTS / (p.events_per_s / p.shards as f64 / p.pump_invocations_per_shard_s)
         + per_million * gb_s(pump_seconds_per_event, PUMP_MEMORY_MB);
     let scan_seconds_per_event = m.stored_bytes_per_event / SEGMENT_BYTES_PER_S;
-    let scan = per_million * gb_s(scan_seconds_per_event, 128.0);
+    let scan = per_million * gb_s(scan_seconds_per_event, MEMORY_MB);
     let shard_hours_per_million = p.shards as f64 / p.events_per_s / 3600.0 * per_million;
     Cost {
         http_api: HTTP_API_PER_MILLION,
