@@ -29,7 +29,16 @@ export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto_server
 export SAM_CLI_TELEMETRY := 0
 
-.PHONY: help demo local playback tail subscription redrive load check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium
+# `make invoke`: the deployed arm64 artefacts in a container under `sam local invoke`. Without
+# DOCKER_HOST the engine is podman (Debian's), with runc; the Lambda base image SAM expects is built
+# locally from a Debian root filesystem, so nothing is pulled from a registry.
+FN          ?= playback
+CONTAINER_PACKAGES := podman runc debootstrap qemu-user-static binfmt-support
+LAMBDA_BASE := public.ecr.aws/lambda/provided:al2023-arm64
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+export SAM  := $(BIN)/sam
+
+.PHONY: help demo local playback tail subscription redrive load invoke check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -52,6 +61,9 @@ subscription: local-bin ## manage subscriptions of the running stack: ARGS='list
 redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (AWS=1: the deployed stack, tables from DYNAMO_BUFFER_TABLE/DYNAMO_EVENT_TABLE)
 	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(AWS),--aws)
 
+invoke: tools tools-container build local-bin ## run FN's deployed artefact in a container (sam local invoke) against `make local`: FN=playback|load|... [EVENT=events/FN.json]
+	$(LOCAL_BIN) invoke $(FN) $(if $(EVENT),--event '$(EVENT)')
+
 load: tools-ab ## ab -n N -c C against the local pixel (start `make local` first)
 	@echo "== ab -n $(N) -c $(C) against http://127.0.0.1:$(PORT)/track.gif"
 	ab -n $(N) -c $(C) 'http://127.0.0.1:$(PORT)/track.gif?EntityId=ab&page=load-test'
@@ -60,7 +72,7 @@ check: ## the edit-compile-test loop: clippy -D warnings and the unit tests (no 
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --lib --bins --locked
 
-test: lint tools-moto tools tools-node tools-chromium build ## lints, then all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
+test: lint tools-moto tools tools-node tools-chromium tools-container build ## lints, then all tests: unit, integration (moto and dynalite/kinesalite), faults, end to end, browser, template
 	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo and browser tests"
 	@mkdir -p target
 	@df -Ph . | awk 'NR == 2 {print "   disk free before the test build: " $$4}'
@@ -159,6 +171,23 @@ tools-node: $(CURDIR)/.node/.pins-$(subst $(space),_,$(NODE_PINS))
 
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }
+
+# The container engine (podman, unless DOCKER_HOST names one), arm64 emulation on other hosts
+# (qemu through binfmt_misc), and, for podman, the base image SAM runs functions on.
+tools-container:
+	@if [ -z "$$DOCKER_HOST" ]; then command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null \
+	  || { echo "== installing $(CONTAINER_PACKAGES)"; $(APT_INSTALL) $(CONTAINER_PACKAGES); }; fi
+	@if [ "$$(uname -m)" != aarch64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then \
+	  echo "== registering qemu-aarch64 with binfmt_misc (arm64 binaries on this $$(uname -m) host)"; \
+	  command -v update-binfmts >/dev/null || $(APT_INSTALL) qemu-user-static binfmt-support; \
+	  [ -e /proc/sys/fs/binfmt_misc/register ] || $(SUDO) mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; \
+	  $(SUDO) update-binfmts --enable qemu-aarch64; fi
+	@if [ -z "$$DOCKER_HOST" ] && ! podman image exists $(LAMBDA_BASE); then \
+	  echo "== building $(LAMBDA_BASE) from Debian bookworm (debootstrap, once per machine)"; \
+	  rm -rf target/lambda-base && mkdir -p target && \
+	  $(SUDO) debootstrap --arch=arm64 --variant=minbase bookworm target/lambda-base $(DEBIAN_MIRROR) >target/lambda-base.log 2>&1 \
+	    || { tail -20 target/lambda-base.log; exit 1; }; \
+	  $(SUDO) tar -C target/lambda-base -c . | podman import -q --arch arm64 - $(LAMBDA_BASE) && $(SUDO) rm -rf target/lambda-base; fi
 
 tools-chromium:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \

@@ -6,12 +6,14 @@
 //! - `playback`: play a window back from a running stack;
 //! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue;
 //! - `subscription <action>`: manage subscriptions of the running stack;
-//! - `tail`: print the sealed log's events as their slots seal.
+//! - `tail`: print the sealed log's events as their slots seal;
+//! - `invoke`: run a deployed function artefact in a container under `sam local invoke`, against the running stack.
 
 mod demo;
 mod entities;
 mod http;
 mod playback;
+mod sam_local;
 mod settings;
 mod source;
 mod stack;
@@ -89,6 +91,18 @@ enum Command {
     Subscription {
         #[command(subcommand)]
         action: subscriptions::Action,
+    },
+    /// Run a function's deployed artefact (target/lambda/<FUNCTION>/bootstrap, from `make build`)
+    /// in a container under `sam local invoke`, against the running local stack; prints its answer.
+    Invoke {
+        /// The function: load, pump, scan, playback, subscriptions, streams or relay.
+        function: String,
+        /// The event; default events/<FUNCTION>.json (for playback: the last 15 minutes).
+        #[arg(long, env = "EVENT")]
+        event: Option<std::path::PathBuf>,
+        /// The SAM CLI.
+        #[arg(long, env = "SAM", default_value = ".venv/bin/sam")]
+        sam: std::path::PathBuf,
     },
     /// Print the events of the running stack's sealed log as their slots seal (Ctrl-C stops).
     Tail {
@@ -187,6 +201,10 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
             let printed = subscriptions::tail(&dynamo, from, &filters, shutdown_signal()).await?;
             eprintln!("{printed} events");
             Ok(true)
+        }
+        Command::Invoke { function, event, sam } => {
+            let root = std::env::current_dir()?;
+            sam_local::invoke(&settings, sam_local::Invocation { function, event, sam, root }).await
         }
         Command::Redrive { queue, .. } => {
             let sdk = event_store::aws_config().await;

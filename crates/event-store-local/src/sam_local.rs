@@ -1,0 +1,552 @@
+//! `invoke`: one of the deployed artefacts (the arm64 bootstraps `make build`
+//! makes for Lambda) run in a container under `sam local invoke`, against the
+//! running local stack. Three things stand between the two, handled here:
+//!
+//! - **The endpoint.** SAM gives a container only the variables the template
+//!   declares, so `AWS_ENDPOINT_URL` would be dropped and the binary would call
+//!   AWS. A local copy of the template declares it for every function, pointing
+//!   at the emulator; the production template is not touched. SAM itself gets
+//!   dummy credentials and the emulator as its endpoint too, so nothing this
+//!   command starts can reach AWS.
+//! - **The network.** SAM puts the container on a bridge network (it ignores
+//!   `--docker-network host`), and a bridge does not reach the host's 127.0.0.1
+//!   where the emulator listens. A forwarder in this process listens on the
+//!   gateway of a dedicated bridge network and nowhere else, so the emulator is
+//!   reachable from containers on that network without being exposed beyond them.
+//! - **The engine.** With `DOCKER_HOST` set, that engine is used as it is; else
+//!   a podman API service is started for this call and stopped after it, with
+//!   the settings these VMs need (see [`CONTAINERS_CONF`]).
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use serde_yaml::Value as Yaml;
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+use crate::settings::Settings;
+
+/// The bridge network the function containers join besides the engine's default one.
+pub const NETWORK: &str = "event-store-local";
+/// Its subnet when this command creates it (`INVOKE_SUBNET` overrides); the gateway is its first address.
+const DEFAULT_SUBNET: &str = "10.89.71.0/24";
+/// What the function's endpoint names; `--add-host` maps it to the network's gateway.
+const HOST_ALIAS: &str = "host.docker.internal";
+/// The podman API service's settings. runc: podman's default crun fails on
+/// these VMs (cgroup v1 and v2 mounted together). Ulimits at Lambda's 1024:
+/// podman's defaults raise them above the hard limits, which needs a
+/// capability the VMs do not give. cgroupfs and a file event log: no systemd.
+pub const CONTAINERS_CONF: &str = "\
+[containers]
+default_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]
+[engine]
+runtime = \"runc\"
+cgroup_manager = \"cgroupfs\"
+events_logger = \"file\"
+";
+/// Window `invoke playback` plays when no event file is given: the last 15 minutes.
+const PLAYBACK_WINDOW_MINUTES: i64 = 15;
+
+/// What `invoke` runs: a function of template.yaml, by its short name (its `target/lambda/<name>/`).
+pub struct Invocation {
+    pub function: String,
+    /// The event file; default `events/<function>.json` (for playback: the last 15 minutes).
+    pub event: Option<PathBuf>,
+    /// The SAM CLI (`SAM`, default `.venv/bin/sam`).
+    pub sam: PathBuf,
+    /// The project root: template.yaml, `target/lambda`, `events`.
+    pub root: PathBuf,
+}
+
+/// The template as `sam local invoke` should see it locally.
+#[derive(Debug)]
+pub struct LocalTemplate {
+    pub logical_id: String,
+    pub yaml: String,
+    /// The variables the function declares (its own and the globals), which `--env-vars` may set.
+    pub variables: Vec<String>,
+}
+
+/// Rewrites `template` (template.yaml's text) for a local run of `function`:
+/// every `CodeUri` made absolute under `root` (the copy lives elsewhere) and
+/// `AWS_ENDPOINT_URL = endpoint` declared for all functions. Everything else,
+/// CloudFormation tags included, is kept as it is.
+pub fn local_template(template: &str, function: &str, root: &Path, endpoint: &str) -> Result<LocalTemplate> {
+    let mut doc: Yaml = serde_yaml::from_str(template).context("template.yaml is not valid YAML")?;
+    let mut found = None;
+    let mut names = Vec::new();
+    let resources = doc.get_mut("Resources").and_then(Yaml::as_mapping_mut).context("template has no Resources")?;
+    for (id, resource) in resources.iter_mut() {
+        if resource.get("Type").and_then(Yaml::as_str) != Some("AWS::Serverless::Function") {
+            continue;
+        }
+        let Some(code_uri) = resource.get_mut("Properties").and_then(|p| p.get_mut("CodeUri")) else { continue };
+        let Some(path) = code_uri.as_str().map(str::to_owned) else { continue };
+        let name = Path::new(&path).file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        *code_uri = Yaml::String(format!("{}/", root.join(path.trim_end_matches('/')).display()));
+        if name == function {
+            let variables = declared(resource);
+            found = Some((id.as_str().unwrap_or_default().to_owned(), variables));
+        }
+        names.push(name);
+    }
+    let Some((logical_id, mut variables)) = found else {
+        bail!(
+            "no function `{function}` in template.yaml (its CodeUri would be target/lambda/{function}/); there are: {}",
+            names.join(", ")
+        );
+    };
+    let globals = doc.get("Globals").and_then(|g| g.get("Function")).map(declared).unwrap_or_default();
+    variables.extend(globals);
+    variables.sort();
+    variables.dedup();
+    let root_map = doc.as_mapping_mut().context("template is not a mapping")?;
+    let globals = entry(root_map, "Globals");
+    let function_globals = entry(globals, "Function");
+    let environment = entry(function_globals, "Environment");
+    let declared_here = entry(environment, "Variables");
+    declared_here.insert("AWS_ENDPOINT_URL".into(), endpoint.into());
+    Ok(LocalTemplate { logical_id, yaml: serde_yaml::to_string(&doc)?, variables })
+}
+
+/// The mapping under `key` of `map`, created empty when missing.
+fn entry<'a>(map: &'a mut serde_yaml::Mapping, key: &str) -> &'a mut serde_yaml::Mapping {
+    let value = map.entry(key.into()).or_insert_with(|| Yaml::Mapping(Default::default()));
+    if !value.is_mapping() {
+        *value = Yaml::Mapping(Default::default());
+    }
+    value.as_mapping_mut().expect("made a mapping just above")
+}
+
+/// Names under `Environment.Variables` of a function (or of `Globals.Function`).
+fn declared(function: &Yaml) -> Vec<String> {
+    let properties = function.get("Properties").unwrap_or(function);
+    properties
+        .get("Environment")
+        .and_then(|e| e.get("Variables"))
+        .and_then(Yaml::as_mapping)
+        .map(|vars| vars.keys().filter_map(Yaml::as_str).map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// `--env-vars` content: each variable the function declares that `lookup`
+/// (this process's environment, as the local stack sets it) has a value for.
+/// Never the endpoint: the local template's value must win.
+pub fn env_vars(template: &LocalTemplate, lookup: impl Fn(&str) -> Option<String>) -> Value {
+    let values: serde_json::Map<String, Value> = template
+        .variables
+        .iter()
+        .filter(|name| *name != "AWS_ENDPOINT_URL")
+        .filter_map(|name| lookup(name).map(|value| (name.clone(), Value::String(value))))
+        .collect();
+    json!({ &template.logical_id: values })
+}
+
+/// The playback request `invoke playback` sends without an event file: the
+/// last 15 minutes up to `now`, waiting for the watermark to pass `now`.
+pub fn recent_playback(now: chrono::DateTime<chrono::Utc>, wait_seconds: u64) -> Value {
+    let iso = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    json!({ "start": iso(now - chrono::Duration::minutes(PLAYBACK_WINDOW_MINUTES)), "end": iso(now), "wait_seconds": wait_seconds })
+}
+
+/// The error a function answered with, if its answer (sam's stdout) is one.
+pub fn function_error(answer: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(answer.trim()).ok()?;
+    let kind = value.get("errorType")?.as_str().unwrap_or("error");
+    Some(format!("{kind}: {}", value.get("errorMessage").and_then(Value::as_str).unwrap_or_default()))
+}
+
+/// The first host address of an IPv4 subnet: `10.89.71.0/24` → `10.89.71.1`.
+pub fn gateway_of(subnet: &str) -> Result<Ipv4Addr> {
+    let (address, bits) = subnet.split_once('/').context("a subnet is address/bits, like 10.89.71.0/24")?;
+    let address: Ipv4Addr = address.parse().with_context(|| format!("{address:?} is not an IPv4 address"))?;
+    let bits: u32 = bits.parse().ok().filter(|b| (8..=30).contains(b)).context("subnet bits must be 8..=30")?;
+    let mask = u32::MAX << (32 - bits);
+    Ok(Ipv4Addr::from((u32::from(address) & mask) + 1))
+}
+
+/// The engine's API socket from `DOCKER_HOST` (`unix://` only: the forwarder
+/// must be on the same host as the containers).
+pub fn docker_host_socket(docker_host: &str) -> Result<PathBuf> {
+    match docker_host.strip_prefix("unix://") {
+        Some(path) if !path.is_empty() => Ok(PathBuf::from(path)),
+        _ => {
+            bail!("DOCKER_HOST={docker_host:?}: only a local engine (unix:///path/to/socket) can reach the local stack")
+        }
+    }
+}
+
+/// A Docker-compatible engine's API, over its Unix socket.
+struct Engine {
+    socket: PathBuf,
+    /// The podman service started for this call: held only to be stopped (by PID) when dropped.
+    _service: Option<Service>,
+}
+
+struct Service(tokio::process::Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // SIGTERM lets podman clean up; the wait is bounded, then SIGKILL.
+        if let Some(pid) = self.0.id() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = self.0.start_kill();
+    }
+}
+
+impl Engine {
+    /// `DOCKER_HOST`'s engine, else a podman service on a socket in `dir`.
+    async fn connect(dir: &Path) -> Result<Self> {
+        if let Some(host) = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()) {
+            let engine = Self { socket: docker_host_socket(&host)?, _service: None };
+            engine.ping().await.with_context(|| format!("no container engine answers at DOCKER_HOST={host}"))?;
+            return Ok(engine);
+        }
+        let socket = dir.join("podman.sock");
+        let conf = dir.join("containers.conf");
+        std::fs::write(&conf, CONTAINERS_CONF)?;
+        let log = std::fs::File::create(dir.join("podman-service.log"))?;
+        let child = tokio::process::Command::new("podman")
+            .args(["system", "service", "--time=0", &format!("unix://{}", socket.display())])
+            .env("CONTAINERS_CONF", &conf)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting `podman system service` (no DOCKER_HOST set; `make tools-container` installs podman)")?;
+        let engine = Self { socket, _service: Some(Service(child)) };
+        let started = Instant::now();
+        while let Err(err) = engine.ping().await {
+            if started.elapsed() > Duration::from_secs(30) {
+                let log = std::fs::read_to_string(dir.join("podman-service.log")).unwrap_or_default();
+                return Err(err.context(format!("podman's API service did not answer within 30 s: {log}")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(engine)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let (status, _) = self.call(Method::GET, "/_ping", None).await?;
+        if !status.is_success() {
+            bail!("the engine answered /_ping with {status}");
+        }
+        Ok(())
+    }
+
+    /// One request to the engine's API: its status and its body as JSON (`Null` when not JSON).
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Value)> {
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .with_context(|| format!("connecting to {}", self.socket.display()))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, "engine")
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+    }
+
+    /// The gateway of [`NETWORK`], created with `subnet` when missing.
+    async fn network_gateway(&self, subnet: &str) -> Result<Ipv4Addr> {
+        let path = format!("/networks/{NETWORK}");
+        let (mut status, mut network) = self.call(Method::GET, &path, None).await?;
+        if status == StatusCode::NOT_FOUND {
+            let gateway = gateway_of(subnet)?;
+            let create = json!({
+                "Name": NETWORK,
+                "Driver": "bridge",
+                "IPAM": { "Config": [{ "Subnet": subnet, "Gateway": gateway.to_string() }] },
+                "Labels": { "purpose": "make invoke: function containers reach the local stack through its gateway" },
+            });
+            let (created, answer) = self.call(Method::POST, "/networks/create", Some(create)).await?;
+            if !created.is_success() {
+                bail!("creating network {NETWORK} ({subnet}) failed: {created} {answer} (INVOKE_SUBNET picks another subnet)");
+            }
+            (status, network) = self.call(Method::GET, &path, None).await?;
+        }
+        if !status.is_success() {
+            bail!("inspecting network {NETWORK}: {status} {network}");
+        }
+        network["IPAM"]["Config"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|config| config["Gateway"].as_str().and_then(|g| g.parse().ok()))
+            .with_context(|| format!("network {NETWORK} has no IPv4 gateway: {network}"))
+    }
+}
+
+/// Listens on `address` at a free port, even before the address exists: a
+/// podman bridge (and its gateway address) is only set up while a container is on it.
+pub fn listen_on(address: Ipv4Addr) -> Result<TcpListener> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    #[cfg(target_os = "linux")]
+    socket.set_freebind_v4(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddrV4::new(address, 0).into()).with_context(|| format!("listening on {address}"))?;
+    socket.listen(128)?;
+    Ok(TcpListener::from_std(socket.into())?)
+}
+
+/// Copies every connection accepted on `listener` to and from `target`, until dropped.
+pub async fn forward(listener: TcpListener, target: SocketAddr) {
+    loop {
+        let mut inbound = match listener.accept().await {
+            Ok((inbound, _)) => inbound,
+            Err(err) => {
+                // Out of descriptors, say: back off rather than spin.
+                tracing::warn!(%err, "forwarder: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        tokio::spawn(async move {
+            match TcpStream::connect(target).await {
+                Ok(mut outbound) => {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+                Err(err) => tracing::warn!(%target, %err, "forwarder: the emulator refused a connection"),
+            }
+        });
+    }
+}
+
+/// A directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the invocation; true when the function answered without an error.
+pub async fn invoke(settings: &Settings, invocation: Invocation) -> Result<bool> {
+    crate::playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
+    let root = &invocation.root;
+    let function = invocation.function.as_str();
+    let bootstrap = root.join("target/lambda").join(function).join("bootstrap");
+    if !bootstrap.exists() {
+        bail!("{} is missing: `make build` builds the functions (make invoke does it first)", bootstrap.display());
+    }
+    let event = match &invocation.event {
+        Some(path) => Some(std::fs::canonicalize(path).with_context(|| format!("event file {}", path.display()))?),
+        None if function == "playback" => None,
+        None => {
+            let path = root.join("events").join(format!("{function}.json"));
+            Some(std::fs::canonicalize(&path).with_context(|| format!("no event given and no {}", path.display()))?)
+        }
+    };
+    let scratch = Scratch(std::env::temp_dir().join(format!("event-store-invoke-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0)?;
+    let dir = scratch.0.as_path();
+
+    let engine = Engine::connect(dir).await?;
+    let subnet = std::env::var("INVOKE_SUBNET").unwrap_or_else(|_| DEFAULT_SUBNET.into());
+    let gateway = engine.network_gateway(&subnet).await?;
+    let listener = listen_on(gateway)?;
+    let port = listener.local_addr()?.port();
+    let forwarder = tokio::spawn(forward(listener, SocketAddr::from(([127, 0, 0, 1], settings.emulator_port))));
+
+    let text = std::fs::read_to_string(root.join("template.yaml")).context("reading template.yaml")?;
+    let template = local_template(&text, function, root, &format!("http://{HOST_ALIAS}:{port}"))?;
+    std::fs::write(dir.join("template.yaml"), &template.yaml)?;
+    let vars = env_vars(&template, |name| std::env::var(name).ok());
+    std::fs::write(dir.join("env.json"), serde_json::to_vec_pretty(&vars)?)?;
+    let event = match event {
+        Some(path) => path,
+        None => {
+            let wait = (settings.scan_interval.as_secs() * 4).max(30);
+            let path = dir.join("playback.json");
+            std::fs::write(&path, recent_playback(chrono::Utc::now(), wait).to_string())?;
+            path
+        }
+    };
+    eprintln!(
+        "== sam local invoke {} ({}) with {}: emulator forwarded from {gateway}:{port} on network {NETWORK}",
+        template.logical_id,
+        bootstrap.display(),
+        event.display()
+    );
+
+    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+    let mut sam = tokio::process::Command::new(&invocation.sam);
+    sam.arg("local")
+        .arg("invoke")
+        .arg(&template.logical_id)
+        .arg("--template")
+        .arg(dir.join("template.yaml"))
+        .arg("--event")
+        .arg(&event)
+        .arg("--env-vars")
+        .arg(dir.join("env.json"))
+        .arg("--skip-pull-image")
+        .args(["--docker-network", NETWORK])
+        .args(["--add-host", &format!("{HOST_ALIAS}:{gateway}")])
+        .current_dir(dir)
+        .env("DOCKER_HOST", format!("unix://{}", engine.socket.display()))
+        .env("SAM_CLI_TELEMETRY", "0")
+        // SAM's one call of its own (STS, for the account id) goes to the emulator, with dummy
+        // credentials, and those are the credentials it hands the container. Not AWS_ENDPOINT_URL:
+        // SAM gives a declared variable the shell's value over the template's.
+        .env("AWS_ENDPOINT_URL_STS", settings.emulator_endpoint())
+        .env_remove("AWS_ENDPOINT_URL")
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", &region)
+        .env("AWS_DEFAULT_REGION", &region)
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_PROFILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let child = sam.spawn().with_context(|| format!("starting {}", invocation.sam.display()))?;
+    let output = tokio::select! {
+        output = child.wait_with_output() => output?,
+        _ = crate::stack::shutdown_signal() => bail!("interrupted"),
+    };
+    forwarder.abort();
+    let answer = String::from_utf8_lossy(&output.stdout);
+    println!("{}", answer.trim());
+    eprintln!("== {} answered in {:.1} s", template.logical_id, started.elapsed().as_secs_f64());
+    drop(engine);
+    if !output.status.success() {
+        bail!("sam local invoke failed ({})", output.status);
+    }
+    if let Some(error) = function_error(&answer) {
+        eprintln!("the function answered with an error: {error}");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template() -> String {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml")).unwrap()
+    }
+
+    #[test]
+    fn the_local_template_changes_code_paths_and_the_endpoint_only() {
+        let root = Path::new("/src/event-store");
+        let local = local_template(&template(), "playback", root, "http://host.docker.internal:4000").unwrap();
+        assert_eq!(local.logical_id, "PlaybackFunction");
+        assert!(local.variables.contains(&"DYNAMO_EVENT_TABLE".to_owned()), "{:?}", local.variables);
+
+        let mut original: Yaml = serde_yaml::from_str(&template()).unwrap();
+        let mut changed: Yaml = serde_yaml::from_str(&local.yaml).unwrap();
+        let globals = &changed["Globals"]["Function"]["Environment"]["Variables"];
+        assert_eq!(globals["AWS_ENDPOINT_URL"].as_str(), Some("http://host.docker.internal:4000"));
+        let code_uri = &changed["Resources"]["PlaybackFunction"]["Properties"]["CodeUri"];
+        assert_eq!(code_uri.as_str(), Some("/src/event-store/target/lambda/playback/"));
+        // Put back what was changed: the rest, tags such as !Ref and !GetAtt included, is identical.
+        let changed_resources = changed["Resources"].as_mapping_mut().unwrap();
+        for (id, resource) in original["Resources"].as_mapping().unwrap() {
+            if let Some(uri) = resource.get("Properties").and_then(|p| p.get("CodeUri")) {
+                changed_resources[id]["Properties"]["CodeUri"] = uri.clone();
+            }
+        }
+        let globals = changed["Globals"]["Function"].as_mapping_mut().unwrap();
+        let original_globals = original["Globals"]["Function"].as_mapping_mut().unwrap();
+        globals.remove("Environment");
+        original_globals.remove("Environment");
+        assert_eq!(changed, original);
+    }
+
+    #[test]
+    fn an_unknown_function_names_the_ones_there_are() {
+        let err = local_template(&template(), "nope", Path::new("/x"), "http://h:1").unwrap_err().to_string();
+        assert!(err.contains("no function `nope`") && err.contains("playback") && err.contains("load"), "{err}");
+    }
+
+    #[test]
+    fn env_vars_carry_declared_values_only_and_never_the_endpoint() {
+        let local = local_template(&template(), "load", Path::new("/x"), "http://h:1").unwrap();
+        let vars = env_vars(&local, |name| match name {
+            "EVENT_STREAM" => Some("s".into()),
+            "AWS_ENDPOINT_URL" => Some("http://127.0.0.1:4566".into()),
+            "DYNAMO_EVENT_TABLE" => Some("t".into()), // the load function does not declare it
+            _ => None,
+        });
+        assert_eq!(vars, json!({ "LoadFunction": { "EVENT_STREAM": "s" } }));
+    }
+
+    #[test]
+    fn the_default_playback_is_the_last_15_minutes() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-11-25T10:00:00.250Z").unwrap().to_utc();
+        let request = recent_playback(now, 30);
+        assert_eq!(
+            request,
+            json!({ "start": "2026-11-25T09:45:00.250Z", "end": "2026-11-25T10:00:00.250Z", "wait_seconds": 30 })
+        );
+        let parsed: event_store::playback::PlaybackRequest = serde_json::from_value(request).unwrap();
+        assert_eq!(parsed.wait_seconds, Some(30));
+    }
+
+    #[test]
+    fn errors_answered_by_the_function_are_recognised() {
+        let error = r#"{"errorType": "DynamoDbError", "errorMessage": "dynamodb UpdateItem: service error"}"#;
+        assert_eq!(function_error(error).as_deref(), Some("DynamoDbError: dynamodb UpdateItem: service error"));
+        assert_eq!(function_error(r#"{"status": "complete", "events": 5}"#), None);
+        assert_eq!(function_error("not json"), None);
+    }
+
+    #[test]
+    fn gateways_and_sockets_parse() {
+        assert_eq!(gateway_of("10.89.71.0/24").unwrap(), Ipv4Addr::new(10, 89, 71, 1));
+        assert_eq!(gateway_of("172.30.5.7/16").unwrap(), Ipv4Addr::new(172, 30, 0, 1));
+        assert!(gateway_of("10.89.71.0").is_err());
+        assert!(gateway_of("10.89.71.0/31").is_err());
+        assert_eq!(docker_host_socket("unix:///run/podman.sock").unwrap(), PathBuf::from("/run/podman.sock"));
+        assert!(docker_host_socket("tcp://10.0.0.1:2375").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_forwarder_copies_both_ways() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = echo.accept().await.unwrap();
+            let mut buf = [0u8; 5];
+            socket.read_exact(&mut buf).await.unwrap();
+            socket.write_all(&buf.map(|b| b.to_ascii_uppercase())).await.unwrap();
+        });
+        let listener = listen_on(Ipv4Addr::LOCALHOST).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let forwarder = tokio::spawn(forward(listener, target));
+        let mut client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        client.write_all(b"hello").await.unwrap();
+        let mut answer = [0u8; 5];
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HELLO");
+        forwarder.abort();
+    }
+}
