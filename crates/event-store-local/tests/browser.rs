@@ -4,63 +4,26 @@
 //! referer and the browser's user agent.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
+use common::{start_local_stack, wait_for_port, Process};
 use event_store::envelope::Envelope;
 use event_store::event_item::EventItem;
-use event_store_emulator::{answers, free_port, moto_server, Emulator};
+use event_store_emulator::{free_port, moto_server, Emulator};
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::json;
-
-/// A child process stopped when the test ends: SIGTERM first, so it can stop cleanly.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for_port(port: u16, what: &str) {
-    let started = Instant::now();
-    while !answers(port) {
-        assert!(started.elapsed() < Duration::from_secs(60), "{what} did not start on port {port}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn page_view_and_button_click_reach_the_event_table() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let emulator = Emulator::start_on_free_port(&moto_server(&root)).unwrap();
     let http_port = free_port();
-    let _stack = Process(
-        Command::new(env!("CARGO_BIN_EXE_event-store-local"))
-            .arg("local")
-            .env("EMULATOR_PORT", emulator.port.to_string())
-            .env("PORT", http_port.to_string())
-            .env("SCAN_INTERVAL", "1")
-            .env("STAGE", "browsertest")
-            .env("IP_MODE", "full")
-            .env_remove("AWS_ENDPOINT_URL")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_port(http_port, "the local stack");
+    let _stack = start_local_stack(emulator.port, http_port, "browsertest", &[("IP_MODE", "full")]);
 
     let driver_port = free_port();
     let chromedriver = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());

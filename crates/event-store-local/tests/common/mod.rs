@@ -1,10 +1,60 @@
-//! Running the real `event-store-local demo` binary and reading its report.
+//! Running the real `event-store-local` binary (its demo report, the local
+//! stack) and the processes a test starts beside it.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use event_store_emulator::answers;
+
+/// A child process stopped when the test ends: SIGTERM first, so it can stop cleanly.
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).stderr(Stdio::null()).status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn wait_for_port(port: u16, what: &str) {
+    let started = Instant::now();
+    while !answers(port) {
+        assert!(started.elapsed() < Duration::from_secs(60), "{what} did not start on port {port}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `event-store-local local` (stage `stage`) on the emulator at `emulator_port`, its pixel server on
+/// `http_port`, scanning every second; stopped when dropped.
+pub fn start_local_stack(emulator_port: u16, http_port: u16, stage: &str, extra: &[(&str, &str)]) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_event-store-local"));
+    command
+        .arg("local")
+        .env("EMULATOR_PORT", emulator_port.to_string())
+        .env("PORT", http_port.to_string())
+        .env("SCAN_INTERVAL", "1")
+        .env("STAGE", stage)
+        .env_remove("AWS_ENDPOINT_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (name, value) in extra {
+        command.env(name, value);
+    }
+    let stack = Process(command.spawn().unwrap());
+    wait_for_port(http_port, "the local stack");
+    stack
+}
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

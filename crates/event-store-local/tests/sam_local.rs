@@ -1,0 +1,159 @@
+//! `make invoke` for real: the deployed arm64 playback bootstrap, in a
+//! container under `sam local invoke` (podman, qemu), plays back a window of
+//! pixel hits from the local stack; the playback stream must hold every hit,
+//! once, in the order it was sent.
+//!
+//! Needs what `make test` installs first: the SAM CLI in .venv, podman and the
+//! locally built Lambda base image (`make tools-container`), and the arm64
+//! bootstraps (`make build`).
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_kinesis::config::Credentials;
+use aws_sdk_kinesis::types::ShardIteratorType;
+use common::{repo_root, start_local_stack, Process};
+use event_store::aggregation::deaggregate;
+use event_store::envelope::Envelope;
+use event_store::playback::PlayedEvent;
+use event_store_emulator::{free_port, moto_server, Emulator};
+use http_body_util::Empty;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+const HITS: usize = 12;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container() {
+    let root = repo_root();
+    let emulator = Emulator::start_on_free_port(&moto_server(&root)).unwrap();
+    let http_port = free_port();
+    let _stack = start_local_stack(emulator.port, http_port, "samtest", &[]);
+
+    // The hits, one after another (a few ms apart, so their receive times are in send order).
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let first = chrono::Utc::now() - chrono::Duration::seconds(1);
+    for hit in 0..HITS {
+        let url = format!("http://127.0.0.1:{http_port}/track.gif?EntityId=sam-visitor&page=p{hit:02}");
+        let response = client.get(url.parse().unwrap()).await.unwrap();
+        assert_eq!(response.status(), 200);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let end = chrono::Utc::now() + chrono::Duration::seconds(1);
+
+    let iso = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let event = std::env::temp_dir().join(format!("sam-local-playback-{}.json", std::process::id()));
+    let request = serde_json::json!({ "start": iso(first), "end": iso(end), "wait_seconds": 60 });
+    std::fs::write(&event, request.to_string()).unwrap();
+
+    let started = Instant::now();
+    let invoke = Process(
+        Command::new(env!("CARGO_BIN_EXE_event-store-local"))
+            .args(["invoke", "playback", "--event"])
+            .arg(&event)
+            .current_dir(&root)
+            .env("SAM", root.join(".venv/bin/sam"))
+            .env("EMULATOR_PORT", emulator.port.to_string())
+            .env("STAGE", "samtest")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("DOCKER_HOST")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = invoke.0.id();
+    let output = wait_with_limit(invoke, Duration::from_secs(300));
+    let took = started.elapsed();
+    let _ = std::fs::remove_file(&event);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    println!("sam local invoke PlaybackFunction took {:.1} s\n{stderr}", took.as_secs_f64());
+    assert!(output.status.success(), "invoke failed:\nstdout: {stdout}\nstderr: {stderr}");
+    // The artefact `make build` made for Lambda, mounted as the function's code.
+    assert!(stderr.contains("target/lambda/playback/ as /var/task"), "{stderr}");
+    let answer: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(answer["status"], "complete", "{answer}");
+    assert_eq!(answer["events"], HITS, "{answer}");
+    let scratch = std::env::temp_dir().join(format!("event-store-invoke-{pid}"));
+    assert!(!scratch.exists(), "invoke removed its scratch directory (and the engine socket in it)");
+
+    // What the container put on the playback stream: every hit, once, in order.
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(&emulator.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local", None, None, "test"))
+        .load()
+        .await;
+    let played = read_stream(&aws_sdk_kinesis::Client::new(&sdk), "event-store-samtest-playback").await;
+    let pages: Vec<String> = played.iter().map(|(_, envelope)| envelope.query["page"][0].clone()).collect();
+    let expected: Vec<String> = (0..HITS).map(|hit| format!("p{hit:02}")).collect();
+    assert_eq!(pages, expected, "played in send order, each once");
+    let seqs: Vec<u64> = played.iter().map(|(played, _)| played.playback_seq).collect();
+    assert_eq!(seqs, (0..HITS as u64).collect::<Vec<_>>());
+    assert!(played.windows(2).all(|w| w[0].0.event_ms <= w[1].0.event_ms), "event times never go back");
+}
+
+/// The child's output, or a panic (the child stopped by PID) when it runs past `limit`.
+fn wait_with_limit(mut process: Process, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let started = Instant::now();
+    let (mut stdout, mut stderr) = (process.0.stdout.take().unwrap(), process.0.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let err = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf);
+        buf
+    });
+    let status = loop {
+        if let Some(status) = process.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < limit, "invoke did not finish in {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::process::Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+}
+
+/// Every played event on the stream's shards, in stream order.
+async fn read_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Vec<(PlayedEvent, Envelope)> {
+    let mut played = Vec::new();
+    let shards = kinesis.list_shards().stream_name(stream).send().await.unwrap();
+    for shard in shards.shards() {
+        let mut iterator = kinesis
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.shard_id())
+            .shard_iterator_type(ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .unwrap()
+            .shard_iterator
+            .unwrap();
+        loop {
+            let out = kinesis.get_records().shard_iterator(&iterator).send().await.unwrap();
+            for record in out.records() {
+                for (_, data) in
+                    deaggregate(record.partition_key().unwrap_or_default(), record.data().as_ref()).unwrap()
+                {
+                    let event: PlayedEvent = serde_json::from_slice(&data).unwrap();
+                    let envelope: Envelope = serde_json::from_value(event.data.clone().unwrap()).unwrap();
+                    played.push((event, envelope));
+                }
+            }
+            match out.next_shard_iterator {
+                Some(next) if !out.records().is_empty() => iterator = next,
+                _ => break,
+            }
+        }
+    }
+    played
+}
