@@ -38,7 +38,7 @@ LAMBDA_BASE := public.ecr.aws/lambda/provided:al2023-arm64
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 export SAM  := $(BIN)/sam
 
-.PHONY: help demo local playback tail subscription redrive load invoke check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
+.PHONY: help demo local playback tail subscription redrive load invoke api check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (AWS=1:
 
 invoke: tools tools-container build local-bin ## run FN's deployed artefact in a container (sam local invoke) against `make local`: FN=playback|load|... [EVENT=events/FN.json]
 	$(LOCAL_BIN) invoke $(FN) $(if $(EVENT),--event '$(EVENT)')
+
+api: tools tools-container build local-bin ## serve the HTTP API from the deployed artefacts in warm containers (sam local start-api) on 127.0.0.1:API_PORT (3001), against `make local`
+	$(LOCAL_BIN) api $(if $(API_PORT),--port $(API_PORT))
 
 load: tools-ab ## ab -n N -c C against the local pixel (start `make local` first)
 	@echo "== ab -n $(N) -c $(C) against http://127.0.0.1:$(PORT)/track.gif"

@@ -7,7 +7,8 @@
 //! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue;
 //! - `subscription <action>`: manage subscriptions of the running stack;
 //! - `tail`: print the sealed log's events as their slots seal;
-//! - `invoke`: run a deployed function artefact in a container under `sam local invoke`, against the running stack.
+//! - `invoke`: run a deployed function artefact in a container under `sam local invoke`, against the running stack;
+//! - `api`: serve the HTTP API from such containers with `sam local start-api`.
 
 mod demo;
 mod entities;
@@ -100,6 +101,16 @@ enum Command {
         /// The event; default events/<FUNCTION>.json (for playback: the last 15 minutes).
         #[arg(long, env = "EVENT")]
         event: Option<std::path::PathBuf>,
+        /// The SAM CLI.
+        #[arg(long, env = "SAM", default_value = ".venv/bin/sam")]
+        sam: std::path::PathBuf,
+    },
+    /// Serve the HTTP API (the pixel, /events, /streams) with `sam local start-api`: the deployed
+    /// artefacts in warm containers, against the running local stack, until Ctrl-C.
+    Api {
+        /// Port on 127.0.0.1.
+        #[arg(long, env = "API_PORT", default_value_t = 3001)]
+        port: u16,
         /// The SAM CLI.
         #[arg(long, env = "SAM", default_value = ".venv/bin/sam")]
         sam: std::path::PathBuf,
@@ -204,7 +215,13 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
         }
         Command::Invoke { function, event, sam } => {
             let root = std::env::current_dir()?;
-            sam_local::invoke(&settings, sam_local::Invocation { function, event, sam, root }).await
+            // Absolute: sam runs in a scratch directory.
+            let sam = root.join(sam);
+            sam_local::invoke(&settings, &sam, &root, sam_local::Invocation { function, event }).await
+        }
+        Command::Api { port, sam } => {
+            let root = std::env::current_dir()?;
+            sam_local::api(&settings, &root.join(sam), &root, port).await
         }
         Command::Redrive { queue, .. } => {
             let sdk = event_store::aws_config().await;

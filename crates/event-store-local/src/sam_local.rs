@@ -59,61 +59,69 @@ pub struct Invocation {
     pub function: String,
     /// The event file; default `events/<function>.json` (for playback: the last 15 minutes).
     pub event: Option<PathBuf>,
-    /// The SAM CLI (`SAM`, default `.venv/bin/sam`).
-    pub sam: PathBuf,
-    /// The project root: template.yaml, `target/lambda`, `events`.
-    pub root: PathBuf,
 }
 
-/// The template as `sam local invoke` should see it locally.
+/// The template as `sam local` should see it locally.
 #[derive(Debug)]
 pub struct LocalTemplate {
-    pub logical_id: String,
     pub yaml: String,
-    /// The variables the function declares (its own and the globals), which `--env-vars` may set.
+    pub functions: Vec<LocalFunction>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalFunction {
+    /// The name `make build` builds it under: its `target/lambda/<name>/`.
+    pub name: String,
+    pub logical_id: String,
+    /// The variables it declares (its own and the globals), which `--env-vars` may set.
     pub variables: Vec<String>,
 }
 
-/// Rewrites `template` (template.yaml's text) for a local run of `function`:
-/// every `CodeUri` made absolute under `root` (the copy lives elsewhere) and
+impl LocalTemplate {
+    pub fn function(&self, name: &str) -> Result<&LocalFunction> {
+        self.functions.iter().find(|f| f.name == name).with_context(|| {
+            let names: Vec<&str> = self.functions.iter().map(|f| f.name.as_str()).collect();
+            format!(
+                "no function `{name}` in template.yaml (its CodeUri would be target/lambda/{name}/); there are: {}",
+                names.join(", ")
+            )
+        })
+    }
+}
+
+/// Rewrites `template` (template.yaml's text) for a local run: every
+/// `CodeUri` made absolute under `root` (the copy lives elsewhere) and
 /// `AWS_ENDPOINT_URL = endpoint` declared for all functions. Everything else,
 /// CloudFormation tags included, is kept as it is.
-pub fn local_template(template: &str, function: &str, root: &Path, endpoint: &str) -> Result<LocalTemplate> {
+pub fn local_template(template: &str, root: &Path, endpoint: &str) -> Result<LocalTemplate> {
     let mut doc: Yaml = serde_yaml::from_str(template).context("template.yaml is not valid YAML")?;
-    let mut found = None;
-    let mut names = Vec::new();
+    let globals = doc.get("Globals").and_then(|g| g.get("Function")).map(declared).unwrap_or_default();
+    let mut functions = Vec::new();
     let resources = doc.get_mut("Resources").and_then(Yaml::as_mapping_mut).context("template has no Resources")?;
     for (id, resource) in resources.iter_mut() {
         if resource.get("Type").and_then(Yaml::as_str) != Some("AWS::Serverless::Function") {
             continue;
         }
+        let mut variables = declared(resource);
         let Some(code_uri) = resource.get_mut("Properties").and_then(|p| p.get_mut("CodeUri")) else { continue };
         let Some(path) = code_uri.as_str().map(str::to_owned) else { continue };
-        let name = Path::new(&path).file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         *code_uri = Yaml::String(format!("{}/", root.join(path.trim_end_matches('/')).display()));
-        if name == function {
-            let variables = declared(resource);
-            found = Some((id.as_str().unwrap_or_default().to_owned(), variables));
-        }
-        names.push(name);
+        variables.extend(globals.iter().cloned());
+        variables.sort();
+        variables.dedup();
+        functions.push(LocalFunction {
+            name: Path::new(&path).file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned(),
+            logical_id: id.as_str().unwrap_or_default().to_owned(),
+            variables,
+        });
     }
-    let Some((logical_id, mut variables)) = found else {
-        bail!(
-            "no function `{function}` in template.yaml (its CodeUri would be target/lambda/{function}/); there are: {}",
-            names.join(", ")
-        );
-    };
-    let globals = doc.get("Globals").and_then(|g| g.get("Function")).map(declared).unwrap_or_default();
-    variables.extend(globals);
-    variables.sort();
-    variables.dedup();
     let root_map = doc.as_mapping_mut().context("template is not a mapping")?;
     let globals = entry(root_map, "Globals");
     let function_globals = entry(globals, "Function");
     let environment = entry(function_globals, "Environment");
     let declared_here = entry(environment, "Variables");
     declared_here.insert("AWS_ENDPOINT_URL".into(), endpoint.into());
-    Ok(LocalTemplate { logical_id, yaml: serde_yaml::to_string(&doc)?, variables })
+    Ok(LocalTemplate { yaml: serde_yaml::to_string(&doc)?, functions })
 }
 
 /// The mapping under `key` of `map`, created empty when missing.
@@ -136,17 +144,20 @@ fn declared(function: &Yaml) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `--env-vars` content: each variable the function declares that `lookup`
-/// (this process's environment, as the local stack sets it) has a value for.
-/// Never the endpoint: the local template's value must win.
+/// `--env-vars` content: for each function, each variable it declares that
+/// `lookup` (this process's environment, as the local stack sets it) has a
+/// value for. Never the endpoint: the local template's value must win.
 pub fn env_vars(template: &LocalTemplate, lookup: impl Fn(&str) -> Option<String>) -> Value {
-    let values: serde_json::Map<String, Value> = template
-        .variables
-        .iter()
-        .filter(|name| *name != "AWS_ENDPOINT_URL")
-        .filter_map(|name| lookup(name).map(|value| (name.clone(), Value::String(value))))
-        .collect();
-    json!({ &template.logical_id: values })
+    let functions = template.functions.iter().map(|function| {
+        let values: serde_json::Map<String, Value> = function
+            .variables
+            .iter()
+            .filter(|name| *name != "AWS_ENDPOINT_URL")
+            .filter_map(|name| lookup(name).map(|value| (name.clone(), Value::String(value))))
+            .collect();
+        (function.logical_id.clone(), Value::Object(values))
+    });
+    Value::Object(functions.collect())
 }
 
 /// The playback request `invoke playback` sends without an event file: the
@@ -270,6 +281,28 @@ impl Engine {
         Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
     }
 
+    /// Removes the function containers whose environment holds `marker` (a
+    /// session's endpoint, which no other session shares), running or not:
+    /// what sam leaves when it is stopped without the chance to clean up.
+    async fn remove_containers_with(&self, marker: &str) -> Result<usize> {
+        let filter = json!({ "label": ["sam.cli.container.type=lambda"] }).to_string();
+        let path = format!("/containers/json?all=true&filters={}", percent_encode(&filter));
+        let (_, listed) = self.call(Method::GET, &path, None).await?;
+        let mut removed = 0;
+        for id in listed.as_array().into_iter().flatten().filter_map(|c| c["Id"].as_str()) {
+            let (_, details) = self.call(Method::GET, &format!("/containers/{id}/json"), None).await?;
+            let env = details["Config"]["Env"].as_array().cloned().unwrap_or_default();
+            if env.iter().any(|e| e.as_str().is_some_and(|e| e.contains(marker))) {
+                let (status, answer) = self.call(Method::DELETE, &format!("/containers/{id}?force=true"), None).await?;
+                if !status.is_success() {
+                    bail!("removing container {id}: {status} {answer}");
+                }
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// The gateway of [`NETWORK`], created with `subnet` when missing.
     async fn network_gateway(&self, subnet: &str) -> Result<Ipv4Addr> {
         let path = format!("/networks/{NETWORK}");
@@ -298,6 +331,16 @@ impl Engine {
             .find_map(|config| config["Gateway"].as_str().and_then(|g| g.parse().ok()))
             .with_context(|| format!("network {NETWORK} has no IPv4 gateway: {network}"))
     }
+}
+
+/// `text` made safe for a URL's query: everything but unreserved characters percent-encoded.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Listens on `address` at a free port, even before the address exists: a
@@ -344,10 +387,97 @@ impl Drop for Scratch {
     }
 }
 
+/// What `invoke` and `api` share: the engine, the network's gateway with the
+/// forwarder on it, and the local template and its variables in a scratch
+/// directory. Dropping it stops all of them (fields drop in this order).
+struct Session {
+    engine: Engine,
+    gateway: Ipv4Addr,
+    /// What the functions' `AWS_ENDPOINT_URL` is: unique to this session.
+    endpoint: String,
+    template: LocalTemplate,
+    forwarder: tokio::task::JoinHandle<()>,
+    scratch: Scratch,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+    }
+}
+
+impl Session {
+    async fn open(settings: &Settings, root: &Path) -> Result<Self> {
+        crate::playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
+        let text = std::fs::read_to_string(root.join("template.yaml")).context("reading template.yaml")?;
+        let scratch = Scratch(std::env::temp_dir().join(format!("event-store-invoke-{}", std::process::id())));
+        std::fs::create_dir_all(&scratch.0)?;
+        let engine = Engine::connect(&scratch.0).await?;
+        let subnet =
+            std::env::var("INVOKE_SUBNET").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_SUBNET.into());
+        let gateway = engine.network_gateway(&subnet).await?;
+        let listener = listen_on(gateway)?;
+        let port = listener.local_addr()?.port();
+        let forwarder = tokio::spawn(forward(listener, SocketAddr::from(([127, 0, 0, 1], settings.emulator_port))));
+        let endpoint = format!("http://{HOST_ALIAS}:{port}");
+        let template = local_template(&text, root, &endpoint)?;
+        std::fs::write(scratch.0.join("template.yaml"), &template.yaml)?;
+        let vars = env_vars(&template, |name| std::env::var(name).ok());
+        std::fs::write(scratch.0.join("env.json"), serde_json::to_vec_pretty(&vars)?)?;
+        eprintln!("== the emulator is forwarded from {gateway}:{port}, on the containers' network {NETWORK}");
+        Ok(Self { engine, gateway, endpoint, template, forwarder, scratch })
+    }
+
+    /// Removes what sam left of this session's containers, then stops everything.
+    async fn close(self) {
+        match self.engine.remove_containers_with(&self.endpoint).await {
+            Ok(0) => {}
+            Ok(removed) => eprintln!("== removed {removed} function containers sam left behind"),
+            Err(err) => eprintln!("warning: could not look for containers sam left behind: {err:#}"),
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        &self.scratch.0
+    }
+
+    /// `sam local <args>` on the local template, its variables and network,
+    /// with nothing that could reach AWS.
+    fn sam(&self, sam: &Path, settings: &Settings, args: &[&str]) -> tokio::process::Command {
+        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+        let mut command = tokio::process::Command::new(sam);
+        command
+            .arg("local")
+            .args(args)
+            .arg("--template")
+            .arg(self.dir().join("template.yaml"))
+            .arg("--env-vars")
+            .arg(self.dir().join("env.json"))
+            .arg("--skip-pull-image")
+            .args(["--docker-network", NETWORK])
+            .args(["--add-host", &format!("{HOST_ALIAS}:{}", self.gateway)])
+            .current_dir(self.dir())
+            .env("DOCKER_HOST", format!("unix://{}", self.engine.socket.display()))
+            .env("SAM_CLI_TELEMETRY", "0")
+            // SAM's one call of its own (STS, for the account id) goes to the emulator, with dummy
+            // credentials, and those are the credentials it hands the container. Not AWS_ENDPOINT_URL:
+            // SAM gives a declared variable the shell's value over the template's.
+            .env("AWS_ENDPOINT_URL_STS", settings.emulator_endpoint())
+            .env_remove("AWS_ENDPOINT_URL")
+            .env("AWS_ACCESS_KEY_ID", "local")
+            .env("AWS_SECRET_ACCESS_KEY", "local")
+            .env("AWS_REGION", &region)
+            .env("AWS_DEFAULT_REGION", &region)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+}
+
 /// Runs the invocation; true when the function answered without an error.
-pub async fn invoke(settings: &Settings, invocation: Invocation) -> Result<bool> {
-    crate::playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
-    let root = &invocation.root;
+pub async fn invoke(settings: &Settings, sam: &Path, root: &Path, invocation: Invocation) -> Result<bool> {
     let function = invocation.function.as_str();
     let bootstrap = root.join("target/lambda").join(function).join("bootstrap");
     if !bootstrap.exists() {
@@ -361,80 +491,31 @@ pub async fn invoke(settings: &Settings, invocation: Invocation) -> Result<bool>
             Some(std::fs::canonicalize(&path).with_context(|| format!("no event given and no {}", path.display()))?)
         }
     };
-    let scratch = Scratch(std::env::temp_dir().join(format!("event-store-invoke-{}", std::process::id())));
-    std::fs::create_dir_all(&scratch.0)?;
-    let dir = scratch.0.as_path();
-
-    let engine = Engine::connect(dir).await?;
-    let subnet = std::env::var("INVOKE_SUBNET").unwrap_or_else(|_| DEFAULT_SUBNET.into());
-    let gateway = engine.network_gateway(&subnet).await?;
-    let listener = listen_on(gateway)?;
-    let port = listener.local_addr()?.port();
-    let forwarder = tokio::spawn(forward(listener, SocketAddr::from(([127, 0, 0, 1], settings.emulator_port))));
-
-    let text = std::fs::read_to_string(root.join("template.yaml")).context("reading template.yaml")?;
-    let template = local_template(&text, function, root, &format!("http://{HOST_ALIAS}:{port}"))?;
-    std::fs::write(dir.join("template.yaml"), &template.yaml)?;
-    let vars = env_vars(&template, |name| std::env::var(name).ok());
-    std::fs::write(dir.join("env.json"), serde_json::to_vec_pretty(&vars)?)?;
+    let session = Session::open(settings, root).await?;
+    let logical_id = session.template.function(function)?.logical_id.clone();
     let event = match event {
         Some(path) => path,
         None => {
             let wait = (settings.scan_interval.as_secs() * 4).max(30);
-            let path = dir.join("playback.json");
+            let path = session.dir().join("playback.json");
             std::fs::write(&path, recent_playback(chrono::Utc::now(), wait).to_string())?;
             path
         }
     };
-    eprintln!(
-        "== sam local invoke {} ({}) with {}: emulator forwarded from {gateway}:{port} on network {NETWORK}",
-        template.logical_id,
-        bootstrap.display(),
-        event.display()
-    );
-
-    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
-    let mut sam = tokio::process::Command::new(&invocation.sam);
-    sam.arg("local")
-        .arg("invoke")
-        .arg(&template.logical_id)
-        .arg("--template")
-        .arg(dir.join("template.yaml"))
-        .arg("--event")
-        .arg(&event)
-        .arg("--env-vars")
-        .arg(dir.join("env.json"))
-        .arg("--skip-pull-image")
-        .args(["--docker-network", NETWORK])
-        .args(["--add-host", &format!("{HOST_ALIAS}:{gateway}")])
-        .current_dir(dir)
-        .env("DOCKER_HOST", format!("unix://{}", engine.socket.display()))
-        .env("SAM_CLI_TELEMETRY", "0")
-        // SAM's one call of its own (STS, for the account id) goes to the emulator, with dummy
-        // credentials, and those are the credentials it hands the container. Not AWS_ENDPOINT_URL:
-        // SAM gives a declared variable the shell's value over the template's.
-        .env("AWS_ENDPOINT_URL_STS", settings.emulator_endpoint())
-        .env_remove("AWS_ENDPOINT_URL")
-        .env("AWS_ACCESS_KEY_ID", "local")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
-        .env("AWS_REGION", &region)
-        .env("AWS_DEFAULT_REGION", &region)
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("AWS_PROFILE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
+    eprintln!("== sam local invoke {logical_id} ({}) with {}", bootstrap.display(), event.display());
+    let mut command = session.sam(sam, settings, &["invoke", &logical_id]);
+    command.arg("--event").arg(&event).stdout(Stdio::piped());
     let started = Instant::now();
-    let child = sam.spawn().with_context(|| format!("starting {}", invocation.sam.display()))?;
+    let child = command.spawn().with_context(|| format!("starting {}", sam.display()))?;
     let output = tokio::select! {
-        output = child.wait_with_output() => output?,
-        _ = crate::stack::shutdown_signal() => bail!("interrupted"),
+        output = child.wait_with_output() => output,
+        _ = crate::stack::shutdown_signal() => Err(std::io::Error::other("interrupted")),
     };
-    forwarder.abort();
+    session.close().await;
+    let output = output?;
     let answer = String::from_utf8_lossy(&output.stdout);
     println!("{}", answer.trim());
-    eprintln!("== {} answered in {:.1} s", template.logical_id, started.elapsed().as_secs_f64());
-    drop(engine);
+    eprintln!("== {logical_id} answered in {:.1} s", started.elapsed().as_secs_f64());
     if !output.status.success() {
         bail!("sam local invoke failed ({})", output.status);
     }
@@ -443,6 +524,32 @@ pub async fn invoke(settings: &Settings, invocation: Invocation) -> Result<bool>
         return Ok(false);
     }
     Ok(true)
+}
+
+/// `sam local start-api` on 127.0.0.1:`port` until Ctrl-C: the HTTP API's
+/// routes (the pixel, `/events`, `/streams`) served by the deployed artefacts
+/// in warm containers, against the running local stack.
+pub async fn api(settings: &Settings, sam: &Path, root: &Path, port: u16) -> Result<bool> {
+    let session = Session::open(settings, root).await?;
+    eprintln!("== sam local start-api: http://127.0.0.1:{port}/track.gif (warm containers; Ctrl-C stops)");
+    let mut command = session.sam(sam, settings, &["start-api"]);
+    command.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--warm-containers", "LAZY"]);
+    let mut child = command.spawn().with_context(|| format!("starting {}", sam.display()))?;
+    let status = tokio::select! {
+        status = child.wait() => Some(status?),
+        _ = crate::stack::shutdown_signal() => None,
+    };
+    if status.is_none() {
+        // SIGINT is how sam stops cleanly (it removes its warm containers); a
+        // terminal's Ctrl-C has sent it already, a SIGTERM to this process has not.
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+        let _ = child.start_kill();
+    }
+    session.close().await;
+    Ok(status.is_none_or(|s| s.success()))
 }
 
 #[cfg(test)]
@@ -456,9 +563,11 @@ mod tests {
     #[test]
     fn the_local_template_changes_code_paths_and_the_endpoint_only() {
         let root = Path::new("/src/event-store");
-        let local = local_template(&template(), "playback", root, "http://host.docker.internal:4000").unwrap();
-        assert_eq!(local.logical_id, "PlaybackFunction");
-        assert!(local.variables.contains(&"DYNAMO_EVENT_TABLE".to_owned()), "{:?}", local.variables);
+        let local = local_template(&template(), root, "http://host.docker.internal:4000").unwrap();
+        let playback = local.function("playback").unwrap();
+        assert_eq!(playback.logical_id, "PlaybackFunction");
+        assert!(playback.variables.contains(&"DYNAMO_EVENT_TABLE".to_owned()), "{:?}", playback.variables);
+        assert_eq!(local.functions.len(), 7, "{:?}", local.functions);
 
         let mut original: Yaml = serde_yaml::from_str(&template()).unwrap();
         let mut changed: Yaml = serde_yaml::from_str(&local.yaml).unwrap();
@@ -482,20 +591,23 @@ mod tests {
 
     #[test]
     fn an_unknown_function_names_the_ones_there_are() {
-        let err = local_template(&template(), "nope", Path::new("/x"), "http://h:1").unwrap_err().to_string();
+        let local = local_template(&template(), Path::new("/x"), "http://h:1").unwrap();
+        let err = local.function("nope").unwrap_err().to_string();
         assert!(err.contains("no function `nope`") && err.contains("playback") && err.contains("load"), "{err}");
     }
 
     #[test]
     fn env_vars_carry_declared_values_only_and_never_the_endpoint() {
-        let local = local_template(&template(), "load", Path::new("/x"), "http://h:1").unwrap();
+        let local = local_template(&template(), Path::new("/x"), "http://h:1").unwrap();
         let vars = env_vars(&local, |name| match name {
             "EVENT_STREAM" => Some("s".into()),
             "AWS_ENDPOINT_URL" => Some("http://127.0.0.1:4566".into()),
-            "DYNAMO_EVENT_TABLE" => Some("t".into()), // the load function does not declare it
+            "DYNAMO_EVENT_TABLE" => Some("t".into()),
             _ => None,
         });
-        assert_eq!(vars, json!({ "LoadFunction": { "EVENT_STREAM": "s" } }));
+        // The load function does not declare the event table; the pump does not declare the stream.
+        assert_eq!(vars["LoadFunction"], json!({ "EVENT_STREAM": "s" }));
+        assert_eq!(vars["PumpFunction"], json!({ "DYNAMO_EVENT_TABLE": "t" }));
     }
 
     #[test]
@@ -526,6 +638,12 @@ mod tests {
         assert!(gateway_of("10.89.71.0/31").is_err());
         assert_eq!(docker_host_socket("unix:///run/podman.sock").unwrap(), PathBuf::from("/run/podman.sock"));
         assert!(docker_host_socket("tcp://10.0.0.1:2375").is_err());
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(percent_encode(r#"{"label":["a=b"]}"#), "%7B%22label%22%3A%5B%22a%3Db%22%5D%7D");
+        assert_eq!(percent_encode("plain-text_1.0~"), "plain-text_1.0~");
     }
 
     #[tokio::test]
