@@ -36,7 +36,8 @@ FN          ?= playback
 CONTAINER_PACKAGES := podman runc debootstrap qemu-user-static binfmt-support
 LAMBDA_BASE := public.ecr.aws/lambda/provided:al2023-arm64
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
-export SAM  := $(BIN)/sam
+SAM         ?= $(BIN)/sam
+export SAM
 
 .PHONY: help demo local playback tail subscription redrive load invoke api check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
 
@@ -175,19 +176,21 @@ tools-node: $(CURDIR)/.node/.pins-$(subst $(space),_,$(NODE_PINS))
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }
 
-# The container engine (podman, unless DOCKER_HOST names one), arm64 emulation on other hosts
-# (qemu through binfmt_misc), and, for podman, the base image SAM runs functions on.
+# The container engine (podman, unless DOCKER_HOST names one; rootful, so root), arm64 emulation on
+# other hosts (qemu through binfmt_misc), and, for podman, the base image SAM runs functions on.
 tools-container:
+	@if [ -z "$$DOCKER_HOST" ] && [ "$$(id -u)" != 0 ]; then \
+	  echo "make invoke/api run containers with rootful podman: run as root, or set DOCKER_HOST to a Docker engine's socket"; exit 1; fi
 	@if [ -z "$$DOCKER_HOST" ]; then command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null \
 	  || { echo "== installing $(CONTAINER_PACKAGES)"; $(APT_INSTALL) $(CONTAINER_PACKAGES); }; fi
 	@if [ "$$(uname -m)" != aarch64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then \
 	  echo "== registering qemu-aarch64 with binfmt_misc (arm64 binaries on this $$(uname -m) host)"; \
-	  command -v update-binfmts >/dev/null || $(APT_INSTALL) qemu-user-static binfmt-support; \
+	  command -v qemu-aarch64-static >/dev/null && command -v update-binfmts >/dev/null || $(APT_INSTALL) qemu-user-static binfmt-support; \
 	  [ -e /proc/sys/fs/binfmt_misc/register ] || $(SUDO) mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; \
 	  $(SUDO) update-binfmts --enable qemu-aarch64; fi
 	@if [ -z "$$DOCKER_HOST" ] && ! podman image exists $(LAMBDA_BASE); then \
 	  echo "== building $(LAMBDA_BASE) from Debian bookworm (debootstrap, once per machine)"; \
-	  rm -rf target/lambda-base && mkdir -p target && \
+	  $(SUDO) rm -rf target/lambda-base && mkdir -p target && \
 	  $(SUDO) debootstrap --arch=arm64 --variant=minbase bookworm target/lambda-base $(DEBIAN_MIRROR) >target/lambda-base.log 2>&1 \
 	    || { tail -20 target/lambda-base.log; exit 1; }; \
 	  $(SUDO) tar -C target/lambda-base -c . | podman import -q --arch arm64 - $(LAMBDA_BASE) && $(SUDO) rm -rf target/lambda-base; fi

@@ -20,4 +20,4 @@ pub mod resources;
 pub mod runs;
 pub mod table_stream;
 
-pub use process::{answers, free_port, moto_server, Emulator, Error};
+pub use process::{answers, free_port, moto_server, stop, Emulator, Error};

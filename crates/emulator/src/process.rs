@@ -41,6 +41,21 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
+/// Stops `child` by its PID: SIGTERM, so it can stop cleanly, then SIGKILL
+/// when it has not exited within `grace`.
+pub fn stop(child: &mut Child, grace: Duration) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).stderr(Stdio::null()).status();
+    let started = Instant::now();
+    while started.elapsed() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// The moto_server to run: `$MOTO_SERVER`, else `.venv/bin/moto_server` under `root`.
 pub fn moto_server(root: &Path) -> PathBuf {
     std::env::var_os("MOTO_SERVER").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/moto_server"))

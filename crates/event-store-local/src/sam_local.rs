@@ -6,18 +6,20 @@
 //!   declares, so `AWS_ENDPOINT_URL` would be dropped and the binary would call
 //!   AWS. A local copy of the template declares it for every function, pointing
 //!   at the emulator; the production template is not touched. SAM itself gets
-//!   dummy credentials and the emulator as its endpoint too, so nothing this
-//!   command starts can reach AWS.
+//!   dummy credentials and the emulator as its endpoint too, and those
+//!   credentials are what it hands the container.
 //! - **The network.** SAM puts the container on a bridge network (it ignores
 //!   `--docker-network host`), and a bridge does not reach the host's 127.0.0.1
 //!   where the emulator listens. A forwarder in this process listens on the
 //!   gateway of a dedicated bridge network and nowhere else, so the emulator is
 //!   reachable from containers on that network without being exposed beyond them.
 //! - **The engine.** With `DOCKER_HOST` set, that engine is used as it is; else
-//!   a podman API service is started for this call and stopped after it, with
-//!   the settings these VMs need (see [`CONTAINERS_CONF`]).
+//!   a podman API service (rootful: a rootless bridge lives in a namespace the
+//!   forwarder cannot reach) is started for this call and stopped after it,
+//!   with the settings these VMs need (see [`CONTAINERS_CONF`]).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -61,10 +63,13 @@ pub struct Invocation {
     pub event: Option<PathBuf>,
 }
 
-/// The template as `sam local` should see it locally.
+/// The template as `sam local` should see it locally: every `CodeUri` made
+/// absolute (the copy lives elsewhere), and, once [`LocalTemplate::render`]ed,
+/// `AWS_ENDPOINT_URL` declared for all functions. Everything else,
+/// CloudFormation tags included, is kept as it is.
 #[derive(Debug)]
 pub struct LocalTemplate {
-    pub yaml: String,
+    doc: Yaml,
     pub functions: Vec<LocalFunction>,
 }
 
@@ -89,11 +94,8 @@ impl LocalTemplate {
     }
 }
 
-/// Rewrites `template` (template.yaml's text) for a local run: every
-/// `CodeUri` made absolute under `root` (the copy lives elsewhere) and
-/// `AWS_ENDPOINT_URL = endpoint` declared for all functions. Everything else,
-/// CloudFormation tags included, is kept as it is.
-pub fn local_template(template: &str, root: &Path, endpoint: &str) -> Result<LocalTemplate> {
+/// template.yaml's text, with its functions' code under `root`.
+pub fn local_template(template: &str, root: &Path) -> Result<LocalTemplate> {
     let mut doc: Yaml = serde_yaml::from_str(template).context("template.yaml is not valid YAML")?;
     let globals = doc.get("Globals").and_then(|g| g.get("Function")).map(declared).unwrap_or_default();
     let mut functions = Vec::new();
@@ -115,13 +117,24 @@ pub fn local_template(template: &str, root: &Path, endpoint: &str) -> Result<Loc
             variables,
         });
     }
-    let root_map = doc.as_mapping_mut().context("template is not a mapping")?;
-    let globals = entry(root_map, "Globals");
-    let function_globals = entry(globals, "Function");
-    let environment = entry(function_globals, "Environment");
-    let declared_here = entry(environment, "Variables");
-    declared_here.insert("AWS_ENDPOINT_URL".into(), endpoint.into());
-    Ok(LocalTemplate { yaml: serde_yaml::to_string(&doc)?, functions })
+    if !doc.is_mapping() {
+        bail!("template is not a mapping");
+    }
+    Ok(LocalTemplate { doc, functions })
+}
+
+impl LocalTemplate {
+    /// The YAML to run, with `AWS_ENDPOINT_URL = endpoint` declared in the globals.
+    pub fn render(&self, endpoint: &str) -> Result<String> {
+        let mut doc = self.doc.clone();
+        if let Some(root) = doc.as_mapping_mut() {
+            let globals = entry(root, "Globals");
+            let function_globals = entry(globals, "Function");
+            let environment = entry(function_globals, "Environment");
+            entry(environment, "Variables").insert("AWS_ENDPOINT_URL".into(), endpoint.into());
+        }
+        Ok(serde_yaml::to_string(&doc)?)
+    }
 }
 
 /// The mapping under `key` of `map`, created empty when missing.
@@ -146,15 +159,16 @@ fn declared(function: &Yaml) -> Vec<String> {
 
 /// `--env-vars` content: for each function, each variable it declares that
 /// `lookup` (this process's environment, as the local stack sets it) has a
-/// value for. Never the endpoint: the local template's value must win.
-pub fn env_vars(template: &LocalTemplate, lookup: impl Fn(&str) -> Option<String>) -> Value {
+/// non-empty value for, and `AWS_ENDPOINT_URL = endpoint`: SAM ranks this file
+/// over the shell (which holds the emulator's address on the host) and the template.
+pub fn env_vars(template: &LocalTemplate, endpoint: &str, lookup: impl Fn(&str) -> Option<String>) -> Value {
     let functions = template.functions.iter().map(|function| {
-        let values: serde_json::Map<String, Value> = function
+        let mut values: serde_json::Map<String, Value> = function
             .variables
             .iter()
-            .filter(|name| *name != "AWS_ENDPOINT_URL")
-            .filter_map(|name| lookup(name).map(|value| (name.clone(), Value::String(value))))
+            .filter_map(|name| lookup(name).filter(|v| !v.trim().is_empty()).map(|v| (name.clone(), Value::String(v))))
             .collect();
+        values.insert("AWS_ENDPOINT_URL".into(), endpoint.into());
         (function.logical_id.clone(), Value::Object(values))
     });
     Value::Object(functions.collect())
@@ -201,24 +215,23 @@ struct Engine {
     _service: Option<Service>,
 }
 
-struct Service(tokio::process::Child);
+struct Service(std::process::Child);
 
 impl Drop for Service {
     fn drop(&mut self) {
         // SIGTERM lets podman clean up; the wait is bounded, then SIGKILL.
-        if let Some(pid) = self.0.id() {
-            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = self.0.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        let _ = self.0.start_kill();
+        event_store_emulator::stop(&mut self.0, Duration::from_secs(10));
     }
 }
+
+/// True when this process runs as root (the owner of `/proc/self` is the effective user).
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// How long one call to the engine's API may take.
+const ENGINE_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Engine {
     /// `DOCKER_HOST`'s engine, else a podman service on a socket in `dir`.
@@ -228,25 +241,32 @@ impl Engine {
             engine.ping().await.with_context(|| format!("no container engine answers at DOCKER_HOST={host}"))?;
             return Ok(engine);
         }
+        if !is_root() {
+            bail!("without DOCKER_HOST, make invoke runs containers with rootful podman: run it as root, or set DOCKER_HOST to a Docker engine's socket");
+        }
         let socket = dir.join("podman.sock");
         let conf = dir.join("containers.conf");
         std::fs::write(&conf, CONTAINERS_CONF)?;
-        let log = std::fs::File::create(dir.join("podman-service.log"))?;
-        let child = tokio::process::Command::new("podman")
+        let log_path = dir.join("podman-service.log");
+        let log = std::fs::File::create(&log_path)?;
+        let child = std::process::Command::new("podman")
             .args(["system", "service", "--time=0", &format!("unix://{}", socket.display())])
             .env("CONTAINERS_CONF", &conf)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
-            .kill_on_drop(true)
+            // Its own process group: a terminal's Ctrl-C must not stop the engine
+            // before sam and this command have removed their containers.
+            .process_group(0)
             .spawn()
             .context("starting `podman system service` (no DOCKER_HOST set; `make tools-container` installs podman)")?;
-        let engine = Self { socket, _service: Some(Service(child)) };
+        let mut engine = Self { socket, _service: Some(Service(child)) };
         let started = Instant::now();
         while let Err(err) = engine.ping().await {
-            if started.elapsed() > Duration::from_secs(30) {
-                let log = std::fs::read_to_string(dir.join("podman-service.log")).unwrap_or_default();
-                return Err(err.context(format!("podman's API service did not answer within 30 s: {log}")));
+            let exited = engine._service.as_mut().and_then(|s| s.0.try_wait().ok().flatten());
+            if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(err.context(format!("podman's API service did not answer ({exited:?}): {log}")));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -263,6 +283,12 @@ impl Engine {
 
     /// One request to the engine's API: its status and its body as JSON (`Null` when not JSON).
     async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Value)> {
+        tokio::time::timeout(ENGINE_CALL_TIMEOUT, self.call_once(method, path, body))
+            .await
+            .with_context(|| format!("the engine did not answer {path} within {ENGINE_CALL_TIMEOUT:?}"))?
+    }
+
+    async fn call_once(&self, method: Method, path: &str, body: Option<Value>) -> Result<(StatusCode, Value)> {
         let stream = UnixStream::connect(&self.socket)
             .await
             .with_context(|| format!("connecting to {}", self.socket.display()))?;
@@ -281,9 +307,10 @@ impl Engine {
         Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
     }
 
-    /// Removes the function containers whose environment holds `marker` (a
-    /// session's endpoint, which no other session shares), running or not:
-    /// what sam leaves when it is stopped without the chance to clean up.
+    /// Removes the function containers whose environment holds the variable
+    /// `marker` (`NAME=value`: a session's endpoint, which no session running at
+    /// the same time shares), running or not: what sam leaves when it is
+    /// stopped without the chance to clean up.
     async fn remove_containers_with(&self, marker: &str) -> Result<usize> {
         let filter = json!({ "label": ["sam.cli.container.type=lambda"] }).to_string();
         let path = format!("/containers/json?all=true&filters={}", percent_encode(&filter));
@@ -292,9 +319,10 @@ impl Engine {
         for id in listed.as_array().into_iter().flatten().filter_map(|c| c["Id"].as_str()) {
             let (_, details) = self.call(Method::GET, &format!("/containers/{id}/json"), None).await?;
             let env = details["Config"]["Env"].as_array().cloned().unwrap_or_default();
-            if env.iter().any(|e| e.as_str().is_some_and(|e| e.contains(marker))) {
+            if env.iter().any(|e| e.as_str() == Some(marker)) {
                 let (status, answer) = self.call(Method::DELETE, &format!("/containers/{id}?force=true"), None).await?;
-                if !status.is_success() {
+                // 404: sam removed it meanwhile.
+                if !status.is_success() && status != StatusCode::NOT_FOUND {
                     bail!("removing container {id}: {status} {answer}");
                 }
                 removed += 1;
@@ -316,7 +344,8 @@ impl Engine {
                 "Labels": { "purpose": "make invoke: function containers reach the local stack through its gateway" },
             });
             let (created, answer) = self.call(Method::POST, "/networks/create", Some(create)).await?;
-            if !created.is_success() {
+            // 409: another session created it meanwhile.
+            if !created.is_success() && created != StatusCode::CONFLICT {
                 bail!("creating network {NETWORK} ({subnet}) failed: {created} {answer} (INVOKE_SUBNET picks another subnet)");
             }
             (status, network) = self.call(Method::GET, &path, None).await?;
@@ -378,8 +407,18 @@ pub async fn forward(listener: TcpListener, target: SocketAddr) {
     }
 }
 
-/// A directory removed when dropped.
+/// A directory of this process's own (mode 0700, a fresh name: never one
+/// someone else made first), removed when dropped.
 struct Scratch(PathBuf);
+
+impl Scratch {
+    fn create() -> Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let path = std::env::temp_dir().join(format!("event-store-invoke-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self(path))
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -389,13 +428,13 @@ impl Drop for Scratch {
 
 /// What `invoke` and `api` share: the engine, the network's gateway with the
 /// forwarder on it, and the local template and its variables in a scratch
-/// directory. Dropping it stops all of them (fields drop in this order).
+/// directory. [`Session::close`] removes the containers sam left; dropping it
+/// stops the rest (fields drop in this order).
 struct Session {
     engine: Engine,
     gateway: Ipv4Addr,
-    /// What the functions' `AWS_ENDPOINT_URL` is: unique to this session.
+    /// The functions' `AWS_ENDPOINT_URL`: no session running at the same time has the same.
     endpoint: String,
-    template: LocalTemplate,
     forwarder: tokio::task::JoinHandle<()>,
     scratch: Scratch,
 }
@@ -407,30 +446,28 @@ impl Drop for Session {
 }
 
 impl Session {
-    async fn open(settings: &Settings, root: &Path) -> Result<Self> {
+    async fn open(settings: &Settings, template: &LocalTemplate) -> Result<Self> {
         crate::playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
-        let text = std::fs::read_to_string(root.join("template.yaml")).context("reading template.yaml")?;
-        let scratch = Scratch(std::env::temp_dir().join(format!("event-store-invoke-{}", std::process::id())));
-        std::fs::create_dir_all(&scratch.0)?;
+        let scratch = Scratch::create()?;
+        eprintln!("== working in {}", scratch.0.display());
         let engine = Engine::connect(&scratch.0).await?;
         let subnet =
             std::env::var("INVOKE_SUBNET").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_SUBNET.into());
         let gateway = engine.network_gateway(&subnet).await?;
         let listener = listen_on(gateway)?;
         let port = listener.local_addr()?.port();
-        let forwarder = tokio::spawn(forward(listener, SocketAddr::from(([127, 0, 0, 1], settings.emulator_port))));
         let endpoint = format!("http://{HOST_ALIAS}:{port}");
-        let template = local_template(&text, root, &endpoint)?;
-        std::fs::write(scratch.0.join("template.yaml"), &template.yaml)?;
-        let vars = env_vars(&template, |name| std::env::var(name).ok());
+        std::fs::write(scratch.0.join("template.yaml"), template.render(&endpoint)?)?;
+        let vars = env_vars(template, &endpoint, |name| std::env::var(name).ok());
         std::fs::write(scratch.0.join("env.json"), serde_json::to_vec_pretty(&vars)?)?;
+        let forwarder = tokio::spawn(forward(listener, SocketAddr::from(([127, 0, 0, 1], settings.emulator_port))));
         eprintln!("== the emulator is forwarded from {gateway}:{port}, on the containers' network {NETWORK}");
-        Ok(Self { engine, gateway, endpoint, template, forwarder, scratch })
+        Ok(Self { engine, gateway, endpoint, forwarder, scratch })
     }
 
     /// Removes what sam left of this session's containers, then stops everything.
     async fn close(self) {
-        match self.engine.remove_containers_with(&self.endpoint).await {
+        match self.engine.remove_containers_with(&format!("AWS_ENDPOINT_URL={}", self.endpoint)).await {
             Ok(0) => {}
             Ok(removed) => eprintln!("== removed {removed} function containers sam left behind"),
             Err(err) => eprintln!("warning: could not look for containers sam left behind: {err:#}"),
@@ -459,11 +496,11 @@ impl Session {
             .current_dir(self.dir())
             .env("DOCKER_HOST", format!("unix://{}", self.engine.socket.display()))
             .env("SAM_CLI_TELEMETRY", "0")
-            // SAM's one call of its own (STS, for the account id) goes to the emulator, with dummy
-            // credentials, and those are the credentials it hands the container. Not AWS_ENDPOINT_URL:
-            // SAM gives a declared variable the shell's value over the template's.
-            .env("AWS_ENDPOINT_URL_STS", settings.emulator_endpoint())
-            .env_remove("AWS_ENDPOINT_URL")
+            // SAM's own AWS calls (STS, for the account id) go to the emulator, with dummy
+            // credentials, and those are the credentials it hands the container. The
+            // containers' endpoint comes from env.json, which SAM ranks over this.
+            .env("AWS_ENDPOINT_URL", settings.emulator_endpoint())
+            .env_remove("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
             .env("AWS_ACCESS_KEY_ID", "local")
             .env("AWS_SECRET_ACCESS_KEY", "local")
             .env("AWS_REGION", &region)
@@ -471,14 +508,24 @@ impl Session {
             .env_remove("AWS_SESSION_TOKEN")
             .env_remove("AWS_PROFILE")
             .stdin(Stdio::null())
+            // Its own process group: this command decides when sam is stopped, and how.
+            .process_group(0)
             .kill_on_drop(true);
         command
     }
 }
 
+fn read_template(root: &Path) -> Result<LocalTemplate> {
+    let path = root.join("template.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    local_template(&text, root)
+}
+
 /// Runs the invocation; true when the function answered without an error.
 pub async fn invoke(settings: &Settings, sam: &Path, root: &Path, invocation: Invocation) -> Result<bool> {
     let function = invocation.function.as_str();
+    let template = read_template(root)?;
+    let logical_id = template.function(function)?.logical_id.clone();
     let bootstrap = root.join("target/lambda").join(function).join("bootstrap");
     if !bootstrap.exists() {
         bail!("{} is missing: `make build` builds the functions (make invoke does it first)", bootstrap.display());
@@ -491,8 +538,7 @@ pub async fn invoke(settings: &Settings, sam: &Path, root: &Path, invocation: In
             Some(std::fs::canonicalize(&path).with_context(|| format!("no event given and no {}", path.display()))?)
         }
     };
-    let session = Session::open(settings, root).await?;
-    let logical_id = session.template.function(function)?.logical_id.clone();
+    let session = Session::open(settings, &template).await?;
     let event = match event {
         Some(path) => path,
         None => {
@@ -530,18 +576,17 @@ pub async fn invoke(settings: &Settings, sam: &Path, root: &Path, invocation: In
 /// routes (the pixel, `/events`, `/streams`) served by the deployed artefacts
 /// in warm containers, against the running local stack.
 pub async fn api(settings: &Settings, sam: &Path, root: &Path, port: u16) -> Result<bool> {
-    let session = Session::open(settings, root).await?;
+    let session = Session::open(settings, &read_template(root)?).await?;
     eprintln!("== sam local start-api: http://127.0.0.1:{port}/track.gif (warm containers; Ctrl-C stops)");
     let mut command = session.sam(sam, settings, &["start-api"]);
     command.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--warm-containers", "LAZY"]);
     let mut child = command.spawn().with_context(|| format!("starting {}", sam.display()))?;
     let status = tokio::select! {
-        status = child.wait() => Some(status?),
+        status = child.wait() => Some(status),
         _ = crate::stack::shutdown_signal() => None,
     };
     if status.is_none() {
-        // SIGINT is how sam stops cleanly (it removes its warm containers); a
-        // terminal's Ctrl-C has sent it already, a SIGTERM to this process has not.
+        // One SIGINT is how sam stops cleanly (it removes its warm containers).
         if let Some(pid) = child.id() {
             let _ = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status();
         }
@@ -549,7 +594,10 @@ pub async fn api(settings: &Settings, sam: &Path, root: &Path, port: u16) -> Res
         let _ = child.start_kill();
     }
     session.close().await;
-    Ok(status.is_none_or(|s| s.success()))
+    match status {
+        None => Ok(true),
+        Some(status) => Ok(status?.success()),
+    }
 }
 
 #[cfg(test)]
@@ -563,14 +611,15 @@ mod tests {
     #[test]
     fn the_local_template_changes_code_paths_and_the_endpoint_only() {
         let root = Path::new("/src/event-store");
-        let local = local_template(&template(), root, "http://host.docker.internal:4000").unwrap();
+        let local = local_template(&template(), root).unwrap();
         let playback = local.function("playback").unwrap();
         assert_eq!(playback.logical_id, "PlaybackFunction");
         assert!(playback.variables.contains(&"DYNAMO_EVENT_TABLE".to_owned()), "{:?}", playback.variables);
         assert_eq!(local.functions.len(), 7, "{:?}", local.functions);
 
         let mut original: Yaml = serde_yaml::from_str(&template()).unwrap();
-        let mut changed: Yaml = serde_yaml::from_str(&local.yaml).unwrap();
+        let mut changed: Yaml =
+            serde_yaml::from_str(&local.render("http://host.docker.internal:4000").unwrap()).unwrap();
         let globals = &changed["Globals"]["Function"]["Environment"]["Variables"];
         assert_eq!(globals["AWS_ENDPOINT_URL"].as_str(), Some("http://host.docker.internal:4000"));
         let code_uri = &changed["Resources"]["PlaybackFunction"]["Properties"]["CodeUri"];
@@ -591,23 +640,24 @@ mod tests {
 
     #[test]
     fn an_unknown_function_names_the_ones_there_are() {
-        let local = local_template(&template(), Path::new("/x"), "http://h:1").unwrap();
+        let local = local_template(&template(), Path::new("/x")).unwrap();
         let err = local.function("nope").unwrap_err().to_string();
         assert!(err.contains("no function `nope`") && err.contains("playback") && err.contains("load"), "{err}");
     }
 
     #[test]
-    fn env_vars_carry_declared_values_only_and_never_the_endpoint() {
-        let local = local_template(&template(), Path::new("/x"), "http://h:1").unwrap();
-        let vars = env_vars(&local, |name| match name {
+    fn env_vars_carry_declared_non_empty_values_and_the_containers_endpoint() {
+        let local = local_template(&template(), Path::new("/x")).unwrap();
+        let vars = env_vars(&local, "http://h:1", |name| match name {
             "EVENT_STREAM" => Some("s".into()),
             "AWS_ENDPOINT_URL" => Some("http://127.0.0.1:4566".into()),
             "DYNAMO_EVENT_TABLE" => Some("t".into()),
+            "IP_MODE" => Some(String::new()), // as make exports an unset variable
             _ => None,
         });
         // The load function does not declare the event table; the pump does not declare the stream.
-        assert_eq!(vars["LoadFunction"], json!({ "EVENT_STREAM": "s" }));
-        assert_eq!(vars["PumpFunction"], json!({ "DYNAMO_EVENT_TABLE": "t" }));
+        assert_eq!(vars["LoadFunction"], json!({ "EVENT_STREAM": "s", "AWS_ENDPOINT_URL": "http://h:1" }));
+        assert_eq!(vars["PumpFunction"], json!({ "DYNAMO_EVENT_TABLE": "t", "AWS_ENDPOINT_URL": "http://h:1" }));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! Needs what `make test` installs first: the SAM CLI in .venv, podman and the
 //! locally built Lambda base image (`make tools-container`), and the arm64
-//! bootstraps (`make build`).
+//! bootstraps (`make build`). With `DOCKER_HOST` set, that engine runs the
+//! containers instead of podman, as with `make invoke`.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_kinesis::config::Credentials;
 use aws_sdk_kinesis::types::ShardIteratorType;
-use common::{repo_root, start_local_stack, Process};
+use common::{repo_root, start_local_stack, wait_with_limit, Process};
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
 use event_store::playback::PlayedEvent;
@@ -61,14 +62,12 @@ async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container()
             .env("EMULATOR_PORT", emulator.port.to_string())
             .env("STAGE", "samtest")
             .env_remove("AWS_ENDPOINT_URL")
-            .env_remove("DOCKER_HOST")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
-    let pid = invoke.0.id();
-    let output = wait_with_limit(invoke, Duration::from_secs(300));
+    let output = wait_with_limit(invoke, Duration::from_secs(300), "invoke");
     let took = started.elapsed();
     let _ = std::fs::remove_file(&event);
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -79,8 +78,8 @@ async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container()
     let answer: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(answer["status"], "complete", "{answer}");
     assert_eq!(answer["events"], HITS, "{answer}");
-    let scratch = std::env::temp_dir().join(format!("event-store-invoke-{pid}"));
-    assert!(!scratch.exists(), "invoke removed its scratch directory (and the engine socket in it)");
+    let scratch = stderr.lines().find_map(|l| l.strip_prefix("== working in ")).expect("the scratch directory");
+    assert!(!std::path::Path::new(scratch).exists(), "invoke removed {scratch} (and the engine socket in it)");
 
     // What the container put on the playback stream: every hit, once, in order.
     let sdk = aws_config::defaults(BehaviorVersion::latest())
@@ -96,31 +95,6 @@ async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container()
     let seqs: Vec<u64> = played.iter().map(|(played, _)| played.playback_seq).collect();
     assert_eq!(seqs, (0..HITS as u64).collect::<Vec<_>>());
     assert!(played.windows(2).all(|w| w[0].0.event_ms <= w[1].0.event_ms), "event times never go back");
-}
-
-/// The child's output, or a panic (the child stopped by PID) when it runs past `limit`.
-fn wait_with_limit(mut process: Process, limit: Duration) -> std::process::Output {
-    use std::io::Read;
-    let started = Instant::now();
-    let (mut stdout, mut stderr) = (process.0.stdout.take().unwrap(), process.0.stderr.take().unwrap());
-    let out = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stdout.read_to_end(&mut buf);
-        buf
-    });
-    let err = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stderr.read_to_end(&mut buf);
-        buf
-    });
-    let status = loop {
-        if let Some(status) = process.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < limit, "invoke did not finish in {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    std::process::Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
 }
 
 /// Every played event on the stream's shards, in stream order.

@@ -14,16 +14,7 @@ pub struct Process(pub Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).stderr(Stdio::null()).status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        event_store_emulator::stop(&mut self.0, Duration::from_secs(10));
     }
 }
 
@@ -72,22 +63,35 @@ pub fn run_demo(env: &[(&str, String)], limit: Duration) -> (ExitStatus, String)
     for (name, value) in env {
         command.env(name, value);
     }
-    let mut child = command.spawn().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("demo did not finish in {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let output = wait_with_limit(Process(command.spawn().unwrap()), limit, "demo");
+    let (status, out) = (output.status, String::from_utf8_lossy(&output.stdout).into_owned());
     println!("{out}");
     (status, out)
+}
+
+/// The process's output (stdout and stderr, if piped), or a panic (the
+/// process stopped by PID) when it runs past `limit`.
+pub fn wait_with_limit(mut process: Process, limit: Duration, what: &str) -> std::process::Output {
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = read(process.0.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = read(process.0.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = process.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < limit, "{what} did not finish in {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::process::Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }
 
 /// The first number after `label` on the report line that starts with it.
