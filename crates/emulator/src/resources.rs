@@ -127,3 +127,37 @@ pub async fn create_streams(client: &aws_sdk_kinesis::Client, names: &Names, sha
     }
     Ok(())
 }
+
+/// Every record of a stream, shard by shard, each shard from its start
+/// (`TRIM_HORIZON`) in sequence order, with its shard id: what a test or the
+/// local stack reads back from the emulator.
+pub async fn read_stream(
+    client: &aws_sdk_kinesis::Client,
+    stream: &str,
+) -> Result<Vec<(String, aws_sdk_kinesis::types::Record)>> {
+    let shards = client.list_shards().stream_name(stream).send().await.map_err(|e| failed("ListShards", e))?;
+    let mut all = Vec::new();
+    for shard in shards.shards() {
+        let mut iterator = client
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.shard_id())
+            .shard_iterator_type(aws_sdk_kinesis::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .map_err(|e| failed("GetShardIterator", e))?
+            .shard_iterator;
+        while let Some(it) = iterator {
+            let out = client
+                .get_records()
+                .shard_iterator(it)
+                .limit(10_000)
+                .send()
+                .await
+                .map_err(|e| failed("GetRecords", e))?;
+            all.extend(out.records().iter().map(|r| (shard.shard_id().to_owned(), r.clone())));
+            iterator = if out.records().is_empty() { None } else { out.next_shard_iterator };
+        }
+    }
+    Ok(all)
+}

@@ -9,9 +9,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
-use common::{start_local_stack, wait_for_port, Process};
+use common::{sdk_config, start_local_stack, wait_for_port, Process};
 use event_store::envelope::Envelope;
 use event_store::event_item::EventItem;
 use event_store_emulator::{free_port, moto_server, Emulator};
@@ -69,12 +67,7 @@ async fn page_view_and_button_click_reach_the_event_table() {
     assert!(answer.starts_with("202"), "the button's post was answered {answer:?}");
 
     // Both events, moved by the stack's scan into the event table.
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(&emulator.endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("local", "local", None, None, "test"))
-        .load()
-        .await;
+    let sdk = sdk_config(&emulator.endpoint).await;
     let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
     let started = Instant::now();
     let envelopes = loop {

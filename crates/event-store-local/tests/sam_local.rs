@@ -14,13 +14,11 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_kinesis::config::Credentials;
-use aws_sdk_kinesis::types::ShardIteratorType;
-use common::{repo_root, start_local_stack, wait_with_limit, Process};
+use common::{repo_root, sdk_config, start_local_stack, wait_with_limit, Process};
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
 use event_store::playback::PlayedEvent;
+use event_store_emulator::resources::read_stream;
 use event_store_emulator::{free_port, moto_server, Emulator};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
@@ -82,13 +80,8 @@ async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container()
     assert!(!std::path::Path::new(scratch).exists(), "invoke removed {scratch} (and the engine socket in it)");
 
     // What the container put on the playback stream: every hit, once, in order.
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(&emulator.endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("local", "local", None, None, "test"))
-        .load()
-        .await;
-    let played = read_stream(&aws_sdk_kinesis::Client::new(&sdk), "event-store-samtest-playback").await;
+    let sdk = sdk_config(&emulator.endpoint).await;
+    let played = read_played(&aws_sdk_kinesis::Client::new(&sdk), "event-store-samtest-playback").await;
     let pages: Vec<String> = played.iter().map(|(_, envelope)| envelope.query["page"][0].clone()).collect();
     let expected: Vec<String> = (0..HITS).map(|hit| format!("p{hit:02}")).collect();
     assert_eq!(pages, expected, "played in send order, each once");
@@ -98,35 +91,13 @@ async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container()
 }
 
 /// Every played event on the stream's shards, in stream order.
-async fn read_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Vec<(PlayedEvent, Envelope)> {
+async fn read_played(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Vec<(PlayedEvent, Envelope)> {
     let mut played = Vec::new();
-    let shards = kinesis.list_shards().stream_name(stream).send().await.unwrap();
-    for shard in shards.shards() {
-        let mut iterator = kinesis
-            .get_shard_iterator()
-            .stream_name(stream)
-            .shard_id(shard.shard_id())
-            .shard_iterator_type(ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .unwrap()
-            .shard_iterator
-            .unwrap();
-        loop {
-            let out = kinesis.get_records().shard_iterator(&iterator).send().await.unwrap();
-            for record in out.records() {
-                for (_, data) in
-                    deaggregate(record.partition_key().unwrap_or_default(), record.data().as_ref()).unwrap()
-                {
-                    let event: PlayedEvent = serde_json::from_slice(&data).unwrap();
-                    let envelope: Envelope = serde_json::from_value(event.data.clone().unwrap()).unwrap();
-                    played.push((event, envelope));
-                }
-            }
-            match out.next_shard_iterator {
-                Some(next) if !out.records().is_empty() => iterator = next,
-                _ => break,
-            }
+    for (_, record) in read_stream(kinesis, stream).await.unwrap() {
+        for (_, data) in deaggregate(record.partition_key().unwrap_or_default(), record.data().as_ref()).unwrap() {
+            let event: PlayedEvent = serde_json::from_slice(&data).unwrap();
+            let envelope: Envelope = serde_json::from_value(event.data.clone().unwrap()).unwrap();
+            played.push((event, envelope));
         }
     }
     played

@@ -18,6 +18,16 @@ impl Drop for Process {
     }
 }
 
+/// The SDK's configuration for the emulator at `endpoint`, with dummy credentials.
+pub async fn sdk_config(endpoint: &str) -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new("local", "local", None, None, "test"))
+        .load()
+        .await
+}
+
 pub fn wait_for_port(port: u16, what: &str) {
     let started = Instant::now();
     while !answers(port) {

@@ -10,7 +10,6 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_kinesis::types::ShardIteratorType;
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables, Names};
 use event_store_emulator::{moto_server, Emulator};
@@ -103,28 +102,7 @@ impl TestEnv {
 
     /// Every record of a stream, shard by shard, each shard in sequence order.
     pub async fn read_stream(&self, stream: &str) -> Vec<(String, aws_sdk_kinesis::types::Record)> {
-        let shards = self.kinesis.list_shards().stream_name(stream).send().await.expect("list shards");
-        let mut all = Vec::new();
-        for shard in shards.shards() {
-            let mut iterator = self
-                .kinesis
-                .get_shard_iterator()
-                .stream_name(stream)
-                .shard_id(shard.shard_id())
-                .shard_iterator_type(ShardIteratorType::TrimHorizon)
-                .send()
-                .await
-                .expect("iterator")
-                .shard_iterator()
-                .map(str::to_owned);
-            while let Some(it) = iterator {
-                let out =
-                    self.kinesis.get_records().shard_iterator(it).limit(10_000).send().await.expect("get records");
-                all.extend(out.records().iter().map(|r| (shard.shard_id().to_owned(), r.clone())));
-                iterator = if out.records().is_empty() { None } else { out.next_shard_iterator().map(str::to_owned) };
-            }
-        }
-        all
+        event_store_emulator::resources::read_stream(&self.kinesis, stream).await.expect("read the stream")
     }
 
     /// The event stream's records as the Lambda event source would deliver them, one event per shard.
