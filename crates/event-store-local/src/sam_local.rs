@@ -92,6 +92,18 @@ impl LocalTemplate {
             )
         })
     }
+
+    /// The YAML to run, with `AWS_ENDPOINT_URL = endpoint` declared in the globals.
+    pub fn render(&self, endpoint: &str) -> Result<String> {
+        let mut doc = self.doc.clone();
+        if let Some(root) = doc.as_mapping_mut() {
+            let globals = entry(root, "Globals");
+            let function_globals = entry(globals, "Function");
+            let environment = entry(function_globals, "Environment");
+            entry(environment, "Variables").insert("AWS_ENDPOINT_URL".into(), endpoint.into());
+        }
+        Ok(serde_yaml::to_string(&doc)?)
+    }
 }
 
 /// template.yaml's text, with its functions' code under `root`.
@@ -121,20 +133,6 @@ pub fn local_template(template: &str, root: &Path) -> Result<LocalTemplate> {
         bail!("template is not a mapping");
     }
     Ok(LocalTemplate { doc, functions })
-}
-
-impl LocalTemplate {
-    /// The YAML to run, with `AWS_ENDPOINT_URL = endpoint` declared in the globals.
-    pub fn render(&self, endpoint: &str) -> Result<String> {
-        let mut doc = self.doc.clone();
-        if let Some(root) = doc.as_mapping_mut() {
-            let globals = entry(root, "Globals");
-            let function_globals = entry(globals, "Function");
-            let environment = entry(function_globals, "Environment");
-            entry(environment, "Variables").insert("AWS_ENDPOINT_URL".into(), endpoint.into());
-        }
-        Ok(serde_yaml::to_string(&doc)?)
-    }
 }
 
 /// The mapping under `key` of `map`, created empty when missing.
@@ -362,14 +360,13 @@ impl Engine {
     }
 }
 
-/// `text` made safe for a URL's query: everything but unreserved characters percent-encoded.
+/// Characters a URL's query keeps as they are (RFC 3986's unreserved ones).
+const UNRESERVED: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// `text` made safe for a URL's query.
 fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(text, UNRESERVED).to_string()
 }
 
 /// Listens on `address` at a free port, even before the address exists: a
