@@ -59,8 +59,8 @@ tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|b
 subscription: local-bin ## manage subscriptions of the running stack: ARGS='list' | ARGS='create NAME --target kinesis:S --start beginning' | pause/resume/reset/delete/parked/redrive
 	$(LOCAL_BIN) subscription $(or $(ARGS),list)
 
-redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (AWS=1: the deployed stack, tables from DYNAMO_BUFFER_TABLE/DYNAMO_EVENT_TABLE)
-	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(AWS),--aws)
+redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (RELAY=1: the relay's, held entity streams from the entity table; AWS=1: the deployed stack, names from the environment)
+	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(RELAY),--relay) $(if $(AWS),--aws)
 
 invoke: tools tools-container build local-bin ## run FN's deployed artefact in a container (sam local invoke) against `make local`: FN=playback|load|... [EVENT=events/FN.json]
 	$(LOCAL_BIN) invoke $(FN) $(if $(EVENT),--event '$(EVENT)')

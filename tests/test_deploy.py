@@ -320,7 +320,7 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
     assert [(s["name"], s["lag_ms"]) for s in listed["subscriptions"]] == [("e2e", 0)]
 
     # An entity stream: two events appended in one request, then the relay puts the batch's
-    # stream record on the event stream, one record per event, keyed by the stream name.
+    # stream record on the event stream, one record per event, keyed streams/<name>.
     appended = invoke(watch, "streams", "streams-append.json")
     assert appended["statusCode"] == 201, appended
     assert appended["headers"]["etag"] == '"1"'
@@ -329,7 +329,7 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
     assert (again["statusCode"], again["headers"]["etag"]) == (201, '"1"'), "the same request: the original answer"
     assert invoke(watch, "relay", "relay.json") == {"batchItemFailures": []}
     records = kinesis.get_records(ShardIterator=iterator)["Records"]
-    relayed = [json.loads(r["Data"]) for r in records if r["PartitionKey"] == "todo-e2e"]
+    relayed = [json.loads(r["Data"]) for r in records if r["PartitionKey"] == "streams/todo-e2e"]
     assert [(e["id"], e["body"]["type"]) for e in relayed] == [("todo-e2e/0", "TodoCreated"), ("todo-e2e/1", "TodoUpdated")]
 
 

@@ -166,7 +166,7 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
 }
 
 /// Checks the delivered ids (`<stream>/<version>` per partition key, in delivery order) of each
-/// entity stream: versions `0..n`, first deliveries in order, none missing.
+/// entity stream (its events keyed `streams/<name>`): versions `0..n`, first deliveries in order, none missing.
 pub fn check_versions(
     streams: &BTreeMap<String, u64>,
     delivered: &HashMap<String, Vec<String>>,
@@ -176,7 +176,7 @@ pub fn check_versions(
     for (stream, count) in streams {
         let mut seen = HashSet::new();
         let firsts: Vec<u64> = delivered
-            .get(stream)
+            .get(&event_store::envelope::entity_key(stream))
             .into_iter()
             .flatten()
             .filter(|id| seen.insert(id.as_str()))
@@ -196,7 +196,7 @@ mod tests {
     #[test]
     fn versions_must_come_in_order_without_gaps_copies_aside() {
         let streams = BTreeMap::from([("a".to_owned(), 3)]);
-        let ids = |v: &[&str]| HashMap::from([("a".to_owned(), v.iter().map(|v| format!("a/{v}")).collect())]);
+        let ids = |v: &[&str]| HashMap::from([("streams/a".to_owned(), v.iter().map(|v| format!("a/{v}")).collect())]);
         assert!(check_versions(&streams, &ids(&["0", "1", "1", "2"]), "x").is_empty());
         assert_eq!(check_versions(&streams, &ids(&["0", "2", "1"]), "x").len(), 1);
         assert_eq!(check_versions(&streams, &ids(&["0", "1"]), "x").len(), 1);

@@ -80,9 +80,14 @@ enum Command {
     /// Re-drive the pump's dead-letter queue: read each failure record's range back from the
     /// event stream, buffer it again, delete the message (kept if anything failed).
     Redrive {
-        /// The dead-letter queue's URL (the stack output `PumpDeadLetterQueueUrl`).
+        /// The dead-letter queue's URL (the stack output `PumpDeadLetterQueueUrl`, or
+        /// `RelayDeadLetterQueueUrl` with `--relay`).
         #[arg(long, env = "QUEUE_URL")]
         queue: String,
+        /// The relay's queue: held entity streams are relayed from the entity table, in order
+        /// (DYNAMO_ENTITY_TABLE and EVENT_STREAM from the environment with `--aws`).
+        #[arg(long, default_value_t = false)]
+        relay: bool,
         /// Against AWS, not the local emulator: credentials, region, DYNAMO_BUFFER_TABLE and
         /// DYNAMO_EVENT_TABLE come from the environment as they are.
         #[arg(long, default_value_t = false)]
@@ -222,6 +227,23 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
         Command::Api { port, sam } => {
             let root = std::env::current_dir()?;
             sam_local::api(&settings, &root.join(sam), &root, port).await
+        }
+        Command::Redrive { queue, relay: true, .. } => {
+            let sdk = event_store::aws_config().await;
+            let config = event_store::config::RelayConfig::from_env()?;
+            let (sqs, dynamo) = (aws_sdk_sqs::Client::new(&sdk), aws_sdk_dynamodb::Client::new(&sdk));
+            let relay =
+                event_store::entity::relay::Relay::new(aws_sdk_kinesis::Client::new(&sdk), dynamo, sqs.clone(), config);
+            let relay = &relay;
+            let drained = event_store::redrive::drain_with(&sqs, &queue, |body| async move {
+                relay.redrive_message(&body).await.map(|done| done.versions)
+            })
+            .await?;
+            println!(
+                "re-drove {} relay dead-letter messages ({} entity versions relayed from the table); {} left in the queue",
+                drained.messages, drained.records, drained.left
+            );
+            Ok(drained.left == 0)
         }
         Command::Redrive { queue, .. } => {
             let sdk = event_store::aws_config().await;

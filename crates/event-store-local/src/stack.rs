@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use event_store::config::{LoadConfig, PumpConfig, ScanConfig, SubscriptionConfig};
+use event_store::config::{LoadConfig, PumpConfig, RelayConfig, ScanConfig, SubscriptionConfig};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
 use event_store::entity::EntityStore;
@@ -84,7 +84,8 @@ impl Stack {
         // The entity table's DynamoDB stream feeds relay, as its event source mapping would.
         let streams_client = aws_sdk_dynamodbstreams::Client::new(&event_store::aws_config().await);
         let reader = TableStreamReader::open(&self.dynamo, streams_client, &names.entity_table, &self.region).await?;
-        let relay = Relay::new(self.kinesis.clone(), names.event_stream.clone());
+        let sqs = aws_sdk_sqs::Client::new(&event_store::aws_config().await);
+        let relay = Relay::new(self.kinesis.clone(), self.dynamo.clone(), sqs, RelayConfig::from_env()?);
         tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
 
         let pump = Arc::new(Pump::new(self.dynamo.clone(), PumpConfig::from_env()?));

@@ -131,15 +131,26 @@ pub struct PumpConfig {
     /// The slot size: a chunk holds records of one slot (the scan cuts it again
     /// if its own `TIME_UNIT` differs, so this only decides how records are grouped).
     pub time_unit_ms: u64,
+    /// The entity table, where the pump records each entity stream's logged
+    /// version to drop copies of entity events (`entity::log`); without it,
+    /// copies from the relay's retries reach the log.
+    pub entity_table: Option<String>,
 }
 
 impl PumpConfig {
-    pub const VARIABLES: Variables =
-        Variables { required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"], optional: &["TIME_UNIT"] };
+    pub const VARIABLES: Variables = Variables {
+        required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"],
+        optional: &["TIME_UNIT", "DYNAMO_ENTITY_TABLE"],
+    };
 
-    /// The tables, with the default slot size.
+    /// The tables, with the default slot size and no entity table.
     pub fn new(buffer_table: impl Into<String>, event_table: impl Into<String>) -> Self {
-        Self { buffer_table: buffer_table.into(), event_table: event_table.into(), time_unit_ms: DEFAULT_TIME_UNIT_MS }
+        Self {
+            buffer_table: buffer_table.into(),
+            event_table: event_table.into(),
+            time_unit_ms: DEFAULT_TIME_UNIT_MS,
+            entity_table: None,
+        }
     }
 
     pub fn from_env() -> Result<Self> {
@@ -148,6 +159,7 @@ impl PumpConfig {
             buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
             event_table: env.var("DYNAMO_EVENT_TABLE")?,
             time_unit_ms: env.time_unit()?,
+            entity_table: env.optional("DYNAMO_ENTITY_TABLE")?,
         })
     }
 }
@@ -348,18 +360,36 @@ impl StreamsConfig {
     }
 }
 
-/// The `relay` function: the event stream it puts entity events on.
+/// The `relay` function: the event stream it puts entity events on, the
+/// entity table (positions, and the versions a delivery lacks), the queue a
+/// held stream is announced on, and how long a stream may fail before it is held.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub event_stream: String,
+    pub entity_table: String,
+    /// Where a held stream is announced (the relay's dead-letter queue).
+    pub dead_letter_queue: Option<String>,
+    /// How long a stream's puts may keep failing before it is held.
+    pub hold_after: Duration,
 }
 
+/// How long a stream's puts may keep failing before the relay holds it (`RELAY_HOLD_AFTER_SECONDS`).
+pub const DEFAULT_RELAY_HOLD_AFTER_SECONDS: u64 = 300;
+
 impl RelayConfig {
-    pub const VARIABLES: Variables = Variables { required: &["EVENT_STREAM"], optional: &[] };
+    pub const VARIABLES: Variables = Variables {
+        required: &["EVENT_STREAM", "DYNAMO_ENTITY_TABLE"],
+        optional: &["RELAY_DLQ_URL", "RELAY_HOLD_AFTER_SECONDS"],
+    };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        Ok(Self { event_stream: env.var("EVENT_STREAM")? })
+        Ok(Self {
+            event_stream: env.var("EVENT_STREAM")?,
+            entity_table: env.var("DYNAMO_ENTITY_TABLE")?,
+            dead_letter_queue: env.optional("RELAY_DLQ_URL")?,
+            hold_after: Duration::from_secs(env.var_or("RELAY_HOLD_AFTER_SECONDS", DEFAULT_RELAY_HOLD_AFTER_SECONDS)?),
+        })
     }
 }
 

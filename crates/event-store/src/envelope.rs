@@ -15,6 +15,45 @@ use crate::error::{Error, Result};
 pub const ENTITY_ID: &str = "EntityId";
 /// Kinesis partition keys are 1 to 256 characters.
 pub const MAX_PARTITION_KEY_CHARS: usize = 256;
+/// Entity events' partition keys start with this, and ingest refuses an
+/// `EntityId` that does: an anonymous hit can never pass for an entity
+/// event, and `partition_key = streams/<name>` selects exactly one stream.
+/// Stream names hold no `/`, so the key names one stream.
+pub const ENTITY_KEY_PREFIX: &str = "streams/";
+
+/// The partition key of entity stream `stream`'s events in the log. Names
+/// are at most 248 bytes, so the key fits Kinesis' 256; a longer name (from
+/// before that limit) is cut and completed with a hash of the whole.
+pub fn entity_key(stream: &str) -> String {
+    let key = format!("{ENTITY_KEY_PREFIX}{stream}");
+    if key.len() <= MAX_PARTITION_KEY_CHARS {
+        return key;
+    }
+    let digest = hex::encode(&Sha256::digest(stream.as_bytes())[..8]);
+    format!("{}#{digest}", &key[..MAX_PARTITION_KEY_CHARS - 17])
+}
+
+/// The entity stream a partition key is in the namespace of, if any.
+pub fn entity_stream(partition_key: &str) -> Option<&str> {
+    partition_key.strip_prefix(ENTITY_KEY_PREFIX)
+}
+
+/// The envelope id of an entity event in the log: unique per (stream, version).
+pub fn entity_event_id(stream: &str, version: u64) -> String {
+    format!("{stream}/{version}")
+}
+
+/// The version an entity event's record carries (its envelope id is
+/// `<stream>/<version>`), or `None` for anything else.
+pub fn entity_version(data: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Id<'a> {
+        #[serde(borrow)]
+        id: std::borrow::Cow<'a, str>,
+    }
+    let id: Id = serde_json::from_slice(data).ok()?;
+    id.id.rsplit_once('/')?.1.parse().ok()
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -58,6 +97,9 @@ impl Envelope {
         });
         match from_query.or(from_body) {
             None => Ok(self.id.clone()),
+            Some(key) if key.starts_with(ENTITY_KEY_PREFIX) => Err(Error::BadInput(format!(
+                "{ENTITY_ID} may not start with {ENTITY_KEY_PREFIX:?}: those keys are the entity streams'"
+            ))),
             Some(key) if (1..=MAX_PARTITION_KEY_CHARS).contains(&key.chars().count()) => Ok(key),
             Some(_) => Err(Error::BadInput(format!("{ENTITY_ID} must be 1 to {MAX_PARTITION_KEY_CHARS} characters"))),
         }
@@ -112,6 +154,26 @@ mod tests {
         assert_eq!(envelope(&[("page", "x")], None).partition_key().unwrap(), "id-1");
         let long = "x".repeat(257);
         assert!(envelope(&[("EntityId", &long)], None).partition_key().is_err());
+        // The entity streams' namespace is not for anonymous callers, from the query or the body.
+        assert!(envelope(&[("EntityId", "streams/todo-1")], None).partition_key().is_err());
+        let body = Some(serde_json::json!({"EntityId": "streams/todo-1"}));
+        assert!(matches!(envelope(&[], body).partition_key(), Err(Error::BadInput(_))));
+        assert_eq!(envelope(&[("EntityId", "streams")], None).partition_key().unwrap(), "streams");
+    }
+
+    #[test]
+    fn entity_events_have_keys_of_their_own_that_name_the_stream() {
+        assert_eq!(entity_key("todo-1"), "streams/todo-1");
+        assert_eq!(entity_stream("streams/todo-1"), Some("todo-1"));
+        assert_eq!(entity_stream("todo-1"), None);
+        assert_eq!(entity_key(&"a".repeat(248)).len(), 256);
+        let old = entity_key(&"a".repeat(256));
+        assert_eq!(old.len(), 256, "a name from before the 248-byte limit still makes a valid key");
+        assert_ne!(old, entity_key(&format!("{}b", "a".repeat(255))));
+        let data = serde_json::json!({"id": entity_event_id("order:7", 42), "method": "POST"}).to_string();
+        assert_eq!(entity_version(data.as_bytes()), Some(42));
+        assert_eq!(entity_version(br#"{"id": "no-version"}"#), None);
+        assert_eq!(entity_version(b"not json"), None);
     }
 
     #[test]

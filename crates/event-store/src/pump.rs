@@ -22,6 +22,8 @@ use crate::buffer_item::BufferItem;
 use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
+use crate::entity::log::Positions;
+use crate::envelope::{entity_stream, entity_version};
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
 use crate::time::slot_of;
@@ -59,8 +61,13 @@ pub fn parse_kinesis_event(mut value: Value) -> Result<KinesisEvent> {
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] =
-    &["dynamodb:BatchWriteItem", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:PutItem"];
+pub const AWS_ACTIONS: &[&str] = &[
+    "dynamodb:BatchWriteItem",
+    "dynamodb:GetItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:PutItem",
+    "dynamodb:BatchGetItem",
+];
 
 /// Bytes an event-table item may need beyond its buffer item (slot, sort key, reason...).
 pub const ITEM_HEADROOM: usize = 1024;
@@ -69,11 +76,14 @@ pub struct Pump {
     dynamo: aws_sdk_dynamodb::Client,
     config: PumpConfig,
     backoff: Backoff,
+    /// The entity streams' logged versions, to drop copies of entity events.
+    entity_log: Option<Positions>,
 }
 
 impl Pump {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, config: PumpConfig) -> Self {
-        Self { dynamo, config, backoff: Backoff::default() }
+        let entity_log = config.entity_table.as_ref().map(|table| Positions::new(dynamo.clone(), table.clone()));
+        Self { dynamo, config, backoff: Backoff::default(), entity_log }
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).
@@ -215,11 +225,28 @@ impl Pump {
             position.as_ref().map(|p| p.arrival),
             new.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
         );
-        let (buildable, not_done) = self.write(&new, &arrivals).await;
-        // The unbroken run: records before the first unbuilt or unwritten one.
+        // Arrivals are made over every record first, so a delivery that drops
+        // other copies stores the rest with the same arrivals (and sort keys).
+        let copies = match self.entity_copies(&new).await {
+            Ok(copies) => copies,
+            Err(err) => {
+                error!(error = %err, shard_id, "entity log positions unreadable: the batch is delivered again");
+                return sequences();
+            }
+        };
+        let kept: Vec<usize> = (0..new.len()).filter(|i| !copies.dropped[*i]).collect();
+        let kept_records: Vec<&KinesisEventRecord> = kept.iter().map(|&i| new[i]).collect();
+        let kept_arrivals: Vec<i64> = kept.iter().map(|&i| arrivals[i]).collect();
+        let (buildable, not_done) = self.write(&kept_records, &kept_arrivals).await;
+        let buildable = kept.get(buildable).copied().unwrap_or(new.len());
+        // The unbroken run: records before the first unbuilt or unwritten one (copies count as done).
         let done = new[..buildable].iter().take_while(|r| !not_done.contains(&r.kinesis.sequence_number)).count();
-        info!(shard_id, records = records.len(), done, "buffered");
+        info!(shard_id, records = records.len(), copies = copies.count(), done, "buffered");
         if done > 0 {
+            if let Err(err) = self.save_logged(&copies.logged_through(done)).await {
+                error!(error = %err, shard_id, "entity log positions not saved: the batch is delivered again");
+                return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
+            }
             let reached = ShardPosition {
                 shard_id: shard_id.to_owned(),
                 sequence: new[done - 1].kinesis.sequence_number.clone(),
@@ -232,6 +259,77 @@ impl Pump {
             }
         }
         new[done..].iter().map(|r| r.kinesis.sequence_number.clone()).collect()
+    }
+}
+
+impl Pump {
+    /// Which of a shard's records are copies of entity events already in the
+    /// log: a version at or below its stream's logged one, or seen earlier in
+    /// this batch. The relay puts each stream's versions in order, so the
+    /// first record of a version is the one to keep.
+    async fn entity_copies(&self, records: &[&KinesisEventRecord]) -> Result<EntityCopies> {
+        let versions: Vec<Option<(&str, u64)>> = records
+            .iter()
+            .map(|r| Some((entity_stream(&r.kinesis.partition_key)?, entity_version(&r.kinesis.data)?)))
+            .collect();
+        let mut copies = EntityCopies { dropped: vec![false; records.len()], versions: Vec::new() };
+        let Some(log) = &self.entity_log else { return Ok(copies) };
+        let mut streams: Vec<&str> = versions.iter().flatten().map(|(stream, _)| *stream).collect();
+        if streams.is_empty() {
+            return Ok(copies);
+        }
+        streams.sort_unstable();
+        streams.dedup();
+        let mut logged = log.logged(&streams).await?;
+        for (i, entry) in versions.iter().enumerate() {
+            let Some((stream, version)) = entry else { continue };
+            match logged.get(*stream) {
+                Some(at) if version <= at => copies.dropped[i] = true,
+                Some(at) if *version > at + 1 => {
+                    warn!(
+                        stream,
+                        logged = at,
+                        version,
+                        "entity versions missing before this one (a record given up on upstream)"
+                    )
+                }
+                _ => {}
+            }
+            if !copies.dropped[i] {
+                logged.insert((*stream).to_owned(), *version);
+                copies.versions.push((i, (*stream).to_owned(), *version));
+            }
+        }
+        Ok(copies)
+    }
+
+    async fn save_logged(&self, logged: &HashMap<String, u64>) -> Result<()> {
+        match &self.entity_log {
+            Some(log) if !logged.is_empty() => log.save_logged(logged).await,
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The entity records of one shard's batch: which are copies, and the versions the others log.
+struct EntityCopies {
+    dropped: Vec<bool>,
+    /// (record index, stream, version) of every entity record kept, in order.
+    versions: Vec<(usize, String, u64)>,
+}
+
+impl EntityCopies {
+    fn count(&self) -> usize {
+        self.dropped.iter().filter(|d| **d).count()
+    }
+
+    /// Each stream's highest version among the kept records before index `done`.
+    fn logged_through(&self, done: usize) -> HashMap<String, u64> {
+        let mut logged = HashMap::new();
+        for (_, stream, version) in self.versions.iter().filter(|(i, _, _)| *i < done) {
+            logged.insert(stream.clone(), *version);
+        }
+        logged
     }
 }
 

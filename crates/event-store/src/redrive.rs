@@ -150,14 +150,32 @@ pub struct Drained {
     pub left: usize,
 }
 
-/// Re-drives every message of the dead-letter queue `queue_url`; a message
-/// is deleted only after all its records were buffered again.
+/// Re-drives every message of the pump's dead-letter queue `queue_url`; a
+/// message is deleted only after all its records were buffered again.
 pub async fn drain_queue(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
     kinesis: &aws_sdk_kinesis::Client,
     pump: &Pump,
 ) -> Result<Drained> {
+    drain_with(sqs, queue_url, |body| async move {
+        let redriven = redrive(kinesis, pump, &DeadLetter::parse(&body)?).await?;
+        match redriven.failed.is_empty() {
+            true => Ok(redriven.records),
+            false => Err(Error::BadInput(format!("{} records not buffered", redriven.failed.len()))),
+        }
+    })
+    .await
+}
+
+/// Re-drives every message of a dead-letter queue with `redrive_one` (its
+/// body in, how many records or versions it put back out); a message is
+/// deleted only after `redrive_one` succeeded, and left (logged) otherwise.
+pub async fn drain_with<F, Fut>(sqs: &aws_sdk_sqs::Client, queue_url: &str, mut redrive_one: F) -> Result<Drained>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<usize>>,
+{
     let mut drained = Drained::default();
     let mut seen = std::collections::HashSet::new();
     loop {
@@ -179,12 +197,8 @@ pub async fn drain_queue(
             if !seen.insert(message.message_id().unwrap_or_default().to_owned()) {
                 return Ok(drained);
             }
-            let outcome = match DeadLetter::parse(message.body().unwrap_or_default()) {
-                Ok(letter) => redrive(kinesis, pump, &letter).await,
-                Err(err) => Err(err),
-            };
-            match outcome {
-                Ok(redriven) if redriven.failed.is_empty() => {
+            match redrive_one(message.body().unwrap_or_default().to_owned()).await {
+                Ok(records) => {
                     sqs.delete_message()
                         .queue_url(queue_url)
                         .receipt_handle(message.receipt_handle().unwrap_or_default())
@@ -192,11 +206,7 @@ pub async fn drain_queue(
                         .await
                         .map_err(|e| Error::Sqs { operation: "DeleteMessage", source: Box::new(e) })?;
                     drained.messages += 1;
-                    drained.records += redriven.records;
-                }
-                Ok(redriven) => {
-                    warn!(failed = redriven.failed.len(), "not every record buffered: the message stays");
-                    drained.left += 1;
+                    drained.records += records;
                 }
                 Err(err) => {
                     warn!(error = %err, message = message.message_id(), "message not re-driven: it stays");

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+use aws_sdk_dynamodbstreams::types::OperationType;
 use common::TestEnv;
-use event_store::config::ScanConfig;
+use event_store::config::{PlaybackConfig, RelayConfig, ScanConfig};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::model::{batch_key, prepare, Batch, Tip, TIP};
 use event_store::entity::relay::Relay;
@@ -412,7 +413,7 @@ async fn relayed_entity_events_play_back_once_in_version_order_despite_faults() 
         only: Some(&[Fault::AppliedThenInternalError, Fault::PartialPutRecords, Fault::ProvisionedThroughputExceeded]),
     };
     let (kinesis, proxy) = common::through_faults(&env, faults).await;
-    let relay = Relay::new(kinesis, env.names.event_stream.clone());
+    let relay = relay(&env, kinesis);
     let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
     let mut reader =
         TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
@@ -429,7 +430,22 @@ async fn relayed_entity_events_play_back_once_in_version_order_despite_faults() 
     let total: u64 = expected.values().sum();
     assert!(on_stream > total, "copies reached the event stream ({on_stream} records for {total} events)");
 
-    let pump = common::pump(&env);
+    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, total).await;
+    for (name, count) in &expected {
+        assert_eq!(played.get(name), Some(&(0..*count).collect::<Vec<_>>()), "{name}: each version once, in order");
+    }
+}
+
+/// The log as readers see it: the event stream pumped, scanned and played
+/// back from `window_start` (playback dropping copies within
+/// `dedupe_window_ms`); each entity stream's versions in the order played.
+async fn played_versions(
+    env: &TestEnv,
+    window_start: i64,
+    dedupe_window_ms: u64,
+    events: u64,
+) -> HashMap<String, Vec<u64>> {
+    let pump = common::pump(env);
     for batch in env.event_source_batches().await {
         assert!(pump.handle(batch).await.batch_item_failures.is_empty());
     }
@@ -442,12 +458,11 @@ async fn relayed_entity_events_play_back_once_in_version_order_despite_faults() 
         result.unwrap();
     }
     let (invoker, _rx) = LocalInvoker::channel();
-    let playback =
-        Playback::new(env.dynamo.clone(), env.kinesis.clone(), runs::playback_config(&env.names), Arc::new(invoker));
+    let config = PlaybackConfig { dedupe_window_ms, ..runs::playback_config(&env.names) };
+    let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config, Arc::new(invoker));
     let window = json!({"start": format_ms(window_start), "end": format_ms(done)});
     let summary = playback.handle(window, SystemTime::now() + Duration::from_secs(900)).await.unwrap();
     assert_eq!(summary.status, Status::Complete, "{summary:?}");
-    assert_eq!(summary.events as u64, total, "{summary:?}");
 
     let mut played: HashMap<String, Vec<u64>> = HashMap::new();
     for (_, record) in env.read_stream(&env.names.playback_stream).await {
@@ -455,12 +470,195 @@ async fn relayed_entity_events_play_back_once_in_version_order_despite_faults() 
         for (_, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
             let event: PlayedEvent = serde_json::from_slice(&data).unwrap();
             let body = &event.data.as_ref().unwrap()["body"];
-            assert_eq!(event.partition_key, body["stream"].as_str().unwrap(), "keyed by the entity stream");
-            played.entry(event.partition_key).or_default().push(body["version"].as_u64().unwrap());
+            let stream = body["stream"].as_str().unwrap();
+            assert_eq!(event.partition_key, log_key(stream), "keyed by the entity stream");
+            played.entry(stream.to_owned()).or_default().push(body["version"].as_u64().unwrap());
         }
     }
-    for (name, count) in &expected {
-        assert_eq!(played.get(name), Some(&(0..*count).collect::<Vec<_>>()), "{name}: each version once, in order");
+    assert_eq!(summary.events as u64, events, "{summary:?}: {played:?}");
+    played
+}
+
+fn log_key(stream: &str) -> String {
+    event_store::envelope::entity_key(stream)
+}
+
+/// The relay as its Lambda runs it, its puts through `kinesis`.
+fn relay(env: &TestEnv, kinesis: aws_sdk_kinesis::Client) -> Relay {
+    let config = RelayConfig {
+        event_stream: env.names.event_stream.clone(),
+        entity_table: env.names.entity_table.clone(),
+        dead_letter_queue: None,
+        hold_after: Duration::from_secs(300),
+    };
+    Relay::new(kinesis, env.dynamo.clone(), aws_sdk_sqs::Client::new(&env.sdk), config)
+}
+
+/// One stream's key refused by Kinesis (a hot shard) for far longer than the
+/// readers' dedupe window while the other stream's records are stored: the
+/// relay batch is delivered again and again, and readers still see each
+/// version of both streams once, in order (issue 26, item 1).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_refused_longer_than_the_dedupe_window_leaves_no_copy_in_the_log() {
+    let env = TestEnv::start(2).await;
+    let store = store(&env);
+    let window_start = now_ms() - 1;
+    let (held, free) = ("held-a", "free-b");
+    for version in 0..12u64 {
+        for name in [held, free] {
+            let expected = if version == 0 { Expected::NoStream } else { Expected::Version(version - 1) };
+            store.append(name, expected, vec![NewEvent::new("Counted", json!({"n": version}))]).await.unwrap();
+        }
+    }
+    let (kinesis, proxy) = common::through_faults(&env, FaultConfig { seed: 1, rate: 0.0, only: Some(&[]) }).await;
+    proxy.refuse_partition_key(&log_key(held));
+    let relay = relay(&env, kinesis);
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    let mut pending = VecDeque::new();
+    // Readers below remember 300 ms of envelope ids; the key stays refused for
+    // several deliveries of the batch, each seconds apart.
+    let dedupe_window_ms = 300;
+    let mut deliveries = 0;
+    while deliveries < 3 {
+        let result = deliver_all(&mut reader, &mut pending, 100, 0, |event| relay.handle(event)).await;
+        assert!(result.is_err(), "the refused key's records are not relayed");
+        deliveries += 1;
+        tokio::time::sleep(Duration::from_millis(2 * dedupe_window_ms)).await;
+    }
+    assert!(proxy.counts().get("RefusedKey").copied().unwrap_or(0) >= 3, "{:?}", proxy.counts());
+    proxy.accept_partition_key(&log_key(held));
+    deliver_all(&mut reader, &mut pending, 100, 20, |event| relay.handle(event)).await.unwrap();
+
+    let played = played_versions(&env, window_start, dedupe_window_ms, 24).await;
+    for name in [held, free] {
+        assert_eq!(played.get(name), Some(&(0..12).collect::<Vec<_>>()), "{name}: each version once, in order");
+    }
+}
+
+/// The entity events on the event stream, per stream, in stream order: what the pump will read.
+async fn on_event_stream(env: &TestEnv) -> HashMap<String, Vec<u64>> {
+    let mut versions: HashMap<String, Vec<u64>> = HashMap::new();
+    for (_, record) in env.read_stream(&env.names.event_stream).await {
+        let envelope: Value = serde_json::from_slice(record.data().as_ref()).unwrap();
+        let body = &envelope["body"];
+        versions
+            .entry(body["stream"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(body["version"].as_u64().unwrap());
+    }
+    versions
+}
+
+fn one_event(version: u64) -> Vec<NewEvent> {
+    vec![NewEvent::new("Counted", json!({"n": version}))]
+}
+
+/// DynamoDB Streams orders changes per item, and every append is a new item:
+/// the stream records of one entity stream may come in any order (other
+/// shards). Whatever order they are delivered in, the event stream gets the
+/// versions in order, each once (issue 26, item 3).
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_records_delivered_out_of_order_still_relay_in_version_order() {
+    let env = TestEnv::start(1).await;
+    let store = store(&env);
+    for version in 0..4u64 {
+        let expected = if version == 0 { Expected::NoStream } else { Expected::Version(version - 1) };
+        store.append("order-9", expected, one_event(version)).await.unwrap();
+    }
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    let records = reader.poll().await.unwrap();
+    let batches: Vec<_> = records.iter().filter(|r| r.event_name() == Some(&OperationType::Insert)).collect();
+    let batch_records: Vec<aws_sdk_dynamodbstreams::types::Record> = batches
+        .into_iter()
+        .filter(|r| {
+            r.dynamodb()
+                .and_then(|d| d.keys())
+                .and_then(|k| k.get("item"))
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|k| k.starts_with('e'))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(batch_records.len(), 4);
+    let relay = relay(&env, env.kinesis.clone());
+    // v2 first (from "another shard"), then v3 and v0 together, then v1.
+    for order in [vec![2], vec![3, 0], vec![1]] {
+        let delivery: Vec<_> = order.iter().map(|&i| batch_records[i].clone()).collect();
+        let response = relay.handle(reader.lambda_event(&delivery)).await;
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    }
+    assert_eq!(on_event_stream(&env).await.remove("order-9"), Some(vec![0, 1, 2, 3]));
+}
+
+/// A stream whose puts keep failing is held after the hold limit, without
+/// holding up the others; its later appends are not relayed before the
+/// held ones, and a re-drive of the dead-letter queue relays them all from the
+/// table, in order: no hole, no inversion, no copy (issue 26, item 2).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_that_cannot_be_relayed_is_held_then_redriven_in_order_from_the_table() {
+    let env = TestEnv::start(2).await;
+    let store = store(&env);
+    let window_start = now_ms() - 1;
+    let (held, free) = ("held-c", "free-d");
+    let append_round = |from: u64, to: u64| {
+        let store = store.clone();
+        async move {
+            for version in from..to {
+                for name in [held, free] {
+                    let expected = if version == 0 { Expected::NoStream } else { Expected::Version(version - 1) };
+                    store.append(name, expected, one_event(version)).await.unwrap();
+                }
+            }
+        }
+    };
+    append_round(0, 3).await;
+    let sqs = aws_sdk_sqs::Client::new(&env.sdk);
+    let queue = sqs.create_queue().queue_name("relay-dlq").send().await.unwrap().queue_url.unwrap();
+    let (kinesis, proxy) = common::through_faults(&env, FaultConfig { seed: 1, rate: 0.0, only: Some(&[]) }).await;
+    proxy.refuse_partition_key(&log_key(held));
+    let config = RelayConfig {
+        event_stream: env.names.event_stream.clone(),
+        entity_table: env.names.entity_table.clone(),
+        dead_letter_queue: Some(queue.clone()),
+        hold_after: Duration::ZERO,
+    };
+    let relay = Relay::new(kinesis, env.dynamo.clone(), sqs.clone(), config);
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    let mut pending = VecDeque::new();
+    // Held at once (a zero hold limit): the delivery succeeds and the other stream moves on.
+    deliver_all(&mut reader, &mut pending, 100, 0, |event| relay.handle(event)).await.unwrap();
+    // Later appends of both: the held stream's are left for the re-drive, even once Kinesis takes them.
+    append_round(3, 6).await;
+    proxy.accept_partition_key(&log_key(held));
+    deliver_all(&mut reader, &mut pending, 100, 0, |event| relay.handle(event)).await.unwrap();
+    let stream = on_event_stream(&env).await;
+    assert_eq!(stream.get(free), Some(&(0..6).collect::<Vec<_>>()), "the other stream was never held up");
+    assert_eq!(stream.get(held), None, "nothing of the held stream, not even its later versions");
+    let position = event_store::entity::log::Positions::new(env.dynamo.clone(), env.names.entity_table.clone());
+    let at = position.relay_position(held).await.unwrap();
+    assert!(at.held() && at.relayed.is_none(), "{at:?}");
+
+    // The alarm's queue names the stream; its re-drive relays v0..v5 from the table.
+    let relay = &relay;
+    let drained = event_store::redrive::drain_with(&sqs, &queue, |body| async move {
+        relay.redrive_message(&body).await.map(|done| done.versions)
+    })
+    .await
+    .unwrap();
+    assert_eq!((drained.messages, drained.records, drained.left), (1, 6, 0));
+    assert!(!position.relay_position(held).await.unwrap().held());
+    // Appends after the re-drive are relayed as usual.
+    append_round(6, 7).await;
+    deliver_all(&mut reader, &mut pending, 100, 0, |event| relay.handle(event)).await.unwrap();
+    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, 14).await;
+    for name in [held, free] {
+        assert_eq!(played.get(name), Some(&(0..7).collect::<Vec<_>>()), "{name}: each version once, in order");
     }
 }
 
@@ -483,7 +681,7 @@ async fn the_sample_events_append_and_relay() {
 
     let event: aws_lambda_events::event::dynamodb::Event =
         serde_json::from_str(&common::sample_event("relay.json")).unwrap();
-    let response = Relay::new(env.kinesis.clone(), env.names.event_stream.clone()).handle(event).await;
+    let response = relay(&env, env.kinesis.clone()).handle(event).await;
     assert!(response.batch_item_failures.is_empty());
     let relayed: Vec<(String, Value)> = env
         .read_stream(&env.names.event_stream)
@@ -492,7 +690,11 @@ async fn the_sample_events_append_and_relay() {
         .map(|(_, r)| (r.partition_key().unwrap().to_owned(), serde_json::from_slice(r.data().as_ref()).unwrap()))
         .collect();
     let ids: Vec<(&str, &str)> = relayed.iter().map(|(key, e)| (key.as_str(), e["id"].as_str().unwrap())).collect();
-    assert_eq!(ids, [("todo-e2e", "todo-e2e/0"), ("todo-e2e", "todo-e2e/1")], "the tip's change is not an event");
+    assert_eq!(
+        ids,
+        [("streams/todo-e2e", "todo-e2e/0"), ("streams/todo-e2e", "todo-e2e/1")],
+        "the tip's change is not an event"
+    );
     assert_eq!(relayed[1].1["body"]["data"], json!({"title": "buy oat milk"}));
 }
 

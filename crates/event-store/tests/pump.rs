@@ -324,3 +324,55 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
     assert_eq!(second.iter().map(|s| s.moved).sum::<usize>(), 60);
     assert_eq!(first.iter().chain(&second).map(|s| s.late).sum::<usize>(), 0, "nothing counted late");
 }
+
+/// Copies of entity events (a relay put that was applied but answered with an
+/// error, two relays racing on one stream) are dropped by the pump by stream
+/// and version, however late they come: an hour later, in another batch, the
+/// buffer still holds each version once, and the stream's logged position
+/// says how far it got (issue 26, item 1).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pump_drops_copies_of_entity_versions_however_late_they_come() {
+    use event_store::envelope::{entity_event_id, entity_key};
+    let env = TestEnv::start(1).await;
+    let pump = common::pump(&env);
+    let record = |stream: &str, version: u64, arrival: i64| {
+        let data = serde_json::json!({"id": entity_event_id(stream, version), "received_at": "t", "method": "POST",
+                                      "body": {"stream": stream, "version": version}});
+        (entity_key(stream), data.to_string().into_bytes(), arrival)
+    };
+    let hour = 3_600_000;
+    let t = 1_795_000_000_000;
+    let batches = [
+        vec![record("a", 0, t), record("a", 1, t + 1), record("b", 0, t + 2), record("a", 1, t + 3)],
+        // An hour later: copies of versions already logged, among new ones; an ingest event alike.
+        vec![
+            record("a", 0, t + hour),
+            record("a", 2, t + hour + 1),
+            record("b", 0, t + hour + 2),
+            record("b", 1, t + hour + 3),
+        ],
+        vec![("user-1".to_owned(), br#"{"id": "x/1", "method": "GET"}"#.to_vec(), t + hour + 4)],
+    ];
+    for batch in &batches {
+        let response = pump.handle(kinesis_event(common::TEST_ARN, batch)).await;
+        assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    }
+    let mut versions: Vec<(String, u64)> = buffer(&env)
+        .await
+        .into_values()
+        .filter_map(|e| {
+            let value: serde_json::Value = serde_json::from_slice(&e.data).ok()?;
+            let body = value.get("body")?;
+            Some((body["stream"].as_str()?.to_owned(), body["version"].as_u64()?))
+        })
+        .collect();
+    versions.sort();
+    let expected = [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)].map(|(s, v)| (s.to_owned(), v));
+    assert_eq!(versions, expected, "each version once");
+    assert_eq!(common::buffered_events(&env).await, 6, "the five versions and the ingest event");
+    let logged = event_store::entity::log::Positions::new(env.dynamo.clone(), env.names.entity_table.clone())
+        .logged(&["a", "b"])
+        .await
+        .unwrap();
+    assert_eq!(logged, HashMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)]));
+}

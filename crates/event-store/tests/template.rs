@@ -145,7 +145,7 @@ fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
 }
 
 #[test]
-fn the_relay_keeps_version_order_and_its_copies_fall_inside_the_dedupe_window() {
+fn the_relay_sees_only_batch_items_holds_a_stream_before_its_mapping_gives_up_and_alarms() {
     let template = template();
     let mapping = &template["Resources"]["RelayEventSource"]["Properties"];
     assert!(format!("{:?}", mapping["EventSourceArn"]).contains("EntityTable.StreamArn"));
@@ -155,9 +155,33 @@ fn the_relay_keeps_version_order_and_its_copies_fall_inside_the_dedupe_window() 
     let age = mapping["MaximumRecordAgeInSeconds"].as_i64().unwrap();
     assert!((60..=12 * 3600).contains(&age), "inside the table stream's 24 h: {age}");
     assert!(format!("{:?}", mapping["DestinationConfig"]["OnFailure"]["Destination"]).contains("RelayDeadLetterQueue"));
-    // A batch retried after it was applied is retried after the invocation failed: within its timeout.
-    let timeout = template["Resources"]["RelayFunction"]["Properties"]["Timeout"].as_u64().unwrap();
-    assert!(timeout * 1000 * 3 <= event_store::config::DEFAULT_DEDUPE_WINDOW_MS, "relay timeout {timeout} s");
+    // The relay holds a failing stream (and the others move on) before its mapping would give up.
+    let hold = &template["Parameters"]["RelayHoldAfterSeconds"];
+    assert!(hold["MaxValue"].as_i64().unwrap() < age, "the hold limit stays under the record age limit");
+    assert_eq!(hold["Default"].as_u64(), Some(event_store::config::DEFAULT_RELAY_HOLD_AFTER_SECONDS));
+    // Only inserts of batch items invoke it: not tips, snapshots, nor the positions it writes itself.
+    let filters = mapping["FilterCriteria"]["Filters"].as_sequence().unwrap();
+    assert_eq!(filters.len(), 1);
+    let pattern: serde_json::Value = serde_json::from_str(filters[0]["Pattern"].as_str().unwrap()).unwrap();
+    assert_eq!(pattern["eventName"], serde_json::json!(["INSERT"]));
+    let prefix = pattern["dynamodb"]["Keys"]["item"]["S"][0]["prefix"].as_str().unwrap();
+    assert!(event_store::entity::model::batch_key(7).starts_with(prefix));
+    for other in [event_store::entity::model::TIP, event_store::entity::model::SNAPSHOT] {
+        assert!(!other.starts_with(prefix), "{other}");
+    }
+    for position in [event_store::entity::log::RELAY_ITEM, event_store::entity::log::LOG_ITEM] {
+        assert!(!position.starts_with(prefix), "{position}");
+    }
+    // A held stream, a failing relay and a throttled relay each raise an alarm.
+    let resources = &template["Resources"];
+    let watched = |alarm: &str| format!("{:?}", resources[alarm]["Properties"]);
+    assert!(watched("RelayDeadLetterAlarm").contains("RelayDeadLetterQueue"));
+    assert!(
+        watched("RelayIteratorAgeAlarm").contains("IteratorAge")
+            && watched("RelayIteratorAgeAlarm").contains("RelayFunction")
+    );
+    assert!(watched("RelayErrorsAlarm").contains("Errors") && watched("RelayErrorsAlarm").contains("RelayFunction"));
+    assert!(watched("ThrottlesAlarm").contains("RelayFunction") && watched("ThrottlesAlarm").contains("+ relay"));
     let table = &template["Resources"]["EntityTable"]["Properties"];
     assert_eq!(table["StreamSpecification"]["StreamViewType"].as_str(), Some("NEW_IMAGE"));
     let keys: Vec<String> = table["KeySchema"]

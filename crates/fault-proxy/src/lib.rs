@@ -6,7 +6,7 @@
 //! random sequence: the same seed and the same order of requests give the
 //! same faults.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -153,6 +153,8 @@ struct State {
     applied: Mutex<Vec<Applied>>,
     /// Held while a request is upstream, when requests go one at a time.
     one_at_a_time: Option<tokio::sync::Mutex<()>>,
+    /// Partition keys whose `PutRecords` entries are refused (a hot shard), whatever the rate.
+    refused_keys: Mutex<HashSet<String>>,
 }
 
 /// A request the proxy let through and then answered with a 500.
@@ -202,6 +204,7 @@ impl FaultProxy {
             counts: Mutex::new(BTreeMap::new()),
             applied: Mutex::new(Vec::new()),
             one_at_a_time: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
+            refused_keys: Mutex::default(),
         });
         let (stop, mut stopped) = watch::channel(false);
         let shared = state.clone();
@@ -226,6 +229,21 @@ impl FaultProxy {
     /// Every request applied and then answered with a 500, in order.
     pub fn applied_then_failed(&self) -> Vec<Applied> {
         self.state.applied.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// From now on (until [`Self::accept_partition_key`]) every `PutRecords`
+    /// entry with this partition key fails with `ProvisionedThroughputExceededException`,
+    /// as a shard kept over its limit by that key would answer; the other entries are stored.
+    pub fn refuse_partition_key(&self, key: &str) {
+        if let Ok(mut keys) = self.state.refused_keys.lock() {
+            keys.insert(key.to_owned());
+        }
+    }
+
+    pub fn accept_partition_key(&self, key: &str) {
+        if let Ok(mut keys) = self.state.refused_keys.lock() {
+            keys.remove(key);
+        }
     }
 
     /// Requests seen and faults injected, by kind (`requests`, `faults`, then each fault's name).
@@ -310,6 +328,12 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Answer {
     let header = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
     let (service, operation) = target(header);
     state.count("requests");
+    if service == Service::Kinesis && operation == "PutRecords" {
+        if let Some(held) = refused_entries(&state, &body) {
+            state.count("RefusedKey");
+            return partial_put_records(&state, &parts, body, held).await;
+        }
+    }
     let mut faults = applicable(service, &operation);
     if let Some(only) = state.only {
         faults.retain(|f| only.contains(f));
@@ -338,7 +362,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Answer {
             Ok(json_response(status, None, &value))
         }
         Fault::PartialBatchWrite => partial_batch_write(&state, &parts, body, detail).await,
-        Fault::PartialPutRecords => partial_put_records(&state, &parts, body, detail).await,
+        Fault::PartialPutRecords => {
+            let entries = describe(service, &operation, &body).entries;
+            partial_put_records(&state, &parts, body, held_back(entries, detail)).await
+        }
         _ => {
             let (status, value) = error_answer(service, fault);
             Ok(json_response(status, None, &value))
@@ -415,10 +442,31 @@ async fn partial_batch_write(state: &State, parts: &hyper::http::request::Parts,
     Ok(json_response(StatusCode::OK, headers.as_ref(), &answer))
 }
 
-async fn partial_put_records(state: &State, parts: &hyper::http::request::Parts, body: Bytes, detail: u64) -> Answer {
+/// Which entries of a `PutRecords` request name a refused partition key; `None` when none do.
+fn refused_entries(state: &State, body: &Bytes) -> Option<Vec<bool>> {
+    let keys = state.refused_keys.lock().ok()?;
+    if keys.is_empty() {
+        return None;
+    }
+    let request: Value = serde_json::from_slice(body).ok()?;
+    let held: Vec<bool> = request
+        .get("Records")?
+        .as_array()?
+        .iter()
+        .map(|r| r.get("PartitionKey").and_then(Value::as_str).is_some_and(|k| keys.contains(k)))
+        .collect();
+    held.contains(&true).then_some(held)
+}
+
+/// Forwards the entries not `held` and answers for all of them, the held ones failed.
+async fn partial_put_records(
+    state: &State,
+    parts: &hyper::http::request::Parts,
+    body: Bytes,
+    held: Vec<bool>,
+) -> Answer {
     let mut request: Value = serde_json::from_slice(&body).map_err(std::io::Error::other)?;
     let records = request.get_mut("Records").and_then(Value::as_array_mut).map(std::mem::take).unwrap_or_default();
-    let held = held_back(records.len(), detail);
     let sent: Vec<Value> = records.iter().zip(&held).filter(|(_, h)| !**h).map(|(r, _)| r.clone()).collect();
     let mut results: Vec<Value> = Vec::new();
     let mut headers = None;
@@ -487,6 +535,7 @@ mod tests {
                 counts: Mutex::default(),
                 applied: Mutex::default(),
                 one_at_a_time: None,
+                refused_keys: Mutex::default(),
             };
             let faults = applicable(Service::DynamoDb, "BatchWriteItem");
             (0..200).map(|_| state.draw(&faults)).collect::<Vec<_>>()

@@ -10,7 +10,12 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = RelayConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let relay = Relay::new(aws_sdk_kinesis::Client::new(&aws), config.event_stream);
+    let relay = Relay::new(
+        aws_sdk_kinesis::Client::new(&aws),
+        aws_sdk_dynamodb::Client::new(&aws),
+        aws_sdk_sqs::Client::new(&aws),
+        config,
+    );
     let relay = &relay;
     run(service_fn(move |event: LambdaEvent<Event>| async move { Ok::<_, Error>(relay.handle(event.payload).await) }))
         .await

@@ -13,6 +13,7 @@
 
 pub mod cqrs;
 pub mod http;
+pub mod log;
 pub mod model;
 pub mod relay;
 
@@ -492,6 +493,7 @@ impl EntityStore {
                     StreamItem::Tip(t) => tip = Some(t),
                     StreamItem::Snapshot(s) => snapshot = Some(s),
                     StreamItem::Batch(b) => batches.push(b),
+                    StreamItem::Position => {}
                 }
             }
             if tip.is_none() {

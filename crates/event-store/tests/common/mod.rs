@@ -177,7 +177,10 @@ pub const TEST_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/event-
 /// The pump of the test's tables.
 pub fn pump(env: &TestEnv) -> event_store::pump::Pump {
     use event_store::config::PumpConfig;
-    let config = PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone());
+    let config = PumpConfig {
+        entity_table: Some(env.names.entity_table.clone()),
+        ..PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone())
+    };
     event_store::pump::Pump::new(env.dynamo.clone(), config)
 }
 

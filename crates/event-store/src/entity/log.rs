@@ -1,0 +1,294 @@
+//! Where each entity stream stands in the time-ordered log, so that the log
+//! holds each version once and in version order, however long the relay is
+//! retried and however DynamoDB shards the table's stream.
+//!
+//! - **Key namespace.** Entity events go on the event stream under the
+//!   partition key `streams/<name>` ([`crate::envelope::entity_key`]); `load` refuses an
+//!   `EntityId` in that namespace, so an anonymous hit never passes for an
+//!   entity event, and a reader's `partition_key` filter selects one stream.
+//! - **Two small items per stream** in the entity table, beside its tip. Their
+//!   sort keys start with `_`, below every batch key (`e…`), so reads of a
+//!   stream's events never meet them:
+//!   - `_relay`, written by the relay: `relayed`, the last version stored on
+//!     the event stream. The relay puts only the versions after it, in
+//!     order, reading from the table what its stream records do not carry,
+//!     so a later version never reaches the event stream before an earlier
+//!     one (whatever order the table's stream shards deliver them in). While
+//!     the stream's puts keep failing, `failing_since`; after the hold
+//!     limit, `held_at` and `held_reason`: the relay leaves the stream alone
+//!     until a re-drive relays it from the table.
+//!   - `_log`, written by the pump: `logged`, the last version buffered. A
+//!     record of a version at or below it is a copy (a relay retry whose
+//!     first answer was lost, two relays racing on one stream) and is
+//!     dropped by its identity, however late it comes (`docs/design.md`,
+//!     invariant 11).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, PutRequest, ReturnValue, WriteRequest};
+use serde::{Deserialize, Serialize};
+
+use super::model::{HASH_KEY, RANGE_KEY};
+use crate::batch::Backoff;
+use crate::dynamo::{write_all, Table};
+use crate::error::{Error, Result};
+
+/// Sort key of a stream's relay position.
+pub const RELAY_ITEM: &str = "_relay";
+/// Sort key of a stream's logged position (the pump's).
+pub const LOG_ITEM: &str = "_log";
+/// Keys one `BatchGetItem` may ask for.
+const BATCH_GET_KEYS: usize = 100;
+
+/// A stream's relay position (its `_relay` item).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayPosition {
+    pub stream: String,
+    pub item: String,
+    /// The last version stored on the event stream (`None`: nothing yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relayed: Option<u64>,
+    /// Since when (ms) the stream's puts have been failing, unbroken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<i64>,
+    /// When (ms) the relay gave up on the stream; until a re-drive, it stays held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_reason: Option<String>,
+}
+
+impl RelayPosition {
+    /// The first version not yet relayed.
+    pub fn next(&self) -> u64 {
+        self.relayed.map_or(0, |v| v + 1)
+    }
+
+    pub fn held(&self) -> bool {
+        self.held_at.is_some()
+    }
+
+    /// True when the stream has been failing for `hold_after` by `now`.
+    pub fn due_for_hold(&self, now: i64, hold_after: Duration) -> bool {
+        self.failing_since.is_some_and(|since| now - since >= hold_after.as_millis() as i64)
+    }
+}
+
+/// The positions of a table's streams.
+#[derive(Clone)]
+pub struct Positions {
+    dynamo: aws_sdk_dynamodb::Client,
+    table: String,
+    backoff: Backoff,
+}
+
+fn key(stream: &str, item: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (HASH_KEY.to_owned(), AttributeValue::S(stream.to_owned())),
+        (RANGE_KEY.to_owned(), AttributeValue::S(item.to_owned())),
+    ])
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+impl Positions {
+    pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
+        Self { dynamo, table: table.into(), backoff: Backoff::default() }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The relay positions of `streams` (strongly consistent; a stream never relayed has a default one).
+    pub async fn relay_positions(&self, streams: &[&str]) -> Result<HashMap<String, RelayPosition>> {
+        let items = self.get_all(streams, RELAY_ITEM).await?;
+        let mut positions: HashMap<String, RelayPosition> = HashMap::new();
+        for item in items {
+            let position: RelayPosition =
+                serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("relay position: {e}")))?;
+            positions.insert(position.stream.clone(), position);
+        }
+        for stream in streams {
+            positions.entry((*stream).to_owned()).or_insert_with(|| RelayPosition {
+                stream: (*stream).to_owned(),
+                item: RELAY_ITEM.to_owned(),
+                ..Default::default()
+            });
+        }
+        Ok(positions)
+    }
+
+    /// One stream's relay position.
+    pub async fn relay_position(&self, stream: &str) -> Result<RelayPosition> {
+        let mut positions = self.relay_positions(&[stream]).await?;
+        Ok(positions.remove(stream).unwrap_or_default())
+    }
+
+    /// The logged versions of `streams` (absent: nothing logged yet).
+    pub async fn logged(&self, streams: &[&str]) -> Result<HashMap<String, u64>> {
+        let items = self.get_all(streams, LOG_ITEM).await?;
+        Ok(items
+            .iter()
+            .filter_map(|item| {
+                let stream = item.get(HASH_KEY)?.as_s().ok()?.clone();
+                let logged = item.get("logged")?.as_n().ok()?.parse().ok()?;
+                Some((stream, logged))
+            })
+            .collect())
+    }
+
+    /// Records the logged versions (the pump is the only writer of a stream's `_log`:
+    /// all of a stream's records are on one shard at a time, and shards are
+    /// pumped parent before child, so plain puts never move one back).
+    pub async fn save_logged(&self, logged: &HashMap<String, u64>) -> Result<()> {
+        let requests: Vec<(String, WriteRequest)> = logged
+            .iter()
+            .map(|(stream, version)| {
+                let mut item = key(stream, LOG_ITEM);
+                item.insert("logged".into(), n(version));
+                let put = PutRequest::builder().set_item(Some(item)).build().map_err(Error::from)?;
+                Ok((stream.clone(), WriteRequest::builder().put_request(put).build()))
+            })
+            .collect::<Result<_>>()?;
+        let table = Table { name: &self.table, key: &[HASH_KEY, RANGE_KEY] };
+        let unwritten = write_all(&self.dynamo, table, requests, &self.backoff, None).await;
+        match unwritten.is_empty() {
+            true => Ok(()),
+            false => Err(Error::Dynamo {
+                operation: "BatchWriteItem",
+                source: format!("logged positions of {unwritten:?} not written").into(),
+            }),
+        }
+    }
+
+    /// Moves the relay position forward to `version` and clears the failure
+    /// mark (a position further on, from a relay racing this one, stays).
+    pub async fn advance(&self, stream: &str, version: u64) -> Result<()> {
+        let result = self
+            .dynamo
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, RELAY_ITEM)))
+            .update_expression("SET relayed = :v REMOVE failing_since")
+            .condition_expression("attribute_not_exists(relayed) OR relayed < :v")
+            .expression_attribute_values(":v", n(version))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(()),
+            Err(err) => Err(Error::dynamo("UpdateItem", err)),
+        }
+    }
+
+    /// Marks the stream failing from `now` (kept if already failing), with
+    /// its progress so far; returns the position as it now is.
+    pub async fn failing(&self, stream: &str, relayed: Option<u64>, now: i64) -> Result<RelayPosition> {
+        if let Some(version) = relayed {
+            self.advance(stream, version).await?;
+        }
+        let out = self
+            .dynamo
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, RELAY_ITEM)))
+            .update_expression("SET failing_since = if_not_exists(failing_since, :now)")
+            .expression_attribute_values(":now", n(now))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+        let item = out.attributes.unwrap_or_default();
+        serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("relay position: {e}")))
+    }
+
+    /// Holds the stream: the relay leaves it alone until [`Self::release`].
+    pub async fn hold(&self, stream: &str, now: i64, reason: &str) -> Result<()> {
+        self.dynamo
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, RELAY_ITEM)))
+            .update_expression("SET held_at = :now, held_reason = :reason")
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":reason", AttributeValue::S(reason.to_owned()))
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+        Ok(())
+    }
+
+    /// Lets the relay handle the stream again (a re-drive, before it relays what was held).
+    pub async fn release(&self, stream: &str) -> Result<()> {
+        self.dynamo
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, RELAY_ITEM)))
+            .update_expression("REMOVE held_at, held_reason, failing_since")
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+        Ok(())
+    }
+
+    /// The `item` of every stream in `streams`, by `BatchGetItem` (100 keys a
+    /// request, unprocessed keys asked again with backoff).
+    async fn get_all(&self, streams: &[&str], item: &str) -> Result<Vec<HashMap<String, AttributeValue>>> {
+        let mut found = Vec::new();
+        let mut unique: Vec<&str> = streams.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        for chunk in unique.chunks(BATCH_GET_KEYS) {
+            let mut keys: Vec<HashMap<String, AttributeValue>> = chunk.iter().map(|s| key(s, item)).collect();
+            let mut attempt = 0;
+            while !keys.is_empty() {
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(Error::from)?;
+                let out = self
+                    .dynamo
+                    .batch_get_item()
+                    .request_items(&self.table, request)
+                    .send()
+                    .await
+                    .map_err(|e| Error::dynamo("BatchGetItem", e))?;
+                found.extend(out.responses.and_then(|mut r| r.remove(&self.table)).unwrap_or_default());
+                keys = out.unprocessed_keys.and_then(|mut u| u.remove(&self.table)).map(|k| k.keys).unwrap_or_default();
+                if !keys.is_empty() {
+                    if attempt + 1 >= self.backoff.max_attempts {
+                        return Err(Error::Throttled {
+                            service: "dynamodb",
+                            operation: "BatchGetItem",
+                            source: format!("{} keys still unprocessed", keys.len()).into(),
+                        });
+                    }
+                    self.backoff.wait(attempt).await;
+                    attempt += 1;
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_is_held_once_it_has_failed_for_the_limit() {
+        let mut position = RelayPosition::default();
+        assert_eq!(position.next(), 0);
+        assert!(!position.due_for_hold(1_000_000, Duration::from_secs(60)));
+        position.failing_since = Some(1_000_000);
+        position.relayed = Some(4);
+        assert_eq!(position.next(), 5);
+        assert!(!position.due_for_hold(1_059_999, Duration::from_secs(60)));
+        assert!(position.due_for_hold(1_060_000, Duration::from_secs(60)));
+    }
+}
