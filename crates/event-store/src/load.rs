@@ -50,8 +50,13 @@ enum Route {
 }
 
 /// Routes on the last path segment so the same handler works behind any API
-/// Gateway stage or base path, a function URL, or the local server.
+/// Gateway stage or base path, a function URL, or the local server. Paths
+/// under `/streams/` are the entity streams' (their events' `path` in the
+/// log), never ingest's: a filter on `/path` selects one stream exactly.
 fn route(path: &str) -> Option<Route> {
+    if path.starts_with("/streams/") {
+        return None;
+    }
     match path.rsplit('/').next() {
         Some("track.gif") => Some(Route::Pixel),
         Some("events") => Some(Route::Events),
@@ -287,6 +292,7 @@ mod tests {
         assert!(matches!(route("/Prod/track.gif"), Some(Route::Pixel)));
         assert!(matches!(route("/events"), Some(Route::Events)));
         assert!(route("/").is_none() && route("/track.png").is_none());
+        assert!(route("/streams/events").is_none() && route("/streams/track.gif").is_none(), "the entity namespace");
     }
 
     #[test]

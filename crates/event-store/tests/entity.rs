@@ -533,6 +533,7 @@ async fn a_key_refused_longer_than_the_dedupe_window_leaves_no_copy_in_the_log()
 
     let played = played_versions(&env, window_start, dedupe_window_ms, 24).await;
     for name in [held, free] {
+        println!("{name} as playback delivered it, after {deliveries} deliveries of the batch: {:?}", played.get(name));
         assert_eq!(played.get(name), Some(&(0..12).collect::<Vec<_>>()), "{name}: each version once, in order");
     }
 }

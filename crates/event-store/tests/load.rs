@@ -55,6 +55,14 @@ async fn pixel_hit_answers_the_gif_and_puts_one_envelope() {
     assert!(envelope.received_at.ends_with('Z') && envelope.received_at.len() == 24, "{}", envelope.received_at);
     assert!(envelope.body.is_none());
     assert_eq!(env.counter.get("Kinesis.PutRecord"), 1);
+
+    // A hit naming an entity stream's key is refused: it can never pass for that stream's event.
+    let mut forged: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
+    forged["rawQueryString"] = json!("EntityId=streams%2Ftodo-e2e&page=home");
+    forged["queryStringParameters"] = json!({"EntityId": "streams/todo-e2e", "page": "home"});
+    let refused = load.handle(lambda_http::request::from_str(&forged.to_string()).unwrap()).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(env.read_stream(&env.names.event_stream).await.len(), 1, "nothing put under the entity key");
 }
 
 #[tokio::test(flavor = "multi_thread")]
