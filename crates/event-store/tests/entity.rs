@@ -187,17 +187,32 @@ async fn appends_are_atomic_idempotent_and_cost_one_request() {
     let a = store.append("order-1", Expected::Any, loose.clone()).await.unwrap();
     let b = store.append("order-1", Expected::Any, loose).await.unwrap();
     assert_eq!((a.first, a.last, b.first, b.last, b.replayed), (101, 102, 101, 102, true));
+    // A retry after another writer appended (the first answer lost, then someone else's
+    // append, then the retry): still the original answer, nothing written (issue 26, item 4).
+    let lost = with_ids(2, "Note");
+    let original = store.append("order-1", Expected::Any, lost.clone()).await.unwrap();
+    store.append("order-1", Expected::Any, with_ids(1, "Other")).await.unwrap();
+    let retry = store.append("order-1", Expected::Any, lost.clone()).await.unwrap();
+    assert_eq!((retry.first, retry.last, retry.replayed), (original.first, original.last, true));
+    let pinned = store.append("order-1", Expected::Version(105), lost).await.unwrap();
+    assert_eq!((pinned.first, pinned.replayed), (103, true), "with a precondition too");
     // Other events under the stale version conflict, they do not replay.
     let other = store.append("order-1", Expected::Version(0), with_ids(100, "Line")).await;
-    assert!(matches!(other, Err(EntityError::Conflict { current: 102 })), "{other:?}");
+    assert!(matches!(other, Err(EntityError::Conflict { current: 105 })), "{other:?}");
 
     let page = store.read("order-1", None, 1000, Direction::Forward).await.unwrap();
-    assert_eq!(page.events.len(), 103);
-    assert_eq!(page.events.iter().map(|e| e.version).collect::<Vec<_>>(), (0..103).collect::<Vec<_>>());
+    assert_eq!(page.events.len(), 106);
+    assert_eq!(page.events.iter().map(|e| e.version).collect::<Vec<_>>(), (0..106).collect::<Vec<_>>());
     let ids: HashSet<&str> = page.events.iter().map(|e| e.id.as_str()).collect();
-    assert_eq!(ids.len(), 103, "no event stored twice");
+    assert_eq!(ids.len(), 106, "no event stored twice");
     let items = env.scan_table(&env.names.entity_table).await;
-    assert_eq!(items.len(), 4, "the tip and one item per append applied (3)");
+    let kinds: Vec<String> = items.iter().map(|i| i["item"].as_s().unwrap()[..2].to_owned()).collect();
+    let count = |prefix: &str| kinds.iter().filter(|k| k.starts_with(prefix)).count();
+    assert_eq!(
+        (count("ti"), count("e0"), count("_r")),
+        (1, 5, 5),
+        "the tip, a batch and a request record per append applied"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -27,8 +27,8 @@ use crate::batch::Backoff;
 use crate::error::Error;
 use crate::time::now_ms;
 use model::{
-    batch_key, check_name, deleted_event, prepare, request_key, Batch, SnapshotItem, StoredEventItem, StreamItem, Tip,
-    HASH_KEY, MAX_SNAPSHOT_BYTES, MAX_VERSION, RANGE_KEY, SNAPSHOT, TIP,
+    batch_key, check_name, deleted_event, prepare, request_item_key, request_key, Batch, RequestItem, SnapshotItem,
+    StoredEventItem, StreamItem, Tip, HASH_KEY, MAX_SNAPSHOT_BYTES, MAX_VERSION, RANGE_KEY, SNAPSHOT, TIP,
 };
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 
@@ -79,6 +79,25 @@ enum Also<'a> {
     Delete,
     /// The snapshot (JSON text) folded up to the last appended event.
     Snapshot(&'a str),
+}
+
+/// Whether an append is recorded by its request key (`_req#…`), so that a
+/// retry is recognized however much was appended since: only when the client
+/// chose every event's id (random ids differ on every try anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keyed {
+    Yes,
+    No,
+}
+
+impl Keyed {
+    fn by_client(events: &[NewEvent]) -> Self {
+        if events.iter().all(|e| e.id.is_some()) {
+            Keyed::Yes
+        } else {
+            Keyed::No
+        }
+    }
 }
 
 /// Which way a read goes.
@@ -184,7 +203,8 @@ impl EntityStore {
         events: Vec<NewEvent>,
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
-        self.append_stored(stream, expected, prepare(events)?, Also::Nothing).await
+        let keyed = Keyed::by_client(&events);
+        self.append_stored(stream, expected, prepare(events)?, Also::Nothing, keyed).await
     }
 
     /// Appends `events` as [`append`](Self::append) does and, in the same
@@ -200,14 +220,16 @@ impl EntityStore {
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
         let state = snapshot_text(state)?;
-        self.append_stored(stream, expected, prepare(events)?, Also::Snapshot(&state)).await
+        let keyed = Keyed::by_client(&events);
+        self.append_stored(stream, expected, prepare(events)?, Also::Snapshot(&state), keyed).await
     }
 
     /// Marks the stream deleted by appending a `StreamDeleted` event (nothing
     /// is erased; later appends fail with [`EntityError::Deleted`]).
     pub async fn delete(&self, stream: &str, expected_version: u64) -> Result<Appended, EntityError> {
         check_name(stream)?;
-        self.append_stored(stream, Expected::Version(expected_version), vec![deleted_event(stream)], Also::Delete).await
+        let events = vec![deleted_event(stream)];
+        self.append_stored(stream, Expected::Version(expected_version), events, Also::Delete, Keyed::Yes).await
     }
 
     async fn append_stored(
@@ -216,9 +238,11 @@ impl EntityStore {
         expected: Expected,
         events: Vec<StoredEventItem>,
         also: Also<'_>,
+        keyed: Keyed,
     ) -> Result<Appended, EntityError> {
         let count = events.len() as u64;
         let request = request_key(&events);
+        let recorded = (keyed == Keyed::Yes).then_some(request.as_str());
         for attempt in 0..self.backoff.max_attempts {
             let expectation = match expected {
                 Expected::Any => match self.tip(stream).await? {
@@ -237,7 +261,7 @@ impl EntityStore {
             if last > MAX_VERSION {
                 return Err(Invalid::BadRequest(format!("a stream holds at most {MAX_VERSION} events")).into());
             }
-            match self.write_append(stream, expectation, first, &events, &request, also).await {
+            match self.write_append(stream, expectation, first, &events, &request, also, recorded).await {
                 Ok(()) => {
                     debug!(stream, first, last, "appended");
                     return Ok(Appended { first, last, replayed: false });
@@ -245,7 +269,11 @@ impl EntityStore {
                 Err(AppendFailure::Store(err)) => return Err(err.into()),
                 Err(AppendFailure::Cancelled) => {}
             }
-            // Cancelled: find out why from the tip as it is now.
+            // Cancelled: applied before (whatever was appended since)? Then the original answer.
+            if let Some(applied) = self.applied_request(stream, recorded).await? {
+                return Ok(Appended { first: applied.first, last: applied.last, replayed: true });
+            }
+            // Otherwise find out why from the tip as it is now.
             let tip = self.tip(stream).await?;
             if let Some(tip) = &tip {
                 if tip.version >= last && self.already_applied(stream, tip, first, &events, &request).await? {
@@ -274,7 +302,25 @@ impl EntityStore {
         .into())
     }
 
-    /// True when the batch at `first` holds exactly these events: this request was applied before.
+    /// The record of this request's earlier application, if it has one (a request of client ids).
+    async fn applied_request(&self, stream: &str, request: Option<&str>) -> Result<Option<RequestItem>, Error> {
+        let Some(request) = request else { return Ok(None) };
+        let out = self
+            .dynamo
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, &request_item_key(request))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("GetItem", e))?;
+        out.item
+            .map(|item| serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("request record: {e}"))))
+            .transpose()
+    }
+
+    /// True when the batch at `first` holds exactly these events: this request was applied before
+    /// (what recognizes the retry of a request without client ids, or from before request records).
     async fn already_applied(
         &self,
         stream: &str,
@@ -297,6 +343,7 @@ impl EntityStore {
         events: &[StoredEventItem],
         request: &str,
         also: Also<'_>,
+        recorded: Option<&str>,
     ) -> Result<(), AppendFailure> {
         let now = now_ms();
         let last = first + events.len() as u64 - 1;
@@ -336,6 +383,20 @@ impl EntityStore {
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(update).build())
             .transact_items(TransactWriteItem::builder().put(put).build());
+        if let Some(request) = recorded {
+            let record =
+                RequestItem { stream: stream.to_owned(), item: request_item_key(request), first, last, at: now };
+            let item =
+                serde_dynamo::to_item(&record).map_err(|e| AppendFailure::Store(Error::encode("request record", e)))?;
+            let put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(#item)")
+                .expression_attribute_names("#item", RANGE_KEY)
+                .build()
+                .map_err(|e| AppendFailure::Store(e.into()))?;
+            transaction = transaction.transact_items(TransactWriteItem::builder().put(put).build());
+        }
         if let Also::Snapshot(state) = also {
             // No condition of its own: the tip's version check makes this the
             // newest version, so no stored snapshot can be of a later one.
@@ -493,7 +554,7 @@ impl EntityStore {
                     StreamItem::Tip(t) => tip = Some(t),
                     StreamItem::Snapshot(s) => snapshot = Some(s),
                     StreamItem::Batch(b) => batches.push(b),
-                    StreamItem::Position => {}
+                    StreamItem::Bookkeeping => {}
                 }
             }
             if tip.is_none() {

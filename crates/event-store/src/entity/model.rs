@@ -200,6 +200,27 @@ pub fn request_key(events: &[StoredEventItem]) -> String {
     hex::encode(&hasher.finalize()[..16])
 }
 
+/// Sort keys of a stream's bookkeeping items start with this: below every
+/// batch key (`e…`), so reads of its events never meet them.
+pub const BOOKKEEPING_PREFIX: char = '_';
+
+/// Sort key of the record of an applied request (`_req#<request key>`): a
+/// retry of that request, whatever was appended since, answers the original
+/// versions and writes nothing (KurrentDB's idempotence by event ids).
+pub fn request_item_key(request: &str) -> String {
+    format!("{BOOKKEEPING_PREFIX}req#{request}")
+}
+
+/// The record of an applied request: where its events went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestItem {
+    pub stream: String,
+    pub item: String,
+    pub first: u64,
+    pub last: u64,
+    pub at: i64,
+}
+
 /// The id of the event `DELETE` appends: fixed per stream, so a retried
 /// `DELETE` is recognized as the same request.
 pub fn deleted_event(stream: &str) -> StoredEventItem {
@@ -338,8 +359,9 @@ pub enum StreamItem {
     Tip(Tip),
     Snapshot(SnapshotItem),
     Batch(Batch),
-    /// A stream's place in the log (`_relay`, `_log`: [`super::log`]), not part of its events.
-    Position,
+    /// A stream's bookkeeping (`_relay`, `_log`: [`super::log`]; `_req#…`:
+    /// [`RequestItem`]), not part of its events.
+    Bookkeeping,
 }
 
 impl StreamItem {
@@ -352,7 +374,7 @@ impl StreamItem {
         Ok(match key.as_str() {
             TIP => StreamItem::Tip(serde_dynamo::from_item(item).map_err(malformed)?),
             SNAPSHOT => StreamItem::Snapshot(serde_dynamo::from_item(item).map_err(malformed)?),
-            _ if key.starts_with('_') => StreamItem::Position,
+            _ if key.starts_with(BOOKKEEPING_PREFIX) => StreamItem::Bookkeeping,
             _ => StreamItem::Batch(serde_dynamo::from_item(item).map_err(malformed)?),
         })
     }
