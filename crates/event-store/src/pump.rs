@@ -119,12 +119,39 @@ impl Pump {
     pub async fn buffer_again(&self, event: KinesisEvent) -> Vec<String> {
         let mut failed = Vec::new();
         for (shard_id, records) in by_shard(&event.records) {
+            let sequences = || records.iter().map(|r| r.kinesis.sequence_number.clone()).collect::<Vec<_>>();
             let arrivals = non_decreasing(
                 None,
                 records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
             );
-            let (buildable, not_done) = self.write(&records, &arrivals).await;
-            info!(shard_id, records = records.len(), failed = not_done.len(), "buffered again");
+            // Copies of entity versions already in the log are dropped here too.
+            let copies = match self.entity_copies(&records).await {
+                Ok(copies) => copies,
+                Err(err) => {
+                    error!(error = %err, shard_id, "entity log positions unreadable: nothing buffered again");
+                    failed.extend(sequences());
+                    continue;
+                }
+            };
+            let kept: Vec<usize> = (0..records.len()).filter(|i| !copies.dropped[*i]).collect();
+            let kept_records: Vec<&KinesisEventRecord> = kept.iter().map(|&i| records[i]).collect();
+            let kept_arrivals: Vec<i64> = kept.iter().map(|&i| arrivals[i]).collect();
+            let (buildable, not_done) = self.write(&kept_records, &kept_arrivals).await;
+            let buildable = kept.get(buildable).copied().unwrap_or(records.len());
+            let done =
+                records[..buildable].iter().take_while(|r| !not_done.contains(&r.kinesis.sequence_number)).count();
+            if let Err(err) = self.save_logged(&copies.logged_through(done)).await {
+                error!(error = %err, shard_id, "entity log positions not saved: the message stays");
+                failed.extend(sequences());
+                continue;
+            }
+            info!(
+                shard_id,
+                records = records.len(),
+                copies = copies.count(),
+                failed = not_done.len(),
+                "buffered again"
+            );
             failed.extend(not_done);
             failed.extend(records[buildable..].iter().map(|r| r.kinesis.sequence_number.clone()));
         }

@@ -206,13 +206,16 @@ async fn appends_are_atomic_idempotent_and_cost_one_request() {
     let ids: HashSet<&str> = page.events.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids.len(), 106, "no event stored twice");
     let items = env.scan_table(&env.names.entity_table).await;
-    let kinds: Vec<String> = items.iter().map(|i| i["item"].as_s().unwrap()[..2].to_owned()).collect();
+    let kinds: Vec<&str> = items.iter().map(|i| i["item"].as_s().unwrap().as_str()).collect();
     let count = |prefix: &str| kinds.iter().filter(|k| k.starts_with(prefix)).count();
     assert_eq!(
-        (count("ti"), count("e0"), count("_r")),
-        (1, 5, 5),
-        "the tip, a batch and a request record per append applied"
+        (count("tip"), count("e0"), count("_req#"), count("_relay")),
+        (1, 5, 5, 1),
+        "the tip, a batch and a request record per append applied, the relay position from the first"
     );
+    // A new stream's name leaves room for `streams/` in a Kinesis partition key.
+    let long = store.append(&"n".repeat(249), Expected::NoStream, with_ids(1, "A")).await;
+    assert!(matches!(long, Err(EntityError::Invalid(_))), "{long:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -608,6 +611,30 @@ async fn stream_records_delivered_out_of_order_still_relay_in_version_order() {
         assert!(response.batch_item_failures.is_empty(), "{response:?}");
     }
     assert_eq!(on_event_stream(&env).await.remove("order-9"), Some(vec![0, 1, 2, 3]));
+
+    // A stream relayed before positions existed (no `_relay` item): its history is on the
+    // event stream already, so the relay starts at what is delivered, not at version 0.
+    for version in 0..3u64 {
+        let expected = if version == 0 { Expected::NoStream } else { Expected::Version(version - 1) };
+        store.append("legacy-1", expected, one_event(version)).await.unwrap();
+    }
+    // Read before the position goes (the local reader takes an insert whose item is gone for a phantom).
+    let records = reader.poll().await.unwrap();
+    let position = HashMap::from([
+        ("stream".to_owned(), aws_sdk_dynamodb::types::AttributeValue::S("legacy-1".into())),
+        ("item".to_owned(), aws_sdk_dynamodb::types::AttributeValue::S(event_store::entity::log::RELAY_ITEM.into())),
+    ]);
+    env.dynamo.delete_item().table_name(&env.names.entity_table).set_key(Some(position)).send().await.unwrap();
+    let key_of = |r: &aws_sdk_dynamodbstreams::types::Record, name: &str| {
+        r.dynamodb().and_then(|d| d.keys()).and_then(|k| k.get(name)).and_then(|v| v.as_s().ok()).cloned()
+    };
+    let last = records
+        .iter()
+        .find(|r| key_of(r, "stream").as_deref() == Some("legacy-1") && key_of(r, "item") == Some(batch_key(2)))
+        .cloned()
+        .unwrap();
+    assert!(relay.handle(reader.lambda_event(&[last])).await.batch_item_failures.is_empty());
+    assert_eq!(on_event_stream(&env).await.remove("legacy-1"), Some(vec![2]), "not its whole history again");
 }
 
 /// A stream whose puts keep failing is held after the hold limit, without
@@ -660,14 +687,19 @@ async fn a_stream_that_cannot_be_relayed_is_held_then_redriven_in_order_from_the
     let at = position.relay_position(held).await.unwrap();
     assert!(at.held() && at.relayed.is_none(), "{at:?}");
 
-    // The alarm's queue names the stream; its re-drive relays v0..v5 from the table.
+    // The alarm's queue names the stream; its re-drive relays v0..v5 from the table. A failure
+    // record of the event source itself (it names shards, not streams) re-drives every stream
+    // behind its tip: together, each version once.
+    let gave_up = json!({"requestContext": {"condition": "RecordAgeExceeded"},
+                         "DDBStreamBatchInfo": {"shardId": "shardId-1", "startSequenceNumber": "1", "endSequenceNumber": "2"}});
+    sqs.send_message().queue_url(&queue).message_body(gave_up.to_string()).send().await.unwrap();
     let relay = &relay;
     let drained = event_store::redrive::drain_with(&sqs, &queue, |body| async move {
         relay.redrive_message(&body).await.map(|done| done.versions)
     })
     .await
     .unwrap();
-    assert_eq!((drained.messages, drained.records, drained.left), (1, 6, 0));
+    assert_eq!((drained.messages, drained.records, drained.left), (2, 6, 0));
     assert!(!position.relay_position(held).await.unwrap().held());
     // Appends after the re-drive are relayed as usual.
     append_round(6, 7).await;

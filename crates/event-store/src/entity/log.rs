@@ -57,6 +57,10 @@ pub struct RelayPosition {
     pub held_at: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_reason: Option<String>,
+    /// True when the item exists: every stream created since positions exist
+    /// has one from its first append; one without was relayed before them.
+    #[serde(skip)]
+    pub known: bool,
 }
 
 impl RelayPosition {
@@ -108,8 +112,9 @@ impl Positions {
         let items = self.get_all(streams, RELAY_ITEM).await?;
         let mut positions: HashMap<String, RelayPosition> = HashMap::new();
         for item in items {
-            let position: RelayPosition =
+            let mut position: RelayPosition =
                 serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("relay position: {e}")))?;
+            position.known = true;
             positions.insert(position.stream.clone(), position);
         }
         for stream in streams {
@@ -185,52 +190,71 @@ impl Positions {
         }
     }
 
-    /// Marks the stream failing from `now` (kept if already failing), with
-    /// its progress so far; returns the position as it now is.
-    pub async fn failing(&self, stream: &str, relayed: Option<u64>, now: i64) -> Result<RelayPosition> {
-        if let Some(version) = relayed {
-            self.advance(stream, version).await?;
-        }
-        let out = self
+    /// Marks the stream failing from `now` (kept if already failing), unless
+    /// another relay has relayed `failed_at` since; returns the position as it
+    /// now is, `None` when it was relayed.
+    pub async fn failing(&self, stream: &str, failed_at: u64, now: i64) -> Result<Option<RelayPosition>> {
+        let result = self
             .dynamo
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(stream, RELAY_ITEM)))
             .update_expression("SET failing_since = if_not_exists(failing_since, :now)")
+            .condition_expression("attribute_not_exists(relayed) OR relayed < :failed")
             .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":failed", n(failed_at))
             .return_values(ReturnValue::AllNew)
             .send()
-            .await
-            .map_err(|e| Error::dynamo("UpdateItem", e))?;
-        let item = out.attributes.unwrap_or_default();
-        serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("relay position: {e}")))
+            .await;
+        match result {
+            Ok(out) => {
+                let mut position: RelayPosition = serde_dynamo::from_item(out.attributes.unwrap_or_default())
+                    .map_err(|e| Error::Malformed(format!("relay position: {e}")))?;
+                position.known = true;
+                Ok(Some(position))
+            }
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(None),
+            Err(err) => Err(Error::dynamo("UpdateItem", err)),
+        }
     }
 
-    /// Holds the stream: the relay leaves it alone until [`Self::release`].
-    pub async fn hold(&self, stream: &str, now: i64, reason: &str) -> Result<()> {
-        self.dynamo
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(stream, RELAY_ITEM)))
-            .update_expression("SET held_at = :now, held_reason = :reason")
-            .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":reason", AttributeValue::S(reason.to_owned()))
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("UpdateItem", e))?;
-        Ok(())
+    /// Clears a failure mark that no longer holds (the stream is caught up).
+    pub async fn clear_failing(&self, stream: &str) -> Result<()> {
+        self.update(stream, "REMOVE failing_since", None, &[]).await
+    }
+
+    /// Holds the stream, if it is still failing since `since` and not held
+    /// (a re-drive that released it in between wins): the relay leaves it
+    /// alone until [`Self::release`].
+    pub async fn hold(&self, stream: &str, since: i64, now: i64, reason: &str) -> Result<()> {
+        let values = [(":now", n(now)), (":since", n(since)), (":reason", AttributeValue::S(reason.to_owned()))];
+        let condition = "attribute_not_exists(held_at) AND failing_since = :since";
+        self.update(stream, "SET held_at = :now, held_reason = :reason", Some(condition), &values).await
     }
 
     /// Lets the relay handle the stream again (a re-drive, before it relays what was held).
     pub async fn release(&self, stream: &str) -> Result<()> {
-        self.dynamo
+        self.update(stream, "REMOVE held_at, held_reason, failing_since", None, &[]).await
+    }
+
+    async fn update(
+        &self,
+        stream: &str,
+        expression: &str,
+        condition: Option<&str>,
+        values: &[(&str, AttributeValue)],
+    ) -> Result<()> {
+        let mut request = self
+            .dynamo
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key(stream, RELAY_ITEM)))
-            .update_expression("REMOVE held_at, held_reason, failing_since")
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+            .update_expression(expression)
+            .set_condition_expression(condition.map(str::to_owned));
+        for (name, value) in values {
+            request = request.expression_attribute_values(*name, value.clone());
+        }
+        request.send().await.map_err(|e| Error::dynamo("UpdateItem", e))?;
         Ok(())
     }
 

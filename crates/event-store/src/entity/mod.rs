@@ -15,6 +15,7 @@ pub mod cqrs;
 pub mod http;
 pub mod log;
 pub mod model;
+pub mod redrive;
 pub mod relay;
 
 use std::collections::HashMap;
@@ -28,7 +29,8 @@ use crate::error::Error;
 use crate::time::now_ms;
 use model::{
     batch_key, check_name, deleted_event, prepare, request_item_key, request_key, Batch, RequestItem, SnapshotItem,
-    StoredEventItem, StreamItem, Tip, HASH_KEY, MAX_SNAPSHOT_BYTES, MAX_VERSION, RANGE_KEY, SNAPSHOT, TIP,
+    StoredEventItem, StreamItem, Tip, HASH_KEY, MAX_NEW_NAME_BYTES, MAX_SNAPSHOT_BYTES, MAX_VERSION, RANGE_KEY,
+    SNAPSHOT, TIP,
 };
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 
@@ -88,6 +90,19 @@ enum Also<'a> {
 enum Keyed {
     Yes,
     No,
+}
+
+/// An append's request key (`model::request_key`), and whether it is recorded.
+#[derive(Debug, Clone, Copy)]
+struct Request<'a> {
+    key: &'a str,
+    keyed: Keyed,
+}
+
+impl<'a> Request<'a> {
+    fn recorded(self) -> Option<&'a str> {
+        (self.keyed == Keyed::Yes).then_some(self.key)
+    }
 }
 
 impl Keyed {
@@ -241,12 +256,13 @@ impl EntityStore {
         keyed: Keyed,
     ) -> Result<Appended, EntityError> {
         let count = events.len() as u64;
-        let request = request_key(&events);
-        let recorded = (keyed == Keyed::Yes).then_some(request.as_str());
+        let key = request_key(&events);
+        let request = Request { key: &key, keyed };
+        let recorded = request.recorded();
         for attempt in 0..self.backoff.max_attempts {
             let expectation = match expected {
                 Expected::Any => match self.tip(stream).await? {
-                    Some(tip) if tip.last_request.as_deref() == Some(&request) => {
+                    Some(tip) if tip.last_request.as_deref() == Some(request.key) => {
                         let first = tip.last_first.unwrap_or(tip.version + 1 - count);
                         return Ok(Appended { first, last: first + count - 1, replayed: true });
                     }
@@ -261,7 +277,12 @@ impl EntityStore {
             if last > MAX_VERSION {
                 return Err(Invalid::BadRequest(format!("a stream holds at most {MAX_VERSION} events")).into());
             }
-            match self.write_append(stream, expectation, first, &events, &request, also, recorded).await {
+            if first == 0 && stream.len() > MAX_NEW_NAME_BYTES {
+                return Err(
+                    Invalid::BadRequest(format!("a new stream's name is 1 to {MAX_NEW_NAME_BYTES} bytes")).into()
+                );
+            }
+            match self.write_append(stream, expectation, first, &events, request, also).await {
                 Ok(()) => {
                     debug!(stream, first, last, "appended");
                     return Ok(Appended { first, last, replayed: false });
@@ -276,7 +297,7 @@ impl EntityStore {
             // Otherwise find out why from the tip as it is now.
             let tip = self.tip(stream).await?;
             if let Some(tip) = &tip {
-                if tip.version >= last && self.already_applied(stream, tip, first, &events, &request).await? {
+                if tip.version >= last && self.already_applied(stream, tip, first, &events, request.key).await? {
                     return Ok(Appended { first, last, replayed: true });
                 }
             }
@@ -341,9 +362,8 @@ impl EntityStore {
         expected: Expected,
         first: u64,
         events: &[StoredEventItem],
-        request: &str,
+        request: Request<'_>,
         also: Also<'_>,
-        recorded: Option<&str>,
     ) -> Result<(), AppendFailure> {
         let now = now_ms();
         let last = first + events.len() as u64 - 1;
@@ -355,7 +375,7 @@ impl EntityStore {
             .expression_attribute_names("#version", "version")
             .expression_attribute_values(":last", n(last))
             .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":request", s(request))
+            .expression_attribute_values(":request", s(request.key))
             .expression_attribute_values(":first", n(first));
         if let Also::Delete = also {
             set.push_str(", deleted = :deleted");
@@ -383,7 +403,19 @@ impl EntityStore {
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(update).build())
             .transact_items(TransactWriteItem::builder().put(put).build());
-        if let Some(request) = recorded {
+        if first == 0 {
+            // A stream created from now on has a relay position from its first append,
+            // so the relay can tell it from a stream relayed before positions existed.
+            let position = Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(key(stream, log::RELAY_ITEM)))
+                .update_expression("SET created_at = if_not_exists(created_at, :now)")
+                .expression_attribute_values(":now", n(now))
+                .build()
+                .map_err(|e| AppendFailure::Store(e.into()))?;
+            transaction = transaction.transact_items(TransactWriteItem::builder().update(position).build());
+        }
+        if let Some(request) = request.recorded() {
             let record =
                 RequestItem { stream: stream.to_owned(), item: request_item_key(request), first, last, at: now };
             let item =

@@ -38,9 +38,12 @@ pub const MAX_EVENT_BYTES: usize = 64 * 1024;
 pub const MAX_APPEND_BYTES: usize = 300 * 1024;
 /// A snapshot's state, for the same reason.
 pub const MAX_SNAPSHOT_BYTES: usize = 300 * 1024;
-/// Stream names: 1 to 248 bytes, so that `streams/<name>` is a Kinesis
-/// partition key (at most 256), the key of its events in the log.
-pub const MAX_NAME_BYTES: usize = 248;
+/// Stream names: 1 to 256 bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// A stream created from now on: 1 to 248 bytes, so that `streams/<name>`
+/// is a Kinesis partition key (at most 256), the key of its events in the
+/// log. Older streams keep their longer names (`envelope::entity_key`).
+pub const MAX_NEW_NAME_BYTES: usize = 248;
 /// Event types: 1 to 256 bytes.
 pub const MAX_TYPE_BYTES: usize = 256;
 /// Versions are written with this many digits (sort keys must sort as numbers).
@@ -63,7 +66,7 @@ pub enum Invalid {
 /// No `/`, `?`, `#`, `%` or space: a name is one URL path segment as it is.
 pub const NAME_PUNCTUATION: &str = "-_.:@+=~";
 
-/// Checks a stream name: 1 to 248 bytes of `[A-Za-z0-9]` and [`NAME_PUNCTUATION`].
+/// Checks a stream name: 1 to 256 bytes of `[A-Za-z0-9]` and [`NAME_PUNCTUATION`].
 pub fn check_name(name: &str) -> Result<(), Invalid> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(Invalid::BadRequest(format!("a stream name is 1 to {MAX_NAME_BYTES} bytes")));
@@ -390,8 +393,8 @@ mod tests {
     fn names_are_one_plain_path_segment() {
         assert!(check_name("Todo-42").is_ok());
         assert!(check_name("order:2026.11@eu+x=y~z_").is_ok());
-        assert!(check_name(&"a".repeat(248)).is_ok());
-        assert!(check_name(&"a".repeat(249)).is_err());
+        assert!(check_name(&"a".repeat(256)).is_ok());
+        assert!(check_name(&"a".repeat(257)).is_err());
         assert!(check_name("").is_err());
         for bad in ["a/b", "a b", "a%2F", "a#b", "a?b", "é"] {
             assert!(check_name(bad).is_err(), "{bad}");

@@ -22,7 +22,7 @@
 //!   record (the other streams' records in it are skipped by their positions);
 //!   after `hold_after`, the stream is held (its position says so, a message
 //!   goes to the relay's dead-letter queue, its alarm fires) and the other
-//!   streams move on. `event-store-local relay-redrive` relays what was held
+//!   streams move on. `make redrive RELAY=1` relays what was held
 //!   from the table, in order.
 
 use std::collections::HashMap;
@@ -57,11 +57,15 @@ pub const AWS_ACTIONS: &[&str] = &[
 
 /// Versions one read of the table fetches when filling a gap or re-driving.
 const READ_PAGE: usize = 1000;
+/// Versions of one stream one delivery puts at most: a key's records go one
+/// request each (the next only once the one before is stored), so a long gap
+/// is relayed over several deliveries, each well inside the function's timeout.
+pub const MAX_VERSIONS_PER_DELIVERY: u64 = 200;
 /// Streams whose positions one delivery updates at once.
 const POSITION_CONCURRENCY: usize = 16;
 
 /// The batch item a stream record inserts, if it is one (tips, snapshots,
-/// positions and removals are not events).
+/// bookkeeping and removals are not events).
 pub fn inserted_batch(record: &EventRecord) -> std::result::Result<Option<Batch>, String> {
     if record.event_name != "INSERT" {
         return Ok(None);
@@ -124,22 +128,39 @@ pub fn events_after(next: u64, batches: &[Batch]) -> Option<Vec<RecordedEvent>> 
     Some(events)
 }
 
-/// How the relay's puts went for one stream.
+/// How one delivery went for one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Every version up to the last one delivered is on the event stream.
     Relayed,
-    /// Some were not stored: retry the delivery.
+    /// Stored so far, with more to go than one delivery puts: delivered again.
+    Partial,
+    /// Some were not stored: delivered again.
     Failing,
     /// Failing for longer than the hold limit: the stream is held.
     Held,
 }
 
+impl Outcome {
+    /// True when the delivery must come again for this stream.
+    pub fn retry(self) -> bool {
+        matches!(self, Outcome::Partial | Outcome::Failing)
+    }
+}
+
+/// What to put for one stream: its position, the next versions in order, and
+/// whether they reach the last version its delivery named.
+pub(super) struct Plan {
+    pub(super) position: RelayPosition,
+    pub(super) events: Vec<RecordedEvent>,
+    pub(super) complete: bool,
+}
+
 pub struct Relay {
     kinesis: aws_sdk_kinesis::Client,
     sqs: aws_sdk_sqs::Client,
-    store: EntityStore,
-    positions: Positions,
+    pub(super) store: EntityStore,
+    pub(super) positions: Positions,
     settings: RelayConfig,
     backoff: Backoff,
 }
@@ -158,7 +179,7 @@ impl Relay {
     }
 
     /// Relays one delivery of stream records. What could not be put is
-    /// reported from the first record of the first stream still failing
+    /// reported from the first record of the first stream still to go
     /// (the event source delivers again from there; the streams already
     /// relayed skip their records by position).
     pub async fn handle(&self, event: Event) -> DynamoDbEventResponse {
@@ -181,7 +202,7 @@ impl Relay {
         let retry_from = match self.relay(&delivered).await {
             Ok(outcomes) => streams
                 .iter()
-                .filter(|(name, _)| outcomes.get(name) == Some(&Outcome::Failing))
+                .filter(|(name, _)| outcomes.get(name).is_some_and(|o| o.retry()))
                 .map(|(_, d)| d.first_record)
                 .min(),
             Err(err) => {
@@ -198,62 +219,90 @@ impl Relay {
         response
     }
 
-    /// Relays `streams` from their positions: the versions `delivered(name)`
-    /// holds, with any gap before them read from the table.
+    /// Relays the delivered streams from their positions: the versions their
+    /// batches hold, with any gap before them read from the table.
     async fn relay(&self, delivered: &HashMap<&str, &[Batch]>) -> Result<HashMap<String, Outcome>> {
         let streams: Vec<&str> = delivered.keys().copied().collect();
         let positions = self.positions.relay_positions(&streams).await?;
-        let mut plans: Vec<(RelayPosition, Vec<RecordedEvent>)> = Vec::new();
+        let now = now_ms();
+        let mut plans = Vec::new();
         let mut outcomes = HashMap::new();
-        for name in &streams {
-            let Some(position) = positions.get(*name) else { continue };
-            if position.held() {
-                info!(stream = name, "held: left for a re-drive");
-                outcomes.insert((*name).to_owned(), Outcome::Held);
-                continue;
-            }
-            let batches = delivered.get(name).copied().unwrap_or_default();
-            let next = position.next();
-            let events = match events_after(next, batches) {
-                Some(events) => events,
-                None => {
-                    let last = batches.iter().map(Batch::last).max().unwrap_or(next);
-                    match self.read_versions(name, next, last).await {
-                        Ok(events) => events,
-                        Err(err) => {
-                            warn!(error = %err, stream = name, next, "versions before the delivered ones unreadable");
-                            outcomes.insert((*name).to_owned(), Outcome::Failing);
-                            continue;
-                        }
-                    }
+        for (name, position) in positions {
+            let batches = delivered.get(name.as_str()).copied().unwrap_or_default();
+            let outcome = match self.plan(position, batches).await {
+                Ok(Some(plan)) => {
+                    plans.push(plan);
+                    continue;
                 }
+                Ok(None) => Outcome::Relayed,
+                Err((position, reason)) if position.held() => {
+                    info!(stream = name, reason, "held: left for a re-drive");
+                    Outcome::Held
+                }
+                Err((position, reason)) => self.failed(&position, position.next(), &reason, now).await,
             };
-            if !events.is_empty() {
-                plans.push((position.clone(), events));
-            } else {
-                outcomes.insert((*name).to_owned(), Outcome::Relayed);
-            }
+            outcomes.insert(name, outcome);
         }
         outcomes.extend(self.put_and_record(plans).await);
         Ok(outcomes)
     }
 
+    /// What to put for one stream, `None` when it is caught up; the reason
+    /// when nothing can be put now (held, or the table unreadable).
+    async fn plan(
+        &self,
+        mut position: RelayPosition,
+        batches: &[Batch],
+    ) -> std::result::Result<Option<Plan>, (RelayPosition, String)> {
+        let stream = position.stream.clone();
+        if position.held() {
+            return Err((position, "held".into()));
+        }
+        let Some(last) = batches.iter().map(Batch::last).max() else { return Ok(None) };
+        if !position.known {
+            // Relayed before positions existed: its history is on the event stream
+            // already, so it starts at what this delivery holds.
+            if let Some(first) = batches.iter().map(|b| b.first).min().filter(|first| *first > 0) {
+                if let Err(err) = self.positions.advance(&stream, first - 1).await {
+                    return Err((position, format!("position not saved: {err}")));
+                }
+                position.relayed = Some(first - 1);
+            }
+        }
+        let next = position.next();
+        let to = last.min(next + MAX_VERSIONS_PER_DELIVERY - 1);
+        let mut events = match events_after(next, batches) {
+            Some(events) => events,
+            None => match self.read_versions(&stream, next, to).await {
+                Ok(events) => events,
+                Err(err) => return Err((position, format!("versions from {next} unreadable: {err}"))),
+            },
+        };
+        events.retain(|e| e.version <= to);
+        if events.is_empty() {
+            if position.failing_since.is_some() {
+                // Caught up (another relay stored them): the failure mark is stale.
+                if let Err(err) = self.positions.clear_failing(&stream).await {
+                    warn!(error = %err, stream, "stale failure mark not cleared");
+                }
+            }
+            return Ok(None);
+        }
+        Ok(Some(Plan { position, events, complete: to == last }))
+    }
+
     /// Puts each stream's events in version order, then records how far each got.
-    async fn put_and_record(&self, plans: Vec<(RelayPosition, Vec<RecordedEvent>)>) -> HashMap<String, Outcome> {
+    pub(super) async fn put_and_record(&self, plans: Vec<Plan>) -> HashMap<String, Outcome> {
         let mut records = Vec::new();
         let mut owner = Vec::new();
-        let mut outcomes = HashMap::new();
-        for (plan, (position, events)) in plans.iter().enumerate() {
-            let built: Result<Vec<OutgoingRecord>> = events.iter().map(log_record).collect();
-            match built {
+        let mut unencodable = Vec::new();
+        for (index, plan) in plans.iter().enumerate() {
+            match plan.events.iter().map(log_record).collect::<Result<Vec<OutgoingRecord>>>() {
                 Ok(built) => {
-                    owner.extend(std::iter::repeat_n(plan, built.len()));
+                    owner.extend(std::iter::repeat_n(index, built.len()));
                     records.extend(built);
                 }
-                Err(err) => {
-                    error!(error = %err, stream = position.stream, "entity events not encodable");
-                    outcomes.insert(position.stream.clone(), Outcome::Failing);
-                }
+                Err(err) => unencodable.push((index, err.to_string())),
             }
         }
         let stream = self.settings.event_stream.as_str();
@@ -267,77 +316,77 @@ impl Relay {
         // A stream's records go in order: the first failure ends what it stored.
         let mut first_failed: HashMap<usize, (usize, String)> = HashMap::new();
         for failure in &put.failures {
-            let plan = owner[failure.index];
-            let entry = first_failed.entry(plan).or_insert((failure.index, failure.code.clone()));
+            let entry = first_failed.entry(owner[failure.index]).or_insert((failure.index, failure.code.clone()));
             if failure.index < entry.0 {
                 *entry = (failure.index, failure.code.clone());
             }
         }
         let now = now_ms();
         let mut updates = Vec::new();
-        for (plan, (position, events)) in plans.iter().enumerate() {
-            if outcomes.contains_key(&position.stream) {
-                continue;
-            }
-            let start = owner.iter().position(|&o| o == plan).unwrap_or(0);
-            let failed = first_failed.get(&plan).cloned();
-            let stored = failed.as_ref().map_or(events.len(), |(index, _)| index - start);
-            let relayed = stored.checked_sub(1).map(|i| events[i].version);
-            updates.push(self.record(position, relayed, failed.map(|(_, code)| code), now));
+        for (index, plan) in plans.iter().enumerate() {
+            let start = owner.iter().position(|&o| o == index).unwrap_or(0);
+            let failed = match unencodable.iter().find(|(i, _)| *i == index) {
+                Some((_, err)) => Some((start, format!("not encodable: {err}"))),
+                None => first_failed.get(&index).cloned(),
+            };
+            let stored = failed.as_ref().map_or(plan.events.len(), |(at, _)| at - start);
+            let relayed = stored.checked_sub(1).map(|i| plan.events[i].version);
+            updates.push(self.record(plan, relayed, failed.map(|(_, code)| code), now));
         }
         let recorded: Vec<(String, Outcome)> =
             futures::stream::iter(updates).buffer_unordered(POSITION_CONCURRENCY).collect().await;
         info!(records = records.len(), failed = put.failures.len(), "relayed");
-        outcomes.extend(recorded);
-        outcomes
+        recorded.into_iter().collect()
     }
 
     /// Records one stream's progress: relayed up to `relayed`; failing (with
-    /// `code`), held once it has failed for the hold limit.
-    async fn record(
-        &self,
-        position: &RelayPosition,
-        relayed: Option<u64>,
-        code: Option<String>,
-        now: i64,
-    ) -> (String, Outcome) {
-        let stream = position.stream.as_str();
-        (stream.to_owned(), self.progress(stream, relayed, code, now).await)
+    /// `code`) from the version after it.
+    async fn record(&self, plan: &Plan, relayed: Option<u64>, code: Option<String>, now: i64) -> (String, Outcome) {
+        let stream = plan.position.stream.clone();
+        if let Some(version) = relayed {
+            if let Err(err) = self.positions.advance(&stream, version).await {
+                // Stored, not recorded: delivered again, the copies are dropped by the pump.
+                warn!(error = %err, stream, "relay position not saved");
+                return (stream, Outcome::Failing);
+            }
+        }
+        let outcome = match code {
+            None if plan.complete => Outcome::Relayed,
+            None => Outcome::Partial,
+            Some(code) => {
+                let failed_at = relayed.map_or(plan.position.next(), |v| v + 1);
+                self.failed(&plan.position, failed_at, &code, now).await
+            }
+        };
+        (stream, outcome)
     }
 
-    async fn progress(&self, stream: &str, relayed: Option<u64>, code: Option<String>, now: i64) -> Outcome {
-        let Some(code) = code else {
-            return match relayed.map(|v| self.positions.advance(stream, v)) {
-                Some(advance) => match advance.await {
-                    Ok(()) => Outcome::Relayed,
-                    // Stored, not recorded: delivered again, the copies are dropped by the pump.
-                    Err(err) => {
-                        warn!(error = %err, stream, "relay position not saved");
-                        Outcome::Failing
-                    }
-                },
-                None => Outcome::Relayed,
-            };
-        };
-        let position = match self.positions.failing(stream, relayed, now).await {
-            Ok(position) => position,
+    /// A stream could not be relayed from version `failed_at`: marked failing
+    /// (unless another relay has stored it since), held once it has failed for
+    /// the hold limit.
+    async fn failed(&self, position: &RelayPosition, failed_at: u64, code: &str, now: i64) -> Outcome {
+        let stream = position.stream.as_str();
+        let position = match self.positions.failing(stream, failed_at, now).await {
+            Ok(Some(position)) => position,
+            Ok(None) => return Outcome::Relayed,
             Err(err) => {
-                warn!(error = %err, stream, "relay position not saved");
+                warn!(error = %err, stream, code, "entity events not relayed, nor the failure recorded; delivered again");
                 return Outcome::Failing;
             }
         };
         if !position.due_for_hold(now, self.settings.hold_after) {
-            warn!(stream, code, next = position.next(), "entity events not relayed; delivered again");
+            warn!(stream, code, next = failed_at, "entity events not relayed; delivered again");
             return Outcome::Failing;
         }
-        let reason = format!("puts failing since {} ms ago: {code}", now - position.failing_since.unwrap_or(now));
-        match self.hold(stream, position.next(), &reason, now).await {
+        let since = position.failing_since.unwrap_or(now);
+        let reason = format!("not relayed for {} s: {code}", (now - since) / 1000);
+        match self.hold(stream, since, failed_at, &reason, now).await {
             Ok(()) => {
                 error!(
                     stream,
-                    next = position.next(),
+                    next = failed_at,
                     reason,
-                    "entity stream held: re-drive it once Kinesis takes its records"
+                    "entity stream held: re-drive it from the relay dead-letter queue"
                 );
                 Outcome::Held
             }
@@ -348,23 +397,26 @@ impl Relay {
         }
     }
 
-    /// Holds `stream` and announces it on the dead-letter queue.
-    async fn hold(&self, stream: &str, next: u64, reason: &str, now: i64) -> Result<()> {
-        if let Some(queue) = &self.settings.dead_letter_queue {
-            let body = json!({"heldStream": stream, "nextVersion": next, "reason": reason, "heldAt": now});
-            self.sqs
-                .send_message()
-                .queue_url(queue)
-                .message_body(body.to_string())
-                .send()
-                .await
-                .map_err(|e| Error::Sqs { operation: "SendMessage", source: e.into() })?;
+    /// Holds `stream` (unless a re-drive released it or another relay holds it
+    /// since the failure was seen), then announces it on the dead-letter queue;
+    /// without a queue to announce it on, a stream is never held (the
+    /// delivery is retried, and the iterator-age alarm fires).
+    async fn hold(&self, stream: &str, since: i64, next: u64, reason: &str, now: i64) -> Result<()> {
+        let Some(queue) = &self.settings.dead_letter_queue else {
+            return Err(Error::Config("RELAY_DLQ_URL is not set: nowhere to announce a held stream".into()));
+        };
+        self.positions.hold(stream, since, now, reason).await?;
+        let body = json!({"heldStream": stream, "nextVersion": next, "reason": reason, "heldAt": now});
+        let sent = self.sqs.send_message().queue_url(queue).message_body(body.to_string()).send().await;
+        if let Err(err) = sent {
+            self.positions.release(stream).await?;
+            return Err(Error::Sqs { operation: "SendMessage", source: err.into() });
         }
-        self.positions.hold(stream, now, reason).await
+        Ok(())
     }
 
     /// Versions `from..=to` of `stream`, from the table.
-    async fn read_versions(&self, stream: &str, from: u64, to: u64) -> Result<Vec<RecordedEvent>> {
+    pub(super) async fn read_versions(&self, stream: &str, from: u64, to: u64) -> Result<Vec<RecordedEvent>> {
         let mut events = Vec::new();
         let mut next = Some(from);
         while let Some(at) = next.filter(|at| *at <= to) {
@@ -377,76 +429,6 @@ impl Relay {
         }
         Ok(events)
     }
-
-    /// Re-drives one stream: releases its hold, then relays every version
-    /// after its position up to its tip, from the table, in order.
-    pub async fn redrive_stream(&self, stream: &str) -> Result<Redriven> {
-        self.positions.release(stream).await?;
-        let mut redriven = Redriven::default();
-        loop {
-            let position = self.positions.relay_position(stream).await?;
-            let Some(tip) = self.store.tip(stream).await? else { return Ok(redriven) };
-            let next = position.next();
-            if next > tip.version {
-                return Ok(redriven);
-            }
-            let to = tip.version.min(next + READ_PAGE as u64 - 1);
-            let events = self.read_versions(stream, next, to).await?;
-            let count = events.len();
-            let outcomes = self.put_and_record(vec![(position, events)]).await;
-            if outcomes.get(stream) != Some(&Outcome::Relayed) {
-                return Err(Error::KinesisPartial {
-                    operation: "PutRecords",
-                    failed: count,
-                    code: format!("{stream} still not relayed from version {next}"),
-                });
-            }
-            redriven.versions += count;
-        }
-    }
-
-    /// Re-drives every stream whose position is behind its tip (after the
-    /// event source itself gave up on a delivery: its dead-letter message
-    /// names shards, not streams). A `Scan` of the table: for rare repairs.
-    pub async fn redrive_all(&self) -> Result<Redriven> {
-        let names = self.store.stream_names("").await.map_err(|e| match e {
-            EntityError::Store(err) => err,
-            other => Error::Malformed(other.to_string()),
-        })?;
-        let mut total = Redriven::default();
-        for name in names {
-            let done = self.redrive_stream(&name).await?;
-            total.versions += done.versions;
-            total.streams += usize::from(done.versions > 0);
-        }
-        Ok(total)
-    }
-}
-
-impl Relay {
-    /// Re-drives what one message of the relay's dead-letter queue stands
-    /// for: a held stream (the relay's own notice), or, for the event
-    /// source's failure record (which names table-stream shards, not
-    /// streams), every stream behind its tip.
-    pub async fn redrive_message(&self, body: &str) -> Result<Redriven> {
-        let message: serde_json::Value =
-            serde_json::from_str(body).map_err(|e| Error::BadInput(format!("relay dead letter: {e}")))?;
-        if let Some(stream) = message.get("heldStream").and_then(|s| s.as_str()) {
-            let done = self.redrive_stream(stream).await?;
-            return Ok(Redriven { streams: 1, versions: done.versions });
-        }
-        if message.get("DDBStreamBatchInfo").is_some() {
-            return self.redrive_all().await;
-        }
-        Err(Error::BadInput("neither a held stream nor a DynamoDB stream failure record".into()))
-    }
-}
-
-/// What a re-drive relayed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Redriven {
-    pub streams: usize,
-    pub versions: usize,
 }
 
 #[cfg(test)]
