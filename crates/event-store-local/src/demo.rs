@@ -122,7 +122,8 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
         .await?;
 
     println!(
-        "== entity streams over http://127.0.0.1:{port}/streams: the Todo flow, the Counter, {ENTITY_STREAMS} account streams at once"
+        "== entity streams over http://127.0.0.1:{port}/streams: the Todo flow, the Counter, {ENTITY_STREAMS} account streams at once, {} writers on one stream",
+        crate::entities::CONTENDED_WRITERS
     );
     let entities_started = Instant::now();
     let entity_run = crate::entities::run(port, &run_id, ENTITY_STREAMS, ENTITY_APPENDS).await?;
@@ -194,7 +195,7 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
             load_time.as_secs_f64()
         ),
         format!(
-            "streams   {:>8.0} requests/s ({} entity events in {} streams, {} requests, {:.2} s, one at a time per stream)",
+            "streams   {:>8.0} requests/s ({} entity events in {} streams, {} requests, {:.2} s, one writer per stream but the contended one)",
             rate(entity_run.requests, entity_time),
             entity_run.events(),
             entity_run.streams.len(),

@@ -70,7 +70,74 @@ fn event(kind: &str, data: Value, run_id: &str) -> Value {
     json!({"type": kind, "data": data, "metadata": {"run": run_id}, "id": uuid::Uuid::new_v4()})
 }
 
-/// Runs the Todo flow, the Counter and `streams` account streams of `appends` appends each.
+/// Writers that append to one stream at once in the contended phase, and appends each.
+pub const CONTENDED_WRITERS: u64 = 8;
+pub const CONTENDED_APPENDS: u64 = 5;
+
+/// `CONTENDED_WRITERS` writers appending `CONTENDED_APPENDS` events each to
+/// one stream at once, each `If-Match` the version it last saw: on `409` it
+/// takes the current version from the answer and tries again, on a `5xx` it
+/// sends the same request again (its event ids make that idempotent). Every
+/// `201` must be in the stream, once, in the writer's order: returns the
+/// stream's events, the problems, and the requests sent.
+async fn contended(http: &Http, path: &str, run_id: &str) -> Result<(u64, Vec<String>, usize)> {
+    let opened =
+        http.call(Method::POST, path, &[("if-none-match", "*")], Some(event("Opened", json!({}), run_id))).await?;
+    if opened.status != StatusCode::CREATED {
+        return Ok((0, vec![format!("{path}: open: {} {}", opened.status, opened.body)], 1));
+    }
+    let writers = futures::future::join_all((0..CONTENDED_WRITERS).map(|w| async move {
+        let (mut version, mut requests, mut acknowledged) = (0u64, 0usize, Vec::new());
+        for n in 0..CONTENDED_APPENDS {
+            let body = event("Added", json!({"writer": w, "n": n}), run_id);
+            loop {
+                requests += 1;
+                let a = http
+                    .call(Method::POST, path, &[("if-match", &format!("\"{version}\""))], Some(body.clone()))
+                    .await?;
+                match a.status {
+                    StatusCode::CREATED => {
+                        version = a.body["last"].as_u64().unwrap_or(version);
+                        acknowledged.push(n);
+                        break;
+                    }
+                    StatusCode::CONFLICT => version = a.body["current_version"].as_u64().unwrap_or(version),
+                    status if status.is_server_error() => {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                    }
+                    status => anyhow::bail!("{path}: writer {w}: {status} {}", a.body),
+                }
+            }
+        }
+        Ok::<_, anyhow::Error>((w, acknowledged, requests))
+    }))
+    .await;
+    let mut problems = Vec::new();
+    let mut requests = 1;
+    let read = http.call(Method::GET, &format!("{path}?limit=1000"), &[], None).await?;
+    let events = read.body["events"].as_array().cloned().unwrap_or_default();
+    for writer in writers {
+        let (w, acknowledged, sent) = writer?;
+        requests += sent;
+        let stored: Vec<u64> = events
+            .iter()
+            .filter(|e| e["data"]["writer"].as_u64() == Some(w))
+            .filter_map(|e| e["data"]["n"].as_u64())
+            .collect();
+        if stored != acknowledged {
+            problems.push(format!("{path}: writer {w} was acknowledged {acknowledged:?}, the stream holds {stored:?}"));
+        }
+    }
+    let versions: Vec<u64> = events.iter().filter_map(|e| e["version"].as_u64()).collect();
+    let expected = 1 + CONTENDED_WRITERS * CONTENDED_APPENDS;
+    if versions != (0..expected).collect::<Vec<_>>() {
+        problems.push(format!("{path}: versions {versions:?}, not 0..{expected}"));
+    }
+    Ok((events.len() as u64, problems, requests + 1))
+}
+
+/// Runs the Todo flow, the Counter, `streams` account streams of `appends`
+/// appends each, and the contended stream.
 pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Result<EntityRun> {
     let http =
         Http { client: Client::builder(TokioExecutor::new()).build_http(), base: format!("http://127.0.0.1:{port}") };
@@ -162,6 +229,14 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
         out.problems.extend(problems);
         out.streams.insert(name, events);
     }
+
+    // Many writers on one stream: no acknowledged append is lost (moto needs the local stack's
+    // one-at-a-time DynamoDB requests for that, as DynamoDB serializes writes to an item).
+    let name = format!("contended-{short}");
+    let (events, problems, requests) = contended(&http, &format!("/streams/{name}"), run_id).await?;
+    out.requests += requests;
+    out.problems.extend(problems);
+    out.streams.insert(name, events);
     Ok(out)
 }
 

@@ -21,6 +21,7 @@ use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables};
 use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use event_store_emulator::Emulator;
+use event_store_fault_proxy::FaultProxy;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -46,6 +47,8 @@ pub struct Stack {
     pub region: String,
     pub stats: Arc<Stats>,
     pub counter: RequestCounter,
+    /// What the DynamoDB client talks to: the emulator, transactions alone (see [`Stack::start`]).
+    _serial: Option<FaultProxy>,
 }
 
 impl Stack {
@@ -55,9 +58,21 @@ impl Stack {
         let emulator = tokio::task::spawn_blocking(move || Emulator::ensure(port, &moto)).await??;
         let sdk = event_store::aws_config().await;
         let counter = RequestCounter::default();
-        let dynamo = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
-        );
+        // moto keeps a deep copy of all its tables while it applies a transaction and puts it
+        // back when the transaction is cancelled (every 409 of an append), undoing what other
+        // requests wrote meanwhile, acknowledged appends included; DynamoDB isolates a
+        // transaction from other writes. The local stack's transactions go to moto alone
+        // (other requests at once), so an acknowledged append is never lost (the demo's
+        // contended stream checks it).
+        let serial = match sdk.endpoint_url() {
+            Some(endpoint) => Some(FaultProxy::start_transactions_alone(endpoint).await.context("the DynamoDB proxy")?),
+            None => None,
+        };
+        let mut config = aws_sdk_dynamodb::config::Builder::from(&sdk);
+        if let Some(proxy) = &serial {
+            config.set_endpoint_url(Some(proxy.endpoint.clone()));
+        }
+        let dynamo = aws_sdk_dynamodb::Client::from_conf(config.interceptor(counter.clone()).build());
         let kinesis = aws_sdk_kinesis::Client::from_conf(
             aws_sdk_kinesis::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
@@ -65,7 +80,17 @@ impl Stack {
         create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
         let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
         let lambda = aws_sdk_lambda::Client::new(&sdk);
-        Ok(Self { settings, emulator, dynamo, kinesis, lambda, region, stats: Arc::default(), counter })
+        Ok(Self {
+            settings,
+            emulator,
+            dynamo,
+            kinesis,
+            lambda,
+            region,
+            stats: Arc::default(),
+            counter,
+            _serial: serial,
+        })
     }
 
     /// Starts every service; they stop when `shutdown` turns true.

@@ -474,6 +474,11 @@ async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say
     stored_events(&env, 0..100, 5, T0, 1_000).await;
     let ok = json!({"action": "create", "name": "a", "start": format_ms(T0), "target": {"lambda": CONSUMER}});
     manage(&env, &target, ok.clone()).await.unwrap();
+    // The SDK's retry of a create whose put was applied and then answered with an error
+    // puts the same definition (same id) again: done, not "exists already".
+    let stored =
+        event_store::subscription::store::get(&env.dynamo, &env.names.event_table, "a").await.unwrap().unwrap();
+    event_store::subscription::store::create(&env.dynamo, &env.names.event_table, &stored).await.unwrap();
     let bad = [
         (ok.clone(), "exists already"),
         (json!({"action": "create", "name": "b c", "target": {"lambda": CONSUMER}}), "name"),

@@ -153,6 +153,9 @@ struct State {
     applied: Mutex<Vec<Applied>>,
     /// Held while a request is upstream, when requests go one at a time.
     one_at_a_time: Option<tokio::sync::Mutex<()>>,
+    /// Held while a request is upstream, exclusively by a `TransactWriteItems`,
+    /// when transactions go alone.
+    transactions_alone: Option<tokio::sync::RwLock<()>>,
     /// Partition keys whose `PutRecords` entries are refused (a hot shard), whatever the rate.
     refused_keys: Mutex<HashSet<String>>,
 }
@@ -168,6 +171,14 @@ pub struct Applied {
     pub entries: usize,
 }
 
+/// How requests share the way upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Any,
+    OneAtATime,
+    TransactionsAlone,
+}
+
 pub struct FaultProxy {
     pub endpoint: String,
     state: Arc<State>,
@@ -179,7 +190,7 @@ type Answer = Result<Response<Full<Bytes>>, std::io::Error>;
 impl FaultProxy {
     /// Starts the proxy on a free 127.0.0.1 port in front of `upstream` (`http://127.0.0.1:PORT`).
     pub async fn start(upstream: &str, config: Config) -> std::io::Result<Self> {
-        Self::launch(upstream, config, false).await
+        Self::launch(upstream, config, Lane::Any).await
     }
 
     /// A proxy without faults that lets one request at a time through. moto
@@ -189,10 +200,22 @@ impl FaultProxy {
     /// gives tests of concurrent writers DynamoDB's isolation. The clients
     /// still race (their reads and writes interleave request by request).
     pub async fn start_one_at_a_time(upstream: &str) -> std::io::Result<Self> {
-        Self::launch(upstream, Config { seed: 0, rate: 0.0, only: Some(&[]) }, true).await
+        Self::launch(upstream, Config { seed: 0, rate: 0.0, only: Some(&[]) }, Lane::OneAtATime).await
     }
 
-    async fn launch(upstream: &str, config: Config, one_at_a_time: bool) -> std::io::Result<Self> {
+    /// A proxy without faults in front of moto where a `TransactWriteItems`
+    /// is never upstream at the same time as any other request, and all other
+    /// requests go at once. moto applies a transaction on a deep copy of all
+    /// its tables kept for the rollback, and a cancelled one (a failed
+    /// condition: every `409` of an append) puts that copy back, undoing
+    /// whatever other requests wrote meanwhile, acknowledged appends
+    /// included. DynamoDB isolates a transaction from other writes; this
+    /// gives the local stack the same.
+    pub async fn start_transactions_alone(upstream: &str) -> std::io::Result<Self> {
+        Self::launch(upstream, Config { seed: 0, rate: 0.0, only: Some(&[]) }, Lane::TransactionsAlone).await
+    }
+
+    async fn launch(upstream: &str, config: Config, lane: Lane) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let endpoint = format!("http://{}", listener.local_addr()?);
         let state = Arc::new(State {
@@ -203,7 +226,8 @@ impl FaultProxy {
             rng: Mutex::new(fastrand::Rng::with_seed(config.seed)),
             counts: Mutex::new(BTreeMap::new()),
             applied: Mutex::new(Vec::new()),
-            one_at_a_time: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
+            one_at_a_time: (lane == Lane::OneAtATime).then(|| tokio::sync::Mutex::new(())),
+            transactions_alone: (lane == Lane::TransactionsAlone).then(|| tokio::sync::RwLock::new(())),
             refused_keys: Mutex::default(),
         });
         let (stop, mut stopped) = watch::channel(false);
@@ -293,6 +317,13 @@ impl State {
         let _turn = match &self.one_at_a_time {
             Some(lock) => Some(lock.lock().await),
             None => None,
+        };
+        let transaction =
+            parts.headers.get("x-amz-target").is_some_and(|t| t.as_bytes().ends_with(b".TransactWriteItems"));
+        let (_alone, _shared) = match &self.transactions_alone {
+            Some(lock) if transaction => (Some(lock.write().await), None),
+            Some(lock) => (None, Some(lock.read().await)),
+            None => (None, None),
         };
         let response = self.client.request(request).await.map_err(std::io::Error::other)?;
         let (parts, body) = response.into_parts();
@@ -535,6 +566,7 @@ mod tests {
                 counts: Mutex::default(),
                 applied: Mutex::default(),
                 one_at_a_time: None,
+                transactions_alone: None,
                 refused_keys: Mutex::default(),
             };
             let faults = applicable(Service::DynamoDb, "BatchWriteItem");

@@ -48,7 +48,7 @@ pub fn start_local_stack(emulator_port: u16, http_port: u16, stage: &str, extra:
         .env("STAGE", stage)
         .env_remove("AWS_ENDPOINT_URL")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     for (name, value) in extra {
         command.env(name, value);
     }
@@ -69,13 +69,19 @@ pub fn run_demo(env: &[(&str, String)], limit: Duration) -> (ExitStatus, String)
         .env("MOTO_SERVER", event_store_emulator::moto_server(&repo_root()))
         .env_remove("AWS_ENDPOINT_URL")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     for (name, value) in env {
         command.env(name, value);
     }
     let output = wait_with_limit(Process(command.spawn().unwrap()), limit, "demo");
     let (status, out) = (output.status, String::from_utf8_lossy(&output.stdout).into_owned());
     println!("{out}");
+    if !status.success() {
+        // Its log, to tell why (the last lines: the demo logs warnings and errors only).
+        let log = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = log.lines().collect();
+        println!("demo's stderr (last 40 lines):\n{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+    }
     (status, out)
 }
 

@@ -51,7 +51,9 @@ fn encode(value: &impl Serialize, what: &'static str) -> Result<HashMap<String, 
     serde_dynamo::to_item(value).map_err(|e| Error::encode(what, e))
 }
 
-/// Stores a new subscription; one of that name already: `BadInput`, nothing written.
+/// Stores a new subscription; one of that name already: `BadInput`, nothing
+/// written, unless it is this very one (the SDK's retry of a put that was
+/// applied and then answered with an error: same definition, same id).
 pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
     let mut item = encode(sub, "subscription")?;
     item.extend(key(definition_key(&sub.name)));
@@ -67,7 +69,10 @@ pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscr
     match result {
         Ok(_) => Ok(()),
         Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
-            Err(Error::BadInput(format!("a subscription named {:?} exists already", sub.name)))
+            match get(dynamo, table, &sub.name).await? {
+                Some(stored) if stored == *sub => Ok(()),
+                _ => Err(Error::BadInput(format!("a subscription named {:?} exists already", sub.name))),
+            }
         }
         Err(e) => Err(Error::dynamo("PutItem", e)),
     }
