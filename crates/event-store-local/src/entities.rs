@@ -98,7 +98,7 @@ async fn contended(http: &Http, path: &str, run_id: &str) -> Result<(u64, Vec<St
                 match a.status {
                     StatusCode::CREATED => {
                         version = a.body["last"].as_u64().unwrap_or(version);
-                        acknowledged.push(n);
+                        acknowledged.push((n, version));
                         break;
                     }
                     StatusCode::CONFLICT => version = a.body["current_version"].as_u64().unwrap_or(version),
@@ -119,10 +119,11 @@ async fn contended(http: &Http, path: &str, run_id: &str) -> Result<(u64, Vec<St
     for writer in writers {
         let (w, acknowledged, sent) = writer?;
         requests += sent;
-        let stored: Vec<u64> = events
+        // Each acknowledged append where its answer said: (n, version).
+        let stored: Vec<(u64, u64)> = events
             .iter()
             .filter(|e| e["data"]["writer"].as_u64() == Some(w))
-            .filter_map(|e| e["data"]["n"].as_u64())
+            .filter_map(|e| Some((e["data"]["n"].as_u64()?, e["version"].as_u64()?)))
             .collect();
         if stored != acknowledged {
             problems.push(format!("{path}: writer {w} was acknowledged {acknowledged:?}, the stream holds {stored:?}"));
@@ -231,7 +232,7 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
     }
 
     // Many writers on one stream: no acknowledged append is lost (moto needs the local stack's
-    // one-at-a-time DynamoDB requests for that, as DynamoDB serializes writes to an item).
+    // transactions-alone lane for that, as DynamoDB isolates a transaction from other writes).
     let name = format!("contended-{short}");
     let (events, problems, requests) = contended(&http, &format!("/streams/{name}"), run_id).await?;
     out.requests += requests;

@@ -43,16 +43,18 @@ pub fn entity_event_id(stream: &str, version: u64) -> String {
     format!("{stream}/{version}")
 }
 
-/// The version an entity event's record carries (its envelope id is
-/// `<stream>/<version>`), or `None` for anything else.
-pub fn entity_version(data: &[u8]) -> Option<u64> {
+/// The stream and version an entity event's record carries (its envelope
+/// id is `<stream>/<version>`; the stream's own name, even where a long
+/// name's partition key is cut), or `None` for anything else.
+pub fn entity_event(data: &[u8]) -> Option<(String, u64)> {
     #[derive(Deserialize)]
     struct Id<'a> {
         #[serde(borrow)]
         id: std::borrow::Cow<'a, str>,
     }
     let id: Id = serde_json::from_slice(data).ok()?;
-    id.id.rsplit_once('/')?.1.parse().ok()
+    let (stream, version) = id.id.rsplit_once('/')?;
+    Some((stream.to_owned(), version.parse().ok()?))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -171,9 +173,9 @@ mod tests {
         assert_eq!(old.len(), 256, "a name from before the 248-byte limit still makes a valid key");
         assert_ne!(old, entity_key(&format!("{}b", "a".repeat(255))));
         let data = serde_json::json!({"id": entity_event_id("order:7", 42), "method": "POST"}).to_string();
-        assert_eq!(entity_version(data.as_bytes()), Some(42));
-        assert_eq!(entity_version(br#"{"id": "no-version"}"#), None);
-        assert_eq!(entity_version(b"not json"), None);
+        assert_eq!(entity_event(data.as_bytes()), Some(("order:7".to_owned(), 42)));
+        assert_eq!(entity_event(br#"{"id": "no-version"}"#), None);
+        assert_eq!(entity_event(b"not json"), None);
     }
 
     #[test]

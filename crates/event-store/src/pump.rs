@@ -23,7 +23,7 @@ use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::entity::log::Positions;
-use crate::envelope::{entity_stream, entity_version};
+use crate::envelope::{entity_event, entity_stream};
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
 use crate::time::slot_of;
@@ -117,41 +117,17 @@ impl Pump {
     /// non-decreasing along the batch; the position is left alone. Returns
     /// the sequence numbers not written.
     pub async fn buffer_again(&self, event: KinesisEvent) -> Vec<String> {
+        // Entity records are not dropped by their stream's logged version here: a record
+        // given up on was never buffered, and a later version may have been logged since
+        // (the hole the give-up made); a copy among them reaches readers as a copy.
         let mut failed = Vec::new();
         for (shard_id, records) in by_shard(&event.records) {
-            let sequences = || records.iter().map(|r| r.kinesis.sequence_number.clone()).collect::<Vec<_>>();
             let arrivals = non_decreasing(
                 None,
                 records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
             );
-            // Copies of entity versions already in the log are dropped here too.
-            let copies = match self.entity_copies(&records).await {
-                Ok(copies) => copies,
-                Err(err) => {
-                    error!(error = %err, shard_id, "entity log positions unreadable: nothing buffered again");
-                    failed.extend(sequences());
-                    continue;
-                }
-            };
-            let kept: Vec<usize> = (0..records.len()).filter(|i| !copies.dropped[*i]).collect();
-            let kept_records: Vec<&KinesisEventRecord> = kept.iter().map(|&i| records[i]).collect();
-            let kept_arrivals: Vec<i64> = kept.iter().map(|&i| arrivals[i]).collect();
-            let (buildable, not_done) = self.write(&kept_records, &kept_arrivals).await;
-            let buildable = kept.get(buildable).copied().unwrap_or(records.len());
-            let done =
-                records[..buildable].iter().take_while(|r| !not_done.contains(&r.kinesis.sequence_number)).count();
-            if let Err(err) = self.save_logged(&copies.logged_through(done)).await {
-                error!(error = %err, shard_id, "entity log positions not saved: the message stays");
-                failed.extend(sequences());
-                continue;
-            }
-            info!(
-                shard_id,
-                records = records.len(),
-                copies = copies.count(),
-                failed = not_done.len(),
-                "buffered again"
-            );
+            let (buildable, not_done) = self.write(&records, &arrivals).await;
+            info!(shard_id, records = records.len(), failed = not_done.len(), "buffered again");
             failed.extend(not_done);
             failed.extend(records[buildable..].iter().map(|r| r.kinesis.sequence_number.clone()));
         }
@@ -295,13 +271,16 @@ impl Pump {
     /// this batch. The relay puts each stream's versions in order, so the
     /// first record of a version is the one to keep.
     async fn entity_copies(&self, records: &[&KinesisEventRecord]) -> Result<EntityCopies> {
-        let versions: Vec<Option<(&str, u64)>> = records
+        let versions: Vec<Option<(String, u64)>> = records
             .iter()
-            .map(|r| Some((entity_stream(&r.kinesis.partition_key)?, entity_version(&r.kinesis.data)?)))
+            .map(|r| {
+                entity_stream(&r.kinesis.partition_key)?;
+                entity_event(&r.kinesis.data)
+            })
             .collect();
         let mut copies = EntityCopies { dropped: vec![false; records.len()], versions: Vec::new() };
         let Some(log) = &self.entity_log else { return Ok(copies) };
-        let mut streams: Vec<&str> = versions.iter().flatten().map(|(stream, _)| *stream).collect();
+        let mut streams: Vec<&str> = versions.iter().flatten().map(|(stream, _)| stream.as_str()).collect();
         if streams.is_empty() {
             return Ok(copies);
         }
@@ -310,7 +289,7 @@ impl Pump {
         let mut logged = log.logged(&streams).await?;
         for (i, entry) in versions.iter().enumerate() {
             let Some((stream, version)) = entry else { continue };
-            match logged.get(*stream) {
+            match logged.get(stream) {
                 Some(at) if version <= at => copies.dropped[i] = true,
                 Some(at) if *version > at + 1 => {
                     warn!(
@@ -323,8 +302,8 @@ impl Pump {
                 _ => {}
             }
             if !copies.dropped[i] {
-                logged.insert((*stream).to_owned(), *version);
-                copies.versions.push((i, (*stream).to_owned(), *version));
+                logged.insert(stream.clone(), *version);
+                copies.versions.push((i, stream.clone(), *version));
             }
         }
         Ok(copies)

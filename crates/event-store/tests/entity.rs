@@ -687,27 +687,39 @@ async fn a_stream_that_cannot_be_relayed_is_held_then_redriven_in_order_from_the
     let at = position.relay_position(held).await.unwrap();
     assert!(at.held() && at.relayed.is_none(), "{at:?}");
 
-    // The alarm's queue names the stream; its re-drive relays v0..v5 from the table. A failure
-    // record of the event source itself (it names shards, not streams) re-drives every stream
-    // behind its tip: together, each version once.
+    // The alarm's queue names the stream; its re-drive relays v0..v5 from the table.
+    let relay = &relay;
+    let drain = || async {
+        event_store::redrive::drain_with(&sqs, &queue, |body| async move {
+            relay.redrive_message(&body).await.map(|done| done.versions)
+        })
+        .await
+        .unwrap()
+    };
+    let drained = drain().await;
+    assert_eq!((drained.messages, drained.records, drained.left), (1, 6, 0));
+    assert!(!position.relay_position(held).await.unwrap().held());
+    // A stream whose records the event source gave up on (never delivered here): its
+    // failure record names shards, not streams, and its re-drive relays every stream
+    // behind its tip, this one only.
+    let lost = "lost-e";
+    for version in 0..3u64 {
+        let expected = if version == 0 { Expected::NoStream } else { Expected::Version(version - 1) };
+        store.append(lost, expected, one_event(version)).await.unwrap();
+    }
     let gave_up = json!({"requestContext": {"condition": "RecordAgeExceeded"},
                          "DDBStreamBatchInfo": {"shardId": "shardId-1", "startSequenceNumber": "1", "endSequenceNumber": "2"}});
     sqs.send_message().queue_url(&queue).message_body(gave_up.to_string()).send().await.unwrap();
-    let relay = &relay;
-    let drained = event_store::redrive::drain_with(&sqs, &queue, |body| async move {
-        relay.redrive_message(&body).await.map(|done| done.versions)
-    })
-    .await
-    .unwrap();
-    assert_eq!((drained.messages, drained.records, drained.left), (2, 6, 0));
-    assert!(!position.relay_position(held).await.unwrap().held());
-    // Appends after the re-drive are relayed as usual.
+    let drained = drain().await;
+    assert_eq!((drained.messages, drained.records, drained.left), (1, 3, 0), "only the lost stream was behind");
+    // Appends after the re-drive are relayed as usual; the lost stream's records, delivered late, are skipped.
     append_round(6, 7).await;
     deliver_all(&mut reader, &mut pending, 100, 0, |event| relay.handle(event)).await.unwrap();
-    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, 14).await;
+    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, 17).await;
     for name in [held, free] {
         assert_eq!(played.get(name), Some(&(0..7).collect::<Vec<_>>()), "{name}: each version once, in order");
     }
+    assert_eq!(played.get(lost), Some(&vec![0, 1, 2]), "{lost}: each version once, in order");
 }
 
 /// The sample events of `events/` (what `sam local invoke` and `cargo lambda invoke` send):

@@ -7,7 +7,7 @@
 //!
 //! The mapping (the one `dynamo-es` uses where it has one):
 //! - aggregate `TYPE` and id → stream `<TYPE>:<id>` (both must fit the stream
-//!   name rules: 1–256 bytes of letters, digits and `-_.:@+=~`);
+//!   name rules: 1–248 bytes for a new stream, of letters, digits and `-_.:@+=~`);
 //! - cqrs-es sequence `n` (from 1) → version `n - 1` (from 0); a commit of
 //!   events from sequence `n` is an append expecting version `n - 2` (no
 //!   stream when `n = 1`), so a concurrent commit fails with cqrs-es's

@@ -6,7 +6,8 @@
 //!   partition key `streams/<name>` ([`crate::envelope::entity_key`]); `load` refuses an
 //!   `EntityId` in that namespace, so an anonymous hit never passes for an
 //!   entity event, and a reader's `partition_key` filter selects one stream.
-//! - **Two small items per stream** in the entity table, beside its tip. Their
+//! - **Two small items per stream** in the entity table, beside its tip (and
+//!   the appends' request records, `_req#…`, see `model::RequestItem`). Their
 //!   sort keys start with `_`, below every batch key (`e…`), so reads of a
 //!   stream's events never meet them:
 //!   - `_relay`, written by the relay: `relayed`, the last version stored on
@@ -38,6 +39,11 @@ use crate::error::{Error, Result};
 pub const RELAY_ITEM: &str = "_relay";
 /// Sort key of a stream's logged position (the pump's).
 pub const LOG_ITEM: &str = "_log";
+/// The condition that a stream has a relay position: every stream created
+/// since positions exist has one from its first append (`created_at`), one
+/// relayed since has `relayed`. Marks are never written on a stream without
+/// one (it would then look positioned at nothing, and be relayed from 0).
+const TRACKED: &str = "(attribute_exists(created_at) OR attribute_exists(relayed))";
 /// Keys one `BatchGetItem` may ask for.
 const BATCH_GET_KEYS: usize = 100;
 
@@ -146,9 +152,9 @@ impl Positions {
             .collect())
     }
 
-    /// Records the logged versions (the pump is the only writer of a stream's `_log`:
-    /// all of a stream's records are on one shard at a time, and shards are
-    /// pumped parent before child, so plain puts never move one back).
+    /// Records the logged versions (the live pump is the only writer of a
+    /// stream's `_log`: all of a stream's records are on one shard at a time,
+    /// and shards are pumped parent before child, so plain puts never move one back).
     pub async fn save_logged(&self, logged: &HashMap<String, u64>) -> Result<()> {
         let requests: Vec<(String, WriteRequest)> = logged
             .iter()
@@ -200,7 +206,7 @@ impl Positions {
             .table_name(&self.table)
             .set_key(Some(key(stream, RELAY_ITEM)))
             .update_expression("SET failing_since = if_not_exists(failing_since, :now)")
-            .condition_expression("attribute_not_exists(relayed) OR relayed < :failed")
+            .condition_expression(format!("{TRACKED} AND (attribute_not_exists(relayed) OR relayed < :failed)"))
             .expression_attribute_values(":now", n(now))
             .expression_attribute_values(":failed", n(failed_at))
             .return_values(ReturnValue::AllNew)
@@ -220,7 +226,7 @@ impl Positions {
 
     /// Clears a failure mark that no longer holds (the stream is caught up).
     pub async fn clear_failing(&self, stream: &str) -> Result<()> {
-        self.update(stream, "REMOVE failing_since", None, &[]).await
+        self.update(stream, "REMOVE failing_since", Some(TRACKED), &[]).await
     }
 
     /// Holds the stream, if it is still failing since `since` and not held
@@ -234,7 +240,7 @@ impl Positions {
 
     /// Lets the relay handle the stream again (a re-drive, before it relays what was held).
     pub async fn release(&self, stream: &str) -> Result<()> {
-        self.update(stream, "REMOVE held_at, held_reason, failing_since", None, &[]).await
+        self.update(stream, "REMOVE held_at, held_reason, failing_since", Some(TRACKED), &[]).await
     }
 
     async fn update(
@@ -254,8 +260,17 @@ impl Positions {
         for (name, value) in values {
             request = request.expression_attribute_values(*name, value.clone());
         }
-        request.send().await.map_err(|e| Error::dynamo("UpdateItem", e))?;
-        Ok(())
+        match request.send().await {
+            Ok(_) => Ok(()),
+            // Nothing to change: no position (a stream from before positions), or the condition moved on.
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                match condition == Some(TRACKED) {
+                    true => Ok(()),
+                    false => Err(Error::dynamo("UpdateItem", err)),
+                }
+            }
+            Err(err) => Err(Error::dynamo("UpdateItem", err)),
+        }
     }
 
     /// The `item` of every stream in `streams`, by `BatchGetItem` (100 keys a

@@ -243,8 +243,10 @@ impl EntityStore {
     /// is erased; later appends fail with [`EntityError::Deleted`]).
     pub async fn delete(&self, stream: &str, expected_version: u64) -> Result<Appended, EntityError> {
         check_name(stream)?;
+        // Not recorded by request key: the deleted event's id is derivable, so an append
+        // carrying it must not pass for the delete (a retry is still recognized at its position).
         let events = vec![deleted_event(stream)];
-        self.append_stored(stream, Expected::Version(expected_version), events, Also::Delete, Keyed::Yes).await
+        self.append_stored(stream, Expected::Version(expected_version), events, Also::Delete, Keyed::No).await
     }
 
     async fn append_stored(
@@ -571,9 +573,12 @@ impl EntityStore {
                 .query()
                 .table_name(&self.table)
                 .consistent_read(true)
-                .key_condition_expression("#stream = :stream")
+                // From the first batch key up: the bookkeeping items (`_…`) sort below it.
+                .key_condition_expression("#stream = :stream AND #item >= :batches")
                 .expression_attribute_names("#stream", HASH_KEY)
+                .expression_attribute_names("#item", RANGE_KEY)
                 .expression_attribute_values(":stream", s(stream))
+                .expression_attribute_values(":batches", s(batch_key(0)))
                 .scan_index_forward(false)
                 .set_limit((requests == 0).then_some(STATE_FIRST_PAGE_ITEMS))
                 .set_exclusive_start_key(start)

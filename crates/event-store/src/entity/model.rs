@@ -1,16 +1,18 @@
 //! Entity streams, the pure part: names, the events a client appends, the
-//! expected version, and the three kinds of item a stream is stored as.
+//! expected version, and the kinds of item a stream is stored as.
 //!
-//! One partition key per stream (`stream`), three kinds of sort key (`item`):
+//! One partition key per stream (`stream`), three kinds of sort key (`item`)
+//! for its events, and bookkeeping below them (`_…`: request records here,
+//! the relay's and the pump's positions in [`super::log`]):
 //! - `e<first version, 12 digits>`: a **batch**, the events of one append (1 to
 //!   100), so an append is atomic by construction and costs one item, not one per event;
 //! - `snapshot`: the latest snapshot (a state folded up to a version);
 //! - `tip`: the stream's current version (what appends are conditional on),
 //!   whether it was deleted, and the last append's request key.
 //!
-//! The sort keys sort `e…` < `snapshot` < `tip`, so one backward `Query`
-//! returns the tip, the snapshot and the latest batches: loading an entity
-//! whose snapshot is recent is one request.
+//! The sort keys sort `_…` < `e…` < `snapshot` < `tip`, so one backward
+//! `Query` from `e…` up returns the tip, the snapshot and the latest batches:
+//! loading an entity whose snapshot is recent is one request.
 
 use std::collections::{HashMap, HashSet};
 

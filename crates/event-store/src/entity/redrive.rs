@@ -49,6 +49,10 @@ impl Relay {
         let mut versions = 0;
         loop {
             let position = self.positions.relay_position(stream).await?;
+            if !position.known {
+                // Relayed before positions existed: nothing is known to be held.
+                return Ok(versions);
+            }
             let Some(tip) = self.store.tip(stream).await? else { return Ok(versions) };
             let next = position.next();
             if next > tip.version {

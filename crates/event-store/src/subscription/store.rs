@@ -53,7 +53,7 @@ fn encode(value: &impl Serialize, what: &'static str) -> Result<HashMap<String, 
 
 /// Stores a new subscription; one of that name already: `BadInput`, nothing
 /// written, unless it is this very one (the SDK's retry of a put that was
-/// applied and then answered with an error: same definition, same id).
+/// applied and then answered with an error: the same create's random id).
 pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
     let mut item = encode(sub, "subscription")?;
     item.extend(key(definition_key(&sub.name)));
@@ -70,7 +70,7 @@ pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscr
         Ok(_) => Ok(()),
         Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
             match get(dynamo, table, &sub.name).await? {
-                Some(stored) if stored == *sub => Ok(()),
+                Some(stored) if stored.id == sub.id && !sub.id.is_empty() => Ok(()),
                 _ => Err(Error::BadInput(format!("a subscription named {:?} exists already", sub.name))),
             }
         }
