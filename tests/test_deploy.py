@@ -164,14 +164,17 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert env["load"]["EVENT_STREAM"] == f"{PREFIX}-stream"
     # moto hands a Number parameter back as a number; AWS as a string.
     assert {k: str(v) for k, v in env["pump"].items()} == {"DYNAMO_BUFFER_TABLE": f"{PREFIX}-buffer-table", "DYNAMO_EVENT_TABLE": f"{PREFIX}-event-table",
-                           "TIME_UNIT": "1000"}, "the pump cuts chunks at the scan's slots"
+                           "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table", "TIME_UNIT": "1000"}, "the pump cuts chunks at the scan's slots"
     assert env["scan"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
     assert env["scan"]["EVENT_STREAM"] == f"{PREFIX}-stream", "the scan asks the event stream what is not buffered"
     assert env["playback"]["PLAYBACK_STREAM"] == f"{PREFIX}-playback"
     assert env["subscriptions"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
     assert env["subscriptions"]["METRICS_NAMESPACE"] == f"EventStore/{PREFIX}", "where the lag alarm looks"
     assert env["streams"] == {"DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table"}
-    assert env["relay"] == {"EVENT_STREAM": f"{PREFIX}-stream"}
+    relay = {k: str(v) for k, v in env["relay"].items()}
+    assert relay.pop("RELAY_DLQ_URL").endswith(f"/{PREFIX}-relay-dlq"), "where a held stream is announced"
+    assert relay == {"EVENT_STREAM": f"{PREFIX}-stream", "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table",
+                     "RELAY_HOLD_AFTER_SECONDS": "300"}
 
 
 def test_relay_is_wired_to_the_entity_table_stream(stack, aws):
@@ -181,6 +184,9 @@ def test_relay_is_wired_to_the_entity_table_stream(stack, aws):
     assert f":table/{PREFIX}-entity-table/stream/" in mapping["EventSourceArn"]
     assert mapping.get("FunctionResponseTypes") == ["ReportBatchItemFailures"]
     assert mapping["DestinationConfig"]["OnFailure"]["Destination"].endswith(f":{PREFIX}-relay-dlq")
+    # Only inserts of batch items reach the relay (not tips, snapshots, nor its own positions).
+    pattern = json.loads(mapping["FilterCriteria"]["Filters"][0]["Pattern"])
+    assert pattern == {"eventName": ["INSERT"], "dynamodb": {"Keys": {"item": {"S": [{"prefix": "e"}]}}}}
 
 
 def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_letter_queue(stack, aws):
