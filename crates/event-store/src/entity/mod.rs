@@ -358,6 +358,18 @@ impl EntityStore {
         Ok(self.batch(stream, first).await?.is_some_and(|batch| batch.holds(events)))
     }
 
+    /// The put of a new item of an append's transaction (refused if it exists).
+    fn put_new(&self, item: &impl serde::Serialize, what: &'static str) -> Result<Put, AppendFailure> {
+        let item = serde_dynamo::to_item(item).map_err(|e| AppendFailure::Store(Error::encode(what, e)))?;
+        Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#item)")
+            .expression_attribute_names("#item", RANGE_KEY)
+            .build()
+            .map_err(|e| AppendFailure::Store(e.into()))
+    }
+
     async fn write_append(
         &self,
         stream: &str,
@@ -392,14 +404,7 @@ impl EntityStore {
         let update = update.update_expression(set).build().map_err(|e| AppendFailure::Store(e.into()))?;
         let batch =
             Batch { stream: stream.to_owned(), item: batch_key(first), first, at: now, events: events.to_vec() };
-        let item = serde_dynamo::to_item(&batch).map_err(|e| AppendFailure::Store(Error::encode("batch item", e)))?;
-        let put = Put::builder()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(#item)")
-            .expression_attribute_names("#item", RANGE_KEY)
-            .build()
-            .map_err(|e| AppendFailure::Store(e.into()))?;
+        let put = self.put_new(&batch, "batch item")?;
         let mut transaction = self
             .dynamo
             .transact_write_items()
@@ -420,15 +425,7 @@ impl EntityStore {
         if let Some(request) = request.recorded() {
             let record =
                 RequestItem { stream: stream.to_owned(), item: request_item_key(request), first, last, at: now };
-            let item =
-                serde_dynamo::to_item(&record).map_err(|e| AppendFailure::Store(Error::encode("request record", e)))?;
-            let put = Put::builder()
-                .table_name(&self.table)
-                .set_item(Some(item))
-                .condition_expression("attribute_not_exists(#item)")
-                .expression_attribute_names("#item", RANGE_KEY)
-                .build()
-                .map_err(|e| AppendFailure::Store(e.into()))?;
+            let put = self.put_new(&record, "request record")?;
             transaction = transaction.transact_items(TransactWriteItem::builder().put(put).build());
         }
         if let Also::Snapshot(state) = also {
