@@ -90,6 +90,19 @@ def test_translated_template_passes_cfn_lint():
     assert [p for p in found if not url.match(p)] == []
 
 
+def test_each_route_is_throttled_and_post_events_at_its_own_rate():
+    """The stage SAM makes throttles the pixel routes by default and POST /events by its own
+    settings, on a route the API's definition holds (else the stage cannot be created)."""
+    translated = translate(packaged(sam_template()))
+    resources = translated["Resources"]
+    stage = next(r["Properties"] for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Stage")
+    assert stage["DefaultRouteSettings"]["ThrottlingRateLimit"] == {"Ref": "ApiRateLimit"}
+    assert stage["RouteSettings"]["POST /events"] == {
+        "ThrottlingRateLimit": {"Ref": "EventsRateLimit"}, "ThrottlingBurstLimit": {"Ref": "EventsBurstLimit"}}
+    api = next(r["Properties"] for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Api")
+    assert "post" in api["Body"]["paths"]["/events"]
+
+
 def test_translation_catches_what_sam_validate_misses():
     """A bad !GetAtt inside a Serverless::Function only shows after translation."""
     broken = packaged(sam_template())

@@ -81,14 +81,21 @@ pub struct LoadConfig {
     /// Largest event (envelope JSON) accepted. Everything accepted must later fit a
     /// DynamoDB item (400 KB), so the default stays below that, well under Kinesis' 1 MiB.
     pub max_event_bytes: usize,
+    /// Most events one `POST /events` may carry (413 above).
+    pub max_events_per_post: usize,
     pub ip_mode: IpMode,
 }
 
-/// Default `MAX_EVENT_BYTES`: 32 KiB, what a pixel hit or an analytics event
-/// needs (Segment's own limit per event). The endpoint is public: at this size
-/// one anonymous post costs at most ~100 DynamoDB write units over its three
-/// writes, not ~1,100. Larger events are opt-in, up to [`MAX_EVENT_BYTES_LIMIT`].
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 32 * 1024;
+/// Default `MAX_EVENTS_PER_POST`: with the template's default rate of
+/// `POST /events`, what fits one shard's 1,000 records/s beside the pixel.
+pub const DEFAULT_MAX_EVENTS_PER_POST: usize = 100;
+
+/// Default `MAX_EVENT_BYTES`: 2 KiB, a pixel hit with a long URL and referer
+/// or a small analytics event. The endpoint is public, and at this size the
+/// template's default route rates fit one event shard's 1 MiB/s (the
+/// arithmetic is beside the template's parameters). Larger events are
+/// opt-in (with more shards or lower rates), up to [`MAX_EVENT_BYTES_LIMIT`].
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 2 * 1024;
 /// The most `MAX_EVENT_BYTES` may be: 384 KiB, leaving room in a DynamoDB item (400 KB) for its other attributes.
 pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
 /// Default `MAX_CONTINUATIONS`: how many times a chain of self-invocations
@@ -96,8 +103,10 @@ pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
 pub const DEFAULT_MAX_CONTINUATIONS: u32 = 1000;
 
 impl LoadConfig {
-    pub const VARIABLES: Variables =
-        Variables { required: &["EVENT_STREAM"], optional: &["MAX_EVENT_BYTES", "IP_MODE", "IP_SALT"] };
+    pub const VARIABLES: Variables = Variables {
+        required: &["EVENT_STREAM"],
+        optional: &["MAX_EVENT_BYTES", "MAX_EVENTS_PER_POST", "IP_MODE", "IP_SALT"],
+    };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
@@ -119,7 +128,24 @@ impl LoadConfig {
                 "MAX_EVENT_BYTES={max_event_bytes}: at most {MAX_EVENT_BYTES_LIMIT} (an event must fit a DynamoDB item)"
             )));
         }
-        Ok(Self { event_stream: env.var("EVENT_STREAM")?, max_event_bytes, ip_mode })
+        let max_events_per_post = env.var_or("MAX_EVENTS_PER_POST", DEFAULT_MAX_EVENTS_PER_POST)?;
+        if !(1..=crate::load::MAX_EVENTS_PER_POST).contains(&max_events_per_post) {
+            return Err(Error::Config(format!(
+                "MAX_EVENTS_PER_POST={max_events_per_post}: 1 to {}",
+                crate::load::MAX_EVENTS_PER_POST
+            )));
+        }
+        Ok(Self { event_stream: env.var("EVENT_STREAM")?, max_event_bytes, max_events_per_post, ip_mode })
+    }
+
+    /// The defaults for `event_stream`.
+    pub fn new(event_stream: impl Into<String>) -> Self {
+        Self {
+            event_stream: event_stream.into(),
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            max_events_per_post: DEFAULT_MAX_EVENTS_PER_POST,
+            ip_mode: IpMode::Full,
+        }
     }
 }
 
@@ -415,10 +441,20 @@ mod tests {
         let load = LoadConfig::from_env().unwrap();
         assert_eq!(load.event_stream, "value-of-EVENT_STREAM");
         assert!(matches!(load.ip_mode, IpMode::Hash { .. }), "hash is the default");
-        assert_eq!(load.max_event_bytes, 32 * 1024, "a pixel's or an analytics event's size; larger is opt-in");
+        assert_eq!(load.max_event_bytes, 2 * 1024, "a pixel's or a small analytics event's size; larger is opt-in");
+        assert_eq!(load.max_events_per_post, 100);
         std::env::set_var("MAX_EVENT_BYTES", "1048576");
         assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("MAX_EVENT_BYTES")));
         std::env::remove_var("MAX_EVENT_BYTES");
+        for bad in ["0", "501"] {
+            std::env::set_var("MAX_EVENTS_PER_POST", bad);
+            let refused = LoadConfig::from_env();
+            assert!(
+                matches!(&refused, Err(Error::Config(m)) if m.contains("MAX_EVENTS_PER_POST")),
+                "{bad}: {refused:?}"
+            );
+        }
+        std::env::remove_var("MAX_EVENTS_PER_POST");
         assert_eq!(PumpConfig::from_env().unwrap().buffer_table, "value-of-DYNAMO_BUFFER_TABLE");
         let scan = ScanConfig::from_env().unwrap();
         assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));

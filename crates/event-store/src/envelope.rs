@@ -13,6 +13,15 @@ use crate::error::{Error, Result};
 /// Query parameter or body field naming the entity an event belongs to; it
 /// becomes the Kinesis partition key, so one entity's events stay in order.
 pub const ENTITY_ID: &str = "EntityId";
+/// Query parameter or body field with the client's own id of an event: a
+/// retry with the same id (and `EntityId`) is one event in the log.
+pub const EVENT_ID: &str = "EventId";
+/// A client's event id: 1 to 64 of `A-Z a-z 0-9 . _ : -` (a UUID, a ULID, a
+/// nanoid), so it can never reach into the entity streams' key namespace.
+pub const MAX_EVENT_ID_CHARS: usize = 64;
+/// The pump keeps a marker of each client event it buffered in the entity
+/// table, under the partition `ids/<envelope id>`.
+pub const CLIENT_ID_MARKER_PREFIX: &str = "ids/";
 /// Kinesis partition keys are 1 to 256 characters.
 pub const MAX_PARTITION_KEY_CHARS: usize = 256;
 /// Entity events' partition keys start with this, and ingest refuses an
@@ -57,10 +66,59 @@ pub fn entity_event(data: &[u8]) -> Option<(String, u64)> {
     Some((stream.to_owned(), version.parse().ok()?))
 }
 
+/// The client's event id from the query (a pixel) or the posted event,
+/// checked; `None` when it sent none.
+pub fn client_event_id(query: &BTreeMap<String, Vec<String>>, body: Option<&Value>) -> Result<Option<String>> {
+    let from_query = query.get(EVENT_ID).and_then(|v| v.first()).map(|s| Value::String(s.clone()));
+    let Some(value) = from_query.or_else(|| body?.get(EVENT_ID).cloned()) else { return Ok(None) };
+    let valid = |id: &str| {
+        (1..=MAX_EVENT_ID_CHARS).contains(&id.len())
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    };
+    match value {
+        Value::String(id) if valid(&id) => Ok(Some(id)),
+        _ => Err(Error::BadInput(format!(
+            "{EVENT_ID} must be a string of 1 to {MAX_EVENT_ID_CHARS} letters, digits, '.', '_', ':' or '-'"
+        ))),
+    }
+}
+
+/// The envelope id of a client's event: the same for every retry of it
+/// (a UUID made from its partition key and id), so readers and the pump
+/// know a copy, and different for the same id under another `EntityId`.
+pub fn client_envelope_id(partition_key: &str, event_id: &str) -> String {
+    let digest = Sha256::new().chain_update(partition_key).chain_update([0]).chain_update(event_id).finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid().to_string()
+}
+
+/// The pump's record that a client's event is buffered: its partition in
+/// the entity table (stream names hold no `/`, so it is no stream's).
+pub fn client_id_marker(envelope_id: &str) -> String {
+    format!("{CLIENT_ID_MARKER_PREFIX}{envelope_id}")
+}
+
+/// The envelope id of a record that carries a client's event id, if it does.
+pub fn client_event(data: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Ids {
+        id: String,
+        #[serde(default)]
+        event_id: Option<serde::de::IgnoredAny>,
+    }
+    let ids: Ids = serde_json::from_slice(data).ok()?;
+    ids.event_id.map(|_| ids.id)
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
-    /// Random v4 UUID given at receipt.
+    /// Random v4 UUID given at receipt, or, for an event the client gave an
+    /// `EventId`, one made from it ([`client_envelope_id`]).
     pub id: String,
+    /// The client's `EventId`, when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
     /// Receive time, ISO 8601 with milliseconds, UTC.
     pub received_at: String,
     pub method: String,
@@ -89,7 +147,9 @@ pub struct Headers {
 
 impl Envelope {
     /// The Kinesis partition key: `EntityId` from the query, else from the
-    /// body, else the envelope's random id (spreads anonymous hits evenly).
+    /// body, else the client's `EventId` (every retry on one shard, so the
+    /// pump meets them in order), else the envelope's random id (spreads
+    /// anonymous hits evenly).
     pub fn partition_key(&self) -> Result<String> {
         let from_query = self.query.get(ENTITY_ID).and_then(|v| v.first()).cloned();
         let from_body = self.body.as_ref().and_then(|b| b.get(ENTITY_ID)).and_then(|v| match v {
@@ -98,7 +158,7 @@ impl Envelope {
             _ => None,
         });
         match from_query.or(from_body) {
-            None => Ok(self.id.clone()),
+            None => Ok(self.event_id.clone().unwrap_or_else(|| self.id.clone())),
             Some(key) if key.starts_with(ENTITY_KEY_PREFIX) => Err(Error::BadInput(format!(
                 "{ENTITY_ID} may not start with {ENTITY_KEY_PREFIX:?}: those keys are the entity streams'"
             ))),
@@ -137,6 +197,7 @@ mod tests {
         }
         Envelope {
             id: "id-1".into(),
+            event_id: None,
             received_at: "2026-11-21T05:58:44.123Z".into(),
             method: "GET".into(),
             path: "/track.gif".into(),
@@ -179,11 +240,38 @@ mod tests {
     }
 
     #[test]
+    fn a_client_event_id_is_checked_and_names_one_event_per_key() {
+        let query = |id: &str| BTreeMap::from([(EVENT_ID.to_owned(), vec![id.to_owned()])]);
+        let ulid = "01JD3Z8X7Q2V9K4M6N8P0R2T4W";
+        assert_eq!(client_event_id(&query(ulid), None).unwrap().as_deref(), Some(ulid));
+        let body = serde_json::json!({"EventId": "a1:b_c.d-e"});
+        assert_eq!(client_event_id(&BTreeMap::new(), Some(&body)).unwrap().as_deref(), Some("a1:b_c.d-e"));
+        assert_eq!(client_event_id(&BTreeMap::new(), Some(&serde_json::json!({"n": 1}))).unwrap(), None);
+        for bad in ["", "a/b", "streams/x", "sp ace", &"x".repeat(65)] {
+            assert!(client_event_id(&query(bad), None).is_err(), "{bad:?}");
+        }
+        assert!(client_event_id(&BTreeMap::new(), Some(&serde_json::json!({"EventId": 7}))).is_err());
+        let id = client_envelope_id("order-1", "e1");
+        assert_eq!(id, client_envelope_id("order-1", "e1"), "every retry gets the same id");
+        assert_ne!(id, client_envelope_id("order-2", "e1"), "the id is the client's per key");
+        assert_ne!(client_envelope_id("ab", "c"), client_envelope_id("a", "bc"));
+        assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 8);
+        // Without an EntityId the client's id is the key: its retries share a shard.
+        let mut e = envelope(&[("EventId", "e1")], None);
+        e.event_id = Some("e1".into());
+        assert_eq!(e.partition_key().unwrap(), "e1");
+        let data = serde_json::to_vec(&e).unwrap();
+        assert_eq!(client_event(&data).as_deref(), Some("id-1"));
+        e.event_id = None;
+        assert_eq!(client_event(&serde_json::to_vec(&e).unwrap()), None);
+    }
+
+    #[test]
     fn repeated_query_keys_survive_serialization() {
         let e = envelope(&[("tag", "a"), ("tag", "b")], None);
         let json = serde_json::to_value(&e).unwrap();
         assert_eq!(json["query"]["tag"], serde_json::json!(["a", "b"]));
-        assert!(json.get("body").is_none() && json.get("source_ip").is_none());
+        assert!(json.get("body").is_none() && json.get("source_ip").is_none() && json.get("event_id").is_none());
     }
 
     #[test]

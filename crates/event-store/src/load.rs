@@ -1,8 +1,11 @@
 //! `load`: the HTTP front door. `GET /track.gif` answers the pixel and puts
 //! one event; `POST /events` puts up to 500 posted events with `PutRecords`,
 //! each `EntityId`'s events in the order posted (`kinesis::put_in_key_order`).
-//! Every answer is deliberate: bad input gets a short 4xx, an unavailable
-//! stream a 503, and no internal error text ever reaches the client.
+//! Every answer is deliberate: bad input gets a short 4xx; events the stream
+//! refused get a 429 (a shard over its limits) or a 503, with `Retry-After`,
+//! naming each event not stored; no internal error text reaches the client.
+//! A client that sends its own `EventId` may retry freely: every copy gets
+//! the same envelope id, and the pump keeps the first (`crate::pump`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,7 +19,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::batch::Backoff;
 use crate::config::LoadConfig;
-use crate::envelope::{client_ip, Envelope, Headers};
+use crate::envelope::{client_envelope_id, client_event_id, client_ip, Envelope, Headers, EVENT_ID};
 use crate::error::Error;
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord};
 use crate::time::{format_ms, now_ms};
@@ -28,7 +31,7 @@ pub const PIXEL: [u8; 43] = [
     0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
 
-/// `POST /events` takes at most this many events (one `PutRecords` worth when every `EntityId` differs).
+/// `MAX_EVENTS_PER_POST` may be at most this (one `PutRecords` worth when every `EntityId` differs).
 pub const MAX_EVENTS_PER_POST: usize = 500;
 
 /// A request we answer with a 4xx: the status and a short message for the client.
@@ -99,8 +102,7 @@ impl Load {
     async fn pixel(&self, req: &Request) -> Result<Response<Body>, Reject> {
         // A POSTed pixel keeps its body: JSON when it parses, else the text.
         let body = body_text(req)?.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
-        let envelope = self.envelope(req, body);
-        let record = self.record(&envelope)?;
+        let (envelope, record) = self.event(req, body)?;
         let out = self
             .kinesis
             .put_record()
@@ -109,7 +111,10 @@ impl Load {
             .data(Blob::new(record.data))
             .send()
             .await
-            .map_err(|e| unavailable(Error::kinesis("PutRecord", e)))?;
+            .map_err(|e| {
+                let throttled = e.as_service_error().is_some_and(|s| s.is_provisioned_throughput_exceeded_exception());
+                refused(throttled, Error::kinesis("PutRecord", e))
+            })?;
         debug!(id = %envelope.id, sequence_number = out.sequence_number(), "pixel event put");
         Response::builder()
             .status(StatusCode::OK)
@@ -123,15 +128,16 @@ impl Load {
     async fn events(&self, req: &Request) -> Result<Response<Body>, Reject> {
         check_json_content_type(req)?;
         let text = body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
-        let events = parse_posted_events(&text)?;
-        let records = events
+        let events = parse_posted_events(&text, self.config.max_events_per_post)?;
+        let (envelopes, records): (Vec<Envelope>, Vec<OutgoingRecord>) = events
             .into_iter()
             .enumerate()
             .map(|(index, event)| {
-                self.record(&self.envelope(req, Some(event)))
-                    .map_err(|r| Reject::new(r.status, format!("event {index}: {}", r.message)))
+                self.event(req, Some(event)).map_err(|r| Reject::new(r.status, format!("event {index}: {}", r.message)))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
         let stream = self.config.event_stream.as_str();
         // Per EntityId, in the order posted: a throttled "created" is never stored after its "paid".
         // An ambiguous failure is retried as not stored: a copy has the same envelope id, which readers drop.
@@ -149,20 +155,33 @@ impl Load {
             return Ok(json_response(StatusCode::ACCEPTED, &json!({ "accepted": accepted })));
         }
         warn!(failed = failures.len(), code = %failures[0].code, "some events could not be put");
-        let failed: Vec<Value> = failures.iter().map(|f| json!({ "index": f.index, "error": f.code })).collect();
-        let status = if accepted == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::MULTI_STATUS };
+        // The client learns which events to send again (by index, and by its own id where it gave one).
+        let failed: Vec<Value> = failures
+            .iter()
+            .map(|f| match envelopes.get(f.index).and_then(|e| e.event_id.as_deref()) {
+                Some(id) => json!({ "index": f.index, EVENT_ID: id, "error": f.code }),
+                None => json!({ "index": f.index, "error": f.code }),
+            })
+            .collect();
+        let throttled = failures.iter().all(|f| f.code == THROTTLED);
+        let status = if throttled { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::SERVICE_UNAVAILABLE };
         Ok(json_response(status, &json!({ "accepted": accepted, "failed": failed })))
     }
 
-    fn envelope(&self, req: &Request, body: Option<Value>) -> Envelope {
+    /// The envelope of one event and its record: the client's `EventId`
+    /// and `EntityId` checked, the envelope id made from them when there is
+    /// an `EventId`, the size within `MAX_EVENT_BYTES`.
+    fn event(&self, req: &Request, body: Option<Value>) -> Result<(Envelope, OutgoingRecord), Reject> {
         let header_text =
             |name: header::HeaderName| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let mut query: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (key, value) in req.query_string_parameters().iter() {
             query.entry(key.to_owned()).or_default().push(value.to_owned());
         }
-        Envelope {
+        let event_id = client_event_id(&query, body.as_ref()).map_err(bad_input)?;
+        let mut envelope = Envelope {
             id: uuid::Uuid::new_v4().to_string(),
+            event_id,
             received_at: format_ms(now_ms()),
             method: req.method().to_string(),
             path: req.uri().path().to_owned(),
@@ -174,22 +193,26 @@ impl Load {
             },
             source_ip: client_ip(source_ip(req).as_deref(), &self.config.ip_mode),
             body,
+        };
+        let partition_key = envelope.partition_key().map_err(bad_input)?;
+        if let Some(event_id) = &envelope.event_id {
+            envelope.id = client_envelope_id(&partition_key, event_id);
         }
-    }
-
-    fn record(&self, envelope: &Envelope) -> Result<OutgoingRecord, Reject> {
-        let partition_key = envelope.partition_key().map_err(|e| match e {
-            Error::BadInput(m) => Reject::new(StatusCode::BAD_REQUEST, m),
-            other => internal(other.to_string()),
-        })?;
-        let data = serde_json::to_vec(envelope).map_err(|e| internal(e.to_string()))?;
+        let data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
         if data.len() > self.config.max_event_bytes {
             return Err(Reject::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("event is {} bytes; the limit is {}", data.len(), self.config.max_event_bytes),
             ));
         }
-        Ok(OutgoingRecord { partition_key, data })
+        Ok((envelope, OutgoingRecord { partition_key, data }))
+    }
+}
+
+fn bad_input(err: Error) -> Reject {
+    match err {
+        Error::BadInput(message) => Reject::new(StatusCode::BAD_REQUEST, message),
+        other => internal(other.to_string()),
     }
 }
 
@@ -230,8 +253,8 @@ pub(crate) fn check_json_content_type(req: &Request) -> Result<(), Reject> {
     }
 }
 
-/// One JSON object, or an array of 1 to 500 objects.
-pub fn parse_posted_events(text: &str) -> Result<Vec<Value>, Reject> {
+/// One JSON object, or an array of 1 to `max` objects.
+pub fn parse_posted_events(text: &str, max: usize) -> Result<Vec<Value>, Reject> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
         Reject::new(StatusCode::BAD_REQUEST, format!("malformed JSON at line {} column {}", e.line(), e.column()))
     })?;
@@ -243,10 +266,10 @@ pub fn parse_posted_events(text: &str) -> Result<Vec<Value>, Reject> {
     if events.is_empty() {
         return Err(Reject::new(StatusCode::BAD_REQUEST, "no events in the array"));
     }
-    if events.len() > MAX_EVENTS_PER_POST {
+    if events.len() > max {
         return Err(Reject::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("{} events; at most {MAX_EVENTS_PER_POST} per request", events.len()),
+            format!("{} events; at most {max} per request", events.len()),
         ));
     }
     if let Some(i) = events.iter().position(|e| !e.is_object()) {
@@ -255,7 +278,15 @@ pub fn parse_posted_events(text: &str) -> Result<Vec<Value>, Reject> {
     Ok(events)
 }
 
-fn unavailable(err: Error) -> Reject {
+/// Kinesis' answer for a record over its shard's limits.
+const THROTTLED: &str = "ProvisionedThroughputExceededException";
+
+/// A put the event stream refused: 429 when its shard was over its limits, else 503.
+fn refused(throttled: bool, err: Error) -> Reject {
+    if throttled {
+        warn!(error = %err, "event stream shard over its limits");
+        return Reject::new(StatusCode::TOO_MANY_REQUESTS, "event stream busy, retry later");
+    }
     error!(error = %err, "event stream unavailable");
     Reject::new(StatusCode::SERVICE_UNAVAILABLE, "event stream unavailable, retry later")
 }
@@ -269,7 +300,8 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> 
     let mut response = Response::new(Body::Text(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    // A shard's limits are per second: a second later the event fits again.
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
         response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     }
     response
@@ -297,6 +329,7 @@ mod tests {
 
     #[test]
     fn events_parse_as_object_or_bounded_array() {
+        let parse_posted_events = |text: &str| parse_posted_events(text, MAX_EVENTS_PER_POST);
         assert_eq!(parse_posted_events(r#"{"a":1}"#).unwrap().len(), 1);
         assert_eq!(parse_posted_events(r#"[{"a":1},{"b":2}]"#).unwrap().len(), 2);
         assert_eq!(parse_posted_events("{oops").unwrap_err().status, StatusCode::BAD_REQUEST);

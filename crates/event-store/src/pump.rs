@@ -23,7 +23,7 @@ use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::entity::log::Positions;
-use crate::envelope::{entity_event, entity_stream};
+use crate::envelope::{client_event, client_id_marker, entity_event, entity_stream};
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
 use crate::time::slot_of;
@@ -119,17 +119,43 @@ impl Pump {
     pub async fn buffer_again(&self, event: KinesisEvent) -> Vec<String> {
         // Entity records are not dropped by their stream's logged version here: a record
         // given up on was never buffered, and a later version may have been logged since
-        // (the hole the give-up made); a copy among them reaches readers as a copy.
+        // (the hole the give-up made); a copy among them reaches readers as a copy. A
+        // client's event id is checked: the client may have retried that event since.
         let mut failed = Vec::new();
         for (shard_id, records) in by_shard(&event.records) {
-            let arrivals = non_decreasing(
-                None,
-                records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
+            let all = || records.iter().map(|r| r.kinesis.sequence_number.clone()).collect::<Vec<_>>();
+            let mut copies = Copies { dropped: vec![false; records.len()], versions: Vec::new(), ids: Vec::new() };
+            if let Some(log) = &self.entity_log {
+                if let Err(err) = client_copies(log, &records, &mut copies).await {
+                    error!(error = %err, shard_id, "client ids unreadable: not buffered again");
+                    failed.extend(all());
+                    continue;
+                }
+            }
+            let kept: Vec<&KinesisEventRecord> =
+                records.iter().zip(&copies.dropped).filter(|(_, dropped)| !**dropped).map(|(r, _)| *r).collect();
+            let arrivals =
+                non_decreasing(None, kept.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()));
+            let (buildable, not_done) = self.write(&kept, &arrivals).await;
+            info!(
+                shard_id,
+                records = records.len(),
+                copies = copies.count(),
+                failed = not_done.len(),
+                "buffered again"
             );
-            let (buildable, not_done) = self.write(&records, &arrivals).await;
-            info!(shard_id, records = records.len(), failed = not_done.len(), "buffered again");
+            let written = |i: &usize| {
+                let sequence = &records[*i].kinesis.sequence_number;
+                !not_done.contains(sequence) && kept[..buildable].iter().any(|r| &r.kinesis.sequence_number == sequence)
+            };
+            copies.ids.retain(|(i, _, _)| written(i));
+            if let Err(err) = self.save_logged(&copies, records.len()).await {
+                error!(error = %err, shard_id, "client ids not saved: buffered again on the next re-drive");
+                failed.extend(all());
+                continue;
+            }
             failed.extend(not_done);
-            failed.extend(records[buildable..].iter().map(|r| r.kinesis.sequence_number.clone()));
+            failed.extend(kept[buildable..].iter().map(|r| r.kinesis.sequence_number.clone()));
         }
         failed
     }
@@ -230,10 +256,10 @@ impl Pump {
         );
         // Arrivals are made over every record first, so a delivery that drops
         // other copies stores the rest with the same arrivals (and sort keys).
-        let copies = match self.entity_copies(&new).await {
+        let copies = match self.copies(&new).await {
             Ok(copies) => copies,
             Err(err) => {
-                error!(error = %err, shard_id, "entity log positions unreadable: the batch is delivered again");
+                error!(error = %err, shard_id, "entity log positions or client ids unreadable: the batch is delivered again");
                 return sequences();
             }
         };
@@ -246,8 +272,8 @@ impl Pump {
         let done = new[..buildable].iter().take_while(|r| !not_done.contains(&r.kinesis.sequence_number)).count();
         info!(shard_id, records = records.len(), copies = copies.count(), done, "buffered");
         if done > 0 {
-            if let Err(err) = self.save_logged(&copies.logged_through(done)).await {
-                error!(error = %err, shard_id, "entity log positions not saved: the batch is delivered again");
+            if let Err(err) = self.save_logged(&copies, done).await {
+                error!(error = %err, shard_id, "entity log positions or client ids not saved: the batch is delivered again");
                 return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
             }
             let reached = ShardPosition {
@@ -266,65 +292,116 @@ impl Pump {
 }
 
 impl Pump {
-    /// Which of a shard's records are copies of entity events already in the
-    /// log: a version at or below its stream's logged one, or seen earlier in
-    /// this batch. The relay puts each stream's versions in order, so the
-    /// first record of a version is the one to keep.
-    async fn entity_copies(&self, records: &[&KinesisEventRecord]) -> Result<EntityCopies> {
-        let versions: Vec<Option<(String, u64)>> = records
-            .iter()
-            .map(|r| {
-                entity_stream(&r.kinesis.partition_key)?;
-                entity_event(&r.kinesis.data)
-            })
-            .collect();
-        let mut copies = EntityCopies { dropped: vec![false; records.len()], versions: Vec::new() };
-        let Some(log) = &self.entity_log else { return Ok(copies) };
-        let mut streams: Vec<&str> = versions.iter().flatten().map(|(stream, _)| stream.as_str()).collect();
-        if streams.is_empty() {
-            return Ok(copies);
-        }
-        streams.sort_unstable();
-        streams.dedup();
-        let mut logged = log.logged(&streams).await?;
-        for (i, entry) in versions.iter().enumerate() {
-            let Some((stream, version)) = entry else { continue };
-            match logged.get(stream) {
-                Some(at) if version <= at => copies.dropped[i] = true,
-                Some(at) if *version > at + 1 => {
-                    warn!(
-                        stream,
-                        logged = at,
-                        version,
-                        "entity versions missing before this one (a record given up on upstream)"
-                    )
-                }
-                _ => {}
-            }
-            if !copies.dropped[i] {
-                logged.insert(stream.clone(), *version);
-                copies.versions.push((i, stream.clone(), *version));
-            }
+    /// Which of a shard's records are copies of events already in the log
+    /// ([`Copies`]); none are without the entity table.
+    async fn copies(&self, records: &[&KinesisEventRecord]) -> Result<Copies> {
+        let mut copies = Copies { dropped: vec![false; records.len()], versions: Vec::new(), ids: Vec::new() };
+        if let Some(log) = &self.entity_log {
+            entity_copies(log, records, &mut copies).await?;
+            client_copies(log, records, &mut copies).await?;
         }
         Ok(copies)
     }
 
-    async fn save_logged(&self, logged: &HashMap<String, u64>) -> Result<()> {
-        match &self.entity_log {
-            Some(log) if !logged.is_empty() => log.save_logged(logged).await,
-            _ => Ok(()),
+    /// Records what the records before index `done` logged: entity streams'
+    /// versions and client event ids. Before the shard position moves past them.
+    async fn save_logged(&self, copies: &Copies, done: usize) -> Result<()> {
+        let Some(log) = &self.entity_log else { return Ok(()) };
+        let logged = copies.logged_through(done);
+        if !logged.is_empty() {
+            log.save_logged(&logged).await?;
+        }
+        let ids: Vec<(String, String)> =
+            copies.ids.iter().filter(|(i, _, _)| *i < done).map(|(_, m, s)| (m.clone(), s.clone())).collect();
+        match ids.is_empty() {
+            true => Ok(()),
+            false => log.save_buffered_ids(&ids, crate::time::now_ms() / 1000).await,
         }
     }
 }
 
-/// The entity records of one shard's batch: which are copies, and the versions the others log.
-struct EntityCopies {
+/// Entity records that are copies: a version at or below its stream's
+/// logged one, or seen earlier in this batch. The relay puts each stream's
+/// versions in order, so the first record of a version is the one to keep.
+async fn entity_copies(log: &Positions, records: &[&KinesisEventRecord], copies: &mut Copies) -> Result<()> {
+    let versions: Vec<Option<(String, u64)>> = records
+        .iter()
+        .map(|r| {
+            entity_stream(&r.kinesis.partition_key)?;
+            entity_event(&r.kinesis.data)
+        })
+        .collect();
+    let mut streams: Vec<&str> = versions.iter().flatten().map(|(stream, _)| stream.as_str()).collect();
+    if streams.is_empty() {
+        return Ok(());
+    }
+    streams.sort_unstable();
+    streams.dedup();
+    let mut logged = log.logged(&streams).await?;
+    for (i, entry) in versions.iter().enumerate() {
+        let Some((stream, version)) = entry else { continue };
+        match logged.get(stream) {
+            Some(at) if version <= at => copies.dropped[i] = true,
+            Some(at) if *version > at + 1 => {
+                warn!(
+                    stream,
+                    logged = at,
+                    version,
+                    "entity versions missing before this one (a record given up on upstream)"
+                )
+            }
+            _ => {}
+        }
+        if !copies.dropped[i] {
+            logged.insert(stream.clone(), *version);
+            copies.versions.push((i, stream.clone(), *version));
+        }
+    }
+    Ok(())
+}
+
+/// Ingest records with a client's `EventId` that are copies: a retry of an
+/// event whose first record (another sequence number) is buffered, or seen
+/// earlier in this batch. Every copy has the same partition key, so they
+/// all come through one shard, in order: the first is the one kept.
+async fn client_copies(log: &Positions, records: &[&KinesisEventRecord], copies: &mut Copies) -> Result<()> {
+    let markers: Vec<Option<String>> = records
+        .iter()
+        .map(|r| match entity_stream(&r.kinesis.partition_key) {
+            Some(_) => None,
+            None => client_event(&r.kinesis.data).map(|id| client_id_marker(&id)),
+        })
+        .collect();
+    let asked: Vec<&str> = markers.iter().flatten().map(String::as_str).collect();
+    if asked.is_empty() {
+        return Ok(());
+    }
+    let mut buffered = log.buffered_ids(&asked).await?;
+    for (i, marker) in markers.into_iter().enumerate() {
+        let Some(marker) = marker else { continue };
+        let sequence = &records[i].kinesis.sequence_number;
+        match buffered.get(&marker) {
+            // The first record's own redelivery is kept: the same record makes the same item.
+            Some(first) if first != sequence => copies.dropped[i] = true,
+            _ => {
+                buffered.insert(marker.clone(), sequence.clone());
+                copies.ids.push((i, marker, sequence.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The copies among one shard's batch, and what the others log.
+struct Copies {
     dropped: Vec<bool>,
     /// (record index, stream, version) of every entity record kept, in order.
     versions: Vec<(usize, String, u64)>,
+    /// (record index, marker, sequence number) of every record kept with a client's event id.
+    ids: Vec<(usize, String, String)>,
 }
 
-impl EntityCopies {
+impl Copies {
     fn count(&self) -> usize {
         self.dropped.iter().filter(|d| **d).count()
     }

@@ -12,8 +12,12 @@ use lambda_http::Body;
 use serde_json::{json, Value};
 
 fn load(env: &TestEnv, stream: &str) -> Load {
-    let config =
-        LoadConfig { event_stream: stream.into(), max_event_bytes: DEFAULT_MAX_EVENT_BYTES, ip_mode: IpMode::Full };
+    let config = LoadConfig {
+        event_stream: stream.into(),
+        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        ip_mode: IpMode::Full,
+        max_events_per_post: 100,
+    };
     Load::new(env.kinesis.clone(), config)
 }
 
@@ -171,7 +175,12 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     // cannot even be represented, so 40 KB against a 16 KiB limit shows the rule).
     let small = Load::new(
         env.kinesis.clone(),
-        LoadConfig { event_stream: env.names.event_stream.clone(), max_event_bytes: 16 * 1024, ip_mode: IpMode::None },
+        LoadConfig {
+            event_stream: env.names.event_stream.clone(),
+            max_event_bytes: 16 * 1024,
+            ip_mode: IpMode::None,
+            max_events_per_post: 100,
+        },
     );
     let mut huge_query: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
     huge_query["rawQueryString"] = json!(format!("page={}", "q".repeat(40_000)));
@@ -200,6 +209,7 @@ async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
     let config = LoadConfig {
         event_stream: env.names.event_stream.clone(),
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        max_events_per_post: 100,
         ip_mode: IpMode::None,
     };
     let load = Load::new(faulty, config);
@@ -225,5 +235,102 @@ async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
         let mut sorted = ns.clone();
         sorted.sort();
         assert_eq!(ns, sorted, "{entity}: stored in the order posted");
+    }
+}
+
+/// Event ids and partition keys of the events the buffer table holds: what the log will hold.
+async fn buffered_ids(env: &TestEnv) -> Vec<String> {
+    let mut ids = Vec::new();
+    for item in env.scan_table(&env.names.buffer_table).await {
+        for event in event_store::buffer_item::BufferItem::from_item(item).unwrap().events().unwrap() {
+            let envelope: Envelope = serde_json::from_slice(&event.data).unwrap();
+            let client = envelope.query.get("EventId").and_then(|v| v.first()).cloned();
+            let client = client.or_else(|| envelope.body.as_ref()?.get("EventId")?.as_str().map(str::to_owned));
+            ids.push(client.unwrap_or_else(|| format!("n={}", envelope.body.as_ref().unwrap()["n"])));
+        }
+    }
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_post_answers_429_naming_what_was_not_stored_and_a_retry_by_event_id_is_one_event() {
+    use event_store_fault_proxy::{Config, Fault};
+    let env = TestEnv::start(2).await;
+    let none: &'static [Fault] = &[];
+    let (faulty, proxy) = common::through_faults(&env, Config { seed: 5, rate: 0.0, only: Some(none) }).await;
+    let config = LoadConfig { ip_mode: IpMode::None, ..LoadConfig::new(env.names.event_stream.clone()) };
+    let load = Load::new(faulty, config);
+    let post = |events: Value| {
+        let mut event: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+        event["body"] = json!(events.to_string());
+        lambda_http::request::from_str(&event.to_string()).unwrap()
+    };
+    let pixel = |id: &str| {
+        let mut event: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
+        event["rawQueryString"] = json!(format!("EventId={id}&page=home"));
+        event["queryStringParameters"] = json!({"EventId": id, "page": "home"});
+        lambda_http::request::from_str(&event.to_string()).unwrap()
+    };
+    let pump_all = || async {
+        let pump = common::pump(&env);
+        for batch in env.event_source_batches().await {
+            assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+        }
+    };
+
+    // One key's shard refuses: the post says which events were not stored and when to come back.
+    proxy.refuse_partition_key("hot");
+    let events = json!([
+        {"EventId": "evt-1", "EntityId": "hot", "n": 1},
+        {"EventId": "evt-2", "EntityId": "cool", "n": 2},
+        {"EventId": "evt-3", "n": 3},
+        {"n": 4},
+    ]);
+    let refused = load.handle(post(events.clone())).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    let body = body_json(&refused);
+    assert_eq!(body["accepted"], 3);
+    assert_eq!(
+        body["failed"],
+        json!([{"index": 0, "EventId": "evt-1", "error": "ProvisionedThroughputExceededException"}]),
+        "{body}"
+    );
+    // Copies before the pump runs (one delivery holds both) and a pixel hit with its id.
+    for _ in 0..2 {
+        assert_eq!(load.handle(post(json!([{"EventId": "evt-5", "n": 5}]))).await.status(), StatusCode::ACCEPTED);
+    }
+    assert_eq!(load.handle(pixel("px-1")).await.status(), StatusCode::OK);
+    pump_all().await;
+    assert_eq!(buffered_ids(&env).await, ["evt-2", "evt-3", "evt-5", "n=4", "px-1"]);
+
+    // The client retries the whole post (and the pixel) later: what was stored is not stored again.
+    proxy.accept_partition_key("hot");
+    let events = json!([events[0], events[1], events[2]]);
+    let retried = load.handle(post(events)).await;
+    assert_eq!((retried.status(), body_json(&retried)), (StatusCode::ACCEPTED, json!({"accepted": 3})));
+    assert_eq!(load.handle(pixel("px-1")).await.status(), StatusCode::OK);
+    assert_eq!(env.read_stream(&env.names.event_stream).await.len(), 10, "the stream holds every copy");
+    pump_all().await;
+    pump_all().await; // a delivery again: the same records, the same items
+    assert_eq!(buffered_ids(&env).await, ["evt-1", "evt-2", "evt-3", "evt-5", "n=4", "px-1"], "each id once");
+    // A retry's record that the pump gave up on and a re-drive buffers later is still a copy.
+    let pump = common::pump(&env);
+    for mut batch in env.event_source_batches().await {
+        let mut seen = std::collections::HashSet::new();
+        batch.records.retain(|r| {
+            let envelope: Envelope = serde_json::from_slice(&r.kinesis.data).unwrap();
+            envelope.event_id.is_some() && !seen.insert(envelope.id)
+        });
+        assert!(pump.buffer_again(batch).await.is_empty());
+    }
+    assert_eq!(buffered_ids(&env).await, ["evt-1", "evt-2", "evt-3", "evt-5", "n=4", "px-1"], "re-driven");
+
+    // A malformed id is refused, never stored under a name the client did not mean.
+    for bad in
+        [json!({"EventId": ""}), json!({"EventId": 7}), json!({"EventId": "a/b"}), json!({"EventId": "x".repeat(65)})]
+    {
+        assert_eq!(load.handle(post(bad.clone())).await.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
 }

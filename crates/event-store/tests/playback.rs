@@ -496,6 +496,7 @@ async fn an_event_load_stored_twice_after_an_ambiguous_put_is_played_once() {
     let load_config = LoadConfig {
         event_stream: env.names.event_stream.clone(),
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        max_events_per_post: 100,
         ip_mode: IpMode::None,
     };
     let load = event_store::load::Load::new(faulty, load_config);

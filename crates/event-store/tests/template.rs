@@ -248,6 +248,57 @@ fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
     assert!(reserved.contains("UseFunctionUrl") && reserved.contains("LoadReservedConcurrency"), "{reserved}");
 }
 
+/// The default of a parameter a value refers to (`!Ref Name`, read by serde_yaml as a tagged value).
+fn default_of(template: &Value, value: &Value) -> f64 {
+    let text = format!("{value:?}");
+    let name = template["Parameters"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .filter_map(Value::as_str)
+        .find(|name| text.contains(&format!("\"{name}\"")))
+        .unwrap_or_else(|| panic!("{text} names no parameter"));
+    let default = &template["Parameters"][name]["Default"];
+    default.as_f64().unwrap_or_else(|| panic!("{name} has a number default"))
+}
+
+#[test]
+fn anonymous_ingest_fits_the_event_stream_in_records_and_bytes_by_default() {
+    // Kinesis takes 1,000 records/s and 1 MiB/s a shard, counting data and partition key.
+    let template = template();
+    let parameters = &template["Parameters"];
+    let shards = parameters["EventShardCount"]["Default"].as_f64().unwrap();
+    let load = &template["Resources"]["LoadFunction"]["Properties"];
+    let env = &load["Environment"]["Variables"];
+    let per_post = match &env["MAX_EVENTS_PER_POST"] {
+        Value::Null => event_store::load::MAX_EVENTS_PER_POST as f64,
+        value => default_of(&template, value),
+    };
+    let event_bytes = default_of(&template, &env["MAX_EVENT_BYTES"]) + 256.0;
+    let default_rate = default_of(
+        &template,
+        &template["Resources"]["HttpApi"]["Properties"]["DefaultRouteSettings"]["ThrottlingRateLimit"],
+    );
+    let (mut records, mut routes) = (0.0, 0);
+    for (_, event) in load["Events"].as_mapping().unwrap() {
+        let properties = &event["Properties"];
+        assert_eq!(event["Type"].as_str(), Some("HttpApi"));
+        let rate = match &properties["RouteSettings"]["ThrottlingRateLimit"] {
+            Value::Null => default_rate,
+            own => default_of(&template, own),
+        };
+        let per_request = if properties["Path"].as_str() == Some("/events") { per_post } else { 1.0 };
+        records += rate * per_request;
+        routes += 1;
+    }
+    assert_eq!(routes, 3, "GET and POST /track.gif, POST /events");
+    assert!(records <= 1000.0 * shards, "{records} records/s at the routes' rates on {shards} shard(s)");
+    let bytes = records * event_bytes;
+    assert!(bytes <= 1_048_576.0 * shards, "{bytes} bytes/s at the routes' rates on {shards} shard(s)");
+    assert_eq!(per_post as usize, event_store::config::DEFAULT_MAX_EVENTS_PER_POST);
+    assert!(per_post as usize <= event_store::load::MAX_EVENTS_PER_POST);
+}
+
 #[test]
 fn the_lag_alarm_watches_the_metric_the_tick_writes_and_fires_when_the_tick_is_silent() {
     let template = template();

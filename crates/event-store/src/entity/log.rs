@@ -23,6 +23,11 @@
 //!     first answer was lost, two relays racing on one stream) and is
 //!     dropped by its identity, however late it comes (`docs/design.md`,
 //!     invariant 11).
+//! - **Client event ids**, the pump's too: one item `ids/<envelope id>`,
+//!   `_id` per ingest event a client gave an `EventId`, naming the record
+//!   buffered for it (`sequence`) and expiring a day later (`expires_at`,
+//!   the table's TTL). A later record of the same id is a client's retry of
+//!   an event already stored, and is dropped.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -39,6 +44,10 @@ use crate::error::{Error, Result};
 pub const RELAY_ITEM: &str = "_relay";
 /// Sort key of a stream's logged position (the pump's).
 pub const LOG_ITEM: &str = "_log";
+/// Sort key of the pump's marker of a client event id (partition `ids/<envelope id>`).
+pub const CLIENT_ID_ITEM: &str = "_id";
+/// How long a client's retry is known for a copy: a day, as other idempotency keys go.
+pub const CLIENT_ID_RETENTION_SECS: i64 = 24 * 3600;
 /// The condition that a stream has a relay position: every stream created
 /// since positions exist has one from its first append (`created_at`), one
 /// relayed since has `relayed`. Marks are never written on a stream without
@@ -156,13 +165,24 @@ impl Positions {
     /// stream's `_log`: all of a stream's records are on one shard at a time,
     /// and shards are pumped parent before child, so plain puts never move one back).
     pub async fn save_logged(&self, logged: &HashMap<String, u64>) -> Result<()> {
-        let requests: Vec<(String, WriteRequest)> = logged
-            .iter()
-            .map(|(stream, version)| {
-                let mut item = key(stream, LOG_ITEM);
-                item.insert("logged".into(), n(version));
+        let items = logged.iter().map(|(stream, version)| {
+            let mut item = key(stream, LOG_ITEM);
+            item.insert("logged".into(), n(version));
+            (stream.clone(), item)
+        });
+        self.put_all(items, "logged positions").await
+    }
+
+    /// Puts `items` (each with its partition key, to name what was not written) with `BatchWriteItem`.
+    async fn put_all(
+        &self,
+        items: impl Iterator<Item = (String, HashMap<String, AttributeValue>)>,
+        what: &str,
+    ) -> Result<()> {
+        let requests: Vec<(String, WriteRequest)> = items
+            .map(|(partition, item)| {
                 let put = PutRequest::builder().set_item(Some(item)).build().map_err(Error::from)?;
-                Ok((stream.clone(), WriteRequest::builder().put_request(put).build()))
+                Ok((partition, WriteRequest::builder().put_request(put).build()))
             })
             .collect::<Result<_>>()?;
         let table = Table { name: &self.table, key: &[HASH_KEY, RANGE_KEY] };
@@ -171,9 +191,33 @@ impl Positions {
             true => Ok(()),
             false => Err(Error::Dynamo {
                 operation: "BatchWriteItem",
-                source: format!("logged positions of {unwritten:?} not written").into(),
+                source: format!("{what} of {unwritten:?} not written").into(),
             }),
         }
+    }
+
+    /// The sequence number of the record buffered for each of `markers`
+    /// (client event ids, [`crate::envelope::client_id_marker`]) that has one.
+    pub async fn buffered_ids(&self, markers: &[&str]) -> Result<HashMap<String, String>> {
+        let items = self.get_all(markers, CLIENT_ID_ITEM).await?;
+        Ok(items
+            .iter()
+            .filter_map(|item| {
+                let marker = item.get(HASH_KEY)?.as_s().ok()?.clone();
+                Some((marker, item.get("sequence")?.as_s().ok()?.clone()))
+            })
+            .collect())
+    }
+
+    /// Records that `(marker, sequence)`'s record is buffered, for a day from `now_secs`.
+    pub async fn save_buffered_ids(&self, buffered: &[(String, String)], now_secs: i64) -> Result<()> {
+        let items = buffered.iter().map(|(marker, sequence)| {
+            let mut item = key(marker, CLIENT_ID_ITEM);
+            item.insert("sequence".into(), AttributeValue::S(sequence.clone()));
+            item.insert("expires_at".into(), n(now_secs + CLIENT_ID_RETENTION_SECS));
+            (marker.clone(), item)
+        });
+        self.put_all(items, "client event ids").await
     }
 
     /// Moves the relay position forward to `version` and clears the failure

@@ -87,6 +87,7 @@ pub fn log_record(event: &RecordedEvent) -> Result<OutgoingRecord> {
     body[ENTITY_ID] = json!(event.stream);
     let envelope = Envelope {
         id: entity_event_id(&event.stream, event.version),
+        event_id: None,
         received_at: event.time.clone(),
         method: "POST".into(),
         path: format!("/streams/{}", event.stream),
