@@ -468,6 +468,44 @@ async fn what_an_earlier_subscription_of_the_name_left_is_not_taken_and_unreadab
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_passed() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let records: Vec<_> =
+        (0..20).map(|i| ("user-1".to_owned(), json!({"n": i}).to_string().into_bytes(), T0 + i * 10)).collect();
+    common::buffer_one_by_one(&env, &records).await;
+    scan_pass(&env).await;
+    // n = 5 can no longer be decoded; n = 15 is refused by the consumer.
+    let mut items = env.scan_table(&env.names.event_table).await;
+    items.retain(|i| {
+        i["slot"].as_n().unwrap() != "-2"
+            && event_store::chunk::decode_item(T0, i).events.unwrap()[0].bytes().unwrap() == br#"{"n":5}"#
+    });
+    let mut broken = items.swap_remove(0);
+    broken.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("lz77000".into()));
+    env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(broken)).send().await.unwrap();
+    target.consume_with(|payload| match payload["events"].as_array().unwrap().iter().any(|e| e["data"]["n"] == 15) {
+        true => Answer::FunctionError("cannot handle n = 15".into()),
+        false => Answer::Ok(Value::Null),
+    });
+    let create = json!({"action": "create", "name": "halts", "start": format_ms(T0), "target": {"lambda": CONSUMER},
+        "on_poison": "stop", "partitions": 1});
+    manage(&env, &target, create).await.unwrap();
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(runs[0].status, RunStatus::Stopped, "{runs:?}");
+    let parked = manage(&env, &target, json!({"action": "parked", "name": "halts"})).await.unwrap();
+    let errors: Vec<&str> = parked["parked"].as_array().unwrap().iter().map(|p| p["error"].as_str().unwrap()).collect();
+    assert_eq!(errors.len(), 2, "the unreadable event and the poison: {parked}");
+    assert!(errors.iter().any(|e| e.starts_with("unreadable")) && errors.iter().any(|e| e.contains("n = 15")));
+    // Resumed with the consumer fixed: everything else is delivered, nothing twice.
+    target.consume_with(|_| Answer::Ok(Value::Null));
+    manage(&env, &target, json!({"action": "resume", "name": "halts"})).await.unwrap();
+    tick(&env, &target, runs::subscription_config(&env.names)).await;
+    let delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
+    assert_eq!(delivered, (0..20).filter(|n| *n != 5 && *n != 15).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say() {
     let env = TestEnv::start(1).await;
     let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();

@@ -424,6 +424,7 @@ impl Runner<'_> {
         match outcome.poison.last().filter(|_| self.sub.on_poison == OnPoison::Stop) {
             // The checkpoint past the parked event and the stop in one write: a crash cannot keep one without the other.
             Some((_, error)) => {
+                self.park_unreadable(&next).await?;
                 store::stop(dynamo, table, (&self.sub.name, self.partition), &self.owner, &next, error).await?;
                 self.position = next;
                 Ok(())
@@ -447,14 +448,30 @@ impl Runner<'_> {
         }
     }
 
-    /// Saves `checkpoint` while this run holds the lease (else [`Error::LeaseLost`]: the run stops);
-    /// unreadable events met so far are parked first.
-    async fn save(&mut self, checkpoint: Checkpoint) -> Result<()> {
+    /// Parks the unreadable events met before `checkpoint`: every checkpoint
+    /// write (a save, a stop) comes after it, so no event is passed unparked.
+    async fn park_unreadable(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
-        for parked in std::mem::take(&mut self.unreadable) {
+        let passed = |p: &Parked| {
+            p.slot < checkpoint.slot
+                || (p.slot == checkpoint.slot
+                    && checkpoint.after.as_deref().is_some_and(|a| p.event_sort_key.as_str() <= a))
+        };
+        let (now, later): (Vec<Parked>, Vec<Parked>) =
+            std::mem::take(&mut self.unreadable).into_iter().partition(passed);
+        self.unreadable = later;
+        for parked in now {
             store::park(dynamo, table, &self.sub.name, &parked).await?;
             self.summary.parked += 1;
         }
+        Ok(())
+    }
+
+    /// Saves `checkpoint` while this run holds the lease (else [`Error::LeaseLost`]: the run stops);
+    /// unreadable events before it are parked first.
+    async fn save(&mut self, checkpoint: Checkpoint) -> Result<()> {
+        let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
+        self.park_unreadable(&checkpoint).await?;
         store::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &checkpoint, None).await?;
         self.position = checkpoint;
         Ok(())
