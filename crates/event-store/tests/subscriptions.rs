@@ -506,6 +506,38 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_reset_never_reuses_a_sequence_number_a_delivery_without_its_save_used() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..30, 3, T0, 300).await;
+    let create = json!({"action": "create", "name": "r", "start": format_ms(T0), "target": {"lambda": CONSUMER},
+        "partitions": 1, "batch_size": 10});
+    manage(&env, &target, create).await.unwrap();
+    assert_eq!(tick(&env, &target, runs::subscription_config(&env.names)).await[0].delivered, 30);
+    let seqs = |events: &[Value]| -> Vec<u64> { events.iter().map(|e| e["playback_seq"].as_u64().unwrap()).collect() };
+    let first = seqs(&target.taken());
+    assert_eq!(first, (0..30).collect::<Vec<u64>>());
+    // The last batch (20..29) was delivered, but its runner's save never landed (a crash, or the
+    // reset below took the lease away just before it): the stored count says 20.
+    env.dynamo
+        .update_item()
+        .table_name(&env.names.event_table)
+        .set_key(Some(event_store::bookkeeping::key("subpart#r#0000".into())))
+        .update_expression("SET #c.#seq = :seq")
+        .expression_attribute_names("#c", "checkpoint")
+        .expression_attribute_names("#seq", "seq")
+        .expression_attribute_values(":seq", aws_sdk_dynamodb::types::AttributeValue::N("20".into()))
+        .send()
+        .await
+        .unwrap();
+    manage(&env, &target, json!({"action": "reset", "name": "r", "to": format_ms(T0)})).await.unwrap();
+    assert_eq!(tick(&env, &target, runs::subscription_config(&env.names)).await[0].delivered, 30);
+    let again = seqs(&target.taken()[30..]);
+    assert!(again.iter().all(|seq| *seq >= 30), "a number names one event, whatever a reset does: {again:?}");
+    assert!(again.windows(2).all(|w| w[1] == w[0] + 1), "and they go on without a gap after the reset: {again:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say() {
     let env = TestEnv::start(1).await;
     let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();

@@ -318,9 +318,11 @@ pub async fn stop(
 /// Sets every partition of `sub` to deliver from `to` (ms) and clears
 /// `stopped`. Per partition, in two writes: the first takes the lease away
 /// from whoever holds it (their later writes fail) for a minute and returns
-/// the stored count, the second writes the new checkpoint (the count goes on,
-/// so sequence numbers never repeat) and frees the lease, conditional on the
-/// fence still holding it. The subscription's `start_ms` becomes `to`.
+/// the stored count, the second writes the new checkpoint and frees the
+/// lease, conditional on the fence still holding it. The count goes on past
+/// the stored one by a batch (what a runner can deliver before its next
+/// save), so a sequence number never names two events. The subscription's
+/// `start_ms` becomes `to`.
 pub async fn reset(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -345,13 +347,17 @@ pub async fn reset(
             .send()
             .await
             .map_err(|e| Error::dynamo("UpdateItem", e))?;
-        let before = fenced
-            .attributes()
-            .filter(|old| old.get("sub_id").and_then(|v| v.as_s().ok()) == Some(&sub.id))
-            .map(lease::checkpoint_of)
-            .transpose()?
-            .flatten();
-        let (seq, events) = before.map_or((0, 0), |c| (c.seq, c.events));
+        let ours = fenced.attributes().filter(|old| old.get("sub_id").and_then(|v| v.as_s().ok()) == Some(&sub.id));
+        let (seq, events) = match ours {
+            // A runner of this subscription may have delivered one batch past its last save
+            // (a crash, or this reset's fence came just before its save): skip its numbers.
+            Some(old) => {
+                let before = lease::checkpoint_of(old)?;
+                let (seq, events) = before.map_or((0, 0), |c| (c.seq, c.events));
+                (seq + sub.batch_size as u64, events)
+            }
+            None => (0, 0),
+        };
         let checkpoint = Checkpoint { seq, events, ..super::runner::starting_at(to, unit) };
         let result = dynamo
             .update_item()
