@@ -263,7 +263,7 @@ async fn bench_payload(
     // Pump writes are idempotent, so a round overwrites the previous one's items
     // (once the shard positions are forgotten).
     let pump_config = PumpConfig::new(names.buffer_table.clone(), names.event_table.clone());
-    let pump = Pump::new(dynamo.clone(), pump_config);
+    let pump = Pump::new(dynamo.clone(), kinesis.clone(), pump_config);
     let (mut raw_pump, mut pumped) = (0.0f64, 0.0f64);
     for _ in 0..PUMP_ROUNDS {
         let started = Instant::now();

@@ -248,8 +248,8 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
         Command::Redrive { queue, .. } => {
             let sdk = event_store::aws_config().await;
             let config = event_store::config::PumpConfig::from_env()?;
-            let pump = event_store::pump::Pump::new(aws_sdk_dynamodb::Client::new(&sdk), config);
             let (sqs, kinesis) = (aws_sdk_sqs::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
+            let pump = event_store::pump::Pump::new(aws_sdk_dynamodb::Client::new(&sdk), kinesis.clone(), config);
             let drained = event_store::redrive::drain_queue(&sqs, &queue, &kinesis, &pump).await?;
             println!(
                 "re-drove {} dead-letter messages ({} records buffered again); {} left in the queue",

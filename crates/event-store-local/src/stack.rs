@@ -113,7 +113,7 @@ impl Stack {
         let relay = Relay::new(self.kinesis.clone(), self.dynamo.clone(), sqs, RelayConfig::from_env()?);
         tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
 
-        let pump = Arc::new(Pump::new(self.dynamo.clone(), PumpConfig::from_env()?));
+        let pump = Arc::new(Pump::new(self.dynamo.clone(), self.kinesis.clone(), PumpConfig::from_env()?));
         let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
         for shard in shard_ids(&self.kinesis, &names.event_stream).await? {
             let reader = ShardReader::new(self.kinesis.clone(), &names.event_stream, &shard);

@@ -215,6 +215,13 @@ where
 
 /// Every shard Kinesis lists for `stream` (open and, within retention, closed).
 pub async fn list_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Vec<Shard>> {
+    existing_shards(kinesis, stream)
+        .await?
+        .ok_or_else(|| Error::Kinesis { operation: "ListShards", source: format!("no stream {stream}").into() })
+}
+
+/// [`list_shards`], `None` when there is no such stream.
+pub async fn existing_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Option<Vec<Shard>>> {
     let mut shards = Vec::new();
     let mut next_token: Option<String> = None;
     loop {
@@ -223,11 +230,15 @@ pub async fn list_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Res
             Some(token) => kinesis.list_shards().next_token(token),
             None => kinesis.list_shards().stream_name(stream),
         };
-        let out = request.send().await.map_err(|e| Error::kinesis("ListShards", e))?;
+        let out = match request.send().await {
+            Ok(out) => out,
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_resource_not_found_exception()) => return Ok(None),
+            Err(e) => return Err(Error::kinesis("ListShards", e)),
+        };
         shards.extend(out.shards().iter().cloned());
         match out.next_token() {
             Some(token) => next_token = Some(token.to_owned()),
-            None => return Ok(shards),
+            None => return Ok(Some(shards)),
         }
     }
 }

@@ -10,7 +10,7 @@ use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventResponse};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -67,6 +67,7 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:UpdateItem",
     "dynamodb:PutItem",
     "dynamodb:BatchGetItem",
+    "kinesis:ListShards",
 ];
 
 /// Bytes an event-table item may need beyond its buffer item (slot, sort key, reason...).
@@ -74,6 +75,8 @@ pub const ITEM_HEADROOM: usize = 1024;
 
 pub struct Pump {
     dynamo: aws_sdk_dynamodb::Client,
+    /// To find a new shard's parents (`ListShards`), whose positions are its arrivals' floor.
+    kinesis: aws_sdk_kinesis::Client,
     config: PumpConfig,
     backoff: Backoff,
     /// The entity streams' logged versions, to drop copies of entity events.
@@ -81,9 +84,9 @@ pub struct Pump {
 }
 
 impl Pump {
-    pub fn new(dynamo: aws_sdk_dynamodb::Client, config: PumpConfig) -> Self {
+    pub fn new(dynamo: aws_sdk_dynamodb::Client, kinesis: aws_sdk_kinesis::Client, config: PumpConfig) -> Self {
         let entity_log = config.entity_table.as_ref().map(|table| Positions::new(dynamo.clone(), table.clone()));
-        Self { dynamo, config, backoff: Backoff::default(), entity_log }
+        Self { dynamo, kinesis, config, backoff: Backoff::default(), entity_log }
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).
@@ -125,6 +128,17 @@ impl Pump {
         for (shard_id, records) in by_shard(&event.records) {
             let all = || records.iter().map(|r| r.kinesis.sequence_number.clone()).collect::<Vec<_>>();
             let mut copies = Copies { dropped: vec![false; records.len()], versions: Vec::new(), ids: Vec::new() };
+            let first = records.first().map_or("", |r| r.kinesis.sequence_number.as_str());
+            // The floor the records were first stored from, if the pump handed them back
+            // (records stored ahead of the failure then get their stored sort keys again).
+            let floor = match shard_position::floor(&self.dynamo, &self.config.event_table, (&shard_id, first)).await {
+                Ok(floor) => floor,
+                Err(err) => {
+                    error!(error = %err, shard_id, "arrival floor unreadable: not buffered again");
+                    failed.extend(all());
+                    continue;
+                }
+            };
             if let Some(log) = &self.entity_log {
                 if let Err(err) = client_copies(log, &records, &mut copies).await {
                     error!(error = %err, shard_id, "client ids unreadable: not buffered again");
@@ -132,23 +146,32 @@ impl Pump {
                     continue;
                 }
             }
-            let kept: Vec<&KinesisEventRecord> =
-                records.iter().zip(&copies.dropped).filter(|(_, dropped)| !**dropped).map(|(r, _)| *r).collect();
-            let arrivals =
-                non_decreasing(None, kept.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()));
-            let (buildable, not_done) = self.write(&kept, &arrivals).await;
+            let arrivals = non_decreasing(
+                floor,
+                records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
+            );
+            let (kept, kept_arrivals): (Vec<&KinesisEventRecord>, Vec<i64>) = records
+                .iter()
+                .zip(arrivals)
+                .zip(&copies.dropped)
+                .filter(|(_, dropped)| !**dropped)
+                .map(|((r, arrival), _)| (*r, arrival))
+                .unzip();
+            let (buildable, not_done) = self.write(&kept, &kept_arrivals).await;
             info!(
                 shard_id,
                 records = records.len(),
                 copies = copies.count(),
                 failed = not_done.len(),
+                floor,
                 "buffered again"
             );
-            let written = |i: &usize| {
-                let sequence = &records[*i].kinesis.sequence_number;
-                !not_done.contains(sequence) && kept[..buildable].iter().any(|r| &r.kinesis.sequence_number == sequence)
-            };
-            copies.ids.retain(|(i, _, _)| written(i));
+            let written: HashSet<&str> = kept[..buildable]
+                .iter()
+                .map(|r| r.kinesis.sequence_number.as_str())
+                .filter(|sequence| !not_done.iter().any(|n| n == sequence))
+                .collect();
+            copies.ids.retain(|(i, _, _)| written.contains(records[*i].kinesis.sequence_number.as_str()));
             if let Err(err) = self.save_logged(&copies, records.len()).await {
                 error!(error = %err, shard_id, "client ids not saved: buffered again on the next re-drive");
                 failed.extend(all());
@@ -250,10 +273,19 @@ impl Pump {
             .copied()
             .filter(|r| !position.as_ref().is_some_and(|p| p.covers(&r.kinesis.sequence_number)))
             .collect();
-        let arrivals = non_decreasing(
-            position.as_ref().map(|p| p.arrival),
-            new.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
-        );
+        // A shard's arrivals go on from its position; a new shard's from its parents' (a reshard).
+        let floor = match &position {
+            Some(position) => Some(position.arrival),
+            None => match self.parents_floor(records, shard_id).await {
+                Ok(floor) => floor,
+                Err(err) => {
+                    error!(error = %err, shard_id, "parent shards unknown: the batch is delivered again");
+                    return sequences();
+                }
+            },
+        };
+        let arrivals =
+            non_decreasing(floor, new.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()));
         // Arrivals are made over every record first, so a delivery that drops
         // other copies stores the rest with the same arrivals (and sort keys).
         let copies = match self.copies(&new).await {
@@ -287,7 +319,37 @@ impl Pump {
                 return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
             }
         }
+        if let Some(first) = new.get(done) {
+            // Handed back from here: should the source give these up, a re-drive starts from the same floor.
+            let floor = done.checked_sub(1).map(|i| arrivals[i]).or(floor);
+            let at = (shard_id, first.kinesis.sequence_number.as_str());
+            if let Some(floor) = floor {
+                if let Err(err) =
+                    shard_position::save_floor(&self.dynamo, table, at, floor, crate::time::now_ms()).await
+                {
+                    warn!(error = %err, shard_id, "arrival floor not saved (the next delivery saves it)");
+                }
+            }
+        }
         new[done..].iter().map(|r| r.kinesis.sequence_number.clone()).collect()
+    }
+
+    /// The floor of a new shard's arrivals: the latest arrival its parent
+    /// shards were stored with (both, after a merge). The event source
+    /// pumps a parent to its end before its children, so a key's first
+    /// record in the child never sorts before its last in the parent.
+    async fn parents_floor(&self, records: &[&KinesisEventRecord], shard_id: &str) -> Result<Option<i64>> {
+        let arn = records.first().and_then(|r| r.event_source_arn.as_deref()).unwrap_or_default();
+        let Some((_, stream)) = arn.rsplit_once(":stream/") else { return Ok(None) };
+        // A shard Kinesis does not list (or no such stream) has no parents to go on from.
+        let shards = crate::kinesis::existing_shards(&self.kinesis, stream).await?.unwrap_or_default();
+        let Some(shard) = shards.iter().find(|s| s.shard_id() == shard_id) else { return Ok(None) };
+        let mut floor = None;
+        for parent in [shard.parent_shard_id(), shard.adjacent_parent_shard_id()].into_iter().flatten() {
+            let position = shard_position::read(&self.dynamo, &self.config.event_table, parent).await?;
+            floor = floor.max(position.map(|p| p.arrival));
+        }
+        Ok(floor)
     }
 }
 

@@ -12,7 +12,7 @@ use event_store::config::PumpConfig;
 use event_store::pump::Pump;
 
 fn pump(env: &TestEnv, table: &str) -> Pump {
-    Pump::new(env.dynamo.clone(), PumpConfig::new(table, env.names.event_table.clone()))
+    Pump::new(env.dynamo.clone(), env.kinesis.clone(), PumpConfig::new(table, env.names.event_table.clone()))
 }
 
 /// The buffer table's items (chunks), by id.
@@ -303,7 +303,7 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
         cap: std::time::Duration::from_millis(2),
         max_attempts: 2,
     };
-    let partial = Pump::new(failing, config).with_backoff(fast);
+    let partial = Pump::new(failing, env.kinesis.clone(), config).with_backoff(fast);
     assert_eq!(partial.handle(delivered.clone()).await.batch_item_failures.len(), 60);
     assert_eq!(buffer(&env).await.len(), 35);
     let scan = || {
@@ -319,7 +319,8 @@ async fn records_redelivered_after_a_partial_batch_failure_are_not_counted_late(
         time_unit_ms: 1,
         ..PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone())
     };
-    assert!(Pump::new(env.dynamo.clone(), config).handle(delivered).await.batch_item_failures.is_empty());
+    let pump = Pump::new(env.dynamo.clone(), env.kinesis.clone(), config);
+    assert!(pump.handle(delivered).await.batch_item_failures.is_empty());
     let second: Vec<_> = scan().await.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(second.iter().map(|s| s.moved).sum::<usize>(), 60);
     assert_eq!(first.iter().chain(&second).map(|s| s.late).sum::<usize>(), 0, "nothing counted late");
@@ -375,4 +376,122 @@ async fn the_pump_drops_copies_of_entity_versions_however_late_they_come() {
         .await
         .unwrap();
     assert_eq!(logged, HashMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)]));
+}
+
+/// Waits until the event stream is active again (after a split or a merge) and returns its shards.
+async fn shards_when_active(env: &TestEnv) -> Vec<aws_sdk_kinesis::types::Shard> {
+    for _ in 0..100 {
+        let summary = env.kinesis.describe_stream_summary().stream_name(&env.names.event_stream).send().await.unwrap();
+        let status = summary.stream_description_summary().unwrap().stream_status().clone();
+        if status == aws_sdk_kinesis::types::StreamStatus::Active {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    event_store::kinesis::list_shards(&env.kinesis, &env.names.event_stream).await.unwrap()
+}
+
+/// The arrival each record (by its data) was buffered with.
+async fn buffered_arrivals(env: &TestEnv) -> HashMap<String, i64> {
+    buffer(env).await.into_values().map(|e| (String::from_utf8(e.data).unwrap(), e.arrival)).collect()
+}
+
+/// Issue 27, item 11: a key's first record in a child shard never sorts
+/// before its last record in the parent, however Kinesis' arrival clock
+/// went: a child starts from its parents' positions (both, after a merge).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_shard_goes_on_from_its_parents_arrivals_after_a_split_and_a_merge() {
+    let env = TestEnv::start(1).await;
+    let arn = env.stream_arn(&env.names.event_stream).await;
+    let pump = common::pump(&env);
+    let t = 1_790_000_000_000;
+    let record = |data: &str, at: i64| ("k".to_owned(), data.as_bytes().to_vec(), t + at);
+    let parent = "shardId-000000000000";
+    // The parent's last record came with an earlier arrival than the one before it: stored at t + 100.
+    let batch = common::kinesis_event_on(&arn, parent, &[record("p0", 100), record("p1", 40)]);
+    assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    env.kinesis
+        .split_shard()
+        .stream_name(&env.names.event_stream)
+        .shard_to_split(parent)
+        .new_starting_hash_key("170141183460469231731687303715884105728")
+        .send()
+        .await
+        .unwrap();
+    let children: Vec<String> = shards_when_active(&env)
+        .await
+        .iter()
+        .filter(|s| s.parent_shard_id() == Some(parent))
+        .map(|s| s.shard_id().to_owned())
+        .collect();
+    assert_eq!(children.len(), 2, "a split makes two children");
+    // The key's first record in its child arrived (by the clock) before the parent's last was stored.
+    let batch = common::kinesis_event_on(&arn, &children[0], &[record("c0", 60), record("c1", 200)]);
+    assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    let batch = common::kinesis_event_on(&arn, &children[1], &[record("d0", 90)]);
+    assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    let arrivals = buffered_arrivals(&env).await;
+    assert_eq!((arrivals["p0"], arrivals["p1"]), (t + 100, t + 100));
+    assert_eq!((arrivals["c0"], arrivals["c1"], arrivals["d0"]), (t + 100, t + 200, t + 100), "{arrivals:?}");
+    let (p1, c0) = (arrivals["p1"], arrivals["c0"]);
+    assert!(p1 < c0 || (p1 == c0 && parent < children[0].as_str()), "the sort key orders child after parent");
+
+    // Merged again: the new shard goes on from the later of its two parents.
+    env.kinesis
+        .merge_shards()
+        .stream_name(&env.names.event_stream)
+        .shard_to_merge(&children[0])
+        .adjacent_shard_to_merge(&children[1])
+        .send()
+        .await
+        .unwrap();
+    let merged = shards_when_active(&env)
+        .await
+        .into_iter()
+        .find(|s| s.adjacent_parent_shard_id().is_some())
+        .expect("the merged shard names both parents");
+    let batch = common::kinesis_event_on(&arn, merged.shard_id(), &[record("m0", 150)]);
+    assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    assert_eq!(buffered_arrivals(&env).await["m0"], t + 200, "the later parent's last arrival is the floor");
+}
+
+/// Issue 27, item 12: records the event source gave up on and a re-drive
+/// buffers again get the arrivals (so the sort keys) they were first given,
+/// so one stored ahead of the failure is the same event to readers, not a second.
+#[tokio::test(flavor = "multi_thread")]
+async fn re_driven_records_get_the_arrivals_they_were_first_stored_with() {
+    let env = TestEnv::start(1).await;
+    let t = 1_790_000_000_000;
+    let record = |data: &str, at: i64| ("k".to_owned(), data.as_bytes().to_vec(), t + at);
+    let pump = common::pump(&env);
+    let first = kinesis_event(common::TEST_ARN, &[record("a0", 1_000)]);
+    assert!(pump.handle(first).await.batch_item_failures.is_empty());
+    // The next batch's records came with earlier arrivals (stored at t + 1000), and the buffer
+    // table refuses their writes: the event source gets them back, and later gives them up.
+    let handed_back = kinesis_event(common::TEST_ARN, &[record("b0", 50), record("b1", 2_000), record("b2", 60)]);
+    let buffer_table = env.names.buffer_table.clone();
+    let writes_to_buffer = move |body: &[u8], _| body.windows(buffer_table.len()).any(|w| w == buffer_table.as_bytes());
+    let failing = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk)
+            .interceptor(common::FailRequests::new(writes_to_buffer))
+            .build(),
+    );
+    let fast = event_store::batch::Backoff {
+        base: std::time::Duration::from_millis(1),
+        cap: std::time::Duration::from_millis(2),
+        max_attempts: 2,
+    };
+    let config = PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone());
+    let refused = Pump::new(failing, env.kinesis.clone(), config).with_backoff(fast);
+    assert_eq!(refused.handle(handed_back.clone()).await.batch_item_failures.len(), 3);
+    // Later records of the shard are buffered: its position moves past the ones given up on.
+    let later = kinesis_event(common::TEST_ARN, &[record("c0", 3_000)]);
+    assert!(pump.handle(later).await.batch_item_failures.is_empty());
+    assert!(pump.buffer_again(handed_back).await.is_empty());
+    let arrivals = buffered_arrivals(&env).await;
+    assert_eq!(
+        (arrivals["b0"], arrivals["b1"], arrivals["b2"]),
+        (t + 1_000, t + 2_000, t + 2_000),
+        "as the pump first gave them: {arrivals:?}"
+    );
 }

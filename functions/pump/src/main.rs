@@ -10,7 +10,7 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = PumpConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let pump = Pump::new(aws_sdk_dynamodb::Client::new(&aws), config);
+    let pump = Pump::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config);
     let pump = &pump;
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         Ok::<_, event_store::Error>(pump.handle(parse_kinesis_event(event.payload)?).await)

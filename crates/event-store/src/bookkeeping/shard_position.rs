@@ -103,6 +103,59 @@ pub async fn advance(
     moved_forward(result)
 }
 
+fn floor_key(shard_id: &str, sequence: &str) -> String {
+    format!("{FLOOR_PREFIX}{shard_id}#{}", sortable_sequence(sequence))
+}
+
+/// The floor markers' prefix (not under [`PREFIX`]: they are no positions).
+const FLOOR_PREFIX: &str = "floor#";
+/// How long a floor is kept: as long as the pump's dead-letter queue keeps a message (14 days).
+const FLOOR_SECONDS: i64 = 14 * 24 * 3600;
+
+/// Records the floor the arrivals of a shard's records from `sequence` on
+/// were made non-decreasing from (the arrival of the record before it),
+/// when the pump hands them back to the event source. Should the source
+/// give them up, a re-drive starts from the same floor, so every record
+/// stored ahead of the failure gets its stored arrival (and sort key) again.
+pub async fn save_floor(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (shard_id, sequence): (&str, &str),
+    arrival: i64,
+    now_ms: i64,
+) -> Result<()> {
+    let mut item = key(floor_key(shard_id, sequence));
+    item.insert("arrival".into(), AttributeValue::N(arrival.to_string()));
+    item.insert("expires_at".into(), AttributeValue::N((now_ms / 1000 + FLOOR_SECONDS).to_string()));
+    dynamo
+        .put_item()
+        .table_name(table)
+        .set_item(Some(item))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("PutItem", e))?;
+    Ok(())
+}
+
+/// The floor recorded for a shard's records from `sequence` on, if any.
+pub async fn floor(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (shard_id, sequence): (&str, &str),
+) -> Result<Option<i64>> {
+    let out = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key(floor_key(shard_id, sequence))))
+        .consistent_read(true)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    Ok(out.item().and_then(|item| item.get("arrival")?.as_n().ok()?.parse().ok()))
+}
+
 /// Deletes every shard position, so the pump writes everything it is given
 /// again (rebuilding a buffer from the stream; the benchmark's rounds).
 pub async fn forget_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<usize> {

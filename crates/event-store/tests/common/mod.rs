@@ -139,6 +139,11 @@ impl TestEnv {
 /// A Kinesis event as the event source mapping delivers it, with chosen
 /// arrival times: `(partition key, data, arrival ms)`, sequence numbers in order.
 pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> KinesisEvent {
+    kinesis_event_on(stream_arn, SYNTHETIC_SHARD, records)
+}
+
+/// [`kinesis_event`] from shard `shard` of the stream (a real one, for tests of resharding).
+pub fn kinesis_event_on(stream_arn: &str, shard: &str, records: &[(String, Vec<u8>, i64)]) -> KinesisEvent {
     let records: Vec<serde_json::Value> = records
         .iter()
         .map(|(pk, data, arrival)| {
@@ -153,7 +158,7 @@ pub fn kinesis_event(stream_arn: &str, records: &[(String, Vec<u8>, i64)]) -> Ki
                 },
                 "eventSource": "aws:kinesis",
                 "eventVersion": "1.0",
-                "eventID": format!("{SYNTHETIC_SHARD}:{sequence}"),
+                "eventID": format!("{shard}:{sequence}"),
                 "eventName": "aws:kinesis:record",
                 "awsRegion": REGION,
                 "eventSourceARN": stream_arn,
@@ -181,7 +186,7 @@ pub fn pump(env: &TestEnv) -> event_store::pump::Pump {
         entity_table: Some(env.names.entity_table.clone()),
         ..PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone())
     };
-    event_store::pump::Pump::new(env.dynamo.clone(), config)
+    event_store::pump::Pump::new(env.dynamo.clone(), env.kinesis.clone(), config)
 }
 
 /// A Kinesis client of the test whose requests go through a fault proxy
@@ -213,7 +218,7 @@ pub async fn buffer_one_by_one(env: &TestEnv, records: &[(String, Vec<u8>, i64)]
     use event_store::config::PumpConfig;
     assert!(records.windows(2).all(|w| w[0].2 < w[1].2), "arrivals must differ");
     let config = PumpConfig { time_unit_ms: 1, ..PumpConfig::new(&env.names.buffer_table, &env.names.event_table) };
-    let pump = event_store::pump::Pump::new(env.dynamo.clone(), config);
+    let pump = event_store::pump::Pump::new(env.dynamo.clone(), env.kinesis.clone(), config);
     for chunk in records.chunks(500) {
         let event = kinesis_event(TEST_ARN, chunk);
         assert!(pump.handle(event).await.batch_item_failures.is_empty());
