@@ -210,6 +210,28 @@ async fn items_that_cannot_become_events_are_quarantined_with_the_reason_and_the
     }
 }
 
+/// Issue 27, item 13: an item that can neither move nor be quarantined
+/// holds the watermark at its arrival, and the scan's summary names it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_item_that_can_neither_move_nor_be_quarantined_holds_the_watermark() {
+    use aws_sdk_dynamodb::types::AttributeValue::{N, S};
+    let env = TestEnv::start(1).await;
+    buffer_through_pump(&env, &events(50)).await;
+    // Data of the wrong type (so no event), and too large to be copied into a quarantine item.
+    let huge = env.dynamo.put_item().table_name(&env.names.buffer_table).item("id", S("huge".into()));
+    let huge = huge.item("event_id", S("shardId-000000000000:9".into())).item("partition_key", S("k".into()));
+    let huge = huge.item("arrival", N((T0 + 1_000).to_string())).item("data", N("7".into()));
+    let huge = huge.item("pad", S("x".repeat(400_000)));
+    huge.send().await.unwrap();
+    let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
+    assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 50, "the others move on: {summaries:?}");
+    let stuck: Vec<&String> = summaries.iter().flat_map(|s| &s.stuck).collect();
+    assert_eq!(stuck, ["huge"], "{summaries:?}");
+    let mark = watermark::read(&env.dynamo, &env.names.event_table).await.unwrap().time.unwrap();
+    assert!(mark <= T0 + 1_000, "held at the stuck item's arrival: {mark}");
+    assert_eq!(env.scan_table(&env.names.buffer_table).await.len(), 1, "left in place");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_between_put_and_delete_is_repaired_by_the_next_scan_without_duplicates() {
     let env = TestEnv::start(1).await;

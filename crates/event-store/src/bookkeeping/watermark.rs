@@ -30,6 +30,10 @@ use crate::time::slot_of;
 
 const PREFIX: &str = "watermark#";
 
+/// The arrival of an item left in the buffer whose arrival cannot be read:
+/// earlier than any, so it holds the watermark where it is.
+pub const UNKNOWN_ARRIVAL: i64 = i64::MIN;
+
 /// A segment's pass so far, carried from run to run in the segment's payload.
 /// Without `pass_started_at` (a segment invoked by hand, or a pass whose
 /// look at the stream failed) the pass moves events but no watermark.
@@ -60,9 +64,14 @@ impl Pass {
     }
 
     /// The time this pass, once finished, lets its segment's part move to;
-    /// `clock_allowance_ms` is `WATERMARK_LAG_MS`. `None` for a pass with no start.
+    /// `clock_allowance_ms` is `WATERMARK_LAG_MS`. `None` for a pass with no
+    /// start, and for one that left an item whose arrival nobody can read
+    /// (`oldest_left` is [`UNKNOWN_ARRIVAL`]): the watermark stays where it is.
     pub fn watermark(&self, clock_allowance_ms: u64) -> Option<i64> {
         let started = self.pass_started_at?;
+        if self.oldest_left == Some(UNKNOWN_ARRIVAL) {
+            return None;
+        }
         let bound = started - clock_allowance_ms as i64;
         Some([self.unbuffered_from, self.oldest_left].into_iter().flatten().fold(bound, i64::min))
     }

@@ -73,6 +73,10 @@ pub struct ScanSummary {
     pub quarantined: usize,
     /// Events moved after the watermark had passed their arrival time (see the README's late-event policy).
     pub late: usize,
+    /// Buffer items that can neither move nor be quarantined (what names them): they hold the
+    /// watermark until someone removes them (docs/operations: a stuck buffer item).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck: Vec<String>,
     /// The watermark this run moved its segment's part to, when it finished a pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<i64>,
@@ -94,6 +98,7 @@ impl ScanSummary {
         self.failed += page.failed;
         self.quarantined += page.quarantined;
         self.late += page.late;
+        self.stuck.extend(page.stuck.iter().cloned());
     }
 }
 
@@ -317,6 +322,7 @@ impl Scan {
             failed = summary.failed,
             quarantined = summary.quarantined,
             late = summary.late,
+            stuck = ?summary.stuck,
             watermark = summary.watermark.map(format_ms),
             continued = summary.forked > 0,
             "segment scanned"

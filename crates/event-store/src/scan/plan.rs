@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRe
 use tracing::{error, warn};
 
 use crate::bookkeeping::slot_index::index_item;
+use crate::bookkeeping::watermark::UNKNOWN_ARRIVAL;
 use crate::buffer_item::{self, BufferItem};
 use crate::chunk::{pack_to_fit, ChunkItem, Packed, MAX_CHUNK_BYTES};
 use crate::dynamo::keyed_puts;
@@ -96,8 +97,10 @@ pub struct PagePlan {
     time_unit_ms: u64,
     /// Buffer ids whose write could not even be built: they stay.
     unbuilt: Vec<String>,
-    /// Items left in place that no id names (no string id, or too large even for quarantine).
-    stuck: usize,
+    /// Items left in place that can neither move nor be quarantined (no
+    /// string id, or too large even for quarantine): what names them, and
+    /// their arrival (`None` when unreadable).
+    stuck: Vec<(String, Option<i64>)>,
     quarantined: usize,
 }
 
@@ -127,6 +130,9 @@ pub struct PageOutcome {
     pub first_late_slot: Option<i64>,
     /// Oldest arrival among the items the page had to leave in the buffer (holds the watermark back).
     pub oldest_left: Option<i64>,
+    /// Items that can neither move nor be quarantined, by what names them: they hold the
+    /// watermark at their arrival (where they have none, where it is) until someone removes them.
+    pub stuck: Vec<String>,
 }
 
 impl PagePlan {
@@ -136,9 +142,16 @@ impl PagePlan {
         let mut plan = PagePlan { time_unit_ms: moving.time_unit_ms, ..PagePlan::default() };
         let mut writes = Vec::new();
         for attributes in items {
+            let arrival = attributes.get("arrival").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
             let Some(id) = attributes.get(buffer_item::HASH_KEY).and_then(|v| v.as_s().ok()).cloned() else {
-                warn!("buffer item without a string id: left in place");
-                plan.stuck += 1;
+                let mut names: Vec<&String> = attributes.keys().collect();
+                names.sort();
+                let name = format!("buffer item without a string id (attributes {names:?})");
+                error!(
+                    item = name,
+                    "buffer item can be neither moved nor quarantined: left in place, holding the watermark"
+                );
+                plan.stuck.push((name, arrival));
                 continue;
             };
             match BufferItem::from_item(attributes.clone()).and_then(|b| event_chunks(&b, moving)) {
@@ -156,8 +169,8 @@ impl PagePlan {
                         writes.push((TableKey::Quarantine(id.clone()), id, item));
                     }
                     None => {
-                        error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place");
-                        plan.stuck += 1;
+                        error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place, holding the watermark");
+                        plan.stuck.push((id, arrival));
                     }
                 },
             }
@@ -242,16 +255,19 @@ impl PagePlan {
         let events_of = |id: &String| self.arrivals.get(id).map_or(1, Vec::len);
         PageOutcome {
             moved: moved.iter().map(|id| events_of(id)).sum(),
-            failed: self.stuck + left.iter().map(events_of).sum::<usize>(),
+            failed: self.stuck.len() + left.iter().map(events_of).sum::<usize>(),
             quarantined: self.quarantined,
             late: late.len(),
             first_late_slot: late.iter().min().copied(),
+            // A stuck item without a readable arrival holds the watermark where it is (it only moves forward).
             oldest_left: left
                 .iter()
                 .filter_map(|id| self.arrivals.get(id))
                 .flatten()
                 .map(|(arrival, _)| *arrival)
+                .chain(self.stuck.iter().map(|(_, arrival)| arrival.unwrap_or(UNKNOWN_ARRIVAL)))
                 .min(),
+            stuck: self.stuck.iter().map(|(name, _)| name.clone()).collect(),
         }
     }
 }
@@ -309,7 +325,32 @@ mod tests {
         assert!(keys.contains(&TableKey::Quarantine("broken".into())));
         assert!(keys.contains(&TableKey::SlotIndex(T)), "a new slot gets its index entry");
         assert!(!keys.contains(&TableKey::SlotIndex(T + 1_000)), "an indexed slot does not, again");
-        assert_eq!((plan.quarantined, plan.stuck), (1, 1));
+        assert_eq!((plan.quarantined, plan.stuck.len()), (1, 1));
+    }
+
+    #[test]
+    fn an_item_that_can_neither_move_nor_be_quarantined_holds_the_watermark_and_is_named() {
+        // Too large for the quarantine item (which adds the reason), and no events in it to move.
+        let huge = HashMap::from([
+            ("id".to_string(), AttributeValue::S("huge".into())),
+            ("arrival".to_string(), AttributeValue::N((T + 40).to_string())),
+            ("data".to_string(), AttributeValue::S("x".repeat(400_000))),
+        ]);
+        let no_id = HashMap::from([("other".to_string(), AttributeValue::S("x".into()))]);
+        let mut plan = PagePlan::new(vec![buffered("a", T + 10, T + 90), huge], moving(), &BTreeSet::new());
+        let settled = plan.settle(&[]);
+        let outcome = plan.outcome(settled, &[], None);
+        assert_eq!(outcome.moved, 1);
+        assert_eq!(outcome.oldest_left, Some(T + 40), "the stuck item's arrival holds the watermark");
+        assert_eq!(outcome.stuck, vec!["huge".to_string()]);
+        let mut plan = PagePlan::new(vec![no_id], moving(), &BTreeSet::new());
+        let settled = plan.settle(&[]);
+        let outcome = plan.outcome(settled, &[], None);
+        assert_eq!(outcome.oldest_left, Some(UNKNOWN_ARRIVAL), "no arrival to go by: held where it is");
+        let mut pass = crate::bookkeeping::watermark::Pass::started_at(T + 60_000, None);
+        pass.saw(outcome.oldest_left);
+        assert_eq!(pass.watermark(0), None, "the pass moves no watermark");
+        assert!(outcome.stuck[0].contains("without a string id") && outcome.stuck[0].contains("other"));
     }
 
     #[test]
