@@ -47,6 +47,7 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
         max_window: Duration::from_secs(86_400),
         dedupe_window_ms: event_store::config::DEFAULT_DEDUPE_WINDOW_MS,
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
+        lease: event_store::config::DEFAULT_PLAYBACK_LEASE,
     }
 }
 

@@ -286,7 +286,14 @@ pub struct PlaybackConfig {
     /// Continuations one playback run may chain (`MAX_CONTINUATIONS`); then
     /// it stops, and the same request again goes on from its checkpoint.
     pub max_continuations: u32,
+    /// How long a run's lease lasts past its last checkpoint save (renewed
+    /// with each): a crashed run's id is free again this long after.
+    pub lease: Duration,
 }
+
+/// Default [`PlaybackConfig::lease`]: two minutes, far more than a run goes
+/// between saves, and about when Lambda's second asynchronous attempt comes.
+pub const DEFAULT_PLAYBACK_LEASE: Duration = Duration::from_secs(120);
 
 /// Default `DEDUPE_WINDOW_MS`: three times load's Lambda timeout in the template (checked by a test).
 pub const DEFAULT_DEDUPE_WINDOW_MS: u64 = 30_000;
@@ -315,6 +322,7 @@ impl PlaybackConfig {
             max_window: Duration::from_secs(env.var_or("PLAYBACK_MAX_HOURS", 24u64)? * 3600),
             dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
+            lease: DEFAULT_PLAYBACK_LEASE,
         })
     }
 }

@@ -646,6 +646,42 @@ async fn a_chain_stopped_at_max_continuations_goes_on_when_the_request_is_sent_a
     assert_played_once_in_order(&env, 700).await;
 }
 
+/// Issue 27, item 14: a run killed mid-window (out of memory, the sandbox
+/// gone) keeps its lease; Lambda's retry of the invocation (the same payload)
+/// waits for the lease to lapse and goes on from the checkpoint, instead of
+/// answering `busy` and counting as done.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_mid_window_is_taken_over_by_the_retry_of_its_invocation() {
+    let env = TestEnv::start(1).await;
+    stored_events(&env, 1500, 3).await;
+    let short_lease = PlaybackConfig { lease: Duration::from_secs(2), ..config(&env, Some(100)) };
+    let mut request = window(T0, T0 + 3000);
+    request["max_records_per_second"] = json!(300);
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    let (invoker, _rx) = LocalInvoker::channel();
+    let first = Playback::new(env.dynamo.clone(), env.kinesis.clone(), short_lease.clone(), Arc::new(invoker));
+    let payload = request.clone();
+    let running = tokio::spawn(async move { first.handle(payload, later()).await });
+    let id = event_store::playback::run_id(&event_store::playback::Window { start: T0, end: T0 + 3000 }, &[]);
+    loop {
+        let stored = event_store::playback::checkpoint::load(&env.dynamo, &env.names.event_table, &id).await.unwrap();
+        if stored.and_then(|s| s.checkpoint).is_some_and(|c| c.events >= 300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort(); // killed: no error, no release, its lease stays
+    assert!(running.await.unwrap_err().is_cancelled());
+    let retried = play(&env, short_lease, request, later).await;
+    assert_eq!(retried.last().unwrap().status, Status::Complete, "{retried:?}");
+    let mut seqs: Vec<u64> = played_events(&env).await.iter().map(|e| e.playback_seq).collect();
+    let delivered = seqs.len();
+    seqs.sort();
+    seqs.dedup();
+    assert_eq!(seqs, (0..1500).collect::<Vec<u64>>(), "every event, numbers continuing across the kill");
+    assert!(delivered <= 1500 + 500, "at most the batch in flight again: {delivered}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_concurrent_runs_of_one_request_deliver_each_event_once() {
     let env = TestEnv::start(2).await;

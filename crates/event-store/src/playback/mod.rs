@@ -47,7 +47,7 @@ use crate::bookkeeping::watermark::{self, Watermark};
 use crate::config::PlaybackConfig;
 use crate::error::{Error, Result};
 use crate::invoke::Invoker;
-use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
+use crate::time::{effective_deadline, format_ms, now_ms, remaining, slot_of};
 use reader::{Page, Reader, PAGES_AHEAD};
 use run::{Flow, Run, Start};
 
@@ -81,9 +81,6 @@ pub struct Playback {
     time_unit_checked: tokio::sync::OnceCell<()>,
 }
 
-/// How long a run's lease outlasts its deadline (clock differences between runners).
-const LEASE_SLACK_MS: i64 = 30_000;
-
 impl Playback {
     pub fn new(
         dynamo: aws_sdk_dynamodb::Client,
@@ -103,6 +100,11 @@ impl Playback {
             observer: None,
             time_unit_checked: Default::default(),
         }
+    }
+
+    /// How long a run's lease lasts past its last renewal.
+    pub(crate) fn lease(&self) -> Duration {
+        self.config.lease
     }
 
     pub fn with_observer(mut self, observer: ProgressObserver) -> Self {
@@ -162,21 +164,34 @@ impl Playback {
         }
         // A token of this invocation's own, handed on to its continuation.
         let owner = uuid::Uuid::new_v4().simple().to_string();
-        let claim = checkpoint::Claim {
-            owner: &owner,
-            previous: request.lease.as_deref(),
-            until: ms_of(deadline) + LEASE_SLACK_MS,
-            now: now_ms(),
-            binding: &Binding::new(window.start, window.end, &request.filter),
-            // Start over only what exists: a first run binds the id by the ordinary take.
-            fresh: (fresh && (stored.binding.is_some() || stored.checkpoint.is_some())).then_some(&start),
-        };
-        let position = match checkpoint::take(&self.dynamo, table, &id, claim).await? {
-            checkpoint::Taken::Held(position) => position.unwrap_or(start),
-            checkpoint::Taken::Busy(until) => {
+        let binding = Binding::new(window.start, window.end, &request.filter);
+        let mut waited = false;
+        let position = loop {
+            let now = now_ms();
+            let claim = checkpoint::Claim {
+                owner: &owner,
+                previous: request.lease.as_deref(),
+                until: now + self.config.lease.as_millis() as i64,
+                now,
+                binding: &binding,
+                // Start over only what exists: a first run binds the id by the ordinary take.
+                fresh: (fresh && (stored.binding.is_some() || stored.checkpoint.is_some())).then_some(&start),
+            };
+            let until = match checkpoint::take(&self.dynamo, table, &id, claim).await? {
+                checkpoint::Taken::Held(position) => break position.unwrap_or(start.clone()),
+                checkpoint::Taken::Busy(until) => until,
+            };
+            // A live run renews its lease with every save; a crashed one's lapses within
+            // `lease` of its last save. Lambda's retry of the crashed invocation (this
+            // payload again) waits that out once and goes on from the checkpoint.
+            let lapse = Duration::from_millis((until + 1 - now_ms()).max(0) as u64);
+            if waited || remaining(deadline) <= self.config.deadline_margin + lapse + self.config.lease {
                 info!(id, until = %format_ms(until), "another run plays this id now");
                 return Ok(PlaybackSummary { status: Status::Busy, busy_until: Some(format_ms(until)), ..summary });
             }
+            info!(id, until = %format_ms(until), "this id's lease is held: waiting for it to lapse (a crashed run?)");
+            tokio::time::sleep(lapse).await;
+            waited = true;
         };
         if position.done {
             checkpoint::release(&self.dynamo, table, &id, &owner).await?;

@@ -85,6 +85,8 @@ pub struct Run<'a> {
     summary: PlaybackSummary,
     /// The lease this run holds: every checkpoint write is conditional on it.
     owner: String,
+    /// When the lease was last renewed (taken, or a checkpoint saved).
+    renewed: Instant,
 }
 
 impl<'a> Run<'a> {
@@ -111,6 +113,7 @@ impl<'a> Run<'a> {
             slot: SlotTally::default(),
             summary,
             owner,
+            renewed: Instant::now(),
         }
     }
 
@@ -121,6 +124,10 @@ impl<'a> Run<'a> {
         self.summary.unreadable += page.unreadable;
         for event in page.events {
             self.queue(page.slot, event)?;
+        }
+        // Pages with nothing to put (a filter that keeps little) still keep the lease alive.
+        if self.renewed.elapsed() >= self.playback.lease() / 3 {
+            self.save(&self.checkpoint.clone()).await?;
         }
         if let Put::WouldCrossDeadline = self.put_full_batches().await? {
             // The next run starts after the last put.
@@ -317,13 +324,17 @@ impl<'a> Run<'a> {
         self.summary.kinesis_records += records.len();
         let events = self.checkpoint.events + events_in_batch as u64;
         self.checkpoint = Checkpoint { slot, after: Some(after), seq: next_seq, events, done: false };
-        self.save(&self.checkpoint).await?;
+        self.save(&self.checkpoint.clone()).await?;
         Ok(Put::Sent)
     }
 
-    /// Saves the position while this run holds the lease (else: [`Error::LeaseLost`], and the run stops).
-    async fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+    /// Saves the position while this run holds the lease, and renews the
+    /// lease (else: [`Error::LeaseLost`], and the run stops).
+    async fn save(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
-        checkpoint::save(dynamo, table, &self.summary.id, &self.owner, checkpoint, None).await
+        let until = now_ms() + self.playback.lease().as_millis() as i64;
+        checkpoint::save(dynamo, table, &self.summary.id, &self.owner, checkpoint, Some(until)).await?;
+        self.renewed = Instant::now();
+        Ok(())
     }
 }
