@@ -270,6 +270,45 @@ pub async fn stored_since(
     let wanted: HashSet<(&str, &[u8])> =
         records.iter().map(|r| (r.partition_key.as_str(), r.data.as_slice())).collect();
     let mut found: HashSet<(String, Vec<u8>)> = HashSet::new();
+    read_since(client, stream, since_ms, |key, data| {
+        if wanted.contains(&(key, data)) {
+            found.insert((key.to_owned(), data.to_vec()));
+        }
+    })
+    .await?;
+    Ok(records.iter().map(|r| found.contains(&(r.partition_key.clone(), r.data.clone()))).collect())
+}
+
+/// Which of `events` (user records, put alone or in KPL aggregated records)
+/// are on `stream` from `since_ms` on: what a delivery that was cut short
+/// stored ahead of its first failure, so that only the rest goes again.
+pub async fn events_stored_since(
+    client: &aws_sdk_kinesis::Client,
+    stream: &str,
+    since_ms: i64,
+    events: &[OutgoingRecord],
+) -> Result<Vec<bool>> {
+    let wanted: HashSet<(&str, &[u8])> = events.iter().map(|r| (r.partition_key.as_str(), r.data.as_slice())).collect();
+    let mut found: HashSet<(String, Vec<u8>)> = HashSet::new();
+    read_since(client, stream, since_ms, |key, data| {
+        for (key, data) in crate::aggregation::deaggregate(key, data).unwrap_or_default() {
+            if wanted.contains(&(key.as_str(), data.as_slice())) {
+                found.insert((key, data));
+            }
+        }
+    })
+    .await?;
+    Ok(events.iter().map(|r| found.contains(&(r.partition_key.clone(), r.data.clone()))).collect())
+}
+
+/// Hands every record of `stream` from `since_ms` (Kinesis arrival time) to
+/// the tip to `seen` (partition key, data), shard by shard.
+async fn read_since(
+    client: &aws_sdk_kinesis::Client,
+    stream: &str,
+    since_ms: i64,
+    mut seen: impl FnMut(&str, &[u8]),
+) -> Result<()> {
     for shard in list_shards(client, stream).await? {
         let out = client
             .get_shard_iterator()
@@ -285,10 +324,7 @@ pub async fn stored_since(
             let Some(current) = iterator.take() else { break };
             let out = get_records(client, current, 10_000).await?;
             for record in out.records() {
-                let key = record.partition_key().unwrap_or_default();
-                if wanted.contains(&(key, record.data().as_ref())) {
-                    found.insert((key.to_owned(), record.data().as_ref().to_vec()));
-                }
+                seen(record.partition_key().unwrap_or_default(), record.data().as_ref());
             }
             if out.records().is_empty() && out.millis_behind_latest().is_none_or(|behind| behind == 0) {
                 break;
@@ -296,7 +332,7 @@ pub async fn stored_since(
             iterator = out.next_shard_iterator().map(str::to_owned);
         }
     }
-    Ok(records.iter().map(|r| found.contains(&(r.partition_key.clone(), r.data.clone()))).collect())
+    Ok(())
 }
 
 /// `GetRecords` calls per shard a read-back makes at most (10,000 records each).

@@ -33,6 +33,11 @@ pub struct Checkpoint {
     pub events: u64,
     #[serde(default)]
     pub done: bool,
+    /// A subscription's delivery to a Kinesis target was cut short after
+    /// storing some events past this position, with puts from this time
+    /// (ms) on: the next delivery reads them back and puts only the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ahead_since: Option<i64>,
 }
 
 impl Checkpoint {

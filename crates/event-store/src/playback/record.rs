@@ -79,28 +79,34 @@ pub fn fits_one_record(partition_key: &str, data_len: usize) -> bool {
 /// record (`plain`), or each partition key's events, in order, packed into
 /// as few aggregated records as the 1 MiB record limit allows (`aggregated`).
 pub fn kinesis_records(events: Vec<OutgoingRecord>, format: RecordFormat) -> Vec<OutgoingRecord> {
+    kinesis_records_of(&events, format).into_iter().map(|(record, _)| record).collect()
+}
+
+/// [`kinesis_records`], each record with the indices of the events it carries.
+pub fn kinesis_records_of(events: &[OutgoingRecord], format: RecordFormat) -> Vec<(OutgoingRecord, Vec<usize>)> {
     if format == RecordFormat::Plain {
-        return events;
+        return events.iter().cloned().enumerate().map(|(i, record)| (record, vec![i])).collect();
     }
     let mut out = Vec::new();
-    for group in indices_by_key(&events) {
+    for group in indices_by_key(events) {
         let key = &events[group[0]].partition_key;
         let limit = aggregation::MAX_RECORD_BYTES - key.len();
-        let mut packed: Vec<&[u8]> = Vec::new();
+        let mut packed: Vec<usize> = Vec::new();
         let mut size = aggregation::empty_bytes(key);
-        for data in group.iter().map(|&i| events[i].data.as_slice()) {
-            let more = aggregation::user_record_bytes(data.len());
+        let record = |packed: &[usize]| OutgoingRecord {
+            partition_key: key.clone(),
+            data: aggregation::aggregate(key, packed.iter().map(|&i| events[i].data.as_slice())),
+        };
+        for &i in &group {
+            let more = aggregation::user_record_bytes(events[i].data.len());
             if !packed.is_empty() && size + more > limit {
-                out.push(OutgoingRecord {
-                    partition_key: key.clone(),
-                    data: aggregation::aggregate(key, packed.drain(..)),
-                });
+                out.push((record(&packed), std::mem::take(&mut packed)));
                 size = aggregation::empty_bytes(key);
             }
             size += more;
-            packed.push(data);
+            packed.push(i);
         }
-        out.push(OutgoingRecord { partition_key: key.clone(), data: aggregation::aggregate(key, packed) });
+        out.push((record(&packed), packed));
     }
     out
 }

@@ -323,7 +323,7 @@ impl<'a> Run<'a> {
         self.summary.events += events_in_batch;
         self.summary.kinesis_records += records.len();
         let events = self.checkpoint.events + events_in_batch as u64;
-        self.checkpoint = Checkpoint { slot, after: Some(after), seq: next_seq, events, done: false };
+        self.checkpoint = Checkpoint { slot, after: Some(after), seq: next_seq, events, ..Checkpoint::default() };
         self.save(&self.checkpoint.clone()).await?;
         Ok(Put::Sent)
     }

@@ -107,7 +107,7 @@ impl Subscriptions {
                         clients,
                         stream,
                         std::slice::from_ref(&delivery),
-                        sub.record_format,
+                        (sub.record_format, None),
                         &self.backoff,
                     )
                     .await;
@@ -156,6 +156,7 @@ impl Subscriptions {
             subscription: name.to_owned(),
             partition: parked.partition,
             position: Position { slot: event.slot, sort_key: event.sort_key.clone() },
+            redriven: true,
             event: PlayedEvent::new(&event, json, &bytes, parked.seq),
         };
         Ok(Delivery {

@@ -282,8 +282,8 @@ impl Runner<'_> {
                         return Ok(end);
                     }
                     let resume = match page.last_key {
-                        Some(key) => Checkpoint { slot: page.slot, after: Some(key), ..self.position.clone() },
-                        None => Checkpoint { slot: page.slot + self.unit(), after: None, ..self.position.clone() },
+                        Some(key) => Checkpoint { slot: page.slot, after: Some(key), ..self.delivered_through() },
+                        None => Checkpoint { slot: page.slot + self.unit(), after: None, ..self.delivered_through() },
                     };
                     self.save(resume).await?;
                     return Ok(Round::HandOver);
@@ -293,7 +293,7 @@ impl Runner<'_> {
                 return Ok(end);
             }
             // Everything before the sealed end is done, events of other partitions included.
-            self.save(Checkpoint { slot: sealed_end, after: None, ..self.position.clone() }).await?;
+            self.save(Checkpoint { slot: sealed_end, after: None, ..self.delivered_through() }).await?;
             Ok(Round::Done)
         };
         let ((), result) = tokio::join!(producer, consumer);
@@ -339,6 +339,7 @@ impl Runner<'_> {
             subscription: self.sub.name.clone(),
             partition: self.partition,
             position,
+            redriven: false,
             event: PlayedEvent::new(&event, json, &bytes, self.seq),
         };
         let mut data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
@@ -376,7 +377,8 @@ impl Runner<'_> {
         let outcome = match &self.sub.target {
             Target::Kinesis(stream) => {
                 let clients = (&subs.putter, &subs.kinesis);
-                put_on_stream(clients, stream, &batch, self.sub.record_format, &subs.backoff).await
+                let ahead = self.position.ahead_since;
+                put_on_stream(clients, stream, &batch, (self.sub.record_format, ahead), &subs.backoff).await
             }
             Target::Lambda(function) => {
                 let place = (self.sub.name.as_str(), self.partition);
@@ -417,10 +419,22 @@ impl Runner<'_> {
         }
         self.summary.parked += outcome.poison.len();
         self.summary.delivered += outcome.done - outcome.poison.len();
-        let Some(last) = outcome.done.checked_sub(1).map(|i| &batch[i]) else { return Ok(()) };
+        let Some(last) = outcome.done.checked_sub(1).map(|i| &batch[i]) else {
+            // Nothing done, but some of the batch may be stored ahead: the next delivery must know.
+            if outcome.ahead_since != self.position.ahead_since {
+                self.save(Checkpoint { ahead_since: outcome.ahead_since, ..self.position.clone() }).await?;
+            }
+            return Ok(());
+        };
         let events = self.position.events + outcome.done as u64;
-        let next =
-            Checkpoint { slot: last.slot, after: Some(last.sort_key.clone()), seq: last.seq + 1, events, done: false };
+        let next = Checkpoint {
+            slot: last.slot,
+            after: Some(last.sort_key.clone()),
+            seq: last.seq + 1,
+            events,
+            done: false,
+            ahead_since: outcome.ahead_since,
+        };
         match outcome.poison.last().filter(|_| self.sub.on_poison == OnPoison::Stop) {
             // The checkpoint past the parked event and the stop in one write: a crash cannot keep one without the other.
             Some((_, error)) => {
@@ -431,6 +445,11 @@ impl Runner<'_> {
             }
             None => self.save(next).await,
         }
+    }
+
+    /// The position with every queued delivery done: nothing is stored ahead of it.
+    fn delivered_through(&self) -> Checkpoint {
+        Checkpoint { ahead_since: None, ..self.position.clone() }
     }
 
     /// The parked-list entry of `event`, with why.

@@ -12,7 +12,7 @@
 //!   ([`deliver_in_order`], pure). An `Invoke` that does not reach the
 //!   function (throttled, function gone, network) means unavailable, as for Kinesis.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 
@@ -23,8 +23,9 @@ use serde_json::Value;
 
 use crate::batch::Backoff;
 use crate::error::{Error, Result};
-use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingRecord};
-use crate::playback::{kinesis_records, PlayedEvent, RecordFormat};
+use crate::kinesis::{events_stored_since, put_in_key_order, send_put_records, stored_since, OutgoingRecord};
+use crate::playback::record::kinesis_records_of;
+use crate::playback::{PlayedEvent, RecordFormat};
 use crate::time::now_ms;
 
 /// Attempts at one (sub-)batch before it is split, or its single event parked.
@@ -35,13 +36,23 @@ pub const LAMBDA_PAYLOAD_BYTES: usize = 5 * 1024 * 1024;
 /// What a subscription's target receives for each event: the played
 /// record (as playback puts it; `playback_seq` numbers the partition's
 /// deliveries) with the subscription, the partition, and the event's
-/// position in the log. Positions only grow within a partition: a consumer
-/// that keeps the highest it has processed drops every duplicate by it.
+/// position in the log.
+///
+/// The consumer's rule (README, Subscriptions): per partition key, keep
+/// the highest `playback_seq` processed and drop an event at or below it,
+/// unless it is `redriven`. A key's events reach the target in increasing
+/// `playback_seq` on first delivery, and a copy repeats its number. Not per
+/// partition: a partition's keys go to different shards of a Kinesis
+/// target, read at different paces.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveredEvent {
     pub subscription: String,
     pub partition: u32,
     pub position: Position,
+    /// A parked event delivered by `redrive`: out of its key's order by
+    /// nature (later events went on), never delivered before; take it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redriven: bool,
     #[serde(flatten)]
     pub event: PlayedEvent,
 }
@@ -90,6 +101,8 @@ pub struct Outcome {
     pub requests: usize,
     /// Stopped before the end because the run's time ran out.
     pub out_of_time: bool,
+    /// Some events after `done` may be on the target already, put from this time (ms) on.
+    pub ahead_since: Option<i64>,
 }
 
 /// Delivers the events of `batches` (consecutive ranges) in order by
@@ -164,20 +177,39 @@ where
 }
 
 /// Puts `events` on a Kinesis stream in key order (see the module doc).
+/// With `ahead_since` (an earlier delivery of these events was cut short
+/// after storing some, putting from then on), those already on the stream
+/// are read back first and not put again. When some records keep failing,
+/// the events before the first failed one are done, and the outcome's
+/// `ahead_since` says whether any after it may be stored.
 pub async fn put_on_stream(
     (putter, reader): (&aws_sdk_kinesis::Client, &aws_sdk_kinesis::Client),
     stream: &str,
     events: &[Delivery],
-    format: RecordFormat,
+    (format, ahead_since): (RecordFormat, Option<i64>),
     backoff: &Backoff,
 ) -> Outcome {
-    let outgoing = events
+    let outgoing: Vec<OutgoingRecord> = events
         .iter()
         .map(|e| OutgoingRecord { partition_key: e.partition_key.clone(), data: e.data.clone() })
         .collect();
-    let records = kinesis_records(outgoing, format);
     // Read-backs start a little before the first send (Kinesis' clock is not ours).
     let since = now_ms() - 5_000;
+    let stored = match ahead_since {
+        Some(ahead) => match events_stored_since(reader, stream, ahead, &outgoing).await {
+            Ok(stored) => stored,
+            Err(err) => {
+                let unavailable = Some(format!("kinesis {stream}: reading back what was stored: {err}"));
+                return Outcome { unavailable, ahead_since, ..Outcome::default() };
+            }
+        },
+        None => vec![false; events.len()],
+    };
+    // The events still to put (indices into `events`), and their records.
+    let to_put: Vec<usize> = (0..events.len()).filter(|&i| !stored[i]).collect();
+    let unsent: Vec<OutgoingRecord> = to_put.iter().map(|&i| outgoing[i].clone()).collect();
+    let (records, carried): (Vec<OutgoingRecord>, Vec<Vec<usize>>) =
+        kinesis_records_of(&unsent, format).into_iter().unzip();
     let stats = put_in_key_order(
         &records,
         backoff,
@@ -185,17 +217,23 @@ pub async fn put_on_stream(
         |batch| async move { stored_since(reader, stream, since, &batch).await },
     )
     .await;
-    match stats.failures.first() {
-        None => Outcome { done: events.len(), requests: stats.requests, ..Outcome::default() },
-        Some(first) => Outcome {
-            unavailable: Some(format!(
-                "kinesis {stream}: {} records still failing ({})",
-                stats.failures.len(),
-                first.code
-            )),
-            requests: stats.requests,
-            ..Outcome::default()
-        },
+    let failed: BTreeSet<usize> =
+        stats.failures.iter().flat_map(|f| carried[f.index].iter().map(|&j| to_put[j])).collect();
+    let Some(&first) = failed.first() else {
+        return Outcome { done: events.len(), requests: stats.requests, ..Outcome::default() };
+    };
+    // Every event before the first failed one is stored (each key's go in order); some after it may be.
+    let stored_after = (first + 1..events.len()).any(|i| !failed.contains(&i));
+    Outcome {
+        done: first,
+        unavailable: Some(format!(
+            "kinesis {stream}: {} records still failing ({})",
+            stats.failures.len(),
+            stats.failures[0].code
+        )),
+        requests: stats.requests,
+        ahead_since: stored_after.then_some(ahead_since.unwrap_or(since)),
+        ..Outcome::default()
     }
 }
 
