@@ -62,6 +62,7 @@ pub fn subscription_config(names: &Names) -> SubscriptionConfig {
         dedupe_window_ms: event_store::config::DEFAULT_DEDUPE_WINDOW_MS,
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
         follow: Duration::ZERO,
+        poll: Duration::from_millis(250),
         lease_slack_ms: 1_000,
         metrics_namespace: "EventStore/local".into(),
     }

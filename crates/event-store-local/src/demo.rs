@@ -8,6 +8,7 @@
 //! accounts) must come back in both, each stream in version order.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -64,6 +65,37 @@ pub struct Report {
     pub lines: Vec<String>,
 }
 
+/// Records `(seen at, watermark)` each time the watermark moves, until aborted.
+async fn watch_watermark(dynamo: aws_sdk_dynamodb::Client, table: String, seen: Arc<Mutex<Vec<(i64, i64)>>>) {
+    let mut last = None;
+    loop {
+        if let Ok(watermark) = event_store::bookkeeping::watermark::read(&dynamo, &table).await {
+            if let Some(time) = watermark.time.filter(|t| Some(*t) != last) {
+                last = Some(time);
+                if let Ok(mut seen) = seen.lock() {
+                    seen.push((now_ms(), time));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Splits each delivery's latency where the watermark first passed the
+/// event's arrival: (arrival to sealed, sealed to delivered), ms each. An
+/// event sealed before the watermark was first seen counts from then.
+pub fn breakdown(delivered: &[(i64, i64)], seals: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
+    let mut sealing = Vec::new();
+    let mut delivering = Vec::new();
+    for &(arrival, at) in delivered {
+        let Some(&(sealed_at, _)) = seals.iter().find(|(_, watermark)| *watermark > arrival) else { continue };
+        let sealed_at = sealed_at.min(at);
+        sealing.push(sealed_at - arrival);
+        delivering.push(at - sealed_at);
+    }
+    (sealing, delivering)
+}
+
 /// The `q` quantile (0..=1) of `values`, nearest rank.
 pub fn quantile(values: &[i64], q: f64) -> Option<i64> {
     let mut sorted = values.to_vec();
@@ -78,6 +110,13 @@ pub struct SubscriptionReport {
     /// Event arrival to its record's arrival on the target stream, ms.
     pub latency_p50_ms: Option<i64>,
     pub latency_p99_ms: Option<i64>,
+    /// Where that time goes: event arrival to the watermark passing it
+    /// (pump, scan, `WATERMARK_LAG_MS`, the scan interval), then to its
+    /// delivery (the runner's poll, reading, the put), ms.
+    pub sealing_p50_ms: Option<i64>,
+    pub sealing_p99_ms: Option<i64>,
+    pub delivering_p50_ms: Option<i64>,
+    pub delivering_p99_ms: Option<i64>,
     pub delivered: usize,
     pub duplicates: usize,
     pub lost: usize,
@@ -96,7 +135,8 @@ impl Report {
     }
 }
 
-pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Result<Report> {
+/// `rate`: pixel hits a second at most (none: as fast as `concurrency` allows).
+pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Option<f64>) -> Result<Report> {
     let started = Instant::now();
     println!("== starting the local stack (emulator on 127.0.0.1:{})", settings.emulator_port);
     let stack = Stack::start(settings).await?;
@@ -111,6 +151,10 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
         stack.settings.names.subscription_stream
     );
     let subscriptions = crate::subscriptions::local_with(&stack)?;
+    // The watermark as it moves (read every 200 ms): when each event was sealed, for the latency's breakdown.
+    let sealed: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let watching =
+        tokio::spawn(watch_watermark(stack.dynamo.clone(), stack.settings.names.event_table.clone(), sealed.clone()));
     subscriptions
         .manage(Manage::Create(NewSubscription {
             name: subscription.clone(),
@@ -131,7 +175,7 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
 
     println!("== sending {events} pixel hits to http://127.0.0.1:{port}/track.gif (concurrency {concurrency})");
     let load_started = Instant::now();
-    let (hits, failed_requests) = send_hits(port, &run_id, events, concurrency).await;
+    let (hits, failed_requests) = send_hits(port, &run_id, events, (concurrency, rate)).await;
     let load_time = load_started.elapsed();
     let accepted = hits + entity_run.events();
 
@@ -160,11 +204,15 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     println!("== reading the playback stream back and checking order");
     let (played, _) = read_played(&stack, &stack.settings.names.playback_stream, &run_id).await?;
     println!("== waiting until subscription {subscription} has delivered every event, then checking order");
-    let (subscribed, delivery_latencies) = wait_until_delivered(&stack, &run_id, &stored).await?;
+    let (subscribed, delivered_at) = wait_until_delivered(&stack, &run_id, &stored).await?;
+    let seals = sealed.lock().map(|s| s.clone()).unwrap_or_default();
+    watching.abort();
     subscriptions.manage(Manage::Delete { name: subscription }).await?;
     let _ = stop.send(true);
     while services.join_next().await.is_some() {}
 
+    let delivery_latencies: Vec<i64> = delivered_at.iter().map(|(arrival, delivered)| delivered - arrival).collect();
+    let (sealing, delivering) = breakdown(&delivered_at, &seals);
     let mut report = check(&stored, &played, accepted);
     let subscription_check = check(&stored, &subscribed, accepted);
     report.entity_events = entity_run.events();
@@ -174,6 +222,10 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     report.subscribed = SubscriptionReport {
         latency_p50_ms: quantile(&delivery_latencies, 0.5),
         latency_p99_ms: quantile(&delivery_latencies, 0.99),
+        sealing_p50_ms: quantile(&sealing, 0.5),
+        sealing_p99_ms: quantile(&sealing, 0.99),
+        delivering_p50_ms: quantile(&delivering, 0.5),
+        delivering_p99_ms: quantile(&delivering, 0.99),
         delivered: subscription_check.played_back,
         duplicates: subscription_check.duplicates,
         lost: subscription_check.lost,
@@ -236,17 +288,28 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize) -> Resul
     Ok(report)
 }
 
-async fn send_hits(port: u16, run_id: &str, events: usize, concurrency: usize) -> (usize, usize) {
+async fn send_hits(
+    port: u16,
+    run_id: &str,
+    events: usize,
+    (concurrency, rate): (usize, Option<f64>),
+) -> (usize, usize) {
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let started = tokio::time::Instant::now();
     let results: Vec<bool> = futures::stream::iter(0..events)
         .map(|n| {
             let client = client.clone();
+            // Paced: hit n goes out n / rate seconds after the first.
+            let at = rate.map(|rate| started + Duration::from_secs_f64(n as f64 / rate.max(0.001)));
             let uri = format!(
                 "http://127.0.0.1:{port}/track.gif?EntityId=visitor-{}&page=%2Fpage-{}&n={n}&run={run_id}",
                 n % 25,
                 n % 7
             );
             async move {
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at).await;
+                }
                 let Ok(uri) = uri.parse::<hyper::Uri>() else { return false };
                 match client.get(uri).await {
                     Ok(response) => {
@@ -359,7 +422,7 @@ async fn wait_until_delivered(
     stack: &Stack,
     run_id: &str,
     stored: &HashMap<String, (String, String)>,
-) -> Result<(HashMap<String, Vec<String>>, Vec<i64>)> {
+) -> Result<(HashMap<String, Vec<String>>, Vec<Timed>)> {
     let started = Instant::now();
     loop {
         let (delivered, latencies) = read_played(stack, &stack.settings.names.subscription_stream, run_id).await?;
@@ -372,11 +435,14 @@ async fn wait_until_delivered(
     }
 }
 
+/// An event's arrival and its record's arrival on a stream (ms).
+type Timed = (i64, i64);
+
 /// This run's records on `stream` (played back, or delivered by a
 /// subscription: both carry the played-record fields): envelope ids per
-/// partition key, in stream order, and for each the time from the event's
-/// arrival to its record's arrival on `stream` (ms).
-async fn read_played(stack: &Stack, stream: &str, run_id: &str) -> Result<(HashMap<String, Vec<String>>, Vec<i64>)> {
+/// partition key, in stream order, and for each the event's arrival and
+/// its record's arrival on `stream` (ms).
+async fn read_played(stack: &Stack, stream: &str, run_id: &str) -> Result<(HashMap<String, Vec<String>>, Vec<Timed>)> {
     let mut played: HashMap<String, Vec<String>> = HashMap::new();
     let mut latencies = Vec::new();
     for shard in shard_ids(&stack.kinesis, stream).await? {
@@ -410,7 +476,7 @@ async fn read_played(stack: &Stack, stream: &str, run_id: &str) -> Result<(HashM
                     };
                     if run_of(&envelope) == Some(run_id) {
                         played.entry(key).or_default().push(envelope.id);
-                        latencies.extend(arrived.map(|at| at - event_ms));
+                        latencies.extend(arrived.map(|at| (event_ms, at)));
                     }
                 }
             }
@@ -470,6 +536,14 @@ pub fn print(report: &Report) {
         sub.latency_p50_ms.map_or("-".into(), |v| v.to_string()),
         sub.latency_p99_ms.map_or("-".into(), |v| v.to_string())
     );
+    let ms = |v: Option<i64>| v.map_or("-".into(), |v| v.to_string());
+    println!(
+        "  where it goes       arrival to sealed (pump, scan, watermark lag) p50 {} ms, p99 {} ms; sealed to delivered (poll, read, put) p50 {} ms, p99 {} ms",
+        ms(sub.sealing_p50_ms),
+        ms(sub.sealing_p99_ms),
+        ms(sub.delivering_p50_ms),
+        ms(sub.delivering_p99_ms)
+    );
     for id in &report.duplicate_ids {
         println!("duplicate delivery   {id}");
     }
@@ -501,6 +575,10 @@ impl Report {
             "subscription_out_of_order": self.subscribed.out_of_order,
             "subscription_latency_p50_ms": self.subscribed.latency_p50_ms,
             "subscription_latency_p99_ms": self.subscribed.latency_p99_ms,
+            "subscription_sealing_p50_ms": self.subscribed.sealing_p50_ms,
+            "subscription_sealing_p99_ms": self.subscribed.sealing_p99_ms,
+            "subscription_delivering_p50_ms": self.subscribed.delivering_p50_ms,
+            "subscription_delivering_p99_ms": self.subscribed.delivering_p99_ms,
             "wall_seconds": self.wall.as_secs_f64(), "scan_interval_seconds": self.scan_interval.as_secs_f64(),
             "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
         })
@@ -510,6 +588,13 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivery_is_split_where_the_watermark_first_passed_its_event() {
+        let seals = [(1_000, 500), (2_000, 1_500), (3_000, 2_500)];
+        let (sealing, delivering) = breakdown(&[(600, 2_300), (1_600, 3_100), (4_000, 4_200)], &seals);
+        assert_eq!((sealing, delivering), (vec![1_400, 1_400], vec![300, 100]), "the last is never seen sealed");
+    }
 
     #[test]
     fn quantiles_are_nearest_rank() {

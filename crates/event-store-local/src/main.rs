@@ -51,6 +51,9 @@ enum Command {
         /// Hits in flight at once.
         #[arg(long, env = "C", default_value_t = 10)]
         concurrency: usize,
+        /// Hits a second at most (default: as fast as the concurrency allows).
+        #[arg(long)]
+        rate: Option<f64>,
         /// Also write the report as JSON to this file (the benchmark reads it).
         #[arg(long)]
         report_json: Option<std::path::PathBuf>,
@@ -173,8 +176,8 @@ fn main() -> ExitCode {
 async fn run(command: Command, settings: Settings) -> Result<bool> {
     match command {
         Command::Local => local(settings).await.map(|_| true),
-        Command::Demo { events, concurrency, report_json } => {
-            let report = demo::run(settings, events, concurrency).await?;
+        Command::Demo { events, concurrency, rate, report_json } => {
+            let report = demo::run(settings, events, concurrency, rate).await?;
             demo::print(&report);
             if let Some(path) = report_json {
                 std::fs::write(&path, serde_json::to_vec_pretty(&report.to_json())?)

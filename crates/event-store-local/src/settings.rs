@@ -79,8 +79,10 @@ impl Settings {
         default("IP_SALT", "local-stack-salt-not-secret");
         // The in-process event source hands records to the pump within a second.
         default("WATERMARK_LAG_MS", "2000");
-        // A runner follows the sealed log this long (polling each second), then the next tick starts another.
+        // A runner follows the sealed log this long, then the next tick starts another; it looks at
+        // the watermark every 250 ms (the scan runs every few seconds here, every minute in AWS).
         default("SUBSCRIPTION_FOLLOW_SECONDS", "30");
+        default("SUBSCRIPTION_POLL_MS", "250");
         default("AWS_ACCESS_KEY_ID", "local");
         default("AWS_SECRET_ACCESS_KEY", "local");
     }

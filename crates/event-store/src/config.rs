@@ -343,6 +343,11 @@ pub struct SubscriptionConfig {
     /// minute, so runners of consecutive ticks do not overlap and the gap
     /// between them is seconds).
     pub follow: Duration,
+    /// How often a caught-up runner reads the watermark (`SUBSCRIPTION_POLL_MS`,
+    /// default 1,000): one `Query` each; a shorter poll takes its share off
+    /// every delivery's latency (the local stack, whose scan runs every
+    /// second or so, polls every 250 ms; in AWS the scan runs every minute).
+    pub poll: Duration,
     /// How long a runner's lease outlasts its deadline (clock differences between runners).
     pub lease_slack_ms: i64,
     /// The CloudWatch namespace of the lag metric (`METRICS_NAMESPACE`).
@@ -359,6 +364,7 @@ impl SubscriptionConfig {
             "DEDUPE_WINDOW_MS",
             "MAX_CONTINUATIONS",
             "SUBSCRIPTION_FOLLOW_SECONDS",
+            "SUBSCRIPTION_POLL_MS",
             "METRICS_NAMESPACE",
         ],
     };
@@ -373,6 +379,7 @@ impl SubscriptionConfig {
             dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             follow: Duration::from_secs(env.var_or("SUBSCRIPTION_FOLLOW_SECONDS", 50u64)?),
+            poll: Duration::from_millis(env.var_or("SUBSCRIPTION_POLL_MS", 1_000u64)?.max(50)),
             lease_slack_ms: 30_000,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
         })

@@ -628,6 +628,39 @@ async fn a_consumer_following_the_readme_rule_gets_every_event_once_from_a_shard
     assert!(old_rule < 400, "the per-partition rule drops real events from a lagging shard: {old_rule} of 400");
 }
 
+/// Issue 27, item 15: a runner delivers up to the watermark itself, not to
+/// the start of the watermark's slot: a slot's length less latency.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_delivers_up_to_the_watermark_inside_its_slot() {
+    use event_store::bookkeeping::watermark;
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..200, 4, T0, 2_000).await;
+    manage(
+        &env,
+        &target,
+        json!({"action": "create", "name": "w", "start": format_ms(T0), "target": {"lambda": CONSUMER}}),
+    )
+    .await
+    .unwrap();
+    // A newer set of segments' watermark, halfway through the second slot.
+    let (dynamo, table) = (&env.dynamo, env.names.event_table.as_str());
+    let set_watermark = |time: i64| async move {
+        for segment in 0..8 {
+            watermark::advance(dynamo, table, segment, 8, time, now_ms()).await.unwrap();
+        }
+        assert_eq!(watermark::read(dynamo, table).await.unwrap().time, Some(time));
+    };
+    set_watermark(T0 + 1_500).await;
+    tick(&env, &target, runs::subscription_config(&env.names)).await;
+    let mut delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
+    delivered.sort();
+    assert_eq!(delivered, (0..150).collect::<Vec<_>>(), "every event that arrived before the watermark");
+    set_watermark(T0 + 2_500).await;
+    tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..200, 4), 0, "the rest, none twice");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say() {
     let env = TestEnv::start(1).await;

@@ -7,7 +7,7 @@
 //! deadline with more to deliver, it hands over to a continuation, like
 //! playback.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -28,8 +28,6 @@ use crate::playback::record::fits_one_record;
 use crate::playback::{Checkpoint, PlayedEvent, Window};
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 
-/// How often a caught-up runner looks at the watermark.
-pub const POLL: Duration = Duration::from_secs(1);
 /// How long a handed-over lease waits for its continuation to start (as for playback).
 const HANDOVER_LEASE_MS: i64 = 300_000;
 
@@ -209,20 +207,24 @@ struct Runner<'a> {
 impl Runner<'_> {
     async fn run(mut self, task: &PartitionTask) -> Result<RunSummary> {
         self.recent = self.recent_ids().await?;
+        // Everything before this (ms) is delivered: a round runs once the watermark is past it.
+        let mut delivered_to = super::position_ms(&self.position);
         loop {
-            if let Some(end) = self.subs.sealed_end().await?.filter(|end| self.position.slot < *end) {
+            if let Some(end) = self.subs.sealed_to().await?.filter(|end| delivered_to < *end) {
                 match self.round(end).await? {
-                    Round::Done => {}
+                    Round::Done => delivered_to = end,
                     Round::HandOver => return self.hand_over(task).await,
                     Round::Ended(status) => return self.end(status).await,
                 }
             }
             // Caught up with the sealed log: follow it a while, or give the partition up.
             let follow_left = self.subs.config.follow.saturating_sub(self.started.elapsed());
-            if follow_left.is_zero() || remaining(self.deadline) <= self.subs.config.deadline_margin + POLL {
+            if follow_left.is_zero()
+                || remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll
+            {
                 return self.end(RunStatus::CaughtUp).await;
             }
-            tokio::time::sleep(POLL.min(follow_left)).await;
+            tokio::time::sleep(self.subs.config.poll.min(follow_left)).await;
             // Paused or deleted meanwhile? (A reset takes the lease away: the next save fails.)
             match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
                 None => return self.end(RunStatus::Gone).await,
@@ -248,7 +250,8 @@ impl Runner<'_> {
         Ok(recent)
     }
 
-    /// Delivers the partition's events from the position up to `sealed_end`.
+    /// Delivers the partition's events from the position up to `sealed_end`
+    /// (ms: the watermark; events that arrived before it).
     async fn round(&mut self, sealed_end: i64) -> Result<Round> {
         let subs = self.subs;
         let (dynamo, table) = (&subs.dynamo, subs.config.event_table.as_str());
@@ -293,7 +296,8 @@ impl Runner<'_> {
                 return Ok(end);
             }
             // Everything before the sealed end is done, events of other partitions included.
-            self.save(Checkpoint { slot: sealed_end, after: None, ..self.delivered_through() }).await?;
+            let end = starting_at(sealed_end, subs.config.time_unit_ms);
+            self.save(Checkpoint { slot: end.slot, after: end.after, ..self.delivered_through() }).await?;
             Ok(Round::Done)
         };
         let ((), result) = tokio::join!(producer, consumer);
