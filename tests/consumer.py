@@ -48,7 +48,7 @@ def main():
     processed = []
     for event in user_records(kinesis, args.stream):
         if args.rule == "key-seq":
-            mark, value = (event["subscription"], event["partition_key"]), event["playback_seq"]
+            mark, value = (event["subscription_id"], event["partition_key"]), event["playback_seq"]
         else:
             mark = (event["subscription"], event["partition"])
             value = (event["position"]["slot"], event["position"]["sort_key"])

@@ -243,9 +243,6 @@ pub async fn existing_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) ->
     }
 }
 
-/// Which of `records` are on `stream`, read back from every shard from
-/// `since_ms` (Kinesis arrival time) to the tip: after an ambiguous failure,
-/// this tells the records Kinesis applied from those it did not.
 /// One `GetRecords` call: up to `limit` records from `iterator`.
 pub async fn get_records(
     kinesis: &aws_sdk_kinesis::Client,
@@ -261,6 +258,9 @@ pub async fn get_records(
         .map_err(|e| Error::kinesis("GetRecords", e))
 }
 
+/// Which of `records` are on `stream`, read back from every shard from
+/// `since_ms` (Kinesis arrival time) to the tip: after an ambiguous failure,
+/// this tells the records Kinesis applied from those it did not.
 pub async fn stored_since(
     client: &aws_sdk_kinesis::Client,
     stream: &str,

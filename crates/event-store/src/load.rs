@@ -21,7 +21,7 @@ use crate::batch::Backoff;
 use crate::config::LoadConfig;
 use crate::envelope::{client_envelope_id, client_event_id, client_ip, Envelope, Headers, EVENT_ID};
 use crate::error::Error;
-use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord};
+use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SENT};
 use crate::time::{format_ms, now_ms};
 
 /// A transparent 1x1 GIF, 43 bytes.
@@ -127,6 +127,13 @@ impl Load {
 
     async fn events(&self, req: &Request) -> Result<Response<Body>, Reject> {
         check_json_content_type(req)?;
+        if req.query_string_parameters().first(EVENT_ID).is_some() {
+            // One id in the query would name every posted event the same: all but one dropped as copies.
+            return Err(Reject::new(
+                StatusCode::BAD_REQUEST,
+                "send each event's EventId in the event, not in the query",
+            ));
+        }
         let text = body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
         let events = parse_posted_events(&text, self.config.max_events_per_post)?;
         let (envelopes, records): (Vec<Envelope>, Vec<OutgoingRecord>) = events
@@ -163,7 +170,11 @@ impl Load {
                 None => json!({ "index": f.index, "error": f.code }),
             })
             .collect();
-        let throttled = failures.iter().all(|f| f.code == THROTTLED);
+        // Events held back behind a refused one of their EntityId (NotSent) say nothing of why.
+        let throttled = failures
+            .iter()
+            .filter(|f| f.code != NOT_SENT)
+            .all(|f| f.code == THROTTLED || f.code.starts_with("RequestThrottled"));
         let status = if throttled { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::SERVICE_UNAVAILABLE };
         Ok(json_response(status, &json!({ "accepted": accepted, "failed": failed })))
     }

@@ -120,6 +120,14 @@ impl Pump {
     /// non-decreasing along the batch; the position is left alone. Returns
     /// the sequence numbers not written.
     pub async fn buffer_again(&self, event: KinesisEvent) -> Vec<String> {
+        self.buffer_again_after(event, None).await.0
+    }
+
+    /// [`Self::buffer_again`] for a later part of one shard's re-driven
+    /// range: its arrivals go on from `carried`, the last arrival the part
+    /// before it was stored with. Returns that of this part too.
+    pub async fn buffer_again_after(&self, event: KinesisEvent, carried: Option<i64>) -> (Vec<String>, Option<i64>) {
+        let mut last_arrival = carried;
         // Entity records are not dropped by their stream's logged version here: a record
         // given up on was never buffered, and a later version may have been logged since
         // (the hole the give-up made); a copy among them reaches readers as a copy. A
@@ -147,9 +155,10 @@ impl Pump {
                 }
             }
             let arrivals = non_decreasing(
-                floor,
+                floor.max(carried),
                 records.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()),
             );
+            last_arrival = arrivals.last().copied().or(last_arrival);
             let (kept, kept_arrivals): (Vec<&KinesisEventRecord>, Vec<i64>) = records
                 .iter()
                 .zip(arrivals)
@@ -180,7 +189,7 @@ impl Pump {
             failed.extend(not_done);
             failed.extend(kept[buildable..].iter().map(|r| r.kinesis.sequence_number.clone()));
         }
-        failed
+        (failed, last_arrival)
     }
 
     /// Writes the buffer items of `records` (stored with `arrivals`). A
@@ -306,7 +315,7 @@ impl Pump {
         if done > 0 {
             if let Err(err) = self.save_logged(&copies, done).await {
                 error!(error = %err, shard_id, "entity log positions or client ids not saved: the batch is delivered again");
-                return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
+                return self.hand_back(shard_id, &new, 0, floor).await;
             }
             let reached = ShardPosition {
                 shard_id: shard_id.to_owned(),
@@ -316,22 +325,31 @@ impl Pump {
             if let Err(err) = shard_position::advance(&self.dynamo, table, &reached, crate::time::now_ms()).await {
                 // Written but not recorded: delivered again, the same records get the same items.
                 error!(error = %err, shard_id, "shard position not saved: the batch is delivered again");
-                return new.iter().map(|r| r.kinesis.sequence_number.clone()).collect();
+                return self.hand_back(shard_id, &new, 0, floor).await;
             }
         }
-        if let Some(first) = new.get(done) {
-            // Handed back from here: should the source give these up, a re-drive starts from the same floor.
-            let floor = done.checked_sub(1).map(|i| arrivals[i]).or(floor);
-            let at = (shard_id, first.kinesis.sequence_number.as_str());
-            if let Some(floor) = floor {
-                if let Err(err) =
-                    shard_position::save_floor(&self.dynamo, table, at, floor, crate::time::now_ms()).await
-                {
-                    warn!(error = %err, shard_id, "arrival floor not saved (the next delivery saves it)");
-                }
+        self.hand_back(shard_id, &new, done, done.checked_sub(1).map(|i| arrivals[i]).or(floor)).await
+    }
+
+    /// The sequence numbers of `new[from..]`, for the event source to deliver
+    /// again, after recording the floor their arrivals were made from (should
+    /// the source give them up, a re-drive starts from the same floor, so
+    /// what was stored ahead gets its stored sort keys again).
+    async fn hand_back(
+        &self,
+        shard_id: &str,
+        new: &[&KinesisEventRecord],
+        from: usize,
+        floor: Option<i64>,
+    ) -> Vec<String> {
+        let Some(first) = new.get(from) else { return Vec::new() };
+        if let Some(floor) = floor {
+            let (table, at) = (&self.config.event_table, (shard_id, first.kinesis.sequence_number.as_str()));
+            if let Err(err) = shard_position::save_floor(&self.dynamo, table, at, floor, crate::time::now_ms()).await {
+                warn!(error = %err, shard_id, "arrival floor not saved (the next delivery saves it)");
             }
         }
-        new[done..].iter().map(|r| r.kinesis.sequence_number.clone()).collect()
+        new[from..].iter().map(|r| r.kinesis.sequence_number.clone()).collect()
     }
 
     /// The floor of a new shard's arrivals: the latest arrival its parent
@@ -343,11 +361,24 @@ impl Pump {
         let Some((_, stream)) = arn.rsplit_once(":stream/") else { return Ok(None) };
         // A shard Kinesis does not list (or no such stream) has no parents to go on from.
         let shards = crate::kinesis::existing_shards(&self.kinesis, stream).await?.unwrap_or_default();
-        let Some(shard) = shards.iter().find(|s| s.shard_id() == shard_id) else { return Ok(None) };
-        let mut floor = None;
-        for parent in [shard.parent_shard_id(), shard.adjacent_parent_shard_id()].into_iter().flatten() {
-            let position = shard_position::read(&self.dynamo, &self.config.event_table, parent).await?;
-            floor = floor.max(position.map(|p| p.arrival));
+        let parents_of = |id: &str| -> Vec<String> {
+            let Some(shard) = shards.iter().find(|s| s.shard_id() == id) else { return Vec::new() };
+            [shard.parent_shard_id(), shard.adjacent_parent_shard_id()]
+                .into_iter()
+                .flatten()
+                .map(str::to_owned)
+                .collect()
+        };
+        // A parent that never had a record (so no position) passes the question on to its own parents.
+        let (mut floor, mut asked, mut seen) = (None, parents_of(shard_id), HashSet::new());
+        while let Some(parent) = asked.pop() {
+            if !seen.insert(parent.clone()) {
+                continue;
+            }
+            match shard_position::read(&self.dynamo, &self.config.event_table, &parent).await? {
+                Some(position) => floor = floor.max(Some(position.arrival)),
+                None => asked.extend(parents_of(&parent)),
+            }
         }
         Ok(floor)
     }

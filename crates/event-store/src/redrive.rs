@@ -132,9 +132,13 @@ pub async fn redrive(kinesis: &aws_sdk_kinesis::Client, pump: &Pump, letter: &De
         warn!(shard = batch.shard_id, found = records.len(), batch_size = ?batch.batch_size, "fewer records than the batch had: the rest has left the stream");
     }
     let mut redriven = Redriven { records: records.len(), failed: Vec::new() };
+    // One shard's range, in parts: each part's arrivals go on from the part before it.
+    let mut carried = None;
     for chunk in records.chunks(500) {
         let event = lambda_event(&batch.stream_arn, &batch.shard_id, region(&batch.stream_arn), chunk);
-        redriven.failed.extend(pump.buffer_again(event).await);
+        let (failed, last) = pump.buffer_again_after(event, carried).await;
+        redriven.failed.extend(failed);
+        carried = last;
     }
     info!(shard = batch.shard_id, records = redriven.records, failed = redriven.failed.len(), "re-driven");
     Ok(redriven)

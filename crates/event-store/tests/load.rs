@@ -287,6 +287,12 @@ async fn a_refused_post_answers_429_naming_what_was_not_stored_and_a_retry_by_ev
         {"EventId": "evt-3", "n": 3},
         {"n": 4},
     ]);
+    // The hot key's second event is held back behind its first (NotSent): still a 429.
+    let two_hot =
+        load.handle(post(json!([{"EventId": "h-1", "EntityId": "hot"}, {"EventId": "h-2", "EntityId": "hot"}])));
+    let two_hot = two_hot.await;
+    assert_eq!(two_hot.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body_json(&two_hot)["failed"][1]["error"], "NotSent");
     let refused = load.handle(post(events.clone())).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(refused.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
@@ -327,6 +333,12 @@ async fn a_refused_post_answers_429_naming_what_was_not_stored_and_a_retry_by_ev
     }
     assert_eq!(buffered_ids(&env).await, ["evt-1", "evt-2", "evt-3", "evt-5", "n=4", "px-1"], "re-driven");
 
+    // An id in the query of a post would name every event in it: refused.
+    let mut in_query: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+    in_query["rawQueryString"] = json!("EventId=all");
+    in_query["queryStringParameters"] = json!({"EventId": "all"});
+    let in_query = load.handle(lambda_http::request::from_str(&in_query.to_string()).unwrap()).await;
+    assert_eq!(in_query.status(), StatusCode::BAD_REQUEST);
     // A malformed id is refused, never stored under a name the client did not mean.
     for bad in
         [json!({"EventId": ""}), json!({"EventId": 7}), json!({"EventId": "a/b"}), json!({"EventId": "x".repeat(65)})]

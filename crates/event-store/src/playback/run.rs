@@ -291,8 +291,16 @@ impl<'a> Run<'a> {
                 return Ok(Put::WouldCrossDeadline);
             }
         }
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
+        // Waiting for the pace, in steps that keep the lease alive (a slow rate can wait for minutes).
+        let step = self.playback.lease() / 3;
+        let mut left = wait;
+        while !left.is_zero() {
+            let nap = left.min(step);
+            tokio::time::sleep(nap).await;
+            left -= nap;
+            if !left.is_zero() {
+                self.save(&self.checkpoint.clone()).await?;
+            }
         }
         let events_in_batch = batch.len();
         let records = kinesis_records(batch.into_iter().map(|p| p.record).collect(), self.request.record_format);

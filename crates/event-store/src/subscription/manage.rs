@@ -154,6 +154,7 @@ impl Subscriptions {
         let json = serde_json::from_slice(&bytes).ok();
         let delivered = DeliveredEvent {
             subscription: name.to_owned(),
+            subscription_id: parked.sub_id.clone(),
             partition: parked.partition,
             position: Position { slot: event.slot, sort_key: event.sort_key.clone() },
             redriven: true,

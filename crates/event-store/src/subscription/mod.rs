@@ -211,7 +211,6 @@ impl Subscriptions {
         self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
     }
 
-    /// The end of the last sealed slot, if every scan segment has finished a pass.
     /// The watermark itself (ms): every event that arrived before it is in
     /// the event table, so a runner delivers up to it, mid-slot too (a slot
     /// boundary would add up to a slot's length to every delivery's latency).
@@ -219,6 +218,7 @@ impl Subscriptions {
         Ok(watermark::read(&self.dynamo, &self.config.event_table).await?.time)
     }
 
+    /// The end of the last sealed slot, if every scan segment has finished a pass.
     pub(crate) async fn sealed_end(&self) -> Result<Option<i64>> {
         let watermark = watermark::read(&self.dynamo, &self.config.event_table).await?;
         Ok(watermark.sealed_end(self.config.time_unit_ms))

@@ -341,6 +341,7 @@ impl Runner<'_> {
         let position = Position { slot: event.slot, sort_key: event.sort_key.clone() };
         let mut delivered = DeliveredEvent {
             subscription: self.sub.name.clone(),
+            subscription_id: self.sub.id.clone(),
             partition: self.partition,
             position,
             redriven: false,

@@ -38,15 +38,18 @@ pub const LAMBDA_PAYLOAD_BYTES: usize = 5 * 1024 * 1024;
 /// deliveries) with the subscription, the partition, and the event's
 /// position in the log.
 ///
-/// The consumer's rule (README, Subscriptions): per partition key, keep
-/// the highest `playback_seq` processed and drop an event at or below it,
-/// unless it is `redriven`. A key's events reach the target in increasing
+/// The consumer's rule (README, Subscriptions): per subscription id and
+/// partition key, keep the highest `playback_seq` processed and drop an
+/// event at or below it, unless it is `redriven`. A key's events reach the target in increasing
 /// `playback_seq` on first delivery, and a copy repeats its number. Not per
 /// partition: a partition's keys go to different shards of a Kinesis
 /// target, read at different paces.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveredEvent {
     pub subscription: String,
+    /// The subscription's id: a subscription deleted and created again under
+    /// its name is another one, numbering its deliveries from 0 again.
+    pub subscription_id: String,
     pub partition: u32,
     pub position: Position,
     /// A parked event delivered by `redrive`: out of its key's order by
