@@ -464,7 +464,10 @@ an iterator, no entity streams, no per-key index).
   bound is the load function's reserved concurrency (`LoadReservedConcurrency`,
   default 100; the URL answers 429 beyond it, and beyond 10 requests a second
   per unit of concurrency), `MaxEventBytes` per event, and the event stream's
-  shards (a put beyond them answers 503). No custom domain, WAF or access log
+  shards (a put beyond them answers 429 with `Retry-After`). Behind the HTTP
+  API instead, the default route rates keep ingest within one shard in records
+  and bytes (`template.yaml`, beside the parameters); at 1,000 pixel hits a
+  second raise `EventShardCount` and the rates together. No custom domain, WAF or access log
   without CloudFront in front.
 ";
 
