@@ -16,6 +16,10 @@ use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_sdk_dynamodb::types::AttributeValue;
 use tracing::{error, info, warn};
 
+mod copies;
+
+use copies::{client_copies, entity_copies, Copies};
+
 use crate::batch::Backoff;
 use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
 use crate::buffer_item::BufferItem;
@@ -23,7 +27,6 @@ use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::entity::log::Positions;
-use crate::envelope::{client_event, client_id_marker, entity_event, entity_stream};
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
 use crate::time::slot_of;
@@ -410,102 +413,6 @@ impl Pump {
             true => Ok(()),
             false => log.save_buffered_ids(&ids, crate::time::now_ms() / 1000).await,
         }
-    }
-}
-
-/// Entity records that are copies: a version at or below its stream's
-/// logged one, or seen earlier in this batch. The relay puts each stream's
-/// versions in order, so the first record of a version is the one to keep.
-async fn entity_copies(log: &Positions, records: &[&KinesisEventRecord], copies: &mut Copies) -> Result<()> {
-    let versions: Vec<Option<(String, u64)>> = records
-        .iter()
-        .map(|r| {
-            entity_stream(&r.kinesis.partition_key)?;
-            entity_event(&r.kinesis.data)
-        })
-        .collect();
-    let mut streams: Vec<&str> = versions.iter().flatten().map(|(stream, _)| stream.as_str()).collect();
-    if streams.is_empty() {
-        return Ok(());
-    }
-    streams.sort_unstable();
-    streams.dedup();
-    let mut logged = log.logged(&streams).await?;
-    for (i, entry) in versions.iter().enumerate() {
-        let Some((stream, version)) = entry else { continue };
-        match logged.get(stream) {
-            Some(at) if version <= at => copies.dropped[i] = true,
-            Some(at) if *version > at + 1 => {
-                warn!(
-                    stream,
-                    logged = at,
-                    version,
-                    "entity versions missing before this one (a record given up on upstream)"
-                )
-            }
-            _ => {}
-        }
-        if !copies.dropped[i] {
-            logged.insert(stream.clone(), *version);
-            copies.versions.push((i, stream.clone(), *version));
-        }
-    }
-    Ok(())
-}
-
-/// Ingest records with a client's `EventId` that are copies: a retry of an
-/// event whose first record (another sequence number) is buffered, or seen
-/// earlier in this batch. Every copy has the same partition key, so they
-/// all come through one shard, in order: the first is the one kept.
-async fn client_copies(log: &Positions, records: &[&KinesisEventRecord], copies: &mut Copies) -> Result<()> {
-    let markers: Vec<Option<String>> = records
-        .iter()
-        .map(|r| match entity_stream(&r.kinesis.partition_key) {
-            Some(_) => None,
-            None => client_event(&r.kinesis.data).map(|id| client_id_marker(&id)),
-        })
-        .collect();
-    let asked: Vec<&str> = markers.iter().flatten().map(String::as_str).collect();
-    if asked.is_empty() {
-        return Ok(());
-    }
-    let mut buffered = log.buffered_ids(&asked).await?;
-    for (i, marker) in markers.into_iter().enumerate() {
-        let Some(marker) = marker else { continue };
-        let sequence = &records[i].kinesis.sequence_number;
-        match buffered.get(&marker) {
-            // The first record's own redelivery is kept: the same record makes the same item.
-            Some(first) if first != sequence => copies.dropped[i] = true,
-            _ => {
-                buffered.insert(marker.clone(), sequence.clone());
-                copies.ids.push((i, marker, sequence.clone()));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The copies among one shard's batch, and what the others log.
-struct Copies {
-    dropped: Vec<bool>,
-    /// (record index, stream, version) of every entity record kept, in order.
-    versions: Vec<(usize, String, u64)>,
-    /// (record index, marker, sequence number) of every record kept with a client's event id.
-    ids: Vec<(usize, String, String)>,
-}
-
-impl Copies {
-    fn count(&self) -> usize {
-        self.dropped.iter().filter(|d| **d).count()
-    }
-
-    /// Each stream's highest version among the kept records before index `done`.
-    fn logged_through(&self, done: usize) -> HashMap<String, u64> {
-        let mut logged = HashMap::new();
-        for (_, stream, version) in self.versions.iter().filter(|(i, _, _)| *i < done) {
-            logged.insert(stream.clone(), *version);
-        }
-        logged
     }
 }
 
