@@ -182,6 +182,13 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
     println!("== waiting until relay, pump and scan have moved every event into the event table");
     let (stored, stored_duplicates, latencies) = wait_until_stored(&stack, &run_id, accepted).await?;
     let stored_time = load_started.elapsed();
+    if stored.len() < accepted {
+        println!("== {} events not in the event table; where they are:", accepted - stored.len());
+        match crate::lost::explain(&stack, &run_id, events, &entity_run.streams).await {
+            Ok(lines) => lines.iter().for_each(|line| println!("   {line}")),
+            Err(err) => println!("   (could not look: {err:#})"),
+        }
+    }
 
     let window_end = now_ms() + 1;
     println!(

@@ -13,6 +13,7 @@
 mod demo;
 mod entities;
 mod http;
+mod lost;
 mod playback;
 mod sam_local;
 mod settings;

@@ -378,6 +378,44 @@ async fn the_pump_drops_copies_of_entity_versions_however_late_they_come() {
     assert_eq!(logged, HashMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)]));
 }
 
+/// A delivery whose shard position was not saved comes again: its entity
+/// versions are logged by then, yet the pump keeps the records it kept the
+/// first time, so the chunk it writes again under the same key still holds
+/// them (before, it dropped them as copies and the chunk lost them).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_made_again_after_its_position_was_lost_keeps_its_entity_events() {
+    use event_store::envelope::{entity_event_id, entity_key};
+    let env = TestEnv::start(1).await;
+    let t = 1_795_000_000_000;
+    let hit = |n: u64, arrival: i64| ("user-1".to_owned(), format!("{{\"n\":{n}}}").into_bytes(), arrival);
+    let entity = |version: u64, arrival: i64| {
+        let data = serde_json::json!({"id": entity_event_id("a", version), "received_at": "t", "method": "POST",
+                                      "body": {"stream": "a", "version": version}});
+        (entity_key("a"), data.to_string().into_bytes(), arrival)
+    };
+    let event = kinesis_event(common::TEST_ARN, &[hit(0, t), entity(0, t + 1), entity(1, t + 2), hit(1, t + 3)]);
+    // The chunk is written and the versions logged; the shard position's update fails.
+    let failing = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk)
+            .interceptor(common::FailRequests::new(|body, _| body.windows(16).any(|w| w == b"sequence_key < :")))
+            .build(),
+    );
+    let config = PumpConfig {
+        entity_table: Some(env.names.entity_table.clone()),
+        ..PumpConfig::new(env.names.buffer_table.clone(), env.names.event_table.clone())
+    };
+    let first = Pump::new(failing, env.kinesis.clone(), config).handle(event.clone()).await;
+    assert_eq!(first.batch_item_failures.len(), 4, "handed back whole");
+    assert_eq!(common::buffered_events(&env).await, 4);
+    let second = common::pump(&env).handle(event.clone()).await;
+    assert!(second.batch_item_failures.is_empty(), "{second:?}");
+    assert_eq!(common::buffered_events(&env).await, 4, "the chunk written again still holds both versions");
+    // Once the position is saved, a later copy of a logged version is still dropped.
+    let copy = kinesis_event(common::TEST_ARN, &[entity(1, t + 4), hit(2, t + 5)]);
+    assert!(common::pump(&env).handle(copy).await.batch_item_failures.is_empty());
+    assert_eq!(common::buffered_events(&env).await, 5, "the copy of version 1 dropped, the hit kept");
+}
+
 /// Waits until the event stream is active again (after a split or a merge) and returns its shards.
 async fn shards_when_active(env: &TestEnv) -> Vec<aws_sdk_kinesis::types::Shard> {
     for _ in 0..100 {

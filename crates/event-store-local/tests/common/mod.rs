@@ -77,10 +77,14 @@ pub fn run_demo(env: &[(&str, String)], limit: Duration) -> (ExitStatus, String)
     let (status, out) = (output.status, String::from_utf8_lossy(&output.stdout).into_owned());
     println!("{out}");
     if !status.success() {
-        // Its log, to tell why (the last lines: the demo logs warnings and errors only).
+        // Its log, to tell why (the last lines: the demo logs warnings and errors only;
+        // its progress lines say nothing the report does not).
         let log = String::from_utf8_lossy(&output.stderr);
-        let lines: Vec<&str> = log.lines().collect();
-        println!("demo's stderr (last 40 lines):\n{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+        let lines: Vec<&str> = log.lines().filter(|l| !l.starts_with("   received ")).collect();
+        println!("demo's log (last 60 lines):\n{}", lines[lines.len().saturating_sub(60)..].join("\n"));
+        if let Some(path) = std::env::var_os("DEMO_LOG_FILE") {
+            let _ = std::fs::write(path, &output.stderr);
+        }
     }
     (status, out)
 }

@@ -22,7 +22,12 @@
 //!     record of a version at or below it is a copy (a relay retry whose
 //!     first answer was lost, two relays racing on one stream) and is
 //!     dropped by its identity, however late it comes (`docs/design.md`,
-//!     invariant 11).
+//!     invariant 11). With it, the record that buffered it (`shard`,
+//!     `sequence`) and the version logged before that delivery (`before`):
+//!     should the delivery be made again (its shard position not saved),
+//!     the pump decides from `before` and so keeps exactly what it kept the
+//!     first time, rather than dropping its own records as copies and
+//!     writing their chunk again without them.
 //! - **Client event ids**, the pump's too: one item `ids/<envelope id>`,
 //!   `_id` per ingest event a client gave an `EventId`, naming the record
 //!   buffered for it (`sequence`) and expiring a day later (`expires_at`,
@@ -39,6 +44,7 @@ use super::model::{HASH_KEY, RANGE_KEY};
 use crate::batch::Backoff;
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
+use crate::event_item::sortable_sequence;
 
 /// Sort key of a stream's relay position.
 pub const RELAY_ITEM: &str = "_relay";
@@ -102,6 +108,35 @@ pub struct Positions {
     backoff: Backoff,
 }
 
+/// A stream's `_log` item: the last version buffered, the record that
+/// buffered it, and the version logged before the delivery that did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Logged {
+    pub version: u64,
+    /// The shard and sequence number of the record that buffered `version`
+    /// (empty in items written before they were kept).
+    pub shard: String,
+    pub sequence: String,
+    pub before: Option<u64>,
+}
+
+impl Logged {
+    /// The version a batch of `shard` whose first record of the stream is
+    /// `sequence` decides from: the version logged before, when that record
+    /// is at or before the one that logged this (the same records delivered
+    /// again); this version otherwise.
+    pub fn base_for(&self, shard: &str, sequence: &str) -> Option<u64> {
+        let again = !self.sequence.is_empty()
+            && self.shard == shard
+            && sortable_sequence(sequence) <= sortable_sequence(&self.sequence);
+        if again {
+            self.before
+        } else {
+            Some(self.version)
+        }
+    }
+}
+
 fn key(stream: &str, item: &str) -> HashMap<String, AttributeValue> {
     HashMap::from([
         (HASH_KEY.to_owned(), AttributeValue::S(stream.to_owned())),
@@ -150,24 +185,43 @@ impl Positions {
 
     /// The logged versions of `streams` (absent: nothing logged yet).
     pub async fn logged(&self, streams: &[&str]) -> Result<HashMap<String, u64>> {
+        Ok(self.logged_entries(streams).await?.into_iter().map(|(stream, logged)| (stream, logged.version)).collect())
+    }
+
+    /// The `_log` items of `streams` (absent: nothing logged yet).
+    pub async fn logged_entries(&self, streams: &[&str]) -> Result<HashMap<String, Logged>> {
         let items = self.get_all(streams, LOG_ITEM).await?;
         Ok(items
             .iter()
             .filter_map(|item| {
                 let stream = item.get(HASH_KEY)?.as_s().ok()?.clone();
-                let logged = item.get("logged")?.as_n().ok()?.parse().ok()?;
+                let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+                let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok());
+                let logged = Logged {
+                    version: number("logged")?,
+                    shard: text("shard"),
+                    sequence: text("sequence"),
+                    before: number("before"),
+                };
                 Some((stream, logged))
             })
             .collect())
     }
 
     /// Records the logged versions (the live pump is the only writer of a
-    /// stream's `_log`: all of a stream's records are on one shard at a time,
-    /// and shards are pumped parent before child, so plain puts never move one back).
-    pub async fn save_logged(&self, logged: &HashMap<String, u64>) -> Result<()> {
-        let items = logged.iter().map(|(stream, version)| {
+    /// stream's `_log`: all of a stream's records are on one shard at a
+    /// time, and shards are pumped parent before child; a delivery made
+    /// again after a partial one may move it back, to where its shard
+    /// position stands).
+    pub async fn save_logged(&self, logged: &HashMap<String, Logged>) -> Result<()> {
+        let items = logged.iter().map(|(stream, logged)| {
             let mut item = key(stream, LOG_ITEM);
-            item.insert("logged".into(), n(version));
+            item.insert("logged".into(), n(logged.version));
+            item.insert("shard".into(), AttributeValue::S(logged.shard.clone()));
+            item.insert("sequence".into(), AttributeValue::S(logged.sequence.clone()));
+            if let Some(before) = logged.before {
+                item.insert("before".into(), n(before));
+            }
             (stream.clone(), item)
         });
         self.put_all(items, "logged positions").await

@@ -7,13 +7,17 @@ use std::collections::HashMap;
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use tracing::warn;
 
-use crate::entity::log::Positions;
+use crate::entity::log::{Logged, Positions};
 use crate::envelope::{client_event, client_id_marker, entity_event, entity_stream};
 use crate::error::Result;
 
 /// Entity records that are copies: a version at or below its stream's
 /// logged one, or seen earlier in this batch. The relay puts each stream's
 /// versions in order, so the first record of a version is the one to keep.
+/// A batch that goes over records an earlier delivery already logged (its
+/// shard position was not saved) decides from the version logged before
+/// that delivery: it keeps what that delivery kept, so the chunks it writes
+/// again under the same keys hold the same events.
 pub(super) async fn entity_copies(log: &Positions, records: &[&KinesisEventRecord], copies: &mut Copies) -> Result<()> {
     let versions: Vec<Option<(String, u64)>> = records
         .iter()
@@ -28,11 +32,18 @@ pub(super) async fn entity_copies(log: &Positions, records: &[&KinesisEventRecor
     }
     streams.sort_unstable();
     streams.dedup();
-    let mut logged = log.logged(&streams).await?;
+    let entries = log.logged_entries(&streams).await?;
+    let mut logged: HashMap<String, Option<u64>> = HashMap::new();
     for (i, entry) in versions.iter().enumerate() {
         let Some((stream, version)) = entry else { continue };
-        match logged.get(stream) {
-            Some(at) if version <= at => copies.dropped[i] = true,
+        if !logged.contains_key(stream) {
+            let base = entries.get(stream).and_then(|e| e.base_for(&copies.shard, &records[i].kinesis.sequence_number));
+            logged.insert(stream.clone(), base);
+            copies.bases.insert(stream.clone(), base);
+        }
+        let at = logged.get(stream).copied().flatten();
+        match at {
+            Some(at) if *version <= at => copies.dropped[i] = true,
             Some(at) if *version > at + 1 => {
                 warn!(
                     stream,
@@ -44,8 +55,8 @@ pub(super) async fn entity_copies(log: &Positions, records: &[&KinesisEventRecor
             _ => {}
         }
         if !copies.dropped[i] {
-            logged.insert(stream.clone(), *version);
-            copies.versions.push((i, stream.clone(), *version));
+            logged.insert(stream.clone(), Some(*version));
+            copies.versions.push((i, stream.clone(), *version, records[i].kinesis.sequence_number.clone()));
         }
     }
     Ok(())
@@ -85,23 +96,42 @@ pub(super) async fn client_copies(log: &Positions, records: &[&KinesisEventRecor
 
 /// The copies among one shard's batch, and what the others log.
 pub(super) struct Copies {
+    /// The shard the batch is of.
+    pub(super) shard: String,
     pub(super) dropped: Vec<bool>,
-    /// (record index, stream, version) of every entity record kept, in order.
-    pub(super) versions: Vec<(usize, String, u64)>,
+    /// (record index, stream, version, sequence number) of every entity record kept, in order.
+    pub(super) versions: Vec<(usize, String, u64, String)>,
+    /// Each stream's logged version the batch decided from.
+    pub(super) bases: HashMap<String, Option<u64>>,
     /// (record index, marker, sequence number) of every record kept with a client's event id.
     pub(super) ids: Vec<(usize, String, String)>,
 }
 
 impl Copies {
+    /// No copies yet among `records` records of `shard`.
+    pub(super) fn new(shard: &str, records: usize) -> Self {
+        Self {
+            shard: shard.to_owned(),
+            dropped: vec![false; records],
+            versions: Vec::new(),
+            bases: HashMap::new(),
+            ids: Vec::new(),
+        }
+    }
+
     pub(super) fn count(&self) -> usize {
         self.dropped.iter().filter(|d| **d).count()
     }
 
-    /// Each stream's highest version among the kept records before index `done`.
-    pub(super) fn logged_through(&self, done: usize) -> HashMap<String, u64> {
+    /// Each stream's `_log` after the records before index `done`: its
+    /// highest version kept among them, the record that has it, and the
+    /// version the batch decided from.
+    pub(super) fn logged_through(&self, done: usize) -> HashMap<String, Logged> {
         let mut logged = HashMap::new();
-        for (_, stream, version) in self.versions.iter().filter(|(i, _, _)| *i < done) {
-            logged.insert(stream.clone(), *version);
+        for (_, stream, version, sequence) in self.versions.iter().filter(|(i, _, _, _)| *i < done) {
+            let before = self.bases.get(stream).copied().flatten();
+            let entry = Logged { version: *version, shard: self.shard.clone(), sequence: sequence.clone(), before };
+            logged.insert(stream.clone(), entry);
         }
         logged
     }

@@ -138,7 +138,7 @@ impl Pump {
         let mut failed = Vec::new();
         for (shard_id, records) in by_shard(&event.records) {
             let all = || records.iter().map(|r| r.kinesis.sequence_number.clone()).collect::<Vec<_>>();
-            let mut copies = Copies { dropped: vec![false; records.len()], versions: Vec::new(), ids: Vec::new() };
+            let mut copies = Copies::new(&shard_id, records.len());
             let first = records.first().map_or("", |r| r.kinesis.sequence_number.as_str());
             // The floor the records were first stored from, if the pump handed them back
             // (records stored ahead of the failure then get their stored sort keys again).
@@ -300,7 +300,7 @@ impl Pump {
             non_decreasing(floor, new.iter().map(|r| r.kinesis.approximate_arrival_timestamp.timestamp_millis()));
         // Arrivals are made over every record first, so a delivery that drops
         // other copies stores the rest with the same arrivals (and sort keys).
-        let copies = match self.copies(&new).await {
+        let copies = match self.copies(shard_id, &new).await {
             Ok(copies) => copies,
             Err(err) => {
                 error!(error = %err, shard_id, "entity log positions or client ids unreadable: the batch is delivered again");
@@ -390,8 +390,8 @@ impl Pump {
 impl Pump {
     /// Which of a shard's records are copies of events already in the log
     /// ([`Copies`]); none are without the entity table.
-    async fn copies(&self, records: &[&KinesisEventRecord]) -> Result<Copies> {
-        let mut copies = Copies { dropped: vec![false; records.len()], versions: Vec::new(), ids: Vec::new() };
+    async fn copies(&self, shard_id: &str, records: &[&KinesisEventRecord]) -> Result<Copies> {
+        let mut copies = Copies::new(shard_id, records.len());
         if let Some(log) = &self.entity_log {
             entity_copies(log, records, &mut copies).await?;
             client_copies(log, records, &mut copies).await?;
