@@ -26,7 +26,7 @@ C           ?= 10
 PORT        ?= 3000
 LOCAL_BIN   := target/release/event-store-local
 export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
-export MOTO_SERVER ?= $(BIN)/moto_server
+export MOTO_SERVER ?= $(BIN)/moto-server
 export SAM_CLI_TELEMETRY := 0
 
 # `make invoke`: the deployed arm64 artefacts in a container under `sam local invoke`. Without
@@ -157,7 +157,11 @@ $(VENV)/.moto-$(MOTO_PIN): | $(BIN)/python
 	$(BIN)/pip install -q '$(MOTO_PIN)'
 	touch '$@'
 
-tools-moto: $(VENV)/.moto-$(MOTO_PIN)
+# moto's server with Kinesis puts made atomic (crates/emulator/moto_server.py says why).
+$(BIN)/moto-server: crates/emulator/moto_server.py $(VENV)/.moto-$(MOTO_PIN)
+	{ echo '#!$(BIN)/python'; cat $<; } > '$@.tmp' && chmod +x '$@.tmp' && mv '$@.tmp' '$@'
+
+tools-moto: $(BIN)/moto-server
 
 $(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS)): | $(BIN)/python
 	@echo "== installing $(TOOLS_PINS)"

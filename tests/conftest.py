@@ -34,7 +34,7 @@ def wait_for_port(port: int, seconds: float = 30) -> None:
 @pytest.fixture(scope="session")
 def moto_endpoint():
     port = free_port()
-    binary = os.environ.get("MOTO_SERVER", str(Path(sys.executable).parent / "moto_server"))
+    binary = os.environ.get("MOTO_SERVER", str(Path(sys.executable).parent / "moto-server"))
     process = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -56,9 +56,10 @@ pub fn stop(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
-/// The moto_server to run: `$MOTO_SERVER`, else `.venv/bin/moto_server` under `root`.
+/// The moto_server to run: `$MOTO_SERVER`, else `.venv/bin/moto-server` under
+/// `root` (moto's server with atomic Kinesis puts, `crates/emulator/moto_server.py`).
 pub fn moto_server(root: &Path) -> PathBuf {
-    std::env::var_os("MOTO_SERVER").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/moto_server"))
+    std::env::var_os("MOTO_SERVER").map(PathBuf::from).unwrap_or_else(|| root.join(".venv/bin/moto-server"))
 }
 
 impl Emulator {

@@ -1,0 +1,33 @@
+"""moto_server, with Kinesis puts made atomic.
+
+moto numbers a shard's next record by reading the highest sequence number
+and adding one, without a lock (its own comment: "not safe for
+concurrency"), while its server answers requests on many threads. Two
+PutRecord calls on one shard at once can then get the same sequence number:
+both callers are told the put succeeded, and one record is gone. Kinesis
+never does that (a stored record keeps its own sequence number), so a
+pipeline under concurrent load would see events lost that AWS would keep.
+This launcher takes a lock around moto's per-shard put (PutRecord and every
+entry of PutRecords go through it) and then runs moto's own server main
+with the same arguments. The Makefile installs it as .venv/bin/moto-server.
+"""
+
+import sys
+import threading
+
+from moto.kinesis import models
+from moto.server import main
+
+_lock = threading.Lock()
+_put_record = models.Shard.put_record
+
+
+def _atomic_put_record(self, *args, **kwargs):
+    with _lock:
+        return _put_record(self, *args, **kwargs)
+
+
+models.Shard.put_record = _atomic_put_record
+
+if __name__ == "__main__":
+    sys.exit(main())
