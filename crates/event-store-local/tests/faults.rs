@@ -25,6 +25,8 @@ async fn the_pipeline_loses_nothing_and_keeps_key_order_with_10_percent_of_reque
         ("N", EVENTS.to_string()),
         ("C", "10".into()),
         ("SCAN_INTERVAL", "1".into()),
+        // Four segments (the deployed default; one locally): forks and takeovers under faults too.
+        ("SCAN_SEGMENTS", "4".into()),
         ("EMULATOR_PORT", emulator.port.to_string()),
         ("PORT", free_port().to_string()),
         ("STAGE", "faults".into()),
