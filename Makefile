@@ -35,7 +35,9 @@ export SAM_CLI_TELEMETRY := 0
 FN          ?= playback
 CONTAINER_PACKAGES := podman runc debootstrap qemu-user-static binfmt-support
 LAMBDA_BASE := public.ecr.aws/lambda/provided:al2023-arm64
-DEBIAN_MIRROR ?= http://deb.debian.org/debian
+# debootstrap's mirror: the Debian source this machine's apt already uses for bookworm (so a machine
+# set up behind a mirror keeps using it); empty (debootstrap's own default) when apt names none.
+DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)' 2>/dev/null | awk '$$2 == "bookworm" {print $$1; exit}')
 SAM         ?= $(BIN)/sam
 export SAM
 
@@ -90,7 +92,7 @@ test: lint tools-moto tools tools-node tools-chromium tools-container build ## l
 	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
 	  END {printf "%d passed, %d failed, %d skipped\n", p, f, s}'
 
-build: tools ## arm64 bootstraps of the four functions: target/lambda/<fn>/bootstrap
+build: tools ## arm64 bootstraps of the seven functions: target/lambda/<fn>/bootstrap
 	@echo "== cargo lambda build --release --arm64 (zig cross-linker from .venv)"
 	@command -v rustup >/dev/null && rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
 	PATH=$(BIN):$$PATH $(BIN)/cargo-lambda lambda build --release --arm64 --locked $(addprefix -p ,$(FUNCTIONS))

@@ -1,11 +1,11 @@
-"""A subscription consumer written from the README's rule alone ("The
-consumer's rule"), reading a Kinesis target the way a consumer would: every
+"""A subscription consumer written from the documented rule alone
+(docs/subscriptions.md, "The consumer's rule"), reading a Kinesis target the way a consumer would: every
 shard, each in sequence order, records unpacked by AWS's deaggregator
 (aws_kinesis_agg). Prints the events it processed, as JSON.
 
     python tests/consumer.py --endpoint URL --stream NAME [--rule key-seq|partition-position]
 
-`key-seq` is the README's rule; `partition-position` is the rule the README
+`key-seq` is the documented rule; `partition-position` is the rule the README
 gave before (highest position per partition), kept to show what it loses.
 Shards are read in reverse order (as if the first ones lagged): nothing in
 the rule may depend on the order shards are read in."""

@@ -27,7 +27,7 @@ BUCKET = "event-store-artifacts"
 PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
 PREFIX = "event-store-ci"
 # Resource types the emulator's CloudFormation does not create (it skips them
-# with a warning); README "Deploy" lists the same.
+# with a warning); docs/deploy.md lists the same.
 UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm",
                "AWS::Lambda::EventInvokeConfig"}
 
@@ -75,7 +75,7 @@ def problems(template):
 
 
 # cfn-lint's region data has no AWS::Lambda::Url in these regions; the function
-# URL is off by default (PixelFunctionUrl), and README "Deploy" says to leave it
+# URL is off by default (PixelFunctionUrl), and docs/deploy.md says to leave it
 # off there. Any other finding, and any other region, still fails.
 NO_FUNCTION_URL = {"ap-east-2", "ap-south-2", "ap-southeast-4", "ap-southeast-5", "ap-southeast-6",
                    "ap-southeast-7", "ca-west-1", "cn-northwest-1", "eu-central-2", "il-central-1",
@@ -86,7 +86,7 @@ def test_translated_template_passes_cfn_lint():
     found = problems(translate(packaged(sam_template())))
     url = re.compile(r"\[E3006: .*\] \(Resource type 'AWS::Lambda::Url' does not exist in '([a-z0-9-]+)'\)")
     regions = {m.group(1) for m in map(url.match, found) if m}
-    assert regions <= NO_FUNCTION_URL, "a region lost function URLs: add it to README Deploy"
+    assert regions <= NO_FUNCTION_URL, "a region lost function URLs: add it to docs/deploy.md"
     assert [p for p in found if not url.match(p)] == []
 
 

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(BufferItem::from_item(buffered.to_item()).expect("buffer item round trip"), buffered);
     assert_eq!(buffered.raw_data().expect("decodes"), data);
-    if let Ok(event) = EventItem::from_buffer(&buffered, 1000) {
+    if let Ok(event) = buffered.to_event_item(1000) {
         let item = event.to_item();
         assert!(item_size(&item) <= MAX_ITEM_BYTES);
         let back = EventItem::from_item(item).expect("event item round trip");

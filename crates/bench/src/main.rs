@@ -421,7 +421,7 @@ fn pack_mb_per_second(batches: &[Vec<event_store::chunk::ChunkEvent>]) -> Result
 /// stored as sent: the "before" of compression.
 fn uncompressed_write_units(events: usize, size: usize, t0: i64) -> Result<f64> {
     use event_store::buffer_item::{buffer_key, BufferItem};
-    use event_store::event_item::{item_size, EventItem};
+    use event_store::event_item::item_size;
     let kb = |bytes: usize| bytes.div_ceil(1024) as f64;
     let mut total = 0.0;
     for i in 0..events {
@@ -437,7 +437,7 @@ fn uncompressed_write_units(events: usize, size: usize, t0: i64) -> Result<f64> 
             buffered_at: Some(arrival),
             count: None,
         };
-        let event = EventItem::from_buffer(&buffered, 1000)?.moved(arrival);
+        let event = buffered.to_event_item(1000)?.moved(arrival);
         total += 2.0 * kb(item_size(&buffered.to_item())) + kb(item_size(&event.to_item()));
     }
     Ok(total / events as f64)

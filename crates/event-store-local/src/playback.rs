@@ -159,7 +159,10 @@ pub fn print_summary(total: &PlaybackSummary, runs: usize) {
         println!("{} events did not match the filter", total.filtered_out);
     }
     if total.late_events > 0 {
-        println!("note: {} late events so far (moved after their slot was sealed; see the README)", total.late_events);
+        println!(
+            "note: {} late events so far (moved after their slot was sealed; see docs/http-api.md)",
+            total.late_events
+        );
     }
 }
 

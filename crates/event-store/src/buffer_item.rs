@@ -15,8 +15,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::chunk::{self, ChunkEvent, Packed};
-use crate::encoding::{decode, encode};
+use crate::encoding::{decode, encode, ZSTD};
 use crate::error::{Error, Result};
+use crate::event_item::{item_size, sort_key, EventItem, MAX_ITEM_BYTES};
+use crate::time::slot_of;
 
 /// Name of the buffer table's hash key.
 pub const HASH_KEY: &str = "id";
@@ -64,6 +66,35 @@ pub fn buffer_key(event_source_arn: &str, event_id: &str) -> String {
 }
 
 impl BufferItem {
+    /// The event-table form of a single buffered record (not a chunk): its stored bytes and
+    /// encoding are copied as they are (no recompression). An unknown encoding
+    /// or an item over DynamoDB's limit is an error (the scan quarantines it).
+    pub fn to_event_item(&self, time_unit_ms: u64) -> Result<EventItem> {
+        if let Some(other) = self.encoding.as_deref().filter(|e| *e != ZSTD) {
+            return Err(Error::Malformed(format!("event {} has unknown encoding {other:?}", self.event_id)));
+        }
+        let item = EventItem {
+            slot: slot_of(self.arrival, time_unit_ms),
+            sort_key: sort_key(self.arrival, &self.event_id),
+            event_id: self.event_id.clone(),
+            arrival: self.arrival,
+            partition_key: self.partition_key.clone(),
+            data: Some(self.data.clone()),
+            encoding: self.encoding.clone(),
+            payload: None,
+            expires_at: None,
+            moved_at: None,
+        };
+        let size = item_size(&item.to_item());
+        if size > MAX_ITEM_BYTES {
+            return Err(Error::Malformed(format!(
+                "event {} is {size} bytes, over the 400 KB item limit",
+                item.event_id
+            )));
+        }
+        Ok(item)
+    }
+
     /// The buffer item of a record, its data compressed when that pays, stamped `now_ms`.
     pub fn from_kinesis(record: &KinesisEventRecord, now_ms: i64) -> Result<Self> {
         let missing = |what: &str| Error::Malformed(format!("kinesis record without {what}"));

@@ -89,6 +89,8 @@ pub struct LoadConfig {
 /// Default `MAX_EVENTS_PER_POST`: with the template's default rate of
 /// `POST /events`, what fits one shard's 1,000 records/s beside the pixel.
 pub const DEFAULT_MAX_EVENTS_PER_POST: usize = 100;
+/// `MAX_EVENTS_PER_POST` may be at most this (one `PutRecords` worth when every `EntityId` differs).
+pub const MAX_EVENTS_PER_POST: usize = 500;
 
 /// Default `MAX_EVENT_BYTES`: 2 KiB, a pixel hit with a long URL and referer
 /// or a small analytics event. The endpoint is public, and at this size the
@@ -129,10 +131,10 @@ impl LoadConfig {
             )));
         }
         let max_events_per_post = env.var_or("MAX_EVENTS_PER_POST", DEFAULT_MAX_EVENTS_PER_POST)?;
-        if !(1..=crate::load::MAX_EVENTS_PER_POST).contains(&max_events_per_post) {
+        if !(1..=MAX_EVENTS_PER_POST).contains(&max_events_per_post) {
             return Err(Error::Config(format!(
                 "MAX_EVENTS_PER_POST={max_events_per_post}: 1 to {}",
-                crate::load::MAX_EVENTS_PER_POST
+                MAX_EVENTS_PER_POST
             )));
         }
         Ok(Self { event_stream: env.var("EVENT_STREAM")?, max_event_bytes, max_events_per_post, ip_mode })

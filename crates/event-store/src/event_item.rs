@@ -10,10 +10,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 
-use crate::buffer_item::BufferItem;
-use crate::encoding::{decode, ZSTD};
+use crate::encoding::decode;
 use crate::error::{Error, Result};
-use crate::time::slot_of;
 
 /// The event table's hash key: the slot (named for DynamoDB's key kind, not
 /// to be confused with an event's Kinesis `partition_key`).
@@ -82,35 +80,6 @@ pub fn sort_key_floor(ms: i64) -> String {
 }
 
 impl EventItem {
-    /// The event-table form of a buffered record: its stored bytes and
-    /// encoding are copied as they are (no recompression). An unknown encoding
-    /// or an item over DynamoDB's limit is an error (the scan quarantines it).
-    pub fn from_buffer(buffer: &BufferItem, time_unit_ms: u64) -> Result<Self> {
-        if let Some(other) = buffer.encoding.as_deref().filter(|e| *e != ZSTD) {
-            return Err(Error::Malformed(format!("event {} has unknown encoding {other:?}", buffer.event_id)));
-        }
-        let item = Self {
-            slot: slot_of(buffer.arrival, time_unit_ms),
-            sort_key: sort_key(buffer.arrival, &buffer.event_id),
-            event_id: buffer.event_id.clone(),
-            arrival: buffer.arrival,
-            partition_key: buffer.partition_key.clone(),
-            data: Some(buffer.data.clone()),
-            encoding: buffer.encoding.clone(),
-            payload: None,
-            expires_at: None,
-            moved_at: None,
-        };
-        let size = item_size(&item.to_item());
-        if size > MAX_ITEM_BYTES {
-            return Err(Error::Malformed(format!(
-                "event {} is {size} bytes, over the 400 KB item limit",
-                item.event_id
-            )));
-        }
-        Ok(item)
-    }
-
     /// Sets the TTL to `days` after the event's arrival (so a repeated move writes the same value).
     pub fn with_retention(mut self, days: Option<u32>) -> Self {
         self.expires_at = days.map(|d| self.arrival.div_euclid(1000) + i64::from(d) * 86_400);
@@ -191,6 +160,8 @@ fn value_size(value: &AttributeValue) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buffer_item::BufferItem;
+    use crate::encoding::ZSTD;
 
     fn buffered(arrival: i64, event_id: &str, data: &[u8]) -> BufferItem {
         let (data, encoding) = crate::encoding::encode(data);
@@ -232,14 +203,14 @@ mod tests {
     #[test]
     fn events_keep_their_stored_bytes_and_read_back_as_sent() {
         let text = br#"{"a":[1,"x"],"path":"/track.gif","ua":"Mozilla/5.0 (X11; Linux x86_64)"}"#.repeat(8);
-        let json = EventItem::from_buffer(&buffered(1_234, "s:1", &text), 1000).unwrap();
+        let json = buffered(1_234, "s:1", &text).to_event_item(1000).unwrap();
         assert_eq!(json.slot, 1_000);
         assert_eq!(json.encoding.as_deref(), Some(ZSTD), "stored compressed, as the pump wrote it");
         assert!(json.data.as_ref().unwrap().len() < text.len() / 4);
         assert_eq!(json.bytes().unwrap(), text);
         assert_eq!(EventItem::from_item(json.to_item()).unwrap(), json);
 
-        let binary = EventItem::from_buffer(&buffered(1_234, "s:1", &[0xff, 0x00, 0x7b]), 1000).unwrap();
+        let binary = buffered(1_234, "s:1", &[0xff, 0x00, 0x7b]).to_event_item(1000).unwrap();
         assert_eq!((binary.data.as_deref(), binary.encoding.as_deref()), (Some(&[0xff, 0x00, 0x7b][..]), None));
         assert_eq!(EventItem::from_item(binary.to_item()).unwrap().bytes().unwrap(), [0xff, 0x00, 0x7b]);
         assert!(binary.json().is_none());
@@ -253,7 +224,7 @@ mod tests {
 
     #[test]
     fn items_written_as_json_documents_still_read() {
-        let mut item = EventItem::from_buffer(&buffered(1, "s:1", b"{}"), 1000).unwrap().to_item();
+        let mut item = buffered(1, "s:1", b"{}").to_event_item(1000).unwrap().to_item();
         item.remove("data");
         item.insert("payload".into(), AttributeValue::M(HashMap::from([("n".into(), AttributeValue::N("7".into()))])));
         let legacy = EventItem::from_item(item).unwrap();
@@ -265,7 +236,7 @@ mod tests {
     fn unknown_encodings_are_refused() {
         let mut odd = buffered(1, "s:1", b"x");
         odd.encoding = Some("lz4".into());
-        assert!(matches!(EventItem::from_buffer(&odd, 1000), Err(Error::Malformed(m)) if m.contains("lz4")));
+        assert!(matches!(odd.to_event_item(1000), Err(Error::Malformed(m)) if m.contains("lz4")));
     }
 
     #[test]
@@ -283,8 +254,8 @@ mod tests {
     fn oversized_items_are_refused() {
         let mut rng = fastrand::Rng::with_seed(7);
         let noise: Vec<u8> = (0..=MAX_ITEM_BYTES).map(|_| rng.u8(..)).collect();
-        assert!(matches!(EventItem::from_buffer(&buffered(1, "s:1", &noise), 1000), Err(Error::Malformed(_))));
+        assert!(matches!(buffered(1, "s:1", &noise).to_event_item(1000), Err(Error::Malformed(_))));
         let compressible = vec![b'x'; MAX_ITEM_BYTES + 1];
-        assert!(EventItem::from_buffer(&buffered(1, "s:1", &compressible), 1000).is_ok(), "compressed, it fits");
+        assert!(buffered(1, "s:1", &compressible).to_event_item(1000).is_ok(), "compressed, it fits");
     }
 }

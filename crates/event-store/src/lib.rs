@@ -1,4 +1,4 @@
-//! Core of the time-ordered event store: everything the four Lambda
+//! Core of the time-ordered event store: everything the seven Lambda
 //! functions do, so each `functions/<name>/src/main.rs` is a short adapter.
 //! The invariants every module keeps are in `docs/design.md`.
 //!
@@ -11,7 +11,9 @@
 //!   its relay puts every append on the event stream);
 //!   [`redrive`] puts back what the pump's event source gave up on.
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
-//!   [`buffer_item`], [`event_item`] (table codecs and keys), [`encoding`] (zstd).
+//!   [`buffer_item`], [`event_item`] (table codecs and keys), [`chunk`] (many
+//!   events in one item), [`encoding`] (zstd); and where a reader stands in
+//!   the sealed log: [`position`].
 //! - [`bookkeeping`]: the event table's bookkeeping partition: the slot
 //!   index, the completeness watermark, shard positions, scan passes,
 //!   settings (playback keeps its leases and checkpoints there too).
@@ -39,6 +41,7 @@ pub mod invoke;
 pub mod kinesis;
 pub mod load;
 pub mod playback;
+pub mod position;
 pub mod pump;
 pub mod redrive;
 pub mod scan;

@@ -31,8 +31,7 @@ pub const PIXEL: [u8; 43] = [
     0x02, 0x44, 0x01, 0x00, 0x3b,
 ];
 
-/// `MAX_EVENTS_PER_POST` may be at most this (one `PutRecords` worth when every `EntityId` differs).
-pub const MAX_EVENTS_PER_POST: usize = 500;
+pub use crate::config::MAX_EVENTS_PER_POST;
 
 /// A request we answer with a 4xx: the status and a short message for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]

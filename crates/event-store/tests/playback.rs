@@ -881,7 +881,6 @@ async fn a_continuation_delivered_twice_runs_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn old_items_and_chunks_in_one_slot_and_chunks_cut_twice_play_each_event_once_in_order() {
     use event_store::buffer_item::BufferItem;
-    use event_store::event_item::EventItem;
     let env = TestEnv::start(1).await;
     let record = |n: i64| {
         (format!("user-{}", n % 5), json!({"n": n, "pad": "x".repeat(100)}).to_string().into_bytes(), T0 + n * 5)
@@ -911,7 +910,7 @@ async fn old_items_and_chunks_in_one_slot_and_chunks_cut_twice_play_each_event_o
             buffered_at: None,
             count: None,
         };
-        let item = EventItem::from_buffer(&buffered, 1000).unwrap().to_item();
+        let item = buffered.to_event_item(1000).unwrap().to_item();
         env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(item)).send().await.unwrap();
     }
     let stored = common::stored_events(&env).await.len();

@@ -537,7 +537,7 @@ async fn a_reset_never_reuses_a_sequence_number_a_delivery_without_its_save_used
     assert!(again.windows(2).all(|w| w[1] == w[0] + 1), "and they go on without a gap after the reset: {again:?}");
 }
 
-/// Runs `tests/consumer.py` (a consumer written from the README's rule, in
+/// Runs `tests/consumer.py` (a consumer written from the rule in docs/subscriptions.md, in
 /// Python with AWS's deaggregator) over a Kinesis target: the `n` of each
 /// event it processed, per partition key, in the order it processed them.
 fn python_consumer(env: &TestEnv, stream: &str, rule: &str) -> HashMap<String, Vec<i64>> {
@@ -562,7 +562,7 @@ fn python_consumer(env: &TestEnv, stream: &str, rule: &str) -> HashMap<String, V
 /// Issue 27, item 8: one partition spread over a 4-shard Kinesis target; a
 /// delivery cut short by one key's refusing shard, then a lost save (the
 /// batch in flight again). What was stored ahead is read back, not put
-/// again; a consumer that follows the README's rule gets every event once,
+/// again; a consumer that follows the documented rule gets every event once,
 /// in key order, however it orders the shards; the old per-partition rule loses events.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_consumer_following_the_readme_rule_gets_every_event_once_from_a_sharded_target() {

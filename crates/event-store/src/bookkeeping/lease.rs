@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
 use super::unless_condition_failed;
 use crate::error::{Error, Result};
-use crate::playback::Checkpoint;
+use crate::position::Checkpoint;
 
 /// The lease is free, expired before `:now`, handed on by the caller's
 /// predecessor (`:previous`), or already the caller's own (`:me`: the SDK's

@@ -89,30 +89,11 @@ impl EntityStore {
                 Err(AppendFailure::Store(err)) => return Err(err.into()),
                 Err(AppendFailure::Cancelled) => {}
             }
-            // Cancelled: applied before (whatever was appended since)? Then the original answer.
-            if let Some(applied) = self.applied_request(stream, recorded).await? {
-                return Ok(Appended { first: applied.first, last: applied.last, replayed: true });
+            let cancelled = Cancelled { expected, expectation, first, last, recorded };
+            if let Some(appended) = self.after_cancel(stream, cancelled, &events, request.key).await? {
+                return Ok(appended);
             }
-            // Otherwise find out why from the tip as it is now.
-            let tip = self.tip(stream).await?;
-            if let Some(tip) = &tip {
-                if tip.version >= last && self.already_applied(stream, tip, first, &events, request.key).await? {
-                    return Ok(Appended { first, last, replayed: true });
-                }
-            }
-            match (expectation, tip) {
-                (_, Some(tip)) if tip.deleted => return Err(EntityError::Deleted { current: tip.version }),
-                (Expected::NoStream, Some(tip)) if expected != Expected::Any => {
-                    return Err(EntityError::Conflict { current: tip.version })
-                }
-                (Expected::Version(_), None) if expected != Expected::Any => return Err(EntityError::NotFound),
-                (Expected::Version(v), Some(tip)) if tip.version != v && expected != Expected::Any => {
-                    return Err(EntityError::Conflict { current: tip.version })
-                }
-                // The expectation still holds (another transaction was in flight on the tip),
-                // or `Any` lost a race: try again.
-                _ => self.backoff.wait(attempt).await,
-            }
+            self.backoff.wait(attempt).await;
         }
         Err(Error::Throttled {
             service: "dynamodb",
@@ -120,6 +101,42 @@ impl EntityStore {
             source: format!("stream {stream}: still contended after {} attempts", self.backoff.max_attempts).into(),
         }
         .into())
+    }
+
+    /// Why an append's transaction was cancelled: applied before (the
+    /// original answer), a conflict, a deleted or missing stream (the error);
+    /// `None` when the expectation still holds (another transaction was in
+    /// flight on the tip) or `Any` lost a race: try again.
+    async fn after_cancel(
+        &self,
+        stream: &str,
+        cancelled: Cancelled<'_>,
+        events: &[StoredEventItem],
+        request: &str,
+    ) -> Result<Option<Appended>, EntityError> {
+        let Cancelled { expected, expectation, first, last, recorded } = cancelled;
+        // Applied before (whatever was appended since)? Then the original answer.
+        if let Some(applied) = self.applied_request(stream, recorded).await? {
+            return Ok(Some(Appended { first: applied.first, last: applied.last, replayed: true }));
+        }
+        // Otherwise find out why from the tip as it is now.
+        let tip = self.tip(stream).await?;
+        if let Some(tip) = &tip {
+            if tip.version >= last && self.already_applied(stream, tip, first, events, request).await? {
+                return Ok(Some(Appended { first, last, replayed: true }));
+            }
+        }
+        match (expectation, tip) {
+            (_, Some(tip)) if tip.deleted => Err(EntityError::Deleted { current: tip.version }),
+            (Expected::NoStream, Some(tip)) if expected != Expected::Any => {
+                Err(EntityError::Conflict { current: tip.version })
+            }
+            (Expected::Version(_), None) if expected != Expected::Any => Err(EntityError::NotFound),
+            (Expected::Version(v), Some(tip)) if tip.version != v && expected != Expected::Any => {
+                Err(EntityError::Conflict { current: tip.version })
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The record of this request's earlier application, if it has one (a request of client ids).
@@ -167,6 +184,40 @@ impl EntityStore {
             .map_err(|e| AppendFailure::Store(e.into()))
     }
 
+    /// The update of the stream's tip an append makes: to `last`, with the
+    /// request that did it, on the version the append expects.
+    fn tip_update(
+        &self,
+        stream: &str,
+        expected: Expected,
+        (first, last): (u64, u64),
+        request: &str,
+        delete: bool,
+        now: i64,
+    ) -> Result<Update, AppendFailure> {
+        let mut set =
+            "SET #version = :last, updated_at = :now, last_request = :request, last_first = :first".to_owned();
+        let mut update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(stream, TIP)))
+            .expression_attribute_names("#version", "version")
+            .expression_attribute_values(":last", n(last))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":request", s(request))
+            .expression_attribute_values(":first", n(first));
+        if delete {
+            set.push_str(", deleted = :deleted");
+            update = update.expression_attribute_values(":deleted", AttributeValue::Bool(true));
+        }
+        update = match expected {
+            Expected::Version(v) => update
+                .condition_expression("#version = :expected AND attribute_not_exists(deleted)")
+                .expression_attribute_values(":expected", n(v)),
+            _ => update.condition_expression("attribute_not_exists(#version)"),
+        };
+        update.update_expression(set).build().map_err(|e| AppendFailure::Store(e.into()))
+    }
+
     async fn write_append(
         &self,
         stream: &str,
@@ -178,27 +229,8 @@ impl EntityStore {
     ) -> Result<(), AppendFailure> {
         let now = now_ms();
         let last = first + events.len() as u64 - 1;
-        let mut set =
-            "SET #version = :last, updated_at = :now, last_request = :request, last_first = :first".to_owned();
-        let mut update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(stream, TIP)))
-            .expression_attribute_names("#version", "version")
-            .expression_attribute_values(":last", n(last))
-            .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":request", s(request.key))
-            .expression_attribute_values(":first", n(first));
-        if let Also::Delete = also {
-            set.push_str(", deleted = :deleted");
-            update = update.expression_attribute_values(":deleted", AttributeValue::Bool(true));
-        }
-        update = match expected {
-            Expected::Version(v) => update
-                .condition_expression("#version = :expected AND attribute_not_exists(deleted)")
-                .expression_attribute_values(":expected", n(v)),
-            _ => update.condition_expression("attribute_not_exists(#version)"),
-        };
-        let update = update.update_expression(set).build().map_err(|e| AppendFailure::Store(e.into()))?;
+        let update =
+            self.tip_update(stream, expected, (first, last), request.key, matches!(also, Also::Delete), now)?;
         let batch =
             Batch { stream: stream.to_owned(), item: batch_key(first), first, at: now, events: events.to_vec() };
         let put = self.put_new(&batch, "batch item")?;
@@ -250,6 +282,16 @@ impl EntityStore {
             Err(err) => Err(AppendFailure::Store(Error::dynamo("TransactWriteItems", err))),
         }
     }
+}
+
+/// An append whose transaction was cancelled: what was asked
+/// (`expected`), what the attempt expected, its versions, its request record.
+struct Cancelled<'a> {
+    expected: Expected,
+    expectation: Expected,
+    first: u64,
+    last: u64,
+    recorded: Option<&'a str>,
 }
 
 enum AppendFailure {

@@ -81,6 +81,15 @@ pub struct Playback {
     time_unit_checked: tokio::sync::OnceCell<()>,
 }
 
+/// What [`Playback::bind`] found for a request.
+struct Bound {
+    id: String,
+    window: Window,
+    fresh: bool,
+    stored: checkpoint::Stored,
+    start: Checkpoint,
+}
+
 impl Playback {
     pub fn new(
         dynamo: aws_sdk_dynamodb::Client,
@@ -127,21 +136,8 @@ impl Playback {
         self.ensure_time_unit().await?;
         let watermark = self.wait_for_watermark(&request, deadline).await?;
         let sealed_end = watermark.sealed_end(unit);
-        // Without a watermark yet, `end` defaults to now: the window is valid but not complete.
-        let asked = Window::parse(&request, sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
-        let (id, open_ended) = match (&request.id, &request.end) {
-            (Some(id), _) => (id.clone(), false),
-            (None, Some(_)) => (run_id(&asked, &request.filter), false),
-            (None, None) => (open_ended_id(&request), true),
-        };
-        let stored = checkpoint::load(&self.dynamo, table, &id).await?.unwrap_or_default();
+        let Bound { id, window, fresh, stored, start } = self.bind(&request, sealed_end).await?;
         let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
-        let (window, fresh) = bound_window(&id, &request, asked, &stored, open_ended && done)?;
-        let start = Checkpoint::at_slot(slot_of(window.start, unit));
-        // A checkpoint from before ids were bound (no binding) counts only inside the window.
-        let legacy_outside = stored.binding.is_none()
-            && stored.checkpoint.as_ref().is_some_and(|c| c.slot < start.slot || c.slot >= window.end);
-        let fresh = fresh || legacy_outside;
         let mut summary = PlaybackSummary {
             id: id.clone(),
             start: format_ms(window.start),
@@ -165,33 +161,21 @@ impl Playback {
         // A token of this invocation's own, handed on to its continuation.
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let binding = Binding::new(window.start, window.end, &request.filter);
-        let mut waited = false;
-        let position = loop {
-            let now = now_ms();
-            let claim = checkpoint::Claim {
-                owner: &owner,
-                previous: request.lease.as_deref(),
-                until: now + self.config.lease.as_millis() as i64,
-                now,
-                binding: &binding,
-                // Start over only what exists: a first run binds the id by the ordinary take.
-                fresh: (fresh && (stored.binding.is_some() || stored.checkpoint.is_some())).then_some(&start),
-            };
-            let until = match checkpoint::take(&self.dynamo, table, &id, claim).await? {
-                checkpoint::Taken::Held(position) => break position.unwrap_or(start.clone()),
-                checkpoint::Taken::Busy(until) => until,
-            };
-            // A live run renews its lease with every save; a crashed one's lapses within
-            // `lease` of its last save. Lambda's retry of the crashed invocation (this
-            // payload again) waits that out once and goes on from the checkpoint.
-            let lapse = Duration::from_millis((until + 1 - now_ms()).max(0) as u64);
-            if waited || remaining(deadline) <= self.config.deadline_margin + lapse + self.config.lease {
+        let claim = checkpoint::Claim {
+            owner: &owner,
+            previous: request.lease.as_deref(),
+            until: 0,
+            now: 0,
+            binding: &binding,
+            // Start over only what exists: a first run binds the id by the ordinary take.
+            fresh: (fresh && (stored.binding.is_some() || stored.checkpoint.is_some())).then_some(&start),
+        };
+        let position = match self.take_lease(&id, claim, deadline).await? {
+            Ok(position) => position.unwrap_or(start.clone()),
+            Err(until) => {
                 info!(id, until = %format_ms(until), "another run plays this id now");
                 return Ok(PlaybackSummary { status: Status::Busy, busy_until: Some(format_ms(until)), ..summary });
             }
-            info!(id, until = %format_ms(until), "this id's lease is held: waiting for it to lapse (a crashed run?)");
-            tokio::time::sleep(lapse).await;
-            waited = true;
         };
         if position.done {
             checkpoint::release(&self.dynamo, table, &id, &owner).await?;
@@ -218,6 +202,58 @@ impl Playback {
             }
         }
         result
+    }
+
+    /// The run `request` asks for: its id, its window (bound to the id by
+    /// its first run), whether it starts over, what is stored under the id,
+    /// and the window's first position.
+    async fn bind(&self, request: &PlaybackRequest, sealed_end: Option<i64>) -> Result<Bound> {
+        let unit = self.config.time_unit_ms;
+        // Without a watermark yet, `end` defaults to now: the window is valid but not complete.
+        let asked = Window::parse(request, sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
+        let (id, open_ended) = match (&request.id, &request.end) {
+            (Some(id), _) => (id.clone(), false),
+            (None, Some(_)) => (run_id(&asked, &request.filter), false),
+            (None, None) => (open_ended_id(request), true),
+        };
+        let stored = checkpoint::load(&self.dynamo, &self.config.event_table, &id).await?.unwrap_or_default();
+        let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
+        let (window, fresh) = bound_window(&id, request, asked, &stored, open_ended && done)?;
+        let start = Checkpoint::at_slot(slot_of(window.start, unit));
+        // A checkpoint from before ids were bound (no binding) counts only inside the window.
+        let legacy_outside = stored.binding.is_none()
+            && stored.checkpoint.as_ref().is_some_and(|c| c.slot < start.slot || c.slot >= window.end);
+        Ok(Bound { id, window, fresh: fresh || legacy_outside, stored, start })
+    }
+
+    /// Takes `id`'s lease under `claim` (its times set here): the stored
+    /// position, or `Err(until)` while another run holds it. A live run renews
+    /// its lease with every save; a crashed one's lapses within `lease` of its
+    /// last save, so Lambda's retry of the crashed invocation (this payload
+    /// again) waits that out once, when its time allows, and goes on.
+    async fn take_lease(
+        &self,
+        id: &str,
+        mut claim: checkpoint::Claim<'_>,
+        deadline: SystemTime,
+    ) -> Result<std::result::Result<Option<Checkpoint>, i64>> {
+        let table = self.config.event_table.as_str();
+        let mut waited = false;
+        loop {
+            claim.now = now_ms();
+            claim.until = claim.now + self.config.lease.as_millis() as i64;
+            let until = match checkpoint::take(&self.dynamo, table, id, claim).await? {
+                checkpoint::Taken::Held(position) => return Ok(Ok(position)),
+                checkpoint::Taken::Busy(until) => until,
+            };
+            let lapse = Duration::from_millis((until + 1 - now_ms()).max(0) as u64);
+            if waited || remaining(deadline) <= self.config.deadline_margin + lapse + self.config.lease {
+                return Ok(Err(until));
+            }
+            info!(id, until = %format_ms(until), "this id's lease is held: waiting for it to lapse (a crashed run?)");
+            tokio::time::sleep(lapse).await;
+            waited = true;
+        }
     }
 
     async fn pacer(&self, request: &PlaybackRequest) -> Result<Pacer> {

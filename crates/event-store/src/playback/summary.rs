@@ -33,7 +33,7 @@ pub struct PlaybackSummary {
     pub end: String,
     /// The completeness watermark when the run began.
     pub watermark: Option<String>,
-    /// Events the scan moved after the watermark had passed them (all time; see the README).
+    /// Events the scan moved after the watermark had passed them (all time; see docs/http-api.md, late events).
     pub late_events: u64,
     /// Non-empty slots this run read (from the slot index).
     pub slots: usize,

@@ -20,6 +20,7 @@
 
 pub mod manage;
 pub mod metrics;
+pub mod run;
 pub mod runner;
 pub mod spec;
 pub mod store;
@@ -34,7 +35,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 pub use manage::Manage;
-pub use runner::{PartitionTask, RunStatus, RunSummary};
+pub use run::{PartitionTask, RunStatus, RunSummary};
 pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
 
 use crate::batch::Backoff;
@@ -43,7 +44,7 @@ use crate::bookkeeping::watermark;
 use crate::config::SubscriptionConfig;
 use crate::error::{Error, Result};
 use crate::invoke::{continue_with, Invoker};
-use crate::playback::Checkpoint;
+use crate::position::Checkpoint;
 use crate::time::{format_ms, now_ms};
 
 /// The AWS actions this function calls, and so the only ones its IAM role grants.
@@ -128,7 +129,7 @@ pub fn status(
         .map(|partition| {
             let item = stored.iter().find(|p| p.partition == partition);
             let checkpoint =
-                item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| runner::starting_at(sub.start_ms, unit));
+                item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, unit));
             let at = position_ms(&checkpoint).max(sub.start_ms);
             PartitionStatus {
                 partition,

@@ -9,11 +9,11 @@
 
 use std::time::{Instant, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use super::run::{PartitionTask, RunStatus, RunSummary};
 use super::spec::{partition_of, OnPoison, State, Subscription, Target};
 use super::store::{self, Parked, Taken};
 use super::target::{self, deliver_in_order, put_on_stream, DeliveredEvent, Delivery, Outcome, Position};
@@ -21,95 +21,16 @@ use super::Subscriptions;
 use crate::bookkeeping::slot_index::read_index;
 use crate::dedupe::RecentIds;
 use crate::error::{Error, Result};
-use crate::event_item::{sort_key_floor, EventItem};
+use crate::event_item::EventItem;
 use crate::invoke::continue_with;
 use crate::playback::reader::{Page, PAGES_AHEAD};
 use crate::playback::record::fits_one_record;
-use crate::playback::{Checkpoint, PlayedEvent, Window};
+use crate::playback::{PlayedEvent, Window};
+use crate::position::Checkpoint;
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).
 const HANDOVER_LEASE_MS: i64 = 300_000;
-
-/// A partition run's payload (`{"run": ...}`). Where to start is read from
-/// the stored checkpoint; a `lease` token from outside the chain is just
-/// another runner, which must wait for the lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PartitionTask {
-    pub subscription: String,
-    pub partition: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<String>,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub hop: u32,
-}
-
-fn is_zero(hop: &u32) -> bool {
-    *hop == 0
-}
-
-impl PartitionTask {
-    pub fn first(subscription: &str, partition: u32) -> Self {
-        Self { subscription: subscription.to_owned(), partition, lease: None, hop: 0 }
-    }
-}
-
-/// How a partition run ended.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    /// Everything sealed is delivered; the lease is given up.
-    #[default]
-    CaughtUp,
-    /// Handed over to a continuation near the deadline.
-    Continued,
-    /// Another runner holds the partition (until `busy_until`).
-    Busy,
-    /// The partition is stopped on a parked event (`error`); `resume` goes on.
-    Stopped,
-    Paused,
-    /// No such subscription (deleted).
-    Gone,
-    /// The target could not be reached (`error`): nothing skipped; the next tick tries again.
-    Unavailable,
-    /// The chain reached `MAX_CONTINUATIONS`; the next tick starts a new one.
-    ChainStopped,
-}
-
-/// What one partition run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunSummary {
-    pub subscription: String,
-    pub partition: u32,
-    pub status: RunStatus,
-    /// Events delivered to the target (parked ones not included).
-    pub delivered: usize,
-    pub parked: usize,
-    /// Events of the log skipped: in other partitions, or not passing the filter.
-    pub other_partitions: usize,
-    pub filtered_out: usize,
-    /// Copies of an accepted event (same envelope id) skipped.
-    pub duplicates_dropped: usize,
-    pub unreadable: usize,
-    /// `Query` requests (slot index and events).
-    pub queries: usize,
-    /// Requests to the target (`PutRecords`, `Invoke`).
-    pub target_requests: usize,
-    /// Where the partition stands at the end of the run (ISO 8601).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub position: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub busy_until: Option<String>,
-}
-
-/// The position before the first event that arrived at or after `ms`: in
-/// its slot, after the sort-key floor of `ms` (every real key is longer).
-pub fn starting_at(ms: i64, unit: u64) -> Checkpoint {
-    Checkpoint { slot: slot_of(ms, unit), after: Some(sort_key_floor(ms)), ..Checkpoint::default() }
-}
 
 /// How a round (one pass up to a sealed end) ended.
 enum Round {
@@ -146,7 +67,7 @@ impl Subscriptions {
         let claim = (owner.as_str(), task.lease.as_deref());
         let position = match store::take(dynamo, table, (&sub, task.partition), claim, until, now_ms()).await? {
             Taken::Held(checkpoint) => {
-                checkpoint.unwrap_or_else(|| starting_at(sub.start_ms, self.config.time_unit_ms))
+                checkpoint.unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, self.config.time_unit_ms))
             }
             Taken::Gone => return Ok(RunSummary { status: RunStatus::Gone, ..summary }),
             Taken::Busy(until) => {
@@ -296,7 +217,7 @@ impl Runner<'_> {
                 return Ok(end);
             }
             // Everything before the sealed end is done, events of other partitions included.
-            let end = starting_at(sealed_end, subs.config.time_unit_ms);
+            let end = Checkpoint::starting_at(sealed_end, subs.config.time_unit_ms);
             self.save(Checkpoint { slot: end.slot, after: end.after, ..self.delivered_through() }).await?;
             Ok(Round::Done)
         };

@@ -22,7 +22,7 @@ use crate::bookkeeping::{key, query_range, sort_key_of, unless_condition_failed}
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
-use crate::playback::Checkpoint;
+use crate::position::Checkpoint;
 
 fn definition_key(name: &str) -> String {
     format!("sub#{name}")
@@ -358,7 +358,7 @@ pub async fn reset(
             }
             None => (0, 0),
         };
-        let checkpoint = Checkpoint { seq, events, ..super::runner::starting_at(to, unit) };
+        let checkpoint = Checkpoint { seq, events, ..Checkpoint::starting_at(to, unit) };
         let result = dynamo
             .update_item()
             .table_name(table)

@@ -38,7 +38,7 @@ pub const LAMBDA_PAYLOAD_BYTES: usize = 5 * 1024 * 1024;
 /// deliveries) with the subscription, the partition, and the event's
 /// position in the log.
 ///
-/// The consumer's rule (README, Subscriptions): per subscription id and
+/// The consumer's rule (docs/subscriptions.md): per subscription id and
 /// partition key, keep the highest `playback_seq` processed and drop an
 /// event at or below it, unless it is `redriven`. A key's events reach the target in increasing
 /// `playback_seq` on first delivery, and a copy repeats its number. Not per
