@@ -35,9 +35,11 @@ export SAM_CLI_TELEMETRY := 0
 FN          ?= playback
 CONTAINER_PACKAGES := podman runc debootstrap qemu-user-static binfmt-support
 LAMBDA_BASE := public.ecr.aws/lambda/provided:al2023-arm64
-# debootstrap's mirror: the Debian source this machine's apt already uses for bookworm (so a machine
-# set up behind a mirror keeps using it); empty (debootstrap's own default) when apt names none.
-DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)' 2>/dev/null | awk '$$2 == "bookworm" {print $$1; exit}')
+# debootstrap's mirror: the plain http(s)/ftp source of Debian's own bookworm that this machine's apt
+# already uses (so a machine set up behind a mirror keeps using it); empty, so debootstrap's own
+# default, when apt names none (no apt, lists not fetched yet, a mirror+file: or cdrom: source).
+DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE) $$(ORIGIN)' 2>/dev/null \
+  | awk '$$2 == "bookworm" && $$3 == "Debian" && $$1 ~ /^(https?|ftp):\/\// {print $$1; exit}')
 SAM         ?= $(BIN)/sam
 export SAM
 

@@ -27,7 +27,7 @@ BUCKET = "event-store-artifacts"
 PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
 PREFIX = "event-store-ci"
 # Resource types the emulator's CloudFormation does not create (it skips them
-# with a warning); docs/deploy.md lists the same.
+# with a warning); docs/testing.md lists the same.
 UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm",
                "AWS::Lambda::EventInvokeConfig"}
 

@@ -8,8 +8,9 @@ both callers are told the put succeeded, and one record is gone. Kinesis
 never does that (a stored record keeps its own sequence number), so a
 pipeline under concurrent load would see events lost that AWS would keep.
 This launcher takes a lock around moto's per-shard put (PutRecord and every
-entry of PutRecords go through it) and then runs moto's own server main
-with the same arguments. The Makefile installs it as .venv/bin/moto-server.
+entry of PutRecords go through it) and around its per-shard read (which walks
+the same dict, and would otherwise fail with a 500 when a put lands mid-walk),
+then runs moto's own server main with the same arguments. The Makefile installs it as .venv/bin/moto-server.
 
 Two changes for speed only, as a local stack keeps moto busy: werkzeug's
 line per request is not written (a sixth of moto's time went to it, to a
@@ -28,15 +29,19 @@ from moto.server import main
 from werkzeug.serving import WSGIRequestHandler
 
 _lock = threading.Lock()
-_put_record = models.Shard.put_record
 
 
-def _atomic_put_record(self, *args, **kwargs):
-    with _lock:
-        return _put_record(self, *args, **kwargs)
+def _locked(method):
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with _lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
-models.Shard.put_record = _atomic_put_record
+models.Shard.put_record = _locked(models.Shard.put_record)
+models.Shard.get_records = _locked(models.Shard.get_records)
 
 _modules = backends.list_of_moto_modules
 backends.list_of_moto_modules = functools.cache(lambda: tuple(_modules()))

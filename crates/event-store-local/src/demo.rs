@@ -379,8 +379,12 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             if run_of(&envelope) != Some(run_id) {
                 continue;
             }
-            if let (Some(moved), Ok(hit)) = (event.moved_at, event_store::time::parse_time(&envelope.received_at)) {
-                latencies.push(moved - hit);
+            // Pixel hits only: the entity events come through the relay, before the first hit.
+            let hit = event_store::envelope::entity_stream(&event.partition_key).is_none();
+            if let (true, Some(moved), Ok(at)) =
+                (hit, event.moved_at, event_store::time::parse_time(&envelope.received_at))
+            {
+                latencies.push(moved - at);
             }
             // A copy (load's ambiguous put, sent again): readers deliver the first in log order.
             match items.entry(envelope.id) {

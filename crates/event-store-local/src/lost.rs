@@ -1,7 +1,7 @@
 //! When the demo finds events missing from the event table: which ones
 //! (pixel hit `n`, entity `stream/version`), and where each one still is
-//! (the event stream, the buffer table, a bookkeeping or quarantine slot),
-//! so a loss under faults says at which stage it happened.
+//! (the event stream, the buffer table, an event-table item outside the
+//! readers' slots), so a loss under faults says at which stage it happened.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -11,7 +11,7 @@ use super::plan::PageOutcome;
 /// The payload of a segment run (a fork or a continuation). Nothing in it
 /// is trusted: a scheduled pass's start, what the stream held back and
 /// where the pass stands are read from its stored state
-/// ([`segment_pass`]), found by the token; unknown fields are refused.
+/// ([`crate::bookkeeping::segment_pass`]), found by the token; unknown fields are refused.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SegmentTask {
