@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
@@ -349,61 +349,46 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
     let mut items: HashMap<String, (String, String)> = HashMap::new();
     let mut duplicates = 0;
     let mut latencies = Vec::new();
-    let mut start = None;
-    loop {
-        let page = stack
-            .dynamo
-            .scan()
-            .table_name(&stack.settings.names.event_table)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .context("scanning the event table")?;
-        // Events are stored in chunks (one item, many events): each item's events, with its `moved_at`.
-        let events = page
-            .items()
-            .iter()
-            .filter(|i| i.get("slot").and_then(|v| v.as_n().ok()).is_some_and(|n| !n.starts_with('-')))
-            .flat_map(|item| {
-                let moved = item.get("moved_at").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
-                let events: Vec<EventItem> = event_store::chunk::decode_item(0, item).events.unwrap_or_default();
-                events.into_iter().map(move |mut e| {
-                    e.moved_at = e.moved_at.or(moved);
-                    e
-                })
-            });
-        for event in events {
-            let Some(envelope) = event.json().and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
-                continue;
-            };
-            if run_of(&envelope) != Some(run_id) {
-                continue;
-            }
-            // Pixel hits only: the entity events come through the relay, before the first hit.
-            let hit = event_store::envelope::entity_stream(&event.partition_key).is_none();
-            if let (true, Some(moved), Ok(at)) =
-                (hit, event.moved_at, event_store::time::parse_time(&envelope.received_at))
-            {
-                latencies.push(moved - at);
-            }
-            // A copy (load's ambiguous put, sent again): readers deliver the first in log order.
-            match items.entry(envelope.id) {
-                std::collections::hash_map::Entry::Occupied(mut first) => {
-                    duplicates += 1;
-                    if event.sort_key < first.get().1 {
-                        first.insert((event.partition_key, event.sort_key));
-                    }
-                }
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    slot.insert((event.partition_key, event.sort_key));
-                }
-            }
+    let stored = stack.scan_table(&stack.settings.names.event_table).await?;
+    // Events are stored in chunks (one item, many events): each item's events, with its `moved_at`.
+    let events = stored
+        .iter()
+        .filter(|i| i.get("slot").and_then(|v| v.as_n().ok()).is_some_and(|n| !n.starts_with('-')))
+        .flat_map(|item| {
+            let moved = item.get("moved_at").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+            let events: Vec<EventItem> = event_store::chunk::decode_item(0, item).events.unwrap_or_default();
+            events.into_iter().map(move |mut e| {
+                e.moved_at = e.moved_at.or(moved);
+                e
+            })
+        });
+    for event in events {
+        let Some(envelope) = event.json().and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
+            continue;
+        };
+        if run_of(&envelope) != Some(run_id) {
+            continue;
         }
-        start = page.last_evaluated_key().cloned();
-        if start.is_none() {
-            return Ok((items, duplicates, latencies));
+        // Pixel hits only: the entity events come through the relay, before the first hit.
+        let hit = event_store::envelope::entity_stream(&event.partition_key).is_none();
+        if let (true, Some(moved), Ok(at)) = (hit, event.moved_at, event_store::time::parse_time(&envelope.received_at))
+        {
+            latencies.push(moved - at);
+        }
+        // A copy (load's ambiguous put, sent again): readers deliver the first in log order.
+        match items.entry(envelope.id) {
+            std::collections::hash_map::Entry::Occupied(mut first) => {
+                duplicates += 1;
+                if event.sort_key < first.get().1 {
+                    first.insert((event.partition_key, event.sort_key));
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert((event.partition_key, event.sort_key));
+            }
         }
     }
+    Ok((items, duplicates, latencies))
 }
 
 async fn wait_until_stored(

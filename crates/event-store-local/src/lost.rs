@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use event_store::buffer_item::BufferItem;
 use event_store::chunk::decode_item;
 use event_store::envelope::Envelope;
@@ -31,59 +31,26 @@ fn label_of_bytes(data: &[u8], run_id: &str) -> Option<String> {
 type Places = HashMap<String, Vec<String>>;
 
 async fn in_event_table(stack: &Stack, run_id: &str, places: &mut Places) -> Result<()> {
-    let mut start = None;
-    loop {
-        let page = stack
-            .dynamo
-            .scan()
-            .table_name(&stack.settings.names.event_table)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .context("scanning the event table")?;
-        for item in page.items() {
-            let slot =
-                item.get(event_store::event_item::HASH_KEY).and_then(|v| v.as_n().ok()).cloned().unwrap_or_default();
-            let key =
-                item.get(event_store::event_item::RANGE_KEY).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
-            for event in decode_item(0, item).events.unwrap_or_default() {
-                let Some(label) = event.bytes().ok().and_then(|b| label_of_bytes(&b, run_id)) else { continue };
-                places
-                    .entry(label)
-                    .or_default()
-                    .push(format!("event table slot {slot} item {key} as {}", event.sort_key));
-            }
-        }
-        start = page.last_evaluated_key().cloned();
-        if start.is_none() {
-            return Ok(());
+    for item in stack.scan_table(&stack.settings.names.event_table).await? {
+        let slot = item.get(event_store::event_item::HASH_KEY).and_then(|v| v.as_n().ok()).cloned().unwrap_or_default();
+        let key = item.get(event_store::event_item::RANGE_KEY).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+        for event in decode_item(0, &item).events.unwrap_or_default() {
+            let Some(label) = event.bytes().ok().and_then(|b| label_of_bytes(&b, run_id)) else { continue };
+            places.entry(label).or_default().push(format!("event table slot {slot} item {key} as {}", event.sort_key));
         }
     }
+    Ok(())
 }
 
 async fn in_buffer_table(stack: &Stack, run_id: &str, places: &mut Places) -> Result<()> {
-    let mut start = None;
-    loop {
-        let page = stack
-            .dynamo
-            .scan()
-            .table_name(&stack.settings.names.buffer_table)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .context("scanning the buffer table")?;
-        for item in page.items() {
-            let Ok(buffered) = BufferItem::from_item(item.clone()) else { continue };
-            for event in buffered.events().unwrap_or_default() {
-                let Some(label) = label_of_bytes(&event.data, run_id) else { continue };
-                places.entry(label).or_default().push(format!("buffer item {} as {}", buffered.id, event.event_id));
-            }
-        }
-        start = page.last_evaluated_key().cloned();
-        if start.is_none() {
-            return Ok(());
+    for item in stack.scan_table(&stack.settings.names.buffer_table).await? {
+        let Ok(buffered) = BufferItem::from_item(item) else { continue };
+        for event in buffered.events().unwrap_or_default() {
+            let Some(label) = label_of_bytes(&event.data, run_id) else { continue };
+            places.entry(label).or_default().push(format!("buffer item {} as {}", buffered.id, event.event_id));
         }
     }
+    Ok(())
 }
 
 async fn on_event_stream(stack: &Stack, run_id: &str, places: &mut Places) -> Result<()> {

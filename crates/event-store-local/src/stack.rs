@@ -7,7 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
 use event_store::config::{LoadConfig, PumpConfig, RelayConfig, ScanConfig, SubscriptionConfig};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
@@ -52,6 +55,26 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// Every item of `table`, page after page (the demo's checks; not a path events take).
+    pub async fn scan_table(&self, table: &str) -> Result<Vec<HashMap<String, AttributeValue>>> {
+        let (mut items, mut start) = (Vec::new(), None);
+        loop {
+            let page = self
+                .dynamo
+                .scan()
+                .table_name(table)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .with_context(|| format!("scanning {table}"))?;
+            items.extend(page.items().iter().cloned());
+            start = page.last_evaluated_key().cloned();
+            if start.is_none() {
+                return Ok(items);
+            }
+        }
+    }
+
     /// Starts (or reuses) the emulator and creates the resources if missing.
     pub async fn start(settings: Settings) -> Result<Self> {
         let (port, moto) = (settings.emulator_port, settings.moto_server.clone());

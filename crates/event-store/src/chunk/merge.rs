@@ -80,16 +80,8 @@ impl SlotMerge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::{chunk_key, ChunkEvent};
-
-    fn event(n: i64) -> ChunkEvent {
-        ChunkEvent {
-            event_id: format!("shardId-000000000001:4959{n:052}"),
-            arrival: 1_795_240_724_000 + n,
-            partition_key: format!("user-{}", n % 7),
-            data: format!(r#"{{"n":{n},"path":"/track.gif","ua":"Mozilla/5.0 (X11; Linux x86_64)"}}"#).into_bytes(),
-        }
-    }
+    use crate::chunk::chunk_key;
+    use crate::chunk::tests::event;
 
     fn items(ns: &[i64]) -> Vec<EventItem> {
         ns.iter().map(|&n| event(n).into_event_item(0)).collect()

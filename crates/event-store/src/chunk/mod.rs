@@ -332,7 +332,8 @@ pub fn decode_item(slot: i64, item: &HashMap<String, AttributeValue>) -> Decoded
 mod tests {
     use super::*;
 
-    fn event(n: i64) -> ChunkEvent {
+    /// An event of a run numbered `n` (shared with the merge's tests).
+    pub(super) fn event(n: i64) -> ChunkEvent {
         ChunkEvent {
             event_id: format!("shardId-000000000001:4959{n:052}"),
             arrival: 1_795_240_724_000 + n,
