@@ -1,4 +1,4 @@
-"""moto_server, with Kinesis puts made atomic and its request path lighter.
+"""moto_server, with stream appends made atomic and its request path lighter.
 
 moto numbers a shard's next record by reading the highest sequence number
 and adding one, without a lock (its own comment: "not safe for
@@ -10,7 +10,17 @@ pipeline under concurrent load would see events lost that AWS would keep.
 This launcher takes a lock around moto's per-shard put (PutRecord and every
 entry of PutRecords go through it) and around its per-shard read (which walks
 the same dict, and would otherwise fail with a 500 when a put lands mid-walk),
-then runs moto's own server main with the same arguments. The Makefile installs it as .venv/bin/moto-server.
+then runs moto's own server main with the same arguments. The Makefile
+installs it as .venv/bin/moto-server.
+
+Its DynamoDB streams have the same defect: a table's stream numbers a
+change by the count of records before it, unlocked, so two writes at once
+could share a number; a reader asking for the records after that number is
+handed the second of them again and again, and never gets further.
+append of a change to a table's stream is locked too.
+
+On SIGUSR1 it writes every thread's stack to stderr (the tests' watchdog
+asks for it when a test hangs on a request).
 
 Two changes for speed only, as a local stack keeps moto busy: werkzeug's
 line per request is not written (a sixth of moto's time went to it, to a
@@ -19,29 +29,32 @@ disk once rather than on every request (moto lists and stats its package
 directory to route each request, under a lock all requests share).
 """
 
+import faulthandler
 import functools
+import signal
 import sys
 import threading
 
 from moto import backends
+from moto.dynamodb.models import table as dynamodb_table
 from moto.kinesis import models
 from moto.server import main
 from werkzeug.serving import WSGIRequestHandler
 
-_lock = threading.Lock()
-
-
-def _locked(method):
+def _locked(method, lock):
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
-        with _lock:
+        with lock:
             return method(self, *args, **kwargs)
 
     return locked
 
 
-models.Shard.put_record = _locked(models.Shard.put_record)
-models.Shard.get_records = _locked(models.Shard.get_records)
+_kinesis = threading.Lock()
+models.Shard.put_record = _locked(models.Shard.put_record, _kinesis)
+models.Shard.get_records = _locked(models.Shard.get_records, _kinesis)
+_table_streams = threading.Lock()
+dynamodb_table.StreamShard.add = _locked(dynamodb_table.StreamShard.add, _table_streams)
 
 _modules = backends.list_of_moto_modules
 backends.list_of_moto_modules = functools.cache(lambda: tuple(_modules()))
@@ -54,4 +67,5 @@ def _no_request_line(self, *args, **kwargs):
 WSGIRequestHandler.log_request = _no_request_line
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.exit(main())

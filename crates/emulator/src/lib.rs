@@ -9,7 +9,8 @@
 //! - [`invoke`]: asynchronous invocations, run in-process;
 //! - [`runs`]: a scan pass, a playback or a subscriptions tick with all its forks and continuations;
 //! - [`lambda_target`]: a subscription's Lambda target (the `Invoke` API, answered by a programmable consumer);
-//! - [`request_counter`]: AWS requests and capacity units, counted by an SDK interceptor.
+//! - [`request_counter`]: AWS requests and capacity units, counted by an SDK interceptor;
+//! - [`watchdog`]: a hung test ends its binary with the emulators' state, not CI's whole run.
 
 pub mod event_source;
 pub mod invoke;
@@ -19,5 +20,6 @@ pub mod request_counter;
 pub mod resources;
 pub mod runs;
 pub mod table_stream;
+pub mod watchdog;
 
-pub use process::{answers, free_port, moto_server, stop, Emulator, Error};
+pub use process::{answers, free_port, moto_server, stop, Diagnostics, Emulator, Error};

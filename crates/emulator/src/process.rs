@@ -29,6 +29,32 @@ pub struct Emulator {
     pub port: u16,
     pub endpoint: String,
     child: Option<Child>,
+    /// Where the emulator's stderr goes (errors and tracebacks), removed when it stops.
+    log: Option<PathBuf>,
+    moto: bool,
+}
+
+/// What to print about an emulator when a test hangs on it: its stderr, and
+/// for moto (whose launcher dumps every thread's stack on SIGUSR1) where each
+/// of its request threads is.
+#[derive(Clone, Debug)]
+pub struct Diagnostics {
+    pid: u32,
+    log: PathBuf,
+    moto: bool,
+}
+
+impl Diagnostics {
+    pub fn report(&self) -> String {
+        if self.moto {
+            let _ = Command::new("kill").args(["-USR1", &self.pid.to_string()]).stderr(Stdio::null()).status();
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(300)..].join("\n");
+        format!("== emulator pid {} ({}), the end of its stderr:\n{tail}", self.pid, self.log.display())
+    }
 }
 
 /// True when something accepts connections on 127.0.0.1:`port`.
@@ -68,7 +94,7 @@ impl Emulator {
         let endpoint = format!("http://127.0.0.1:{port}");
         if answers(port) {
             info!(%endpoint, "reusing the emulator already running");
-            return Ok(Self { port, endpoint, child: None });
+            return Ok(Self { port, endpoint, child: None, log: None, moto: false });
         }
         Self::start(port, binary)
     }
@@ -117,9 +143,11 @@ impl Emulator {
                 binary.display()
             )));
         }
+        let log = std::env::temp_dir().join(format!("emulator-{}-{port}.log", std::process::id()));
+        let stderr = std::fs::File::create(&log).map_err(|e| Error(format!("{}: {e}", log.display())))?;
         let mut child = command
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| Error(format!("starting {}: {e}", binary.display())))?;
         let started = Instant::now();
@@ -128,13 +156,23 @@ impl Emulator {
             if exited.is_some() || started.elapsed() > START_TIMEOUT {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error(format!("moto_server did not start on port {port} (is it free?)")));
+                let _ = std::fs::remove_file(&log);
+                return Err(Error(format!("{} did not start on port {port} (is it free?)", binary.display())));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let endpoint = format!("http://127.0.0.1:{port}");
         info!(%endpoint, pid = child.id(), emulator = %binary.display(), "started");
-        Ok(Self { port, endpoint, child: Some(child) })
+        let moto = binary.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains("moto"));
+        Ok(Self { port, endpoint, child: Some(child), log: Some(log), moto })
+    }
+
+    /// What to print about this emulator if a test hangs on it (`None` when
+    /// another process started it).
+    pub fn diagnostics(&self) -> Option<Diagnostics> {
+        let child = self.child.as_ref()?;
+        let log = self.log.clone()?;
+        Some(Diagnostics { pid: child.id(), log, moto: self.moto })
     }
 
     /// True when this value started the emulator (and will stop it).
@@ -148,6 +186,9 @@ impl Drop for Emulator {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if let Some(log) = self.log.take() {
+            let _ = std::fs::remove_file(log);
         }
     }
 }

@@ -111,6 +111,15 @@ impl TableStreamReader {
             // not yet replaced) ends before the phantom; the next poll reads on from there
             // in the replacement, whose sequence numbers may repeat the phantom's.
             let mut read = out.records().to_vec();
+            // Numbers only increase along a shard: a repeat (moto numbering two writes alike,
+            // without its launcher's lock) would hand this read the same record for ever.
+            let mut last = shard.last_sequence.clone();
+            for number in read.iter().filter_map(sequence) {
+                if last.as_deref().is_some_and(|last| !increases(last, number)) {
+                    return Err(Error(format!("shard {}: sequence number {number} after {last:?}", shard.id)));
+                }
+                last = Some(number.to_owned());
+            }
             let mut phantom = false;
             for (at, record) in read.iter().enumerate() {
                 if is_phantom(&self.dynamo, &self.table, record).await? {
@@ -188,6 +197,11 @@ fn sequence(record: &Record) -> Option<&str> {
     record.dynamodb().and_then(|d| d.sequence_number())
 }
 
+/// True when sequence number `next` comes after `last` (decimal strings of any length).
+fn increases(last: &str, next: &str) -> bool {
+    (next.len(), next) > (last.len(), last)
+}
+
 /// How many records of a delivered batch are done: everything before the first one reported as failed.
 pub fn done_before_first_failure(records: &[Record], response: &DynamoDbEventResponse) -> usize {
     let failed: Vec<&str> = response.batch_item_failures.iter().filter_map(|f| f.item_identifier.as_deref()).collect();
@@ -241,5 +255,19 @@ where
         } else {
             retry = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::increases;
+
+    #[test]
+    fn sequence_numbers_compare_as_numbers() {
+        assert!(increases("1100000000017454423062", "1100000000017454423063"));
+        assert!(!increases("1100000000017454423062", "1100000000017454423062"), "a repeat");
+        assert!(!increases("1100000000017454423062", "1100000000017454423061"));
+        assert!(increases("999", "1000"), "longer is larger");
+        assert!(!increases("1000", "999"));
     }
 }

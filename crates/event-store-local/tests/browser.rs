@@ -20,6 +20,7 @@ use serde_json::json;
 async fn page_view_and_button_click_reach_the_event_table() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let emulator = Emulator::start_on_free_port(&moto_server(&root)).unwrap();
+    let _watchdog = event_store_emulator::watchdog::Watchdog::start(emulator.diagnostics().into_iter().collect());
     let http_port = free_port();
     let _stack = start_local_stack(emulator.port, http_port, "browsertest", &[("IP_MODE", "full")]);
 

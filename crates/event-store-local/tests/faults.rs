@@ -20,6 +20,7 @@ const EVENTS: u64 = 600;
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pipeline_loses_nothing_and_keeps_key_order_with_10_percent_of_requests_faulted() {
     let emulator = Emulator::start_on_free_port(&moto_server(&repo_root())).unwrap();
+    let _watchdog = event_store_emulator::watchdog::Watchdog::start(emulator.diagnostics().into_iter().collect());
     let proxy = FaultProxy::start(&emulator.endpoint, Config { seed: 2026, rate: 0.10, only: None }).await.unwrap();
     let env = vec![
         ("N", EVENTS.to_string()),

@@ -31,6 +31,7 @@ const HITS: usize = 12;
 async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container() {
     let root = repo_root();
     let emulator = Emulator::start_on_free_port(&moto_server(&root)).unwrap();
+    let _watchdog = event_store_emulator::watchdog::Watchdog::start(emulator.diagnostics().into_iter().collect());
     let http_port = free_port();
     let _stack = start_local_stack(emulator.port, http_port, "samtest", &[]);
 

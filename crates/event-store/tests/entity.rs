@@ -969,3 +969,72 @@ async fn a_cancelled_append_never_reaches_the_table_stream() {
     assert!(later.iter().any(|(stream, item)| stream == "real" && item == "e000000000001"), "{later:?}");
     assert!(later.iter().all(|(stream, _)| stream == "real"), "no phantom of the cancelled append: {later:?}");
 }
+
+/// Every write to a table gets its own table-stream record and sequence
+/// number, however many clients write at once (the relay saves its streams'
+/// positions concurrently). moto numbered a record by the count of records
+/// before it, unlocked: two concurrent writes could share a number, and a
+/// reader asking for the records after that number was handed the second of
+/// them for ever (CI's hang in the held-stream test). Its launcher now locks
+/// the append; the local reader stops on a number that does not increase.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_writes_each_get_their_own_table_stream_sequence_number() {
+    const WRITERS: usize = 16;
+    const WRITES: usize = 40;
+    let env = TestEnv::start(1).await;
+    let mut writers = tokio::task::JoinSet::new();
+    for writer in 0..WRITERS {
+        let (dynamo, table) = (env.dynamo.clone(), env.names.entity_table.clone());
+        writers.spawn(async move {
+            for write in 0..WRITES {
+                dynamo
+                    .put_item()
+                    .table_name(&table)
+                    .item("stream", aws_sdk_dynamodb::types::AttributeValue::S(format!("race-{writer}")))
+                    .item("item", aws_sdk_dynamodb::types::AttributeValue::S(format!("_w{}", write % 4)))
+                    // Sizeable images: moto's window between numbering and storing a record.
+                    .item("data", aws_sdk_dynamodb::types::AttributeValue::S(format!("{write:0>20000}")))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done.unwrap();
+    }
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams.clone(), &env.names.entity_table, common::REGION).await.unwrap();
+    // The stream as stored, read once from its start.
+    let arn = reader.stream_arn.clone();
+    let description = streams.describe_stream().stream_arn(&arn).send().await.unwrap();
+    let mut numbers = Vec::new();
+    for shard in description.stream_description().unwrap().shards() {
+        let mut iterator = streams
+            .get_shard_iterator()
+            .stream_arn(&arn)
+            .shard_id(shard.shard_id().unwrap())
+            .shard_iterator_type(aws_sdk_dynamodbstreams::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .unwrap()
+            .shard_iterator
+            .unwrap();
+        loop {
+            let out = streams.get_records().shard_iterator(&iterator).limit(1000).send().await.unwrap();
+            if out.records().is_empty() {
+                break;
+            }
+            numbers.extend(out.records().iter().filter_map(|r| r.dynamodb()?.sequence_number().map(str::to_owned)));
+            let Some(next) = out.next_shard_iterator() else { break };
+            iterator = next.to_owned();
+        }
+    }
+    let distinct: HashSet<&String> = numbers.iter().collect();
+    assert_eq!((numbers.len(), distinct.len()), (WRITERS * WRITES, WRITERS * WRITES), "one number per write");
+    // The reader delivers each once, and ends.
+    let mut pending = VecDeque::new();
+    let delivered = deliver_all(&mut reader, &mut pending, 100, 0, |_| async { Default::default() }).await.unwrap();
+    assert_eq!(delivered, WRITERS * WRITES);
+}

@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::AttributeValue;
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::watchdog::Watchdog;
 use event_store_emulator::{moto_server, Emulator};
 
 pub const REGION: &str = "us-east-1";
@@ -35,6 +36,7 @@ pub fn sample_event(name: &str) -> String {
 struct Emulators {
     dynamo: Emulator,
     kinesis: Option<Emulator>,
+    _watchdog: Watchdog,
 }
 
 impl Emulators {
@@ -45,10 +47,12 @@ impl Emulators {
             let dynamo = Emulator::start_node_on_free_port(&bin.join("dynalite")).expect("dynalite (run `make test`)");
             let kinesis =
                 Emulator::start_node_on_free_port(&bin.join("kinesalite")).expect("kinesalite (run `make test`)");
-            return Self { dynamo, kinesis: Some(kinesis) };
+            let watchdog = Watchdog::start([&dynamo, &kinesis].iter().filter_map(|e| e.diagnostics()).collect());
+            return Self { dynamo, kinesis: Some(kinesis), _watchdog: watchdog };
         }
         let moto = Emulator::start_on_free_port(&moto_server(&root)).expect("moto_server (run `make test`)");
-        Self { dynamo: moto, kinesis: None }
+        let watchdog = Watchdog::start(moto.diagnostics().into_iter().collect());
+        Self { dynamo: moto, kinesis: None, _watchdog: watchdog }
     }
 
     fn kinesis(&self) -> &Emulator {
