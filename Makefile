@@ -25,6 +25,7 @@ N           ?= 1000
 C           ?= 10
 PORT        ?= 3000
 LOCAL_BIN   := target/release/event-store-local
+CLI_BIN     := target/release/event-store
 export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto-server
 export SAM_CLI_TELEMETRY := 0
@@ -43,7 +44,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local playback tail subscription redrive load invoke api check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -53,6 +54,9 @@ demo: tools-moto local-bin ## the main job end to end: stack, N pixel hits, play
 
 local: tools-moto local-bin ## run the whole pipeline locally until Ctrl-C (pixel on 127.0.0.1:$(PORT))
 	$(LOCAL_BIN) local
+
+status: local-bin ## the store at a glance: watermark, pump, subscriptions, playbacks, queues, verdict (the local stack; STACK=<name> for a deployed one)
+	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') status
 
 playback: local-bin ## play back START..END (ISO 8601; default the last 15 min) from the running stack
 	$(LOCAL_BIN) playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)')
@@ -147,8 +151,8 @@ clean: ## remove build output, the venv and .node
 	rm -rf $(VENV) .node
 
 local-bin:
-	@echo "== building the local stack (release)"
-	$(CARGO) build --release --locked -p event-store-local
+	@echo "== building the local stack and the event-store command (release)"
+	$(CARGO) build --release --locked -p event-store-local -p event-store-cli
 
 $(BIN)/python:
 	@echo "== creating the Python venv $(VENV)"

@@ -352,6 +352,37 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
     assert [(e["id"], e["body"]["type"]) for e in relayed] == [("todo-e2e/0", "TodoCreated"), ("todo-e2e/1", "TodoUpdated")]
 
 
+def test_status_finds_the_deployed_stack_by_its_outputs_and_names_a_queued_message(stack, aws, moto_endpoint):
+    """`event-store --stack NAME status`, as a user runs it against the deployed stack."""
+    binary = ROOT / "target" / "debug" / "event-store"
+    env = {**os.environ, "AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": REGION,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    env.pop("AWS_PROFILE", None)
+
+    def status():
+        out = subprocess.run([str(binary), "--stack", PREFIX, "status", "--json"], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode in (0, 1), out.stderr
+        return out.returncode, json.loads(out.stdout)
+
+    _, before = status()
+    assert before["target"] == f"stack {PREFIX} ({REGION})"
+    assert [(q["name"], q["messages"]) for q in before["queues"]] == [
+        ("pump dead-letter queue", 0), ("relay dead-letter queue", 0), ("failure queue", 0)]
+    shards = aws("kinesis").list_shards(StreamName=f"{PREFIX}-stream")["Shards"]
+    assert [s["shard"] for s in before["shards"]] == [s["ShardId"] for s in shards]
+    outputs = {o["OutputKey"]: o["OutputValue"]
+               for o in aws("cloudformation").describe_stacks(StackName=PREFIX)["Stacks"][0]["Outputs"]}
+    sqs = aws("sqs")
+    sqs.send_message(QueueUrl=outputs["PumpDeadLetterQueueUrl"], MessageBody="{}")
+    try:
+        code, after = status()
+        assert code == 1, after
+        assert any(p.startswith("1 messages in the pump dead-letter queue") for p in after["verdict"]["problems"]), after
+    finally:
+        sqs.purge_queue(QueueUrl=outputs["PumpDeadLetterQueueUrl"])
+
+
 def deaggregated(kinesis, stream):
     """Every user record on `stream` as (partition key, played event), unpacked by
     aws_kinesis_agg (AWS's own deaggregator, from PyPI), each shard in order."""

@@ -31,7 +31,15 @@ pub struct Names {
     pub subscription_stream: String,
 }
 
+/// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
+pub const SERVICE: &str = "event-store";
+
 impl Names {
+    /// The names the template gives stage `stage` (`Stage` parameter).
+    pub fn for_stage(stage: &str) -> Self {
+        Self::for_stack(&format!("{SERVICE}-{stage}"))
+    }
+
     /// The names the template gives a stack `<service>-<stage>`.
     pub fn for_stack(prefix: &str) -> Self {
         Self {

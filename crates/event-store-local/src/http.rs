@@ -81,6 +81,7 @@ async fn handle(
     };
     if StreamsApi::serves(parts.uri.path()) {
         let response = api.streams.handle(lambda_request(parts, bytes, peer)).await;
+        stats.received.fetch_add(appended_events(&response), Ordering::Relaxed);
         let (parts, body) = response.into_parts();
         return Ok(Response::from_parts(parts, Full::new(Bytes::copy_from_slice(body.as_ref()))));
     }
@@ -122,9 +123,45 @@ fn accepted_events(response: &lambda_http::Response<lambda_http::Body>) -> u64 {
     }
 }
 
+/// Events an append answered `201` for (a client's retry of an append is
+/// answered the same, and counted again: the status line is not the log).
+fn appended_events(response: &lambda_http::Response<lambda_http::Body>) -> u64 {
+    if response.status() != StatusCode::CREATED {
+        return 0;
+    }
+    serde_json::from_slice::<serde_json::Value>(response.body().as_ref())
+        .ok()
+        .and_then(|v| v["versions"].as_array().map(|versions| versions.len() as u64))
+        .unwrap_or(0)
+}
+
 fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: StatusCode, content_type: &str, body: &str) -> lambda_http::Response<lambda_http::Body> {
+        let mut response = lambda_http::Response::new(lambda_http::Body::Text(body.to_owned()));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type.parse().unwrap_or(header::HeaderValue::from_static("x")));
+        response
+    }
+
+    /// The status line's `received` counts every source: pixel hits, posted events and entity appends.
+    #[test]
+    fn every_source_counts_as_received() {
+        assert_eq!(accepted_events(&answer(StatusCode::OK, "image/gif", "GIF89a")), 1);
+        assert_eq!(accepted_events(&answer(StatusCode::ACCEPTED, "application/json", r#"{"accepted":3}"#)), 3);
+        let appended = r#"{"stream":"todo","first":4,"last":6,"versions":[4,5,6]}"#;
+        assert_eq!(appended_events(&answer(StatusCode::CREATED, "application/json", appended)), 3);
+        assert_eq!(appended_events(&answer(StatusCode::CONFLICT, "application/json", r#"{"current_version":1}"#)), 0);
+    }
 }

@@ -8,9 +8,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use event_store_emulator::resources::Names;
 
-/// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
-pub const SERVICE: &str = "event-store";
-
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Emulator port on 127.0.0.1 (`EMULATOR_PORT`, default 4566).
@@ -47,7 +44,7 @@ impl Settings {
         Ok(Self {
             emulator_port: env_or("EMULATOR_PORT", 4566)?,
             port: env_or("PORT", 3000)?,
-            names: Names::for_stack(&format!("{SERVICE}-{stage}")),
+            names: Names::for_stage(&stage),
             scan_interval: Duration::from_secs_f64(seconds),
             batch_size: env_or("PUMP_BATCH_SIZE", 500)?,
             shards: env_or("SHARDS", 1)?,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Events accepted by load (pixel hits and posted events).
+    /// Events accepted: pixel hits, posted events and entity appends.
     pub received: AtomicU64,
     /// Records written to the buffer table by pump.
     pub buffered: AtomicU64,

@@ -9,7 +9,8 @@
 //!   [`subscription`] (the sealed log → subscribers' targets, forever, checkpointed);
 //!   [`entity`] (entity streams: appends with a version check, reads, snapshots;
 //!   its relay puts every append on the event stream);
-//!   [`redrive`] puts back what the pump's event source gave up on.
+//!   [`redrive`] puts back what the pump's event source gave up on;
+//!   [`status`] reads what they all record and judges the store's health.
 //! - The shapes an event takes between them: [`envelope`] (load's JSON),
 //!   [`buffer_item`], [`event_item`] (table codecs and keys), [`chunk`] (many
 //!   events in one item), [`encoding`] (zstd); and where a reader stands in
@@ -45,6 +46,7 @@ pub mod position;
 pub mod pump;
 pub mod redrive;
 pub mod scan;
+pub mod status;
 pub mod subscription;
 pub mod time;
 

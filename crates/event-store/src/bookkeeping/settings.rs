@@ -29,6 +29,19 @@ pub async fn ensure_time_unit(dynamo: &aws_sdk_dynamodb::Client, table: &str, un
     check(unit_ms, recorded.map(String::as_str), table)
 }
 
+/// The table's recorded slot size, if any is recorded yet.
+pub async fn time_unit(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Option<u64>> {
+    let out = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key("settings".to_owned())))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    Ok(out.item().and_then(|item| item.get(TIME_UNIT)).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok()))
+}
+
 fn check(unit_ms: u64, recorded: Option<&str>, table: &str) -> Result<()> {
     match recorded.map(str::parse::<u64>) {
         Some(Ok(recorded)) if recorded == unit_ms => Ok(()),

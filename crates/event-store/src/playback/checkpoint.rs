@@ -19,8 +19,11 @@ use crate::bookkeeping::{self, unless_condition_failed};
 use crate::error::{Error, Result};
 pub use crate::position::{Checkpoint, Lookback};
 
+/// The sort-key prefix of playback items.
+pub const KEY_PREFIX: &str = "playback#";
+
 fn key(id: &str) -> HashMap<String, AttributeValue> {
-    bookkeeping::key(format!("playback#{id}"))
+    bookkeeping::key(format!("{KEY_PREFIX}{id}"))
 }
 
 /// What a playback id is bound to at its first run: its window and filter.
@@ -48,7 +51,7 @@ pub struct Stored {
 }
 
 impl Stored {
-    fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Self> {
+    pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Self> {
         let num = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
         let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
         let binding = match (num("window_start"), num("window_end"), text("filter")) {

@@ -86,7 +86,7 @@ pub async fn unbuffered_from(
     Ok(bounds.into_iter().flatten().min())
 }
 
-async fn probe(
+pub(crate) async fn probe(
     kinesis: &aws_sdk_kinesis::Client,
     stream: &str,
     shard: &Shard,

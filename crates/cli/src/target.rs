@@ -1,0 +1,132 @@
+//! Which store a command talks to: the local stack (`make local`: the
+//! emulator on 127.0.0.1, resources named for `STAGE`), or a deployed stack
+//! found by its CloudFormation outputs, with the user's usual AWS
+//! credentials and region.
+
+use std::collections::HashMap;
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_cloudformation::error::DisplayErrorContext;
+use event_store::status::Resources;
+use event_store_emulator::resources::Names;
+
+/// Why no store could be reached (exit code 3).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error(
+        "no local stack answers on 127.0.0.1:{port}: start it with `make local` (or name a deployed one with --stack)"
+    )]
+    NoLocalStack { port: u16 },
+    #[error("stack {name} not found in {region} (check the name, AWS_REGION or AWS_PROFILE)")]
+    UnknownStack { name: String, region: String },
+    #[error("stack {name} is not an event store: it has no {missing} output")]
+    NotAnEventStore { name: String, missing: &'static str },
+    #[error(
+        "no AWS credentials: configure them as for the AWS CLI (AWS_PROFILE, aws configure, or AWS_ACCESS_KEY_ID)"
+    )]
+    NoCredentials,
+    #[error("stack {name}: {detail}")]
+    Unreachable { name: String, detail: String },
+}
+
+/// A store, and how to reach it.
+pub struct Target {
+    /// `local (http://127.0.0.1:4566)` or `stack NAME (REGION)`.
+    pub label: String,
+    pub sdk: SdkConfig,
+    pub resources: Resources,
+}
+
+/// The local stack of `STAGE` (default `local`) on `EMULATOR_PORT` (default 4566).
+pub async fn local() -> Result<Target, TargetError> {
+    let port = std::env::var("EMULATOR_PORT").ok().and_then(|p| p.trim().parse().ok()).unwrap_or(4566);
+    if !event_store_emulator::answers(port) {
+        return Err(TargetError::NoLocalStack { port });
+    }
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let stage = std::env::var("STAGE").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "local".into());
+    let names = Names::for_stage(&stage);
+    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+    // The emulator takes any key; the user's own are not sent to it.
+    let credentials = aws_sdk_dynamodb::config::Credentials::new("local", "local", None, None, "local stack");
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(&endpoint)
+        .region(Region::new(region))
+        .credentials_provider(credentials)
+        .load()
+        .await;
+    let resources = Resources { event_table: names.event_table, event_stream: names.event_stream, queues: vec![] };
+    Ok(Target { label: format!("local stack {stage} ({endpoint})"), sdk, resources })
+}
+
+/// The deployed stack `name`, from its outputs.
+pub async fn stack(name: &str) -> Result<Target, TargetError> {
+    let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+    let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "(no region)".into());
+    let cloudformation = aws_sdk_cloudformation::Client::new(&sdk);
+    let out = match cloudformation.describe_stacks().stack_name(name).send().await {
+        Ok(out) => out,
+        Err(err) => {
+            let detail = DisplayErrorContext(&err).to_string();
+            return Err(if detail.contains("does not exist") {
+                TargetError::UnknownStack { name: name.to_owned(), region }
+            } else if detail.to_lowercase().contains("credential") {
+                TargetError::NoCredentials
+            } else {
+                TargetError::Unreachable { name: name.to_owned(), detail }
+            });
+        }
+    };
+    let outputs: HashMap<String, String> = out
+        .stacks()
+        .first()
+        .map(|s| s.outputs())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned())))
+        .collect();
+    let resources = resources_from_outputs(name, &outputs)?;
+    Ok(Target { label: format!("stack {name} ({region})"), sdk, resources })
+}
+
+/// A stack's resources from its outputs (`template.yaml`'s `Outputs`).
+pub fn resources_from_outputs(name: &str, outputs: &HashMap<String, String>) -> Result<Resources, TargetError> {
+    let required = |key: &'static str| {
+        outputs.get(key).cloned().ok_or(TargetError::NotAnEventStore { name: name.to_owned(), missing: key })
+    };
+    let queues = [
+        ("pump dead-letter queue", "PumpDeadLetterQueueUrl"),
+        ("relay dead-letter queue", "RelayDeadLetterQueueUrl"),
+        ("failure queue", "AsyncFailureQueueUrl"),
+    ]
+    .into_iter()
+    .filter_map(|(what, key)| Some((what.to_owned(), outputs.get(key)?.clone())))
+    .collect();
+    Ok(Resources { event_table: required("EventTableName")?, event_stream: required("EventStreamName")?, queues })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stack_is_an_event_store_by_its_outputs() {
+        let outputs: HashMap<String, String> = [
+            ("EventTableName", "t"),
+            ("EventStreamName", "s"),
+            ("PumpDeadLetterQueueUrl", "https://q/pump"),
+            ("AsyncFailureQueueUrl", "https://q/failures"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let resources = resources_from_outputs("prod", &outputs).unwrap();
+        assert_eq!((resources.event_table.as_str(), resources.event_stream.as_str()), ("t", "s"));
+        let queues: Vec<&str> = resources.queues.iter().map(|(what, _)| what.as_str()).collect();
+        assert_eq!(queues, ["pump dead-letter queue", "failure queue"]);
+
+        let other: HashMap<String, String> = [("BucketName".to_owned(), "b".to_owned())].into();
+        let err = resources_from_outputs("web", &other).unwrap_err().to_string();
+        assert_eq!(err, "stack web is not an event store: it has no EventTableName output");
+    }
+}

@@ -1,0 +1,127 @@
+//! `event-store status` as a user runs it: the binary, against a real
+//! emulator on a free port (the local target) and against moto's
+//! CloudFormation (the `--stack` target's lookups and its refusals).
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::config::Credentials;
+use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
+use event_store_emulator::watchdog::Watchdog;
+use event_store_emulator::{free_port, moto_server, Emulator};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `event-store args` with `env`, the user's own AWS settings cleared.
+fn event_store(args: &[&str], env: &[(&str, String)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_event-store"));
+    for name in ["AWS_ENDPOINT_URL", "AWS_PROFILE", "EVENT_STORE_STACK", "STAGE", "EMULATOR_PORT"] {
+        command.env_remove(name);
+    }
+    command.args(args).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap()
+}
+
+fn json_of(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
+    let moto = Emulator::start_on_free_port(&moto_server(&root())).unwrap();
+    let _watchdog = Watchdog::start(moto.diagnostics().into_iter().collect());
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(&moto.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("t", "t", None, None, "test"))
+        .load()
+        .await;
+    let (dynamo, kinesis) = (aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
+    let names = Names::for_stage("local");
+    create_tables(&dynamo, &names).await.unwrap();
+    create_streams(&kinesis, &names, 1).await.unwrap();
+    let local = [("EMULATOR_PORT", moto.port.to_string())];
+
+    // A new stack: no scan pass yet.
+    let fresh = event_store(&["status", "--json"], &local);
+    assert_eq!(fresh.status.code(), Some(1), "{}", String::from_utf8_lossy(&fresh.stderr));
+    let json = json_of(&fresh);
+    assert!(json["verdict"]["problems"][0].as_str().unwrap().starts_with("no watermark yet"), "{json}");
+    assert_eq!(json["shards"].as_array().unwrap().len(), 1);
+    assert_eq!(json["target"], format!("local stack local (http://127.0.0.1:{})", moto.port));
+
+    // A scan pass over an empty buffer and stream: the watermark is set, nothing is stalled.
+    let scan = event_store::config::ScanConfig { segments: 1, ..scan_config(&names) };
+    for pass in
+        run_scan(dynamo.clone(), kinesis.clone(), scan, serde_json::json!({}), deadline_in(Duration::from_secs(60)))
+            .await
+    {
+        pass.unwrap();
+    }
+    let healthy = event_store(&["status", "--json"], &local);
+    let json = json_of(&healthy);
+    assert_eq!(healthy.status.code(), Some(0), "{json}");
+    assert_eq!(json["verdict"], serde_json::json!({"healthy": true, "problems": []}));
+    assert!(json["watermark_lag_ms"].as_i64().unwrap() < 60_000, "{json}");
+    let text = event_store(&["status"], &local);
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.lines().last().unwrap().starts_with("verdict        healthy"), "{text}");
+    assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal: {text}");
+
+    // A record the pump has not buffered, older than the limit: the pump is named, and since when.
+    kinesis
+        .put_record()
+        .stream_name(&names.event_stream)
+        .partition_key("k")
+        .data(aws_sdk_kinesis::primitives::Blob::new(br#"{"id":"x"}"#.to_vec()))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let stalled = event_store(&["status", "--json", "--stall-after", "1"], &local);
+    let json = json_of(&stalled);
+    assert_eq!(stalled.status.code(), Some(1), "{json}");
+    let problems: Vec<&str> =
+        json["verdict"]["problems"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(
+        problems.iter().any(|p| p.starts_with("pump behind on shardId-") && p.contains("not buffered")),
+        "{problems:?}"
+    );
+    assert!(json["shards"][0]["behind_ms"].as_i64().unwrap() >= 2000, "{json}");
+
+    // Not a store: one line, exit 3, whatever the target.
+    let aws = [
+        ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID", "t".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "t".to_owned()),
+    ];
+    let unknown = event_store(&["--stack", "no-such-stack", "status"], &aws);
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert_eq!(unknown.status.code(), Some(3), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "error: stack no-such-stack not found in us-east-1 (check the name, AWS_REGION or AWS_PROFILE)"
+    );
+    let cloudformation = aws_sdk_cloudformation::Client::new(&sdk);
+    let template =
+        r#"{"Resources": {"Q": {"Type": "AWS::SQS::Queue"}}, "Outputs": {"QueueUrl": {"Value": {"Ref": "Q"}}}}"#;
+    cloudformation.create_stack().stack_name("a-website").template_body(template).send().await.unwrap();
+    let other = event_store(&["--stack", "a-website", "status"], &aws);
+    assert_eq!(other.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&other.stderr).trim(),
+        "error: stack a-website is not an event store: it has no EventTableName output"
+    );
+    let nothing = event_store(&["status"], &[("EMULATOR_PORT", free_port().to_string())]);
+    assert_eq!(nothing.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&nothing.stderr).starts_with("error: no local stack answers on 127.0.0.1:"));
+    assert!(nothing.stdout.is_empty());
+}
