@@ -355,6 +355,7 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
 def test_status_finds_the_deployed_stack_by_its_outputs_and_names_a_queued_message(stack, aws, moto_endpoint):
     """`event-store --stack NAME status`, as a user runs it against the deployed stack."""
     binary = ROOT / "target" / "debug" / "event-store"
+    assert binary.exists(), "build it first: cargo build -p event-store-cli (make test does)"
     env = {**os.environ, "AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": REGION,
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     env.pop("AWS_PROFILE", None)
@@ -378,7 +379,7 @@ def test_status_finds_the_deployed_stack_by_its_outputs_and_names_a_queued_messa
     try:
         code, after = status()
         assert code == 1, after
-        assert any(p.startswith("1 messages in the pump dead-letter queue") for p in after["verdict"]["problems"]), after
+        assert any(p.startswith("1 message in the pump dead-letter queue") for p in after["verdict"]["problems"]), after
     finally:
         sqs.purge_queue(QueueUrl=outputs["PumpDeadLetterQueueUrl"])
 

@@ -16,8 +16,9 @@ installs it as .venv/bin/moto-server.
 Its DynamoDB streams have the same defect: a table's stream numbers a
 change by the count of records before it, unlocked, so two writes at once
 could share a number; a reader asking for the records after that number is
-handed the second of them again and again, and never gets further.
-append of a change to a table's stream is locked too.
+handed the second of them again and again, and never gets further. So the
+append of a change to a table's stream is locked too (not when moto itself
+maps the table's stream to a function, which it runs inside that append).
 
 On SIGUSR1 it writes every thread's stack to stderr (the tests' watchdog
 asks for it when a test hangs on a request).
@@ -54,7 +55,19 @@ _kinesis = threading.Lock()
 models.Shard.put_record = _locked(models.Shard.put_record, _kinesis)
 models.Shard.get_records = _locked(models.Shard.get_records, _kinesis)
 _table_streams = threading.Lock()
-dynamodb_table.StreamShard.add = _locked(dynamodb_table.StreamShard.add, _table_streams)
+_add = dynamodb_table.StreamShard.add
+_add_locked = _locked(_add, _table_streams)
+
+
+def _add_to_table_stream(self, old, new):
+    # A table with moto's own event source mapping runs the mapped function
+    # (in Docker) inside add: not under the lock every table's writes share.
+    if self.table.lambda_event_source_mappings:
+        return _add(self, old, new)
+    return _add_locked(self, old, new)
+
+
+dynamodb_table.StreamShard.add = _add_to_table_stream
 
 _modules = backends.list_of_moto_modules
 backends.list_of_moto_modules = functools.cache(lambda: tuple(_modules()))

@@ -23,10 +23,10 @@ use crate::target::Target;
 #[derive(Parser)]
 #[command(name = "event-store", about = "One command for the local event store and a deployed one")]
 struct Cli {
-    /// The local stack (`make local`) on 127.0.0.1:EMULATOR_PORT (the default).
-    #[arg(long, global = true, conflicts_with = "stack")]
+    /// The local stack (`make local`) on 127.0.0.1:EMULATOR_PORT (the default; wins over EVENT_STORE_STACK).
+    #[arg(long, global = true)]
     local: bool,
-    /// A deployed stack, by name (resources from its CloudFormation outputs).
+    /// A deployed stack, by name (resources from its CloudFormation outputs); default EVENT_STORE_STACK.
     #[arg(long, global = true, env = "EVENT_STORE_STACK")]
     stack: Option<String>,
     /// Print JSON, for scripts.

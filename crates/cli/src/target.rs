@@ -17,6 +17,8 @@ pub enum TargetError {
         "no local stack answers on 127.0.0.1:{port}: start it with `make local` (or name a deployed one with --stack)"
     )]
     NoLocalStack { port: u16 },
+    #[error("the emulator on 127.0.0.1:{port} has no table {table}: is `make local` running with STAGE={stage}?")]
+    NoLocalTables { port: u16, stage: String, table: String },
     #[error("stack {name} not found in {region} (check the name, AWS_REGION or AWS_PROFILE)")]
     UnknownStack { name: String, region: String },
     #[error("stack {name} is not an event store: it has no {missing} output")]
@@ -55,6 +57,10 @@ pub async fn local() -> Result<Target, TargetError> {
         .credentials_provider(credentials)
         .load()
         .await;
+    let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+    if dynamo.describe_table().table_name(&names.event_table).send().await.is_err() {
+        return Err(TargetError::NoLocalTables { port, stage, table: names.event_table });
+    }
     let resources = Resources { event_table: names.event_table, event_stream: names.event_stream, queues: vec![] };
     Ok(Target { label: format!("local stack {stage} ({endpoint})"), sdk, resources })
 }

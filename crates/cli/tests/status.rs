@@ -120,6 +120,15 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
         String::from_utf8_lossy(&other.stderr).trim(),
         "error: stack a-website is not an event store: it has no EventTableName output"
     );
+    let other_stage = event_store(
+        &["--local", "status"],
+        &[local[0].clone(), ("STAGE", "staging".into()), ("EVENT_STORE_STACK", "x".into())],
+    );
+    assert_eq!(other_stage.status.code(), Some(3), "--local wins over EVENT_STORE_STACK");
+    assert_eq!(
+        String::from_utf8_lossy(&other_stage.stderr).trim(),
+        format!("error: the emulator on 127.0.0.1:{} has no table event-store-staging-event-table: is `make local` running with STAGE=staging?", moto.port)
+    );
     let nothing = event_store(&["status"], &[("EMULATOR_PORT", free_port().to_string())]);
     assert_eq!(nothing.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&nothing.stderr).starts_with("error: no local stack answers on 127.0.0.1:"));

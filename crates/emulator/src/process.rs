@@ -50,11 +50,24 @@ impl Diagnostics {
             let _ = Command::new("kill").args(["-USR1", &self.pid.to_string()]).stderr(Stdio::null()).status();
             std::thread::sleep(Duration::from_secs(1));
         }
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(300)..].join("\n");
+        let tail = log_tail(&self.log, 300);
         format!("== emulator pid {} ({}), the end of its stderr:\n{tail}", self.pid, self.log.display())
     }
+
+    /// Stops the emulator and removes its log, for a process about to exit
+    /// without running destructors.
+    pub fn stop(&self) {
+        let _ = Command::new("kill").args(["-KILL", &self.pid.to_string()]).stderr(Stdio::null()).status();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The last `lines` lines of a log (bytes that are not UTF-8 shown as U+FFFD).
+fn log_tail(path: &Path, lines: usize) -> String {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// True when something accepts connections on 127.0.0.1:`port`.
@@ -145,19 +158,25 @@ impl Emulator {
         }
         let log = std::env::temp_dir().join(format!("emulator-{}-{port}.log", std::process::id()));
         let stderr = std::fs::File::create(&log).map_err(|e| Error(format!("{}: {e}", log.display())))?;
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| Error(format!("starting {}: {e}", binary.display())))?;
+        let mut child = match command.stdout(Stdio::null()).stderr(stderr).spawn() {
+            Ok(child) => child,
+            Err(err) => {
+                let _ = std::fs::remove_file(&log);
+                return Err(Error(format!("starting {}: {err}", binary.display())));
+            }
+        };
         let started = Instant::now();
         while !answers(port) {
             let exited = child.try_wait().ok().flatten();
             if exited.is_some() || started.elapsed() > START_TIMEOUT {
                 let _ = child.kill();
                 let _ = child.wait();
+                let tail = log_tail(&log, 20);
                 let _ = std::fs::remove_file(&log);
-                return Err(Error(format!("{} did not start on port {port} (is it free?)", binary.display())));
+                return Err(Error(format!(
+                    "{} did not start on port {port} (is it free?); its stderr:\n{tail}",
+                    binary.display()
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -41,6 +41,8 @@ impl Watchdog {
                 );
                 for emulator in &emulators {
                     let _ = writeln!(stderr, "{}", emulator.report());
+                    // `exit` runs no destructors: the emulators would outlive the tests.
+                    emulator.stop();
                 }
                 std::process::exit(124);
             }

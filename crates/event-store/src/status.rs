@@ -15,10 +15,11 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
+use tracing::warn;
 
 use crate::bookkeeping::{self, shard_position, watermark};
 use crate::error::{Error, Result};
-use crate::event_item::{HASH_KEY, QUARANTINE_SLOT};
+use crate::event_item::{HASH_KEY, QUARANTINE_SLOT, RANGE_KEY};
 use crate::kinesis::list_shards;
 use crate::playback::checkpoint::Stored;
 use crate::scan::stream::{probe, Probe};
@@ -182,16 +183,29 @@ pub fn verdict(status: &Status, limits: &Limits) -> Verdict {
             }
         }
         if sub.parked > 0 {
-            problems.push(format!("subscription {}: {} parked events (re-drive them)", sub.name, sub.parked));
+            problems.push(format!(
+                "subscription {}: {} (re-drive them)",
+                sub.name,
+                count(sub.parked as u64, "parked event")
+            ));
         }
     }
     for queue in status.queues.iter().filter(|q| q.messages > 0) {
-        problems.push(format!("{} messages in the {} ({})", queue.messages, queue.name, queue.url));
+        problems.push(format!("{} in the {} ({})", count(queue.messages, "message"), queue.name, queue.url));
     }
     if status.quarantined > 0 {
-        problems.push(format!("{} buffer items quarantined (slot -1)", status.quarantined));
+        problems.push(format!("{} quarantined (slot -1)", count(status.quarantined, "buffer item")));
     }
     Verdict { healthy: problems.is_empty(), problems }
+}
+
+/// `1 message`, `3 messages`.
+fn count(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 /// `83 s`, `12 min`, `3.5 h`, `2.1 d`.
@@ -280,7 +294,8 @@ async fn shards(clients: &Clients, resources: &Resources, now: i64) -> Result<Ve
             pumped_to: position.map(|p| format_ms(p.arrival)),
             oldest_unbuffered: oldest.map(format_ms),
             behind_ms: oldest.map_or(0, |at| (now - at).max(0)),
-            unknown: probe == Probe::Unknown,
+            // With a position, the scan bounds the shard by it (a sparse shard often answers empty).
+            unknown: probe == Probe::Unknown && position.is_none(),
         });
     }
     Ok(out)
@@ -288,12 +303,21 @@ async fn shards(clients: &Clients, resources: &Resources, now: i64) -> Result<Ve
 
 async fn playbacks(dynamo: &aws_sdk_dynamodb::Client, table: &str, unit: u64, now: i64) -> Result<Vec<PlaybackRun>> {
     let prefix = crate::playback::checkpoint::KEY_PREFIX;
-    let (items, _) = bookkeeping::query_range(dynamo, table, prefix.to_owned(), format!("{prefix}~")).await?;
+    let (items, _) =
+        bookkeeping::query_range(dynamo, table, prefix.to_owned(), format!("{prefix}{}", char::MAX)).await?;
     let mut runs = Vec::new();
     for item in &items {
-        let id = item.get("sort_key").and_then(|v| v.as_s().ok()).and_then(|k| k.strip_prefix(prefix)).unwrap_or("");
-        let stored = Stored::from_item(item)?;
-        let (Some(binding), Some(checkpoint)) = (stored.binding, stored.checkpoint) else { continue };
+        let id = item.get(RANGE_KEY).and_then(|v| v.as_s().ok()).and_then(|k| k.strip_prefix(prefix)).unwrap_or("");
+        let stored = match Stored::from_item(item) {
+            Ok(stored) => stored,
+            Err(err) => {
+                warn!(error = %err, id, "playback item unreadable: not shown");
+                continue;
+            }
+        };
+        let Some(binding) = stored.binding else { continue };
+        // A first run that has not saved a checkpoint yet stands at its start.
+        let checkpoint = stored.checkpoint.unwrap_or_default();
         if checkpoint.done {
             continue;
         }
@@ -371,7 +395,12 @@ mod tests {
         );
         assert!(problems[1].contains("pump behind on shardId-0: records from 2026-11-25T09:57:00Z"), "{problems:?}");
         assert!(problems[2].starts_with("3 messages in the pump dead-letter queue"), "{problems:?}");
-        assert!(problems[3].contains("2 buffer items quarantined"), "{problems:?}");
+        assert!(problems[3].starts_with("2 buffer items quarantined"), "{problems:?}");
+        status.queues[0].messages = 1;
+        status.quarantined = 1;
+        let problems = verdict(&status, &limits).problems;
+        assert!(problems[2].starts_with("1 message in the pump dead-letter queue"), "{problems:?}");
+        assert!(problems[3].starts_with("1 buffer item quarantined"), "{problems:?}");
     }
 
     #[test]
@@ -410,7 +439,7 @@ mod tests {
             [
                 "subscription orders partition 1 lagging at 2026-11-25T09:00:00Z (60 min behind the sealed end)",
                 "subscription orders partition 2 stopped at 2026-11-25T09:00:00Z: poison",
-                "subscription orders: 1 parked events (re-drive them)",
+                "subscription orders: 1 parked event (re-drive them)",
             ]
         );
     }
