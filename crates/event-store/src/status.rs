@@ -10,8 +10,6 @@
 //! - a verdict: `healthy`, or each thing that is stalled and since when
 //!   ([`verdict`], pure, so its rules are tested without a network).
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
@@ -66,12 +64,8 @@ impl Default for Limits {
 pub struct Status {
     /// When it was read (ISO 8601).
     pub at: String,
-    #[serde(skip)]
-    pub now_ms: i64,
     /// Every event that arrived before it is in the event table.
     pub watermark: Option<String>,
-    #[serde(skip)]
-    pub watermark_ms: Option<i64>,
     /// Now less the watermark (ms).
     pub watermark_lag_ms: Option<i64>,
     /// Events moved after the watermark had passed their arrival.
@@ -227,9 +221,7 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
     let sealed_end = mark.sealed_end(unit);
     let mut status = Status {
         at: format_ms(now),
-        now_ms: now,
         watermark: mark.time.map(format_ms),
-        watermark_ms: mark.time,
         watermark_lag_ms: mark.time.map(|t| (now - t).max(0)),
         late: mark.late,
         quarantined: quarantined(dynamo, table).await?,
@@ -238,10 +230,9 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
         queues: queues(&clients.sqs, &resources.queues).await?,
         ..Status::default()
     };
-    for sub in store::list(dynamo, table).await? {
-        let stored = store::partitions(dynamo, table, &sub).await?;
-        let parked = store::parked(dynamo, table, &sub).await?.len();
-        let line = subscription::status(&sub, &stored, sealed_end, unit);
+    for line in subscription::statuses(dynamo, table, sealed_end, unit).await? {
+        let sub = &line.subscription;
+        let parked = store::parked(dynamo, table, sub).await?.len();
         status.subscriptions.push(SubscriptionLine {
             name: sub.name.clone(),
             state: serde_json::to_value(sub.state).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
@@ -348,8 +339,7 @@ async fn queues(sqs: &aws_sdk_sqs::Client, queues: &[(String, String)]) -> Resul
             .await
             .map_err(|e| Error::Sqs { operation: "GetQueueAttributes", source: Box::new(e) })?;
         let get = |name: QueueAttributeName| -> u64 {
-            let map: HashMap<QueueAttributeName, String> = attributes.attributes().cloned().unwrap_or_default();
-            map.get(&name).and_then(|v| v.parse().ok()).unwrap_or(0)
+            attributes.attributes().and_then(|map| map.get(&name)).and_then(|v| v.parse().ok()).unwrap_or(0)
         };
         let messages = get(QueueAttributeName::ApproximateNumberOfMessages)
             + get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible);

@@ -148,6 +148,21 @@ pub fn status(
     SubscriptionStatus { subscription: sub.clone(), lag_ms, partitions }
 }
 
+/// Every stored subscription's status against `sealed_end`.
+pub async fn statuses(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    sealed_end: Option<i64>,
+    unit: u64,
+) -> Result<Vec<SubscriptionStatus>> {
+    let mut out = Vec::new();
+    for sub in store::list(dynamo, table).await? {
+        let stored = store::partitions(dynamo, table, &sub).await?;
+        out.push(status(&sub, &stored, sealed_end, unit));
+    }
+    Ok(out)
+}
+
 impl Subscriptions {
     /// A reader of the event table within `window`, with this function's settings.
     pub(crate) fn reader<'w>(&'w self, window: &'w crate::playback::Window) -> crate::playback::reader::Reader<'w> {
@@ -227,13 +242,8 @@ impl Subscriptions {
 
     /// Every subscription's status (lag per partition).
     pub async fn statuses(&self) -> Result<(Option<i64>, Vec<SubscriptionStatus>)> {
-        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let sealed_end = self.sealed_end().await?;
-        let mut out = Vec::new();
-        for sub in store::list(dynamo, table).await? {
-            let stored = store::partitions(dynamo, table, &sub).await?;
-            out.push(status(&sub, &stored, sealed_end, self.config.time_unit_ms));
-        }
+        let out = statuses(&self.dynamo, &self.config.event_table, sealed_end, self.config.time_unit_ms).await?;
         Ok((sealed_end, out))
     }
 
