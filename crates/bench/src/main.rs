@@ -813,7 +813,7 @@ async fn main() -> Result<()> {
         "\nArrival (Kinesis arrival of the event) to delivery (Kinesis arrival on the subscription's target stream), \
          the demo's subscription (4 partitions, a scan and a tick every {} s, WATERMARK_LAG_MS 2000, runners \
          polling the watermark every 250 ms): p50 {} ms, p99 {} ms (target: p99 <= the watermark lag + 1 s = \
-         {SUBSCRIPTION_LATENCY_TARGET_MS} ms: {}).\n\nWhere it goes, split where the watermark (read every 50 ms) \
+         {SUBSCRIPTION_LATENCY_TARGET_MS} ms: {}).\n\nWhere it goes, split where the watermark (read every 100 ms) \
          first passed each event:\n\n| part | what waits | p50 ms | p99 ms |\n|---|---|---|---|\n\
          | arrival to sealed | the pump, the scan's move, the watermark lag, the next pass and its length | {} | {} |\n\
          | sealed to delivered | the runner's poll, its read of the slot, the put | {} | {} |\n",

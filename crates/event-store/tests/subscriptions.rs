@@ -256,6 +256,40 @@ async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..700, 7), 0);
 }
 
+/// A runner that delivered while it followed hands the partition straight to
+/// a successor at the end of its follow (no wait for the next tick, which
+/// would add up to a tick's interval to the next delivery); one that found
+/// nothing new while it followed ends and leaves the partition to the tick.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_that_delivered_while_following_hands_over_and_an_idle_one_ends() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let start = now_ms() - 60_000;
+    manage(&env, &target, json!({
+        "action": "create", "name": "busy", "start": format_ms(start), "target": {"lambda": CONSUMER}, "partitions": 1
+    }))
+    .await
+    .unwrap();
+    let config = SubscriptionConfig {
+        follow: Duration::from_secs(4),
+        poll: Duration::from_millis(100),
+        ..runs::subscription_config(&env.names)
+    };
+    // Events sealed while the tick's runner follows (the scan pass seals them within the follow).
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stored_events(&env, 0..50, 5, now_ms() - 2_000, 1_000).await;
+    };
+    let (runs, ()) = tokio::join!(tick(&env, &target, config), later);
+    let statuses: Vec<(RunStatus, usize)> = runs.iter().map(|r| (r.status, r.delivered)).collect();
+    assert_eq!(
+        statuses,
+        vec![(RunStatus::Continued, 50), (RunStatus::CaughtUp, 0)],
+        "the runner that delivered while following hands over; its successor, with nothing new, ends"
+    );
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..50, 5), 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_runners_for_one_partition_at_once_exactly_one_delivers() {
     let env = TestEnv::start(1).await;

@@ -92,23 +92,37 @@ impl Reader<'_> {
 
     /// The envelope ids in `range` of `slots` (the part of the log before a
     /// run's position), in log order, and the `Query` requests it took.
+    ///
+    /// The slots are read `QUERY_AHEAD` at a time and taken in order: a
+    /// runner that starts (a subscription's every minute) reads the whole
+    /// dedupe window before it delivers, and one slot after another would
+    /// add a round trip per second of the window to its first delivery.
     pub async fn recent_ids(&self, slots: &[SlotRef], range: &Lookback) -> Result<(RecentIds, usize)> {
-        let mut recent = RecentIds::new(self.dedupe_window_ms);
-        let mut queries = 0;
-        for &slot in slots {
+        let ids_of_slot = |slot: SlotRef| async move {
             let mut read = SlotRead::new(self, slot, range.from_key.clone(), range.to_key.clone());
+            let (mut ids, mut queries) = (Vec::new(), 0);
             loop {
                 let page = read.next_page().await?;
                 queries += page.queries;
                 for event in &page.events {
                     let json = event.bytes().ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
                     if let Some(id) = json.as_ref().and_then(envelope_id) {
-                        recent.first_sight(id, event.arrival);
+                        ids.push((id.to_owned(), event.arrival));
                     }
                 }
                 if page.last_key.is_none() {
-                    break;
+                    return Ok::<_, Error>((ids, queries));
                 }
+            }
+        };
+        let mut slots = futures::stream::iter(slots.iter().copied()).map(ids_of_slot).buffered(QUERY_AHEAD);
+        let mut recent = RecentIds::new(self.dedupe_window_ms);
+        let mut queries = 0;
+        while let Some(read) = slots.next().await {
+            let (ids, slot_queries) = read?;
+            queries += slot_queries;
+            for (id, arrival) in ids {
+                recent.first_sight(&id, arrival);
             }
         }
         Ok((recent, queries))

@@ -2,10 +2,12 @@
 //! partition's newly sealed events from its checkpoint, in rounds (each up
 //! to the sealed end the watermark gives), saving the checkpoint after every
 //! delivery while it holds the lease. Caught up, it keeps following for
-//! `SUBSCRIPTION_FOLLOW_SECONDS` (a look at the watermark a second), then
-//! gives the lease up; the next tick starts a runner again. Near its
-//! deadline with more to deliver, it hands over to a continuation, like
-//! playback.
+//! `SUBSCRIPTION_FOLLOW_SECONDS` (a look at the watermark every
+//! `SUBSCRIPTION_POLL_MS`), then gives the lease up, and the next tick
+//! starts a runner again; if events came while it followed, it hands the
+//! lease straight to a continuation instead, so a busy partition has no gap
+//! between runners. Near its deadline with more to deliver, it hands over
+//! to a continuation, like playback.
 
 use std::time::{Instant, SystemTime};
 
@@ -31,6 +33,9 @@ use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).
 const HANDOVER_LEASE_MS: i64 = 300_000;
+
+/// How often a following runner asks whether its subscription was paused or deleted.
+const STATE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How a round (one pass up to a sealed end) ended.
 enum Round {
@@ -130,6 +135,9 @@ impl Runner<'_> {
         self.recent = self.recent_ids().await?;
         // Everything before this (ms) is delivered: a round runs once the watermark is past it.
         let mut delivered_to = super::position_ms(&self.position);
+        // What the run had delivered when it first caught up: more since means the log moved while it followed.
+        let mut caught_up_with: Option<usize> = None;
+        let mut state_checked = Instant::now();
         loop {
             if let Some(end) = self.subs.sealed_to().await?.filter(|end| delivered_to < *end) {
                 match self.round(end).await? {
@@ -138,19 +146,30 @@ impl Runner<'_> {
                     Round::Ended(status) => return self.end(status).await,
                 }
             }
-            // Caught up with the sealed log: follow it a while, or give the partition up.
+            let delivered = self.summary.delivered + self.summary.parked;
+            let caught_up_with = *caught_up_with.get_or_insert(delivered);
+            // Caught up with the sealed log: follow it a while, then give the partition up, or,
+            // if events came while it followed, hand it straight to a successor (waiting for the
+            // tick would add up to a tick's interval to the delivery of what comes next).
             let follow_left = self.subs.config.follow.saturating_sub(self.started.elapsed());
             if follow_left.is_zero()
                 || remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll
             {
+                if delivered > caught_up_with {
+                    return self.hand_over(task).await;
+                }
                 return self.end(RunStatus::CaughtUp).await;
             }
             tokio::time::sleep(self.subs.config.poll.min(follow_left)).await;
-            // Paused or deleted meanwhile? (A reset takes the lease away: the next save fails.)
-            match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
-                None => return self.end(RunStatus::Gone).await,
-                Some(sub) if sub.state == State::Paused => return self.end(RunStatus::Paused).await,
-                Some(_) => {}
+            // Paused or deleted meanwhile? Asked once a second at most, whatever the poll
+            // (a reset takes the lease away: the next save fails).
+            if state_checked.elapsed() >= STATE_CHECK {
+                state_checked = Instant::now();
+                match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
+                    None => return self.end(RunStatus::Gone).await,
+                    Some(sub) if sub.state == State::Paused => return self.end(RunStatus::Paused).await,
+                    Some(_) => {}
+                }
             }
         }
     }
