@@ -132,7 +132,7 @@ def test_every_supported_resource_is_created_and_the_rest_is_known(stack):
     translated, created = stack
     declared = translated["Resources"]
     # Resources under a condition the test's parameters leave false (the function URL) are not created.
-    off = {"UseFunctionUrl"}
+    off = {"UseFunctionUrl", "HasAlarmEmail"}
     missing = {name: r["Type"] for name, r in declared.items() if name not in created and r.get("Condition") not in off}
     assert set(missing.values()) == UNSUPPORTED, missing
     assert {r["ResourceType"] for r in created.values()} >= {
@@ -222,6 +222,20 @@ def test_scan_and_subscriptions_are_scheduled_and_allowed_to_be_invoked_by_the_s
     for function in ("scan", "subscriptions"):
         policy = json.loads(aws("lambda").get_policy(FunctionName=f"{PREFIX}-{function}")["Policy"])
         assert any(s["Principal"] == {"Service": "events.amazonaws.com"} for s in policy["Statement"])
+
+
+def test_the_dashboard_is_created_with_the_stack_s_own_names(stack, aws):
+    """CloudFormation's substitution of the body (moto's) yields JSON that
+    names this stack's functions, queues and stream, and the store's metrics."""
+    body = json.loads(aws("cloudwatch").get_dashboard(DashboardName=PREFIX)["DashboardBody"])
+    metrics = [m for w in body["widgets"] for m in w["properties"]["metrics"]]
+    dimensions = {m[3] for m in metrics if len(m) > 3 and isinstance(m[3], str)}
+    assert {f"{PREFIX}-{name}" for name in FUNCTIONS} <= dimensions, dimensions
+    queues = {url.rsplit("/", 1)[-1] for url in aws("sqs").list_queues()["QueueUrls"] if PREFIX in url}
+    assert queues and queues <= dimensions, (queues, dimensions)
+    assert f"{PREFIX}-stream" in dimensions, "the event stream's ingest"
+    names = {(m[0], m[1]) for m in metrics}
+    assert {(f"EventStore/{PREFIX}", "WatermarkLagSeconds"), (f"EventStore/{PREFIX}", "SubscriptionLagSeconds")} <= names
 
 
 def test_roles_grant_only_named_resources(stack, aws):

@@ -219,6 +219,8 @@ pub struct ScanConfig {
     /// a partition takes at most 1,000 write units a second, so a slot
     /// written faster than about 1 MB/s of compressed events needs more.
     pub slot_subkeys: u32,
+    /// The CloudWatch namespace of the watermark-lag metric (`METRICS_NAMESPACE`).
+    pub metrics_namespace: String,
 }
 
 /// The most `SLOT_SUBKEYS` may be.
@@ -239,6 +241,7 @@ impl ScanConfig {
             "WATERMARK_LAG_MS",
             "MAX_CONTINUATIONS",
             "SLOT_SUBKEYS",
+            "METRICS_NAMESPACE",
         ],
     };
 
@@ -268,6 +271,7 @@ impl ScanConfig {
             watermark_lag_ms: env.var_or("WATERMARK_LAG_MS", DEFAULT_WATERMARK_LAG_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             slot_subkeys,
+            metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
         })
     }
 }

@@ -41,6 +41,7 @@ pub mod event_item;
 pub mod invoke;
 pub mod kinesis;
 pub mod load;
+pub mod metrics;
 pub mod playback;
 pub mod position;
 pub mod pump;

@@ -328,3 +328,139 @@ fn the_lag_alarm_watches_the_metric_the_tick_writes_and_fires_when_the_tick_is_s
         }
     }
 }
+
+/// The text inside a `!Sub` (or a plain string).
+fn sub_text(value: &Value) -> String {
+    match value {
+        Value::Tagged(tagged) if tagged.tag == "!Sub" => sub_text(&tagged.value),
+        Value::String(s) => s.clone(),
+        other => panic!("not a !Sub string: {other:?}"),
+    }
+}
+
+fn alarms(template: &Value) -> Vec<(String, Value)> {
+    let resources = template["Resources"].as_mapping().unwrap();
+    resources
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::CloudWatch::Alarm"))
+        .map(|(name, r)| (name.as_str().unwrap().to_owned(), r["Properties"].clone()))
+        .collect()
+}
+
+/// `!Ref X` or `!GetAtt X.Attr` -> `X`.
+fn referenced(value: &Value) -> Option<String> {
+    match value {
+        Value::Tagged(tagged) if tagged.tag == "!Ref" => tagged.value.as_str().map(str::to_owned),
+        Value::Tagged(tagged) if tagged.tag == "!GetAtt" => {
+            tagged.value.as_str().and_then(|s| s.split('.').next()).map(str::to_owned)
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn the_watermark_lag_alarm_watches_the_metric_the_scan_writes_and_fires_when_the_scan_is_silent() {
+    let template = template();
+    let alarm = &template["Resources"]["WatermarkLagAlarm"]["Properties"];
+    assert_eq!(alarm["MetricName"].as_str(), Some(event_store::metrics::WATERMARK_LAG_METRIC));
+    let scan = &template["Resources"]["ScanFunction"]["Properties"];
+    let namespace = sub_text(&scan["Environment"]["Variables"]["METRICS_NAMESPACE"]);
+    assert_eq!(sub_text(&alarm["Namespace"]), namespace, "the namespace the scan writes to");
+    let subscriptions = &template["Resources"]["SubscriptionsFunction"]["Properties"];
+    assert_eq!(sub_text(&subscriptions["Environment"]["Variables"]["METRICS_NAMESPACE"]), namespace, "one namespace");
+    assert!(alarm["Dimensions"].is_null(), "the scan writes the metric without dimensions");
+    assert_eq!(alarm["TreatMissingData"].as_str(), Some("breaching"), "a scan that stopped running is an alarm");
+    assert_eq!(referenced(&alarm["Threshold"]).as_deref(), Some("WatermarkLagAlarmSeconds"));
+}
+
+/// Everything that can stall or fail alone alarms: every function's errors
+/// and throttles, every queue something waits in, each to the one topic,
+/// which an email can subscribe to through a parameter.
+#[test]
+fn every_function_and_every_queue_has_an_alarm_on_the_one_topic() {
+    let template = template();
+    let resources = template["Resources"].as_mapping().unwrap();
+    let of_type = |kind: &str| -> Vec<String> {
+        resources
+            .iter()
+            .filter(|(_, r)| r["Type"].as_str() == Some(kind))
+            .map(|(name, _)| name.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let alarms = alarms(&template);
+    let watched = |namespace: &str, metric: &str| -> BTreeSet<String> {
+        alarms
+            .iter()
+            .filter(|(_, p)| p["Namespace"].as_str() == Some(namespace) && p["MetricName"].as_str() == Some(metric))
+            .filter_map(|(_, p)| referenced(&p["Dimensions"][0]["Value"]))
+            .collect()
+    };
+    let functions: BTreeSet<String> = of_type("AWS::Serverless::Function").into_iter().collect();
+    assert_eq!(functions.len(), 7);
+    assert_eq!(watched("AWS/Lambda", "Errors"), functions, "an errors alarm per function");
+    let throttles = alarms.iter().find(|(name, _)| name == "ThrottlesAlarm").unwrap();
+    let throttled: BTreeSet<String> = throttles.1["Metrics"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|m| referenced(&m["MetricStat"]["Metric"]["Dimensions"][0]["Value"]))
+        .collect();
+    assert_eq!(throttled, functions, "every function's throttles");
+    let queues: BTreeSet<String> = of_type("AWS::SQS::Queue").into_iter().collect();
+    assert_eq!(watched("AWS/SQS", "ApproximateNumberOfMessagesVisible"), queues, "an alarm per queue");
+    for (name, properties) in &alarms {
+        let actions: Vec<_> = properties["AlarmActions"].as_sequence().unwrap().iter().filter_map(referenced).collect();
+        assert_eq!(actions, ["AlarmTopic"], "{name} notifies the topic");
+    }
+    let email = &template["Resources"]["AlarmEmailSubscription"];
+    assert_eq!(email["Condition"].as_str(), Some("HasAlarmEmail"), "no address, no subscription");
+    assert_eq!(referenced(&email["Properties"]["Endpoint"]).as_deref(), Some("AlarmEmail"));
+    assert_eq!(template["Parameters"]["AlarmEmail"]["Default"].as_str(), Some(""));
+}
+
+/// The dashboard's body is JSON once CloudFormation has substituted it, and
+/// shows what the code writes and every function and queue of the stack.
+#[test]
+fn the_dashboard_is_json_and_shows_every_function_queue_and_metric_the_code_writes() {
+    let template = template();
+    let body = sub_text(&template["Resources"]["Dashboard"]["Properties"]["DashboardBody"]);
+    let mut names = BTreeSet::new();
+    let mut rest = body.as_str();
+    let mut substituted = String::new();
+    while let Some(start) = rest.find("${") {
+        let end = start + rest[start..].find('}').unwrap();
+        let name = &rest[start + 2..end];
+        names.insert(name.split('.').next().unwrap().to_owned());
+        substituted.push_str(&rest[..start]);
+        substituted.push('x');
+        rest = &rest[end + 1..];
+    }
+    substituted.push_str(rest);
+    let dashboard: serde_json::Value = serde_json::from_str(&substituted).expect("the dashboard body is JSON");
+    let resources = template["Resources"].as_mapping().unwrap();
+    for (name, resource) in resources {
+        let kind = resource["Type"].as_str().unwrap();
+        if matches!(kind, "AWS::Serverless::Function" | "AWS::SQS::Queue") {
+            assert!(names.contains(name.as_str().unwrap()), "{name:?} is on the dashboard");
+        }
+    }
+    for name in &names {
+        assert!(
+            name.starts_with("AWS::")
+                || resources.contains_key(name.as_str())
+                || template["Parameters"].get(name).is_some(),
+            "{name} is a resource or parameter"
+        );
+    }
+    // The functions' METRICS_NAMESPACE, `EventStore/${Service}-${Stage}`, substituted as above.
+    let shown: BTreeSet<(String, String)> = dashboard["widgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w["properties"]["metrics"].as_array().unwrap())
+        .map(|m| (m[0].as_str().unwrap().to_owned(), m[1].as_str().unwrap().to_owned()))
+        .collect();
+    for metric in [event_store::metrics::WATERMARK_LAG_METRIC, event_store::subscription::metrics::LAG_METRIC] {
+        assert!(shown.contains(&("EventStore/x-x".to_owned(), metric.to_owned())), "{metric} in {shown:?}");
+    }
+}

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use event_store::config::ScanConfig;
 use event_store::invoke::LambdaInvoker;
+use event_store::metrics;
 use event_store::scan::Scan;
+use event_store::time::now_ms;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
 
@@ -13,13 +15,19 @@ use serde_json::Value;
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = ScanConfig::from_env()?;
+    let namespace = config.metrics_namespace.clone();
     let aws = event_store::aws_config().await;
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
     let scan = Scan::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker);
-    let scan = &scan;
+    let (scan, namespace) = (&scan, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
-        scan.handle(event.payload, event.context.deadline()).await
+        let summary = scan.handle(event.payload, event.context.deadline()).await?;
+        // Embedded metric format: CloudWatch reads the watermark's lag from this log line.
+        if let Some(watermark) = summary.watermark_at_start {
+            println!("{}", metrics::watermark_lag_line(namespace, watermark, now_ms()));
+        }
+        Ok::<_, event_store::Error>(summary)
     }))
     .await
 }

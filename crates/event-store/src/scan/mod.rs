@@ -101,6 +101,11 @@ impl Scan {
         let total_segments = self.config.segments;
         let pass = self.start_pass().await;
         let mut summary = ScanSummary::default();
+        // For the watermark-lag metric; a failed read leaves it out (and the alarm treats silence as a stall).
+        match watermark::read(&self.dynamo, &self.config.event_table).await {
+            Ok(watermark) => summary.watermark_at_start = watermark.time,
+            Err(err) => warn!(error = %err, "watermark not read: no lag metric this run"),
+        }
         // One segment's failure does not keep the others from starting; the first error is reported.
         let mut first_error = None;
         for segment in 0..total_segments {

@@ -54,6 +54,10 @@ pub struct ScanSummary {
     /// The watermark this run moved its segment's part to, when it finished a pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<i64>,
+    /// A scheduled run: the watermark when it started the segments (ms), for the
+    /// watermark-lag metric (absent until every segment has finished a pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_at_start: Option<i64>,
     /// Segments a scheduled run left alone because their last pass still runs.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub busy: u32,

@@ -1,6 +1,5 @@
-//! Subscription lag as CloudWatch metrics, in the embedded metric format:
-//! JSON lines in the function's log that CloudWatch turns into metrics, so
-//! no `PutMetricData` call (and no permission for it) is needed. Pure.
+//! Subscription lag as CloudWatch metrics, in the embedded metric format
+//! ([`crate::metrics`]).
 //!
 //! Metric `SubscriptionLagSeconds` (the watermark's sealed end less the
 //! slowest partition's position), once per subscription (dimension
@@ -8,40 +7,23 @@
 //! no subscription, which the template's alarm watches. The tick writes
 //! one every minute, so a missing value means the tick itself is not running.
 
-use serde_json::{json, Value};
-
 use super::TickSummary;
+use crate::metrics::seconds_line;
 
 pub const LAG_METRIC: &str = "SubscriptionLagSeconds";
 
 /// The EMF lines for a tick's lags, at `now_ms`.
 pub fn lag_lines(namespace: &str, tick: &TickSummary, now_ms: i64) -> Vec<String> {
-    let line = |dimensions: Value, extra: Value, lag_seconds: f64| {
-        let mut doc = json!({
-            "_aws": {
-                "Timestamp": now_ms,
-                "CloudWatchMetrics": [{
-                    "Namespace": namespace,
-                    "Dimensions": dimensions,
-                    "Metrics": [{"Name": LAG_METRIC, "Unit": "Seconds"}],
-                }],
-            },
-            LAG_METRIC: lag_seconds,
-        });
-        if let (Some(doc), Some(extra)) = (doc.as_object_mut(), extra.as_object()) {
-            doc.extend(extra.clone());
-        }
-        doc.to_string()
-    };
     let seconds = |ms: i64| ms as f64 / 1000.0;
     let mut lines = Vec::new();
     let mut largest = 0;
     for sub in &tick.subscriptions {
         let Some(lag) = sub.lag_ms else { continue };
         largest = largest.max(lag);
-        lines.push(line(json!([["Subscription"]]), json!({"Subscription": sub.subscription.name}), seconds(lag)));
+        let name = sub.subscription.name.as_str();
+        lines.push(seconds_line(namespace, LAG_METRIC, seconds(lag), &[("Subscription", name)], now_ms));
     }
-    lines.push(line(json!([[]]), json!({}), seconds(largest)));
+    lines.push(seconds_line(namespace, LAG_METRIC, seconds(largest), &[], now_ms));
     lines
 }
 
@@ -50,6 +32,7 @@ mod tests {
     use super::*;
     use crate::subscription::spec::{NewSubscription, Target};
     use crate::subscription::SubscriptionStatus;
+    use serde_json::{json, Value};
 
     #[test]
     fn one_line_per_subscription_and_one_for_the_alarm() {
