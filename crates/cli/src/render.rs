@@ -39,6 +39,16 @@ pub fn status(label: &str, status: &Status, paint: &Paint) -> String {
         "watermark      {watermark}  {}",
         paint.dim(&format!("late {}  quarantined {}", status.late, status.quarantined))
     );
+    if !status.ingest_per_minute.is_empty() {
+        let total: u64 = status.ingest_per_minute.iter().sum();
+        let minutes = status.ingest_per_minute.len();
+        let _ = writeln!(
+            out,
+            "ingest         {}  {}",
+            sparkline(&status.ingest_per_minute),
+            paint.dim(&format!("{total} events in {minutes} min, per minute of arrival"))
+        );
+    }
     for shard in &status.shards {
         let state = match (&shard.oldest_unbuffered, shard.unknown) {
             (_, true) => paint.bad("unknown (empty answers short of the tip)"),
@@ -94,6 +104,20 @@ pub fn status(label: &str, status: &Status, paint: &Paint) -> String {
     out
 }
 
+/// One character per value, its height relative to the largest; a space for none at all.
+pub fn sparkline(values: &[u64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let top = values.iter().copied().max().unwrap_or(0);
+    values
+        .iter()
+        .map(|&v| match v {
+            0 => ' ',
+            // 1..=top onto the 8 bars (the largest is a full bar): anything above zero shows.
+            v => BARS[((v * 8).div_ceil(top.max(1)) - 1).min(7) as usize],
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +146,16 @@ mod tests {
         assert_eq!(lines[5], "queue          pump dead-letter queue  2 messages");
         assert_eq!(&lines[6..], ["verdict        watermark stalled", "               2 messages"]);
         assert!(!text.contains('\x1b'), "no colour unless asked");
+    }
+
+    #[test]
+    fn a_sparkline_is_a_bar_per_minute_scaled_to_the_busiest() {
+        assert_eq!(sparkline(&[0, 1, 4, 8, 2]), " ▁▄█▂");
+        assert_eq!(sparkline(&[5, 5]), "██");
+        assert_eq!(sparkline(&[0, 0]), "  ", "nothing moved: blank, not a floor");
+        let status = Status { ingest_per_minute: vec![0, 3, 6], ..Default::default() };
+        let text = status_text(&status);
+        assert!(text.lines().any(|l| l == "ingest          ▄█  9 events in 3 min, per minute of arrival"), "{text}");
     }
 
     fn status_text(status: &Status) -> String {

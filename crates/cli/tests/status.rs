@@ -70,9 +70,12 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
     assert_eq!(healthy.status.code(), Some(0), "{json}");
     assert_eq!(json["verdict"], serde_json::json!({"healthy": true, "problems": []}));
     assert!(json["watermark_lag_ms"].as_i64().unwrap() < 60_000, "{json}");
+    let ingest = json["ingest_per_minute"].as_array().unwrap();
+    assert_eq!((ingest.len(), ingest.iter().filter_map(Value::as_u64).sum::<u64>()), (60, 0), "an hour, nothing moved");
     let text = event_store(&["status"], &local);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.lines().last().unwrap().starts_with("verdict        healthy"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("ingest ") && l.ends_with("0 events in 60 min, per minute of arrival")));
     assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal: {text}");
 
     // A record the pump has not buffered, older than the limit: the pump is named, and since when.

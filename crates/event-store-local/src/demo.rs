@@ -405,11 +405,15 @@ async fn wait_until_stored(
     // The scan's own count first (in memory): scanning the whole table every second meanwhile
     // would take the emulator's time from the pipeline whose latency the demo measures.
     let moved = || stack.stats.moved.load(std::sync::atomic::Ordering::Relaxed) as usize;
-    while moved() < expected && stack.stats.last_moved().is_none_or(|t| t.elapsed() < Duration::from_secs(10)) {
+    let mut counted = moved();
+    while counted < expected && stack.stats.last_moved().is_none_or(|t| t.elapsed() < Duration::from_secs(10)) {
         if last_progress.elapsed() > DRAIN_TIMEOUT {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        if moved() > counted {
+            (counted, last_progress) = (moved(), Instant::now());
+        }
     }
     loop {
         let (items, duplicates, latencies) = stored_items(stack, run_id).await?;

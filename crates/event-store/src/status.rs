@@ -2,6 +2,7 @@
 //! already record, read back and judged. Nothing here writes.
 //!
 //! - the watermark (the sealed end of the log) and how far it is behind now;
+//! - events moved per minute over the last hour (the scan's ingest count);
 //! - per event-stream shard, where the pump stands and the arrival of the
 //!   oldest record it has not buffered yet (the scan's own probe);
 //! - the quarantine, late events, every subscription's lag, stopped
@@ -15,7 +16,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
 use tracing::warn;
 
-use crate::bookkeeping::{self, shard_position, watermark};
+use crate::bookkeeping::{self, ingest, shard_position, watermark};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, QUARANTINE_SLOT, RANGE_KEY};
 use crate::kinesis::list_shards;
@@ -72,6 +73,9 @@ pub struct Status {
     pub late: u64,
     /// Buffer items that could not become events (slot -1).
     pub quarantined: u64,
+    /// Events moved into the event table per minute of arrival, the last
+    /// [`INGEST_MINUTES`] minutes, oldest first (the current minute last).
+    pub ingest_per_minute: Vec<u64>,
     pub shards: Vec<ShardStatus>,
     pub subscriptions: Vec<SubscriptionLine>,
     pub playbacks: Vec<PlaybackRun>,
@@ -213,6 +217,9 @@ pub fn human_ms(ms: i64) -> String {
     }
 }
 
+/// Minutes of ingest counts `status` shows.
+pub const INGEST_MINUTES: usize = 60;
+
 /// Reads everything `status` shows (a few requests per shard, subscription and queue).
 pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, now: i64) -> Result<Status> {
     let (dynamo, table) = (&clients.dynamo, resources.event_table.as_str());
@@ -225,6 +232,7 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
         watermark_lag_ms: mark.time.map(|t| (now - t).max(0)),
         late: mark.late,
         quarantined: quarantined(dynamo, table).await?,
+        ingest_per_minute: ingest::per_minute(dynamo, table, now, INGEST_MINUTES).await?,
         shards: shards(clients, resources, now).await?,
         playbacks: playbacks(dynamo, table, unit, now).await?,
         queues: queues(&clients.sqs, &resources.queues).await?,

@@ -11,6 +11,7 @@
 //! | `playback#<id>` | [`crate::playback::checkpoint`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
 //! | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…` | [`crate::subscription::store`] | management; a partition's lease holder (lease-fenced) |
 //! | `settings` | [`settings`] | scan, playback and subscriptions, at first use (`TIME_UNIT`) |
+//! | `ingest#<minute start ms, 13 digits>` | [`ingest`] | scan, `ADD` at the end of each segment run (a count for status) |
 //!
 //! Every item has one writer at a time (a scan page, a scan segment's pass,
 //! a playback run's lease holder); where two could race, the write is
@@ -18,6 +19,7 @@
 //! log never read negative slots, so neither this partition nor the
 //! quarantine (`slot = -1`) is ever played back.
 
+pub mod ingest;
 pub mod lease;
 pub mod segment_pass;
 pub mod settings;

@@ -22,6 +22,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::batch::Backoff;
+use crate::bookkeeping::ingest;
 use crate::bookkeeping::segment_pass::{self, PassState};
 use crate::bookkeeping::settings;
 use crate::bookkeeping::watermark::{self, Pass};
@@ -232,6 +233,10 @@ impl Scan {
                     break;
                 }
             }
+        }
+        // Best effort: the count only draws the ingest rate (see `ingest`).
+        if let Err(err) = ingest::add(&self.dynamo, table, &summary.per_minute).await {
+            warn!(segment = task.segment, error = %err, "ingest count not written");
         }
         info!(
             segment = task.segment,

@@ -6,11 +6,12 @@
 //! items may be deleted ([`PagePlan::settle`]); once the deletes are back,
 //! what the page moved and what it tells the watermark ([`PagePlan::outcome`]).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
 use tracing::{error, warn};
 
+use crate::bookkeeping::ingest::minute_of;
 use crate::bookkeeping::slot_index::index_item;
 use crate::bookkeeping::watermark::UNKNOWN_ARRIVAL;
 use crate::buffer_item::{self, BufferItem};
@@ -133,6 +134,8 @@ pub struct PageOutcome {
     /// Items that can neither move nor be quarantined, by what names them: they hold the
     /// watermark at their arrival (where they have none, where it is) until someone removes them.
     pub stuck: Vec<String>,
+    /// Moved events by the minute of their arrival (the ingest count status draws).
+    pub per_minute: BTreeMap<i64, u64>,
 }
 
 impl PagePlan {
@@ -252,6 +255,10 @@ impl PagePlan {
                 .collect(),
             None => Vec::new(),
         };
+        let mut per_minute = BTreeMap::new();
+        for (arrival, _) in moved.iter().filter_map(|id| self.arrivals.get(*id)).flatten() {
+            *per_minute.entry(minute_of(*arrival)).or_insert(0) += 1;
+        }
         let events_of = |id: &String| self.arrivals.get(id).map_or(1, Vec::len);
         PageOutcome {
             moved: moved.iter().map(|id| events_of(id)).sum(),
@@ -268,6 +275,7 @@ impl PagePlan {
                 .chain(self.stuck.iter().map(|(_, arrival)| arrival.unwrap_or(UNKNOWN_ARRIVAL)))
                 .min(),
             stuck: self.stuck.iter().map(|(name, _)| name.clone()).collect(),
+            per_minute,
         }
     }
 }
@@ -372,6 +380,7 @@ mod tests {
         assert_eq!((outcome.moved, outcome.failed, outcome.late), (1, 2, 1), "a moved behind the watermark");
         assert_eq!(outcome.first_late_slot, Some(T));
         assert_eq!(outcome.oldest_left, Some(T + 20));
+        assert_eq!(outcome.per_minute, BTreeMap::from([(minute_of(T + 10), 1)]), "only what moved is counted");
     }
 
     /// A buffer chunk of `arrivals` (one shard's events), as the pump writes it.

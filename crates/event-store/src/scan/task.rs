@@ -58,6 +58,9 @@ pub struct ScanSummary {
     /// watermark-lag metric (absent until every segment has finished a pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_at_start: Option<i64>,
+    /// Moved events by the minute of their arrival (written to the ingest count at the run's end).
+    #[serde(skip)]
+    pub per_minute: std::collections::BTreeMap<i64, u64>,
     /// Segments a scheduled run left alone because their last pass still runs.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub busy: u32,
@@ -77,6 +80,9 @@ impl ScanSummary {
         self.quarantined += page.quarantined;
         self.late += page.late;
         self.stuck.extend(page.stuck.iter().cloned());
+        for (minute, events) in &page.per_minute {
+            *self.per_minute.entry(*minute).or_insert(0) += events;
+        }
     }
 }
 

@@ -156,7 +156,13 @@ impl Runner<'_> {
                 || remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll
             {
                 if delivered > caught_up_with {
-                    return self.hand_over(task).await;
+                    // Not to a successor of a subscription paused or deleted meanwhile (it would
+                    // find it paused and leave the handed-over lease to expire).
+                    return match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
+                        None => self.end(RunStatus::Gone).await,
+                        Some(sub) if sub.state == State::Paused => self.end(RunStatus::Paused).await,
+                        Some(_) => self.hand_over(task).await,
+                    };
                 }
                 return self.end(RunStatus::CaughtUp).await;
             }
