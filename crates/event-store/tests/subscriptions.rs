@@ -288,6 +288,22 @@ async fn a_runner_that_delivered_while_following_hands_over_and_an_idle_one_ends
         "the runner that delivered while following hands over; its successor, with nothing new, ends"
     );
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..50, 5), 0);
+
+    // A successor handed the lease of a subscription paused meanwhile gives the lease up, so a
+    // resume is not kept waiting for it to expire (minutes).
+    let table = &env.names.event_table;
+    let sub = event_store::subscription::store::get(&env.dynamo, table, "busy").await.unwrap().unwrap();
+    let far_ms = now_ms() + 600_000;
+    let held =
+        event_store::subscription::store::take(&env.dynamo, table, (&sub, 0), ("handed", None), far_ms, now_ms()).await;
+    assert!(matches!(held.unwrap(), event_store::subscription::store::Taken::Held(_)), "the predecessor's hand-over");
+    manage(&env, &target, json!({"action": "pause", "name": "busy"})).await.unwrap();
+    let subs = subscriptions(&env, &target, runs::subscription_config(&env.names));
+    let handed = PartitionTask { lease: Some("handed".into()), hop: 1, ..PartitionTask::first("busy", 0) };
+    assert_eq!(subs.run_partition(handed, far()).await.unwrap().status, RunStatus::Paused);
+    manage(&env, &target, json!({"action": "resume", "name": "busy"})).await.unwrap();
+    let resumed = subs.run_partition(PartitionTask::first("busy", 0), far()).await.unwrap();
+    assert_eq!(resumed.status, RunStatus::CaughtUp, "not busy until the handed lease expires: {resumed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -181,7 +181,9 @@ fn the_relay_sees_only_batch_items_holds_a_stream_before_its_mapping_gives_up_an
             && watched("RelayIteratorAgeAlarm").contains("RelayFunction")
     );
     assert!(watched("RelayErrorsAlarm").contains("Errors") && watched("RelayErrorsAlarm").contains("RelayFunction"));
-    assert!(watched("ThrottlesAlarm").contains("RelayFunction") && watched("ThrottlesAlarm").contains("+ relay"));
+    assert!(
+        watched("ThrottlesAlarm").contains("RelayFunction") && watched("ThrottlesAlarm").contains("FILL(relay, 0)")
+    );
     let table = &template["Resources"]["EntityTable"]["Properties"];
     assert_eq!(table["StreamSpecification"]["StreamViewType"].as_str(), Some("NEW_IMAGE"));
     let keys: Vec<String> = table["KeySchema"]

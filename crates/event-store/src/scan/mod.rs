@@ -215,29 +215,33 @@ impl Scan {
         };
         // Slots this run has already indexed: each gets one index write per run, not one per page.
         let mut indexed = BTreeSet::new();
-        loop {
-            let (items, last_key) = self.scan_page(task, start_key.take()).await?;
-            let page = self.move_page(items, watermark, &mut indexed, deadline).await;
-            summary.add(&page);
-            state.pass.saw(page.oldest_left);
-            self.count_late(task, &page).await;
-            match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
-                SegmentStep::PassDone => {
-                    summary.watermark = self.finish_pass(task, &state.pass).await?;
-                    break;
-                }
-                SegmentStep::NextPage(key) => start_key = Some(key),
-                SegmentStep::HandOver(key) => {
-                    state.next_key = Some(key);
-                    self.hand_over(task, &state, lease_ms, &mut summary).await?;
-                    break;
+        let passed: Result<()> = async {
+            loop {
+                let (items, last_key) = self.scan_page(task, start_key.take()).await?;
+                let page = self.move_page(items, watermark, &mut indexed, deadline).await;
+                summary.add(&page);
+                state.pass.saw(page.oldest_left);
+                self.count_late(task, &page).await;
+                match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
+                    SegmentStep::PassDone => {
+                        summary.watermark = self.finish_pass(task, &state.pass).await?;
+                        return Ok(());
+                    }
+                    SegmentStep::NextPage(key) => start_key = Some(key),
+                    SegmentStep::HandOver(key) => {
+                        state.next_key = Some(key);
+                        return self.hand_over(task, &state, lease_ms, &mut summary).await;
+                    }
                 }
             }
         }
-        // Best effort: the count only draws the ingest rate (see `ingest`).
+        .await;
+        // What moved is counted whether or not the run ended well; best effort, as the count
+        // only draws the ingest rate (see `ingest`).
         if let Err(err) = ingest::add(&self.dynamo, table, &summary.per_minute).await {
             warn!(segment = task.segment, error = %err, "ingest count not written");
         }
+        passed?;
         info!(
             segment = task.segment,
             pages = summary.pages,

@@ -61,6 +61,10 @@ impl Subscriptions {
             )));
         }
         if sub.state == State::Paused {
+            // A lease handed to this run is given up, so a resume does not wait for it to expire.
+            if let Some(handed) = task.lease.as_deref() {
+                store::release(dynamo, table, (&sub.name, task.partition), handed).await?;
+            }
             return Ok(RunSummary { status: RunStatus::Paused, ..summary });
         }
         self.ensure_time_unit().await?;
