@@ -61,11 +61,11 @@ status: local-bin ## the store at a glance: watermark, pump, subscriptions, play
 playback: local-bin ## play back START..END (ISO 8601; default the last 15 min) from the running stack
 	$(LOCAL_BIN) playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)')
 
-tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|beginning|<time> [FILTER=/path=/track.gif]
-	$(LOCAL_BIN) tail --from '$(or $(FROM),now)' $(if $(FILTER),--filter '$(FILTER)')
+tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|beginning|<time> [FILTER=/path=/track.gif] (STACK=<name> for a deployed one)
+	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') tail --from '$(or $(FROM),now)' $(if $(FILTER),--filter '$(FILTER)')
 
-subscription: local-bin ## manage subscriptions of the running stack: ARGS='list' | ARGS='create NAME --target kinesis:S --start beginning' | pause/resume/reset/delete/parked/redrive
-	$(LOCAL_BIN) subscription $(or $(ARGS),list)
+subscription: local-bin ## manage subscriptions: ARGS='list' | ARGS='create NAME --target kinesis:S --start beginning' | pause/resume/reset/delete/parked/redrive (STACK=<name> for a deployed one)
+	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') subscription $(or $(ARGS),list)
 
 redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (RELAY=1: the relay's, held entity streams from the entity table; AWS=1: the deployed stack, names from the environment)
 	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(RELAY),--relay) $(if $(AWS),--aws)

@@ -4,12 +4,17 @@
 //! 127.0.0.1:`EMULATOR_PORT`; `--stack NAME` to a deployed stack, found by its
 //! CloudFormation outputs with the usual AWS credentials and region.
 //!
+//! Verbs: `status`; `subscription <action>` (locally in this process, on a
+//! deployed stack by invoking its subscriptions function); `tail`.
+//!
 //! Exit codes (for scripts): 0 done (for `status`: healthy); 1 done, and
 //! something needs a hand (`status`: a problem named in the verdict); 2 bad
 //! usage; 3 no store reached (no local stack, an unknown stack, a stack that
 //! is not an event store, no credentials); 4 the store answered with an error.
 
 mod render;
+mod subscription;
+mod tail;
 mod target;
 
 use std::io::IsTerminal;
@@ -45,12 +50,30 @@ enum Command {
         #[arg(long)]
         stall_after: Option<u32>,
     },
+    /// Manage subscriptions (what the subscriptions function does for {"action": ...}); prints its answer as JSON.
+    Subscription {
+        #[command(subcommand)]
+        action: subscription::Action,
+    },
+    /// Print the sealed log's events as their slots seal, one JSON line each, until Ctrl-C (or --count).
+    Tail {
+        /// `now`, `beginning`, or a time (ISO 8601 or epoch ms).
+        #[arg(long, default_value = "now")]
+        from: String,
+        /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
+        #[arg(long = "filter", value_delimiter = ',')]
+        filters: Vec<String>,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
 }
 
 /// See the module's documentation.
 enum Exit {
     Done = 0,
     NeedsAHand = 1,
+    BadUsage = 2,
     NoStore = 3,
     StoreError = 4,
 }
@@ -68,6 +91,11 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Exit {
+    // Arguments are checked before any store is asked, so a bad one changes nothing.
+    let verb = match Verb::of(cli.command) {
+        Ok(verb) => verb,
+        Err(err) => return fail(&err, Exit::BadUsage),
+    };
     let target = match &cli.stack {
         Some(name) if !cli.local => target::stack(name).await,
         _ => target::local().await,
@@ -76,8 +104,65 @@ async fn run(cli: Cli) -> Exit {
         Ok(target) => target,
         Err(err) => return fail(&err, Exit::NoStore),
     };
-    match cli.command {
-        Command::Status { stall_after } => status(&target, stall_after, cli.json).await,
+    match verb {
+        Verb::Status { stall_after } => status(&target, stall_after, cli.json).await,
+        Verb::Subscription(request) => manage(&target, request).await,
+        Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
+    }
+}
+
+/// A command whose arguments were read and checked.
+enum Verb {
+    Status { stall_after: Option<u32> },
+    Subscription(event_store::subscription::Manage),
+    Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
+}
+
+impl Verb {
+    fn of(command: Command) -> anyhow::Result<Self> {
+        Ok(match command {
+            Command::Status { stall_after } => Verb::Status { stall_after },
+            Command::Subscription { action } => Verb::Subscription(action.request()?),
+            Command::Tail { from, filters, count } => Verb::Tail {
+                from: event_store::subscription::spec::parse_start(&from, event_store::time::now_ms())
+                    .map_err(|e| anyhow::anyhow!("--from {from:?}: {e}"))?,
+                filters: filters.iter().map(|f| f.parse()).collect::<event_store::Result<_>>()?,
+                count,
+            },
+        })
+    }
+}
+
+async fn manage(target: &Target, request: event_store::subscription::Manage) -> Exit {
+    if target.stack.is_some() && target.subscriptions_function.is_none() {
+        let err = format!("{}: no SubscriptionsFunctionName output (deploy the current template)", target.label);
+        return fail(&err, Exit::NoStore);
+    }
+    match subscription::manage(target, request).await {
+        Ok(answer) => {
+            println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            Exit::Done
+        }
+        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+    }
+}
+
+async fn tail(target: &Target, from: i64, filters: &[event_store::playback::Filter], count: Option<u64>) -> Exit {
+    let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
+    eprintln!(
+        "following the sealed log of {} from {} (Ctrl-C stops)",
+        target.label,
+        event_store::time::format_ms(from)
+    );
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match tail::tail(&dynamo, &target.resources.event_table, from, filters, count, stop).await {
+        Ok(printed) => {
+            eprintln!("{printed} events");
+            Exit::Done
+        }
+        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
     }
 }
 

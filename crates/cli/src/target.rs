@@ -37,6 +37,12 @@ pub struct Target {
     pub label: String,
     pub sdk: SdkConfig,
     pub resources: Resources,
+    /// A deployed stack's subscriptions function (its `SubscriptionsFunctionName`
+    /// output), which management actions invoke; `None` locally, where they
+    /// run in this process.
+    pub subscriptions_function: Option<String>,
+    /// Set for a deployed stack.
+    pub stack: Option<String>,
 }
 
 /// The local stack of `STAGE` (default `local`) on `EMULATOR_PORT` (default 4566).
@@ -62,7 +68,13 @@ pub async fn local() -> Result<Target, TargetError> {
         return Err(TargetError::NoLocalTables { port, stage, table: names.event_table });
     }
     let resources = Resources { event_table: names.event_table, event_stream: names.event_stream, queues: vec![] };
-    Ok(Target { label: format!("local stack {stage} ({endpoint})"), sdk, resources })
+    Ok(Target {
+        label: format!("local stack {stage} ({endpoint})"),
+        sdk,
+        resources,
+        subscriptions_function: None,
+        stack: None,
+    })
 }
 
 /// The deployed stack `name`, from its outputs.
@@ -92,7 +104,13 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         .filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned())))
         .collect();
     let resources = resources_from_outputs(name, &outputs)?;
-    Ok(Target { label: format!("stack {name} ({region})"), sdk, resources })
+    Ok(Target {
+        label: format!("stack {name} ({region})"),
+        sdk,
+        resources,
+        subscriptions_function: outputs.get("SubscriptionsFunctionName").cloned(),
+        stack: Some(name.to_owned()),
+    })
 }
 
 /// A stack's resources from its outputs (`template.yaml`'s `Outputs`).

@@ -5,10 +5,10 @@
 //! - `demo`: the main job end to end, with a report (exit 1 if anything was lost);
 //! - `playback`: play a window back from a running stack;
 //! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue;
-//! - `subscription <action>`: manage subscriptions of the running stack;
-//! - `tail`: print the sealed log's events as their slots seal;
 //! - `invoke`: run a deployed function artefact in a container under `sam local invoke`, against the running stack;
 //! - `api`: serve the HTTP API from such containers with `sam local start-api`.
+//!
+//! `subscription` and `tail` are verbs of `event-store` (crates/cli), for this stack and a deployed one.
 
 mod demo;
 mod entities;
@@ -97,11 +97,6 @@ enum Command {
         #[arg(long, default_value_t = false)]
         aws: bool,
     },
-    /// Manage the running stack's subscriptions (what the subscriptions Lambda does for {"action": ...}).
-    Subscription {
-        #[command(subcommand)]
-        action: subscriptions::Action,
-    },
     /// Run a function's deployed artefact (target/lambda/<FUNCTION>/bootstrap, from `make build`)
     /// in a container under `sam local invoke`, against the running local stack; prints its answer.
     Invoke {
@@ -123,15 +118,6 @@ enum Command {
         /// The SAM CLI.
         #[arg(long, env = "SAM", default_value = ".venv/bin/sam")]
         sam: std::path::PathBuf,
-    },
-    /// Print the events of the running stack's sealed log as their slots seal (Ctrl-C stops).
-    Tail {
-        /// `now`, `beginning`, or a time (ISO 8601 or epoch ms).
-        #[arg(long, env = "FROM", default_value = "now")]
-        from: String,
-        /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
-        #[arg(long = "filter", env = "FILTER", value_delimiter = ',')]
-        filters: Vec<String>,
     },
 }
 
@@ -194,7 +180,7 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
                 end,
                 wait_seconds: Some(wait),
                 max_records_per_second: rate,
-                filter: filters.iter().map(|f| playback::parse_filter(f)).collect::<Result<_>>()?,
+                filter: filters.iter().map(|f| f.parse()).collect::<event_store::Result<_>>()?,
                 restart,
                 ..Default::default()
             };
@@ -204,23 +190,6 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
             let total = playback::total(&summaries);
             playback::print_summary(&total, summaries.len());
             Ok(total.status != event_store::playback::Status::Incomplete)
-        }
-        Command::Subscription { action } => {
-            playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
-            let sdk = event_store::aws_config().await;
-            println!("{}", serde_json::to_string_pretty(&subscriptions::manage(&sdk, action).await?)?);
-            Ok(true)
-        }
-        Command::Tail { from, filters } => {
-            playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
-            let sdk = event_store::aws_config().await;
-            let from = subscriptions::parse_from(&from)?;
-            let filters = filters.iter().map(|f| playback::parse_filter(f)).collect::<Result<Vec<_>>>()?;
-            eprintln!("following the sealed log from {} (Ctrl-C stops)", subscriptions::describe_from(from));
-            let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
-            let printed = subscriptions::tail(&dynamo, from, &filters, shutdown_signal()).await?;
-            eprintln!("{printed} events");
-            Ok(true)
         }
         Command::Invoke { function, event, sam } => {
             let root = std::env::current_dir()?;

@@ -6,21 +6,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use event_store::config::PlaybackConfig;
-use event_store::playback::{Filter, Playback, PlaybackRequest, PlaybackSummary, Progress, ProgressObserver, Status};
+use event_store::playback::{Playback, PlaybackRequest, PlaybackSummary, Progress, ProgressObserver, Status};
 use event_store::time::format_ms;
 use event_store_emulator::runs::{deadline_in, run_playback};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::stack::PLAYBACK_TIMEOUT;
-
-/// `/path=/track.gif` → a filter; the value is JSON when it parses (`/n=3`), else a string.
-pub fn parse_filter(text: &str) -> Result<Filter> {
-    let (field, value) = text.split_once('=').context("a filter is POINTER=VALUE, e.g. /path=/track.gif")?;
-    let equals = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
-    Ok(Filter { field: field.to_owned(), equals })
-}
 
 /// Runs the playback of `request` and its continuations to the end; with
 /// `interactive`, draws a progress bar and prints a per-second sparkline.
@@ -217,13 +210,6 @@ pub fn require_emulator(endpoint: &str, port: u16) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn filters_parse_json_values_or_strings() {
-        assert_eq!(parse_filter("/n=3").unwrap().equals, serde_json::json!(3));
-        assert_eq!(parse_filter("/path=/track.gif").unwrap().equals, serde_json::json!("/track.gif"));
-        assert!(parse_filter("nothing").is_err());
-    }
 
     #[test]
     fn the_histogram_puts_each_slot_in_its_column_and_the_sparkline_scales() {

@@ -344,10 +344,8 @@ pub struct SubscriptionConfig {
     pub dedupe_window_ms: u64,
     /// Continuations one partition run may chain (`MAX_CONTINUATIONS`); the next tick goes on.
     pub max_continuations: u32,
-    /// How long a caught-up runner keeps following the sealed log
-    /// (`SUBSCRIPTION_FOLLOW_SECONDS`, default 50: just under the tick's
-    /// minute, so runners of consecutive ticks do not overlap and the gap
-    /// between them is seconds).
+    /// How long a caught-up runner keeps following the sealed log (`SUBSCRIPTION_FOLLOW_SECONDS`, default
+    /// 50: just under the tick's minute, so consecutive ticks' runners do not overlap, and the gap is seconds).
     pub follow: Duration,
     /// How often a caught-up runner reads the watermark (`SUBSCRIPTION_POLL_MS`,
     /// default 1,000): one `Query` each; a shorter poll takes its share off
@@ -376,9 +374,14 @@ impl SubscriptionConfig {
     };
 
     pub fn from_env() -> Result<Self> {
+        Self::for_table(Env(Self::VARIABLES).var("DYNAMO_EVENT_TABLE")?)
+    }
+
+    /// The environment's settings for a table named elsewhere (the CLI's: a stack output, or the stage's).
+    pub fn for_table(event_table: String) -> Result<Self> {
         let env = Env(Self::VARIABLES);
         Ok(Self {
-            event_table: env.var("DYNAMO_EVENT_TABLE")?,
+            event_table,
             time_unit_ms: env.time_unit()?,
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("QUERY_PAGE_ITEMS")?,

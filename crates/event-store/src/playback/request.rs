@@ -115,6 +115,20 @@ pub struct Filter {
     pub equals: Value,
 }
 
+/// `POINTER=VALUE` (`/path=/track.gif`), as the command line takes it: the
+/// value is read as JSON when it parses, else as a string.
+impl std::str::FromStr for Filter {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let (field, value) = text.split_once('=').filter(|(field, _)| field.starts_with('/')).ok_or_else(|| {
+            Error::BadInput(format!("a filter is POINTER=VALUE, e.g. /path=/track.gif, not {text:?}"))
+        })?;
+        let equals = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
+        Ok(Filter { field: field.to_owned(), equals })
+    }
+}
+
 impl Filter {
     pub fn matches(&self, event: Option<&Value>) -> bool {
         event.and_then(|e| e.pointer(&self.field)) == Some(&self.equals)
@@ -188,6 +202,18 @@ mod tests {
     use crate::event_item::sort_key;
 
     const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn a_filter_on_the_command_line_is_a_pointer_and_a_json_or_text_value() {
+        let f: Filter = "/path=/track.gif".parse().unwrap();
+        assert_eq!((f.field.as_str(), &f.equals), ("/path", &Value::String("/track.gif".into())));
+        let n: Filter = "/n=3".parse().unwrap();
+        assert_eq!(n.equals, serde_json::json!(3), "a value that parses as JSON is JSON");
+        assert!(n.matches(Some(&serde_json::json!({"n": 3}))) && !n.matches(Some(&serde_json::json!({"n": "3"}))));
+        for bad in ["path=/x", "/path", ""] {
+            assert!(bad.parse::<Filter>().is_err(), "{bad:?} is no filter");
+        }
+    }
 
     #[test]
     fn window_defaults_to_the_15_minutes_before_the_sealed_bound() {

@@ -1,0 +1,187 @@
+//! `event-store subscription <action>`: the management actions the
+//! `subscriptions` function takes as `{"action": ...}`. Against the local
+//! stack they run in this process on the stack's tables (the running `make
+//! local` starts the runners); against a deployed stack the function itself is
+//! invoked, so what a caller may do is what IAM lets them invoke.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Result;
+use aws_sdk_lambda::primitives::Blob;
+use clap::Subcommand;
+use event_store::config::SubscriptionConfig;
+use event_store::playback::Filter;
+use event_store::subscription::{Manage, NewSubscription, OnPoison, Subscriptions, Target as Destination};
+use event_store_emulator::invoke::{recursive_loop, LocalInvoker};
+use serde_json::Value;
+
+use crate::target::Target;
+
+/// The subscription actions, as command-line arguments.
+#[derive(Subcommand)]
+pub enum Action {
+    /// Create a subscription: every event from START on, in order per partition key, to TARGET.
+    Create {
+        name: String,
+        /// `beginning`, `now`, or a time (ISO 8601 or epoch ms).
+        #[arg(long, default_value = "now")]
+        start: String,
+        /// `kinesis:<stream>` or `lambda:<function>`.
+        #[arg(long)]
+        target: String,
+        /// Partitions (1 to 64): runners in parallel, each key's events in one of them.
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
+        #[arg(long = "filter", value_delimiter = ',')]
+        filters: Vec<String>,
+        /// After parking an event the target keeps refusing: `park` (go on) or `stop`.
+        #[arg(long, default_value = "park")]
+        on_poison: String,
+        /// Events per delivery (1 to 500).
+        #[arg(long)]
+        batch_size: Option<usize>,
+    },
+    /// Every subscription, with its lag per partition.
+    List,
+    Pause {
+        name: String,
+    },
+    /// Active again; stopped partitions go on.
+    Resume {
+        name: String,
+    },
+    /// Deliver again from TO (`beginning`, `now` or a time).
+    Reset {
+        name: String,
+        #[arg(long)]
+        to: String,
+    },
+    Delete {
+        name: String,
+    },
+    /// The events a subscription parked, with their errors.
+    Parked {
+        name: String,
+    },
+    /// Deliver parked events again (all, or those named), and unpark those the target takes.
+    Redrive {
+        name: String,
+        #[arg(long = "event-id")]
+        event_ids: Vec<String>,
+    },
+}
+
+/// `kinesis:<stream>` or `lambda:<function>`.
+pub fn parse_target(text: &str) -> Result<Destination> {
+    match text.split_once(':') {
+        Some(("kinesis", stream)) if !stream.is_empty() => Ok(Destination::Kinesis(stream.to_owned())),
+        Some(("lambda", function)) if !function.is_empty() => Ok(Destination::Lambda(function.to_owned())),
+        _ => anyhow::bail!("a target is kinesis:<stream> or lambda:<function>, not {text:?}"),
+    }
+}
+
+impl Action {
+    /// The request the function takes; bad arguments are refused here, before anything is sent.
+    pub fn request(self) -> Result<Manage> {
+        Ok(match self {
+            Action::Create { name, start, target, partitions, filters, on_poison, batch_size } => {
+                let on_poison = match on_poison.as_str() {
+                    "park" => OnPoison::Park,
+                    "stop" => OnPoison::Stop,
+                    other => anyhow::bail!("--on-poison is park or stop, not {other:?}"),
+                };
+                Manage::Create(NewSubscription {
+                    name,
+                    start: Some(start),
+                    filter: filters.iter().map(|f| f.parse()).collect::<event_store::Result<Vec<Filter>>>()?,
+                    target: Some(parse_target(&target)?),
+                    partitions: Some(partitions),
+                    on_poison,
+                    batch_size,
+                    ..Default::default()
+                })
+            }
+            Action::List => Manage::List,
+            Action::Pause { name } => Manage::Pause { name },
+            Action::Resume { name } => Manage::Resume { name },
+            Action::Reset { name, to } => Manage::Reset { name, to },
+            Action::Delete { name } => Manage::Delete { name },
+            Action::Parked { name } => Manage::Parked { name },
+            Action::Redrive { name, event_ids } => Manage::Redrive { name, event_ids },
+        })
+    }
+}
+
+/// Why an action was not done: the store's own answer (exit code 4).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// Runs `request` against `target`; its answer.
+pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
+    let payload = serde_json::to_value(&request)?;
+    match &target.subscriptions_function {
+        Some(function) => invoke(target, function, payload).await,
+        None => {
+            let config = SubscriptionConfig::for_table(target.resources.event_table.clone())?;
+            // Runners a reset or resume asks for are started by the running stack's next tick.
+            let (invoker, _) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
+            let sdk = &target.sdk;
+            let subscriptions = Subscriptions::new(
+                aws_sdk_dynamodb::Client::new(sdk),
+                aws_sdk_kinesis::Client::new(sdk),
+                aws_sdk_lambda::Client::new(sdk),
+                config,
+                Arc::new(invoker),
+            );
+            let answer = subscriptions.handle(payload, SystemTime::now() + Duration::from_secs(900)).await;
+            Ok(answer.map_err(|e| Refused(e.to_string()))?.to_json()?)
+        }
+    }
+}
+
+/// The deployed function, invoked and waited for.
+async fn invoke(target: &Target, function: &str, payload: Value) -> Result<Value> {
+    let out = aws_sdk_lambda::Client::new(&target.sdk)
+        .invoke()
+        .function_name(function)
+        .payload(Blob::new(serde_json::to_vec(&payload)?))
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("invoking {function}: {}", aws_sdk_lambda::error::DisplayErrorContext(e)))?;
+    let body: Value = out.payload().map(|p| serde_json::from_slice(p.as_ref())).transpose()?.unwrap_or(Value::Null);
+    if out.function_error().is_some() {
+        let message = body["errorMessage"].as_str().map_or_else(|| body.to_string(), str::to_owned);
+        return Err(Refused(message).into());
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked_before_anything_is_sent() {
+        assert!(matches!(parse_target("kinesis:out").unwrap(), Destination::Kinesis(s) if s == "out"));
+        assert!(matches!(parse_target("lambda:f").unwrap(), Destination::Lambda(f) if f == "f"));
+        for bad in ["out", "sqs:q", "kinesis:"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+        let create = |on_poison: &str, filter: &str| Action::Create {
+            name: "s".into(),
+            start: "now".into(),
+            target: "kinesis:out".into(),
+            partitions: 2,
+            filters: vec![filter.into()],
+            on_poison: on_poison.into(),
+            batch_size: None,
+        };
+        let Manage::Create(new) = create("stop", "/path=/track.gif").request().unwrap() else { panic!("not a create") };
+        assert_eq!((new.on_poison, new.partitions, new.filter.len()), (OnPoison::Stop, Some(2), 1));
+        assert!(create("skip", "/path=/x").request().is_err());
+        assert!(create("park", "path").request().is_err());
+    }
+}

@@ -1,0 +1,101 @@
+//! `event-store tail`: the sealed log's events as their slots seal, one
+//! JSON line each (the played-record shape), read straight from the event
+//! table with the caller's credentials, local or deployed alike.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use event_store::bookkeeping::settings;
+use event_store::bookkeeping::slot_index::read_index;
+use event_store::bookkeeping::watermark;
+use event_store::config::SubscriptionConfig;
+use event_store::dedupe::RecentIds;
+use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
+use event_store::playback::{Checkpoint, Filter, PlayedEvent, Window};
+use event_store::time::slot_of;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// How often the watermark is read while the log is followed.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Prints the events of the sealed log from `from` (ms) on, until `limit`
+/// events are printed or `stop` resolves; returns how many it printed.
+pub async fn tail(
+    dynamo: &aws_sdk_dynamodb::Client,
+    event_table: &str,
+    from: i64,
+    filters: &[Filter],
+    limit: Option<u64>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<u64> {
+    let mut config = SubscriptionConfig::for_table(event_table.to_owned())?;
+    // The slot size the store was started with, whatever this shell's TIME_UNIT says.
+    if let Some(unit) = settings::time_unit(dynamo, event_table).await? {
+        config.time_unit_ms = unit;
+    }
+    let mut printed = 0u64;
+    tokio::select! {
+        result = follow(dynamo, &config, from, filters, limit, &mut printed) => result?,
+        () = stop => {}
+    }
+    Ok(printed)
+}
+
+async fn follow(
+    dynamo: &aws_sdk_dynamodb::Client,
+    config: &SubscriptionConfig,
+    from: i64,
+    filters: &[Filter],
+    limit: Option<u64>,
+    printed: &mut u64,
+) -> Result<()> {
+    let (table, unit) = (config.event_table.as_str(), config.time_unit_ms);
+    let mut position = Checkpoint::at_slot(slot_of(from, unit));
+    let mut recent = RecentIds::new(config.dedupe_window_ms);
+    let done = |printed: u64| limit.is_some_and(|l| printed >= l);
+    while !done(*printed) {
+        let sealed_end = watermark::read(dynamo, table).await?.sealed_end(unit);
+        if let Some(end) = sealed_end.filter(|end| position.slot < *end) {
+            let window = Window { start: from, end };
+            let (slots, _) = read_index(dynamo, table, position.slot, end).await?;
+            let reader = Reader {
+                dynamo,
+                table,
+                time_unit_ms: unit,
+                page_items: config.page_items,
+                dedupe_window_ms: config.dedupe_window_ms,
+                window: &window,
+            };
+            let (tx, rx) = mpsc::channel::<event_store::Result<Page>>(PAGES_AHEAD);
+            let printer = async {
+                // Owned here: leaving early drops it, which stops the reader.
+                let mut rx = rx;
+                while let Some(page) = rx.recv().await {
+                    for event in page?.events {
+                        let Ok(bytes) = event.bytes() else { continue };
+                        let json: Option<Value> = serde_json::from_slice(&bytes).ok();
+                        if recent.is_copy(json.as_ref(), event.arrival)
+                            || !filters.iter().all(|f| f.matches(json.as_ref()))
+                        {
+                            continue;
+                        }
+                        println!("{}", serde_json::to_string(&PlayedEvent::new(&event, json, &bytes, *printed))?);
+                        *printed += 1;
+                        if done(*printed) {
+                            return anyhow::Ok(());
+                        }
+                    }
+                }
+                anyhow::Ok(())
+            };
+            let ((), printed_all) = tokio::join!(reader.fetch_pages(slots, position.clone(), tx), printer);
+            printed_all?;
+            position = Checkpoint::at_slot(end);
+        }
+        if !done(*printed) {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    Ok(())
+}

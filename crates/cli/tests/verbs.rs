@@ -1,0 +1,143 @@
+//! `event-store subscription …` and `event-store tail` as a user runs them:
+//! the binary against a real emulator on a free port, on events that went
+//! through the pump and the scan like any other.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::config::Credentials;
+use aws_sdk_kinesis::types::ShardIteratorType;
+use event_store::config::{PumpConfig, ScanConfig};
+use event_store::pump::Pump;
+use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
+use event_store_emulator::watchdog::Watchdog;
+use event_store_emulator::{moto_server, Emulator};
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `event-store args` against the local stack on `port`, the user's own AWS settings cleared.
+fn event_store(args: &[&str], port: u16) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_event-store"));
+    for name in ["AWS_ENDPOINT_URL", "AWS_PROFILE", "EVENT_STORE_STACK", "STAGE", "TIME_UNIT"] {
+        command.env_remove(name);
+    }
+    command.args(args).env("EMULATOR_PORT", port.to_string()).output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_command_line() {
+    let moto = Emulator::start_on_free_port(&moto_server(&root())).unwrap();
+    let _watchdog = Watchdog::start(moto.diagnostics().into_iter().collect());
+    let sdk = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(&moto.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("t", "t", None, None, "test"))
+        .load()
+        .await;
+    let (dynamo, kinesis) = (aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
+    let names = Names::for_stage("local");
+    create_tables(&dynamo, &names).await.unwrap();
+    create_streams(&kinesis, &names, 1).await.unwrap();
+
+    // Four events through the event stream, the pump and a scan pass: three clicks and a view.
+    for (i, kind) in ["click", "view", "click", "click"].iter().enumerate() {
+        let data = serde_json::to_vec(&json!({"kind": kind, "n": i})).unwrap();
+        let put = kinesis.put_record().stream_name(&names.event_stream).partition_key(format!("k{i}"));
+        put.data(aws_sdk_kinesis::primitives::Blob::new(data)).send().await.unwrap();
+    }
+    let summary = kinesis.describe_stream_summary().stream_name(&names.event_stream).send().await.unwrap();
+    let arn = summary.stream_description_summary().unwrap().stream_arn().to_owned();
+    let shard = "shardId-000000000000";
+    let iterator = kinesis
+        .get_shard_iterator()
+        .stream_name(&names.event_stream)
+        .shard_id(shard)
+        .shard_iterator_type(ShardIteratorType::TrimHorizon)
+        .send()
+        .await
+        .unwrap();
+    let read = event_store::kinesis::get_records(&kinesis, iterator.shard_iterator().unwrap().to_owned(), 100);
+    let records = read.await.unwrap().records().to_vec();
+    assert_eq!(records.len(), 4);
+    let pump = Pump::new(dynamo.clone(), kinesis.clone(), PumpConfig::new(&names.buffer_table, &names.event_table));
+    let answer = pump.handle(event_store::kinesis::lambda_event(&arn, shard, "us-east-1", &records)).await;
+    assert!(answer.batch_item_failures.is_empty());
+    // Past the events' slot, so the pass seals it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let scan = ScanConfig { segments: 1, ..scan_config(&names) };
+    for pass in run_scan(dynamo.clone(), kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(60))).await {
+        pass.unwrap();
+    }
+
+    // tail: the clicks, in arrival order, one played record a line; --count ends it.
+    let tail = event_store(&["tail", "--from", "beginning", "--filter", "/kind=click", "--count", "3"], moto.port);
+    assert_eq!(tail.status.code(), Some(0), "{}", stderr(&tail));
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&tail.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ns: Vec<i64> = lines.iter().map(|l| l["data"]["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, [0, 2, 3], "{lines:?}");
+    assert!(stderr(&tail).ends_with("3 events"), "{}", stderr(&tail));
+
+    // subscription: create, list, pause, delete, as the function's actions answer them.
+    let target = format!("kinesis:{}", names.playback_stream);
+    let created = event_store(
+        &["subscription", "create", "clicks", "--target", &target, "--start", "beginning", "--partitions", "2"],
+        moto.port,
+    );
+    assert_eq!(created.status.code(), Some(0), "{}", stderr(&created));
+    let list = || -> Value {
+        let listed = event_store(&["subscription", "list"], moto.port);
+        serde_json::from_slice::<Value>(&listed.stdout).unwrap()["subscriptions"].clone()
+    };
+    let listed = list();
+    let names_listed: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names_listed, ["clicks"], "{listed}");
+    assert_eq!(listed[0]["partitions"].as_array().map(Vec::len), Some(2), "{listed}");
+    let paused = event_store(&["subscription", "pause", "clicks"], moto.port);
+    assert_eq!(paused.status.code(), Some(0), "{}", stderr(&paused));
+    let listed = list();
+    assert_eq!(listed[0]["state"], "paused", "{listed}");
+
+    // Bad input: one line each, exit 2 before the store is asked (nothing created), or the
+    // store's refusal with exit 4.
+    for (args, expected) in [
+        (
+            vec!["subscription", "create", "x", "--target", "sqs:q"],
+            "error: a target is kinesis:<stream> or lambda:<function>, not \"sqs:q\"",
+        ),
+        (
+            vec!["subscription", "create", "x", "--target", &target, "--on-poison", "skip"],
+            "error: --on-poison is park or stop, not \"skip\"",
+        ),
+        (
+            vec!["tail", "--filter", "kind"],
+            "error: bad input: a filter is POINTER=VALUE, e.g. /path=/track.gif, not \"kind\"",
+        ),
+    ] {
+        let refused = event_store(&args, moto.port);
+        assert_eq!((refused.status.code(), stderr(&refused).as_str()), (Some(2), expected), "{args:?}");
+    }
+    let tail_future = event_store(&["tail", "--from", "someday"], moto.port);
+    assert_eq!(tail_future.status.code(), Some(2), "{}", stderr(&tail_future));
+    let unknown = event_store(&["subscription", "pause", "no-such"], moto.port);
+    assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
+    assert_eq!(stderr(&unknown).lines().count(), 1, "{}", stderr(&unknown));
+    let listed = list();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "nothing created by a refused create: {listed}");
+
+    let deleted = event_store(&["subscription", "delete", "clicks"], moto.port);
+    assert_eq!(deleted.status.code(), Some(0), "{}", stderr(&deleted));
+    let listed = list();
+    assert_eq!(listed, json!([]));
+}
