@@ -17,7 +17,7 @@ mod subscription;
 mod tail;
 mod target;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -122,15 +122,25 @@ impl Verb {
     fn of(command: Command) -> anyhow::Result<Self> {
         Ok(match command {
             Command::Status { stall_after } => Verb::Status { stall_after },
-            Command::Subscription { action } => Verb::Subscription(action.request()?),
+            Command::Subscription { action } => {
+                settings_from_env()?;
+                Verb::Subscription(action.request()?)
+            }
             Command::Tail { from, filters, count } => Verb::Tail {
+                count: settings_from_env().map(|()| count)?,
                 from: event_store::subscription::spec::parse_start(&from, event_store::time::now_ms())
                     .map_err(|e| anyhow::anyhow!("--from {from:?}: {e}"))?,
                 filters: filters.iter().map(|f| f.parse()).collect::<event_store::Result<_>>()?,
-                count,
             },
         })
     }
+}
+
+/// The settings the environment gives these verbs (TIME_UNIT, DEDUPE_WINDOW_MS, …), checked
+/// before any store is asked: a bad one is bad usage.
+fn settings_from_env() -> anyhow::Result<()> {
+    event_store::config::SubscriptionConfig::for_table(String::new())?;
+    Ok(())
 }
 
 async fn manage(target: &Target, request: event_store::subscription::Manage) -> Exit {
@@ -140,7 +150,8 @@ async fn manage(target: &Target, request: event_store::subscription::Manage) -> 
     }
     match subscription::manage(target, request).await {
         Ok(answer) => {
-            println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
+            // A closed stdout (`| head`) is no failure of the action, which is done.
+            let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
             Exit::Done
         }
         Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
@@ -155,7 +166,10 @@ async fn tail(target: &Target, from: i64, filters: &[event_store::playback::Filt
         event_store::time::format_ms(from)
     );
     let stop = async {
-        let _ = tokio::signal::ctrl_c().await;
+        // Without a Ctrl-C handler, follow until --count or a closed stdout.
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     };
     match tail::tail(&dynamo, &target.resources.event_table, from, filters, count, stop).await {
         Ok(printed) => {
@@ -187,9 +201,11 @@ async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
     if json {
         let mut value = serde_json::to_value(&status).unwrap_or_default();
         value["target"] = target.label.clone().into();
-        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+        let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&value).unwrap_or_default());
     } else {
-        print!("{}", render::status(&target.label, &status, &render::Paint(std::io::stdout().is_terminal())));
+        let screen = render::status(&target.label, &status, &render::Paint(std::io::stdout().is_terminal()));
+        // Ignored like the others: a closed stdout (`| head`) leaves the exit code to the verdict.
+        let _ = write!(std::io::stdout(), "{screen}");
     }
     if status.verdict.healthy {
         Exit::Done

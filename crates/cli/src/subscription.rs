@@ -10,8 +10,10 @@ use std::time::{Duration, SystemTime};
 use anyhow::Result;
 use aws_sdk_lambda::primitives::Blob;
 use clap::Subcommand;
+use event_store::bookkeeping::settings;
 use event_store::config::SubscriptionConfig;
-use event_store::playback::Filter;
+use event_store::playback::{Filter, RecordFormat};
+use event_store::subscription::spec::parse_start;
 use event_store::subscription::{Manage, NewSubscription, OnPoison, Subscriptions, Target as Destination};
 use event_store_emulator::invoke::{recursive_loop, LocalInvoker};
 use serde_json::Value;
@@ -42,6 +44,9 @@ pub enum Action {
         /// Events per delivery (1 to 500).
         #[arg(long)]
         batch_size: Option<usize>,
+        /// Kinesis targets: `aggregated` (many events a record, for KPL deaggregators) or `plain`.
+        #[arg(long, default_value = "aggregated")]
+        record_format: String,
     },
     /// Every subscription, with its lag per partition.
     List,
@@ -83,16 +88,24 @@ pub fn parse_target(text: &str) -> Result<Destination> {
 }
 
 impl Action {
-    /// The request the function takes; bad arguments are refused here, before anything is sent.
+    /// The request the function takes; bad arguments are refused here, by the
+    /// function's own rules, before anything is sent (the store still checks
+    /// what only it knows: a name taken, a target that cannot be reached).
     pub fn request(self) -> Result<Manage> {
+        let now = event_store::time::now_ms();
         Ok(match self {
-            Action::Create { name, start, target, partitions, filters, on_poison, batch_size } => {
+            Action::Create { name, start, target, partitions, filters, on_poison, batch_size, record_format } => {
                 let on_poison = match on_poison.as_str() {
                     "park" => OnPoison::Park,
                     "stop" => OnPoison::Stop,
                     other => anyhow::bail!("--on-poison is park or stop, not {other:?}"),
                 };
-                Manage::Create(NewSubscription {
+                let record_format = match record_format.as_str() {
+                    "aggregated" => RecordFormat::Aggregated,
+                    "plain" => RecordFormat::Plain,
+                    other => anyhow::bail!("--record-format is aggregated or plain, not {other:?}"),
+                };
+                let new = NewSubscription {
                     name,
                     start: Some(start),
                     filter: filters.iter().map(|f| f.parse()).collect::<event_store::Result<Vec<Filter>>>()?,
@@ -100,13 +113,18 @@ impl Action {
                     partitions: Some(partitions),
                     on_poison,
                     batch_size,
-                    ..Default::default()
-                })
+                    record_format,
+                };
+                new.clone().validate(now)?;
+                Manage::Create(new)
             }
             Action::List => Manage::List,
             Action::Pause { name } => Manage::Pause { name },
             Action::Resume { name } => Manage::Resume { name },
-            Action::Reset { name, to } => Manage::Reset { name, to },
+            Action::Reset { name, to } => {
+                parse_start(&to, now)?;
+                Manage::Reset { name, to }
+            }
             Action::Delete { name } => Manage::Delete { name },
             Action::Parked { name } => Manage::Parked { name },
             Action::Redrive { name, event_ids } => Manage::Redrive { name, event_ids },
@@ -125,12 +143,18 @@ pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
     match &target.subscriptions_function {
         Some(function) => invoke(target, function, payload).await,
         None => {
-            let config = SubscriptionConfig::for_table(target.resources.event_table.clone())?;
+            let mut config = SubscriptionConfig::for_table(target.resources.event_table.clone())?;
+            let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
+            // The slot size the stack recorded, whatever this shell's TIME_UNIT says (every action
+            // checks it); on a store no stage has started yet, the environment's, as `make local`'s.
+            if let Some(unit) = settings::time_unit(&dynamo, &target.resources.event_table).await? {
+                config.time_unit_ms = unit;
+            }
             // Runners a reset or resume asks for are started by the running stack's next tick.
             let (invoker, _) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
             let sdk = &target.sdk;
             let subscriptions = Subscriptions::new(
-                aws_sdk_dynamodb::Client::new(sdk),
+                dynamo,
                 aws_sdk_kinesis::Client::new(sdk),
                 aws_sdk_lambda::Client::new(sdk),
                 config,
@@ -151,12 +175,14 @@ async fn invoke(target: &Target, function: &str, payload: Value) -> Result<Value
         .send()
         .await
         .map_err(|e| anyhow::anyhow!("invoking {function}: {}", aws_sdk_lambda::error::DisplayErrorContext(e)))?;
-    let body: Value = out.payload().map(|p| serde_json::from_slice(p.as_ref())).transpose()?.unwrap_or(Value::Null);
+    let raw = out.payload().map(|p| p.as_ref().to_vec()).unwrap_or_default();
+    let body: Option<Value> = serde_json::from_slice(&raw).ok();
     if out.function_error().is_some() {
-        let message = body["errorMessage"].as_str().map_or_else(|| body.to_string(), str::to_owned);
-        return Err(Refused(message).into());
+        let message = body.as_ref().and_then(|b| b["errorMessage"].as_str()).map(str::to_owned);
+        let message = message.unwrap_or_else(|| String::from_utf8_lossy(&raw).into_owned());
+        return Err(Refused(format!("{function}: {message}")).into());
     }
-    Ok(body)
+    body.ok_or_else(|| anyhow::anyhow!("{function} answered no JSON: {:?}", String::from_utf8_lossy(&raw)))
 }
 
 #[cfg(test)]
@@ -178,10 +204,19 @@ mod tests {
             filters: vec![filter.into()],
             on_poison: on_poison.into(),
             batch_size: None,
+            record_format: "plain".into(),
         };
         let Manage::Create(new) = create("stop", "/path=/track.gif").request().unwrap() else { panic!("not a create") };
         assert_eq!((new.on_poison, new.partitions, new.filter.len()), (OnPoison::Stop, Some(2), 1));
+        assert_eq!(new.record_format, RecordFormat::Plain);
         assert!(create("skip", "/path=/x").request().is_err());
         assert!(create("park", "path").request().is_err());
+        let mut too_many = create("park", "/a=1");
+        if let Action::Create { partitions, .. } = &mut too_many {
+            *partitions = 65;
+        }
+        assert!(too_many.request().unwrap_err().to_string().contains("partitions must be 1 to 64"));
+        let reset = |to: &str| Action::Reset { name: "s".into(), to: to.into() }.request();
+        assert!(reset("beginning").is_ok() && reset("someday").is_err());
     }
 }

@@ -2,6 +2,7 @@
 //! JSON line each (the played-record shape), read straight from the event
 //! table with the caller's credentials, local or deployed alike.
 
+use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -18,9 +19,13 @@ use tokio::sync::mpsc;
 
 /// How often the watermark is read while the log is followed.
 const POLL: Duration = Duration::from_secs(1);
+/// Slots a round reads the index of at most: `--from beginning` on a year of
+/// log starts printing after one hour's index, not after all of it.
+const ROUND_SLOTS: i64 = 3_600;
 
 /// Prints the events of the sealed log from `from` (ms) on, until `limit`
-/// events are printed or `stop` resolves; returns how many it printed.
+/// events are printed, stdout is closed (`| head`) or `stop` resolves;
+/// returns how many it printed.
 pub async fn tail(
     dynamo: &aws_sdk_dynamodb::Client,
     event_table: &str,
@@ -53,10 +58,14 @@ async fn follow(
     let (table, unit) = (config.event_table.as_str(), config.time_unit_ms);
     let mut position = Checkpoint::at_slot(slot_of(from, unit));
     let mut recent = RecentIds::new(config.dedupe_window_ms);
-    let done = |printed: u64| limit.is_some_and(|l| printed >= l);
-    while !done(*printed) {
+    let mut closed = false;
+    let done = |printed: u64, closed: bool| closed || limit.is_some_and(|l| printed >= l);
+    while !done(*printed, closed) {
         let sealed_end = watermark::read(dynamo, table).await?.sealed_end(unit);
-        if let Some(end) = sealed_end.filter(|end| position.slot < *end) {
+        let mut caught_up = true;
+        if let Some(sealed_end) = sealed_end.filter(|end| position.slot < *end) {
+            let end = sealed_end.min(position.slot + ROUND_SLOTS * unit as i64);
+            caught_up = end == sealed_end;
             let window = Window { start: from, end };
             let (slots, _) = read_index(dynamo, table, position.slot, end).await?;
             let reader = Reader {
@@ -71,6 +80,7 @@ async fn follow(
             let printer = async {
                 // Owned here: leaving early drops it, which stops the reader.
                 let mut rx = rx;
+                let mut out = std::io::stdout().lock();
                 while let Some(page) = rx.recv().await {
                     for event in page?.events {
                         let Ok(bytes) = event.bytes() else { continue };
@@ -80,9 +90,14 @@ async fn follow(
                         {
                             continue;
                         }
-                        println!("{}", serde_json::to_string(&PlayedEvent::new(&event, json, &bytes, *printed))?);
-                        *printed += 1;
-                        if done(*printed) {
+                        let line = serde_json::to_string(&PlayedEvent::new(&event, json, &bytes, *printed))?;
+                        match writeln!(out, "{line}").and_then(|()| out.flush()) {
+                            Ok(()) => *printed += 1,
+                            // The reader of our output is gone (`| head`): an end, not an error.
+                            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => closed = true,
+                            Err(err) => return Err(err.into()),
+                        }
+                        if done(*printed, closed) {
                             return anyhow::Ok(());
                         }
                     }
@@ -93,7 +108,7 @@ async fn follow(
             printed_all?;
             position = Checkpoint::at_slot(end);
         }
-        if !done(*printed) {
+        if caught_up && !done(*printed, closed) {
             tokio::time::sleep(POLL).await;
         }
     }

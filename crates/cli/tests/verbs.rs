@@ -128,8 +128,17 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
         let refused = event_store(&args, moto.port);
         assert_eq!((refused.status.code(), stderr(&refused).as_str()), (Some(2), expected), "{args:?}");
     }
-    let tail_future = event_store(&["tail", "--from", "someday"], moto.port);
-    assert_eq!(tail_future.status.code(), Some(2), "{}", stderr(&tail_future));
+    for (args, expected) in [
+        (vec!["tail", "--from", "someday"], "--from \"someday\""),
+        (vec!["subscription", "create", "x", "--target", &target, "--partitions", "65"], "partitions must be 1 to 64"),
+        (vec!["subscription", "create", "x", "--target", &target, "--start", "2999-01-01T00:00:00Z"], "future"),
+        (vec!["subscription", "reset", "clicks", "--to", "someday"], "someday"),
+    ] {
+        let refused = event_store(&args, moto.port);
+        let said = stderr(&refused);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}: {said}");
+        assert!(said.starts_with("error: ") && said.contains(expected) && said.lines().count() == 1, "{args:?}: {said}");
+    }
     let unknown = event_store(&["subscription", "pause", "no-such"], moto.port);
     assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
     assert_eq!(stderr(&unknown).lines().count(), 1, "{}", stderr(&unknown));

@@ -121,9 +121,10 @@ impl std::str::FromStr for Filter {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self> {
-        let (field, value) = text.split_once('=').filter(|(field, _)| field.starts_with('/')).ok_or_else(|| {
-            Error::BadInput(format!("a filter is POINTER=VALUE, e.g. /path=/track.gif, not {text:?}"))
-        })?;
+        let (field, value) =
+            text.split_once('=').filter(|(field, _)| field.is_empty() || field.starts_with('/')).ok_or_else(|| {
+                Error::BadInput(format!("a filter is POINTER=VALUE, e.g. /path=/track.gif, not {text:?}"))
+            })?;
         let equals = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_owned()));
         Ok(Filter { field: field.to_owned(), equals })
     }
@@ -210,6 +211,7 @@ mod tests {
         let n: Filter = "/n=3".parse().unwrap();
         assert_eq!(n.equals, serde_json::json!(3), "a value that parses as JSON is JSON");
         assert!(n.matches(Some(&serde_json::json!({"n": 3}))) && !n.matches(Some(&serde_json::json!({"n": "3"}))));
+        assert_eq!("=3".parse::<Filter>().unwrap().field, "", "the empty pointer: the whole event");
         for bad in ["path=/x", "/path", ""] {
             assert!(bad.parse::<Filter>().is_err(), "{bad:?} is no filter");
         }
