@@ -137,7 +137,10 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
         let refused = event_store(&args, moto.port);
         let said = stderr(&refused);
         assert_eq!(refused.status.code(), Some(2), "{args:?}: {said}");
-        assert!(said.starts_with("error: ") && said.contains(expected) && said.lines().count() == 1, "{args:?}: {said}");
+        assert!(
+            said.starts_with("error: ") && said.contains(expected) && said.lines().count() == 1,
+            "{args:?}: {said}"
+        );
     }
     let unknown = event_store(&["subscription", "pause", "no-such"], moto.port);
     assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
