@@ -19,9 +19,6 @@ use tokio::sync::mpsc;
 
 /// How often the watermark is read while the log is followed.
 const POLL: Duration = Duration::from_secs(1);
-/// Slots a round reads the index of at most: `--from beginning` on a year of
-/// log starts printing after one hour's index, not after all of it.
-const ROUND_SLOTS: i64 = 3_600;
 
 /// Prints the events of the sealed log from `from` (ms) on, until `limit`
 /// events are printed, stdout is closed (`| head`) or `stop` resolves;
@@ -62,10 +59,7 @@ async fn follow(
     let done = |printed: u64, closed: bool| closed || limit.is_some_and(|l| printed >= l);
     while !done(*printed, closed) {
         let sealed_end = watermark::read(dynamo, table).await?.sealed_end(unit);
-        let mut caught_up = true;
-        if let Some(sealed_end) = sealed_end.filter(|end| position.slot < *end) {
-            let end = sealed_end.min(position.slot + ROUND_SLOTS * unit as i64);
-            caught_up = end == sealed_end;
+        if let Some(end) = sealed_end.filter(|end| position.slot < *end) {
             let window = Window { start: from, end };
             let (slots, _) = read_index(dynamo, table, position.slot, end).await?;
             let reader = Reader {
@@ -108,7 +102,7 @@ async fn follow(
             printed_all?;
             position = Checkpoint::at_slot(end);
         }
-        if caught_up && !done(*printed, closed) {
+        if !done(*printed, closed) {
             tokio::time::sleep(POLL).await;
         }
     }
