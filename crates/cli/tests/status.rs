@@ -3,21 +3,14 @@
 //! CloudFormation (the `--stack` target's lookups and its refusals).
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
-use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::free_port;
 use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
-use event_store_emulator::watchdog::Watchdog;
-use event_store_emulator::{free_port, moto_server, Emulator};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Runs `event-store args` with `env`, the user's own AWS settings cleared.
 fn event_store(args: &[&str], env: &[(&str, String)]) -> Output {
@@ -35,18 +28,10 @@ fn json_of(output: &Output) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
-    let moto = Emulator::start_on_free_port(&moto_server(&root())).unwrap();
-    let _watchdog = Watchdog::start(moto.diagnostics().into_iter().collect());
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(&moto.endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("t", "t", None, None, "test"))
-        .load()
-        .await;
-    let (dynamo, kinesis) = (aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
-    let names = Names::for_stage("local");
-    create_tables(&dynamo, &names).await.unwrap();
-    create_streams(&kinesis, &names, 1).await.unwrap();
+    let stack = common::LocalStack::start().await;
+    let moto = &stack.moto;
+    let sdk = stack.sdk.clone();
+    let (dynamo, kinesis, names) = (stack.dynamo.clone(), stack.kinesis.clone(), stack.names.clone());
     let local = [("EMULATOR_PORT", moto.port.to_string())];
 
     // A new stack: no scan pass yet.

@@ -3,24 +3,16 @@
 //! through the pump and the scan like any other.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use event_store::config::{PumpConfig, ScanConfig};
 use event_store::pump::Pump;
-use event_store_emulator::resources::{create_streams, create_tables, Names};
 use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
-use event_store_emulator::watchdog::Watchdog;
-use event_store_emulator::{moto_server, Emulator};
 use serde_json::{json, Value};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Runs `event-store args` against the local stack on `port`, the user's own AWS settings cleared.
 fn event_store(args: &[&str], port: u16) -> Output {
@@ -37,18 +29,9 @@ fn stderr(output: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_command_line() {
-    let moto = Emulator::start_on_free_port(&moto_server(&root())).unwrap();
-    let _watchdog = Watchdog::start(moto.diagnostics().into_iter().collect());
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(&moto.endpoint)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("t", "t", None, None, "test"))
-        .load()
-        .await;
-    let (dynamo, kinesis) = (aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
-    let names = Names::for_stage("local");
-    create_tables(&dynamo, &names).await.unwrap();
-    create_streams(&kinesis, &names, 1).await.unwrap();
+    let stack = common::LocalStack::start().await;
+    let moto = &stack.moto;
+    let (dynamo, kinesis, names) = (stack.dynamo.clone(), stack.kinesis.clone(), stack.names.clone());
 
     // Four events through the event stream, the pump and a scan pass: three clicks and a view.
     for (i, kind) in ["click", "view", "click", "click"].iter().enumerate() {
