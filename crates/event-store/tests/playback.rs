@@ -356,6 +356,37 @@ async fn put_on_event_stream(env: &TestEnv, range: std::ops::Range<i64>) {
     }
 }
 
+/// Arrival stamps (ms) of the event stream's records.
+async fn arrivals_in_stream(env: &TestEnv) -> Vec<i64> {
+    let records = env.read_stream(&env.names.event_stream).await;
+    records.iter().filter_map(|(_, r)| r.approximate_arrival_timestamp().and_then(|t| t.to_millis().ok())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_shard_seals_on_its_own_arrivals_an_idle_one_on_the_clock() {
+    let env = TestEnv::start(1).await;
+    let pump = common::pump(&env);
+    put_on_event_stream(&env, 0..20).await;
+    for batch in env.event_source_batches().await {
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+    let last = arrivals_in_stream(&env).await.into_iter().max().unwrap();
+    // An hour's clock allowance: by the clock alone the watermark would stand an hour back.
+    scan_pass(&env, scan_config(&env, 3_600_000)).await;
+    let watermark = event_store::bookkeeping::watermark::read(&env.dynamo, &env.names.event_table).await.unwrap();
+    assert_eq!(
+        watermark.time,
+        Some(last),
+        "buffered to its tip: the pump stores every later record at or after the last one's arrival"
+    );
+    // Nothing comes any more: the clock (no allowance here) takes it on.
+    let idle_from = now_ms();
+    scan_pass(&env, scan_config(&env, 0)).await;
+    let watermark = event_store::bookkeeping::watermark::read(&env.dynamo, &env.names.event_table).await.unwrap();
+    assert!(watermark.time.unwrap() >= idle_from, "{watermark:?} < {idle_from}");
+    assert_eq!(watermark.late, 0, "nothing came in behind it");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_pump_holds_the_watermark_behind_the_events_still_in_the_stream() {
     let env = TestEnv::start(2).await;

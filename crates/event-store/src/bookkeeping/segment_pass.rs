@@ -75,6 +75,27 @@ pub async fn claim(
     Ok(unless_condition_failed(result)?.is_some())
 }
 
+/// Whether a pass item lets a new pass be claimed at `now`: the same test as [`claim`]'s condition.
+fn claimable(item: &HashMap<String, AttributeValue>, now: i64) -> bool {
+    let done = item.get("done").and_then(|v| v.as_bool().ok()).copied().unwrap_or(true);
+    let lease_until = item.get("lease_until").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+    !item.contains_key("token") || done || lease_until.map_or(true, |until| until < now)
+}
+
+/// How many of the `total_segments` segments a new pass may claim at `now`
+/// (one `Query`): a scheduled run that finds none looks at nothing else.
+pub async fn claimable_segments(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    total_segments: u32,
+    now: i64,
+) -> Result<u32> {
+    let prefix = format!("pass#{total_segments:04}#");
+    let (items, _) = super::query_range(dynamo, table, format!("{prefix}0000"), format!("{prefix}9999")).await?;
+    let running = items.iter().filter(|item| !claimable(item, now)).count() as u32;
+    Ok(total_segments.saturating_sub(running))
+}
+
 /// A run of the pass `token` starts: hands the pass on to this run's own
 /// token `next` (so a fork or continuation delivered twice runs once),
 /// extends the lease to `lease_until` and returns the pass's state; `None`
@@ -170,10 +191,26 @@ mod tests {
 
     #[test]
     fn the_state_map_holds_the_pass_and_where_it_stands() {
-        let state = PassState { pass: Pass::started_at(1_000, Some(900)), next_key: Some("ab".into()) };
+        let state = PassState { pass: Pass::started_at(1_000, Some(900), 900), next_key: Some("ab".into()) };
         let AttributeValue::M(map) = state_value(&state).unwrap() else { panic!("a map") };
         assert_eq!(map["pass_started_at"], n(1_000));
+        assert_eq!(map["stream_bound"], n(900));
         assert_eq!(map["next_key"], AttributeValue::S("ab".into()));
         assert_eq!(serde_dynamo::from_item::<_, PassState>(map).unwrap(), state);
+    }
+
+    #[test]
+    fn a_segment_is_claimable_when_its_pass_is_done_or_its_lease_ran_out() {
+        let item = |done: bool, until: i64| {
+            HashMap::from([
+                ("token".to_string(), AttributeValue::S("t".into())),
+                ("done".to_string(), AttributeValue::Bool(done)),
+                ("lease_until".to_string(), n(until)),
+            ])
+        };
+        assert!(!claimable(&item(false, 2_000), 1_000), "running, leased");
+        assert!(claimable(&item(true, 2_000), 1_000), "done");
+        assert!(claimable(&item(false, 500), 1_000), "lease ran out");
+        assert!(claimable(&HashMap::new(), 1_000), "never claimed");
     }
 }

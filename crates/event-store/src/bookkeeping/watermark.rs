@@ -4,20 +4,25 @@
 //! (`docs/design.md#4-completeness-the-watermark`).
 //!
 //! A pass starts with a look at the event stream ([`crate::scan::stream`]):
-//! for every shard, the arrival of the first record the pump has not
-//! buffered yet, if any. Each scan segment, when it finishes the pass over
-//! its part of the buffer, moves its own item forward to the lowest of
-//! - the oldest arrival it had to leave in the buffer,
-//! - the earliest arrival still waiting in the stream at the pass start,
-//! - the pass start less `WATERMARK_LAG_MS` (for clock differences between
-//!   Kinesis' arrival stamps and the scan): a record not yet in the stream
-//!   then arrives after it.
+//! for every shard, the lowest arrival a record not buffered yet can be
+//! stored with. The pump stores a shard's arrivals non-decreasing from its
+//! position, so that is the first waiting record's arrival (at least the
+//! position's); for a shard buffered up to its tip it is the position's
+//! arrival, but no less than the pass start less `WATERMARK_LAG_MS` (for
+//! clock differences between Kinesis' arrival stamps and the scan: a record
+//! put later arrives after it); a closed shard read to its end bounds
+//! nothing. The lowest of these is the pass's *stream bound*. Each scan
+//! segment, when it finishes the pass over its part of the buffer, moves its
+//! own item forward to the lower of the stream bound and the oldest arrival
+//! it had to leave in the buffer.
 //!
 //! Every event is therefore either in the buffer when the pass starts (and
-//! the pass moves it or is held back by it), or still in the stream (and
-//! bounds the watermark), or arrives later than the watermark. The
-//! watermark is the lowest part of the newest complete set of segments;
-//! every slot before the watermark's slot is sealed.
+//! the pass moves it or is held back by it), or stored later with an arrival
+//! at or after the stream bound. So a busy shard seals on its own arrival
+//! stamps, and only a shard that has been idle for longer than the lag
+//! holds the watermark at the clock allowance. The watermark is the lowest
+//! part of the newest complete set of segments; every slot before the
+//! watermark's slot is sealed.
 
 use std::collections::HashMap;
 
@@ -34,9 +39,9 @@ const PREFIX: &str = "watermark#";
 /// earlier than any, so it holds the watermark where it is.
 pub const UNKNOWN_ARRIVAL: i64 = i64::MIN;
 
-/// A segment's pass so far, carried from run to run in the segment's payload.
-/// Without `pass_started_at` (a segment invoked by hand, or a pass whose
-/// look at the stream failed) the pass moves events but no watermark.
+/// A segment's pass so far, carried from run to run in the segment's stored
+/// state. Without `pass_started_at` (a segment invoked by hand, or a pass
+/// whose look at the stream failed) the pass moves events but no watermark.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pass {
     /// When the scheduled run that started this pass looked at the stream (ms).
@@ -46,13 +51,18 @@ pub struct Pass {
     /// yet buffered when the pass started; absent when every shard was buffered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unbuffered_from: Option<i64>,
+    /// Every record not in the buffer when the pass started is stored with an
+    /// arrival at or after this ([`crate::scan::stream::Look`]). Absent in a
+    /// pass started by an earlier version, which bounds by the clock alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_bound: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_left: Option<i64>,
 }
 
 impl Pass {
-    pub fn started_at(ms: i64, unbuffered_from: Option<i64>) -> Self {
-        Self { pass_started_at: Some(ms), unbuffered_from, oldest_left: None }
+    pub fn started_at(ms: i64, unbuffered_from: Option<i64>, stream_bound: i64) -> Self {
+        Self { pass_started_at: Some(ms), unbuffered_from, stream_bound: Some(stream_bound), oldest_left: None }
     }
 
     /// Adds what one page had to leave in the buffer.
@@ -63,17 +73,22 @@ impl Pass {
         };
     }
 
-    /// The time this pass, once finished, lets its segment's part move to;
-    /// `clock_allowance_ms` is `WATERMARK_LAG_MS`. `None` for a pass with no
-    /// start, and for one that left an item whose arrival nobody can read
+    /// The time this pass, once finished, lets its segment's part move to.
+    /// `clock_allowance_ms` (`WATERMARK_LAG_MS`) only serves a pass without a
+    /// stream bound (started by an earlier version: the pass start less the
+    /// allowance, and no later than a waiting record). `None` for a pass with
+    /// no start, and for one that left an item whose arrival nobody can read
     /// (`oldest_left` is [`UNKNOWN_ARRIVAL`]): the watermark stays where it is.
     pub fn watermark(&self, clock_allowance_ms: u64) -> Option<i64> {
         let started = self.pass_started_at?;
         if self.oldest_left == Some(UNKNOWN_ARRIVAL) {
             return None;
         }
-        let bound = started - clock_allowance_ms as i64;
-        Some([self.unbuffered_from, self.oldest_left].into_iter().flatten().fold(bound, i64::min))
+        let stream = self.stream_bound.unwrap_or_else(|| {
+            let by_clock = started - clock_allowance_ms as i64;
+            self.unbuffered_from.map_or(by_clock, |from| from.min(by_clock))
+        });
+        Some(self.oldest_left.map_or(stream, |oldest| oldest.min(stream)))
     }
 }
 
@@ -187,17 +202,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pass_is_held_back_by_what_it_left_and_by_what_is_still_in_the_stream() {
-        let mut pass = Pass::started_at(100_000, None);
-        assert_eq!(pass.watermark(1_000), Some(99_000), "all buffered and moved: the pass start less the allowance");
+    fn a_pass_is_held_back_by_what_it_left_and_by_its_stream_bound() {
+        let mut pass = Pass::started_at(100_000, None, 99_500);
+        assert_eq!(pass.watermark(1_000), Some(99_500), "all buffered and moved: the stream bound");
         pass.saw(None);
         pass.saw(Some(95_000));
         pass.saw(Some(90_000));
         assert_eq!(pass.oldest_left, Some(90_000));
         assert_eq!(pass.watermark(1_000), Some(90_000), "what was left holds it back");
-        let stalled = Pass { unbuffered_from: Some(40_000), ..pass };
+        let stalled = Pass { stream_bound: Some(40_000), ..pass };
         assert_eq!(stalled.watermark(1_000), Some(40_000), "a record still in the stream holds it back");
         assert_eq!(Pass::default().watermark(1_000), None, "a hand-started segment moves no watermark");
+        // A pass stored by the earlier version has no stream bound: the clock allowance, and what waited.
+        let earlier = Pass { pass_started_at: Some(100_000), ..Pass::default() };
+        assert_eq!(earlier.watermark(1_000), Some(99_000));
+        assert_eq!(Pass { unbuffered_from: Some(98_000), ..earlier }.watermark(1_000), Some(98_000));
     }
 
     #[test]

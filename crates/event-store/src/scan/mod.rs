@@ -100,13 +100,23 @@ impl Scan {
             return self.run_segment(task, deadline, lease_ms).await;
         }
         let total_segments = self.config.segments;
-        let pass = self.start_pass().await;
         let mut summary = ScanSummary::default();
         // For the watermark-lag metric; a failed read leaves it out (and the alarm treats silence as a stall).
         match watermark::read(&self.dynamo, &self.config.event_table).await {
             Ok(watermark) => summary.watermark_at_start = watermark.time,
             Err(err) => warn!(error = %err, "watermark not read: no lag metric this run"),
         }
+        // Every segment's last pass still running (a schedule shorter than a pass): no look at the stream.
+        match segment_pass::claimable_segments(&self.dynamo, &self.config.event_table, total_segments, now_ms()).await {
+            Ok(0) => {
+                summary.busy = total_segments;
+                info!(busy = summary.busy, "segments whose last pass still runs were left to it");
+                return Ok(summary);
+            }
+            Ok(_) => {}
+            Err(err) => warn!(error = %err, "passes not read: each segment is tried"),
+        }
+        let pass = self.start_pass().await;
         // One segment's failure does not keep the others from starting; the first error is reported.
         let mut first_error = None;
         for segment in 0..total_segments {
@@ -375,18 +385,19 @@ impl Scan {
         }
     }
 
-    /// A new pass: its start, and what the event stream holds that the pump
-    /// has not buffered yet. If the stream cannot be asked, the pass moves
-    /// events but no watermark.
+    /// A new pass: its start, and the look at the event stream that bounds
+    /// its watermark. If the stream cannot be asked, the pass moves events
+    /// but no watermark.
     async fn start_pass(&self) -> Pass {
         let started = now_ms();
         let (stream, table) = (&self.config.event_stream, &self.config.event_table);
-        match stream::unbuffered_from(&self.kinesis, &self.dynamo, stream, table).await {
-            Ok(unbuffered_from) => {
-                if let Some(from) = unbuffered_from {
+        let clock_floor = started - self.config.watermark_lag_ms as i64;
+        match stream::look(&self.kinesis, &self.dynamo, stream, table, clock_floor).await {
+            Ok(look) => {
+                if let Some(from) = look.unbuffered_from {
                     info!(unbuffered_from = %format_ms(from), "records in the stream not buffered yet hold the watermark");
                 }
-                Pass::started_at(started, unbuffered_from)
+                Pass::started_at(started, look.unbuffered_from, look.bound)
             }
             Err(err) => {
                 warn!(error = %err, "event stream not readable: this pass moves no watermark");

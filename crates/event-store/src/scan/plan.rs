@@ -355,7 +355,7 @@ mod tests {
         let settled = plan.settle(&[]);
         let outcome = plan.outcome(settled, &[], None);
         assert_eq!(outcome.oldest_left, Some(UNKNOWN_ARRIVAL), "no arrival to go by: held where it is");
-        let mut pass = crate::bookkeeping::watermark::Pass::started_at(T + 60_000, None);
+        let mut pass = crate::bookkeeping::watermark::Pass::started_at(T + 60_000, None, T + 59_000);
         pass.saw(outcome.oldest_left);
         assert_eq!(pass.watermark(0), None, "the pass moves no watermark");
         assert!(outcome.stuck[0].contains("without a string id") && outcome.stuck[0].contains("other"));

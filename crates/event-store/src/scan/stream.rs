@@ -1,12 +1,13 @@
 //! The scan's look at the event stream when a pass starts: for every shard,
-//! is there a record the pump has not buffered yet, and when did it arrive?
-//! The pump's position says where its unbroken run of buffered records ends
+//! the lowest arrival a record not buffered yet can be stored with. The
+//! pump's position says where its unbroken run of buffered records ends
 //! ([`crate::bookkeeping::shard_position`]); Kinesis is asked for the next
 //! record after it (`GetShardIterator AFTER_SEQUENCE_NUMBER`, `GetRecords
 //! Limit=1`), or for the shard's first record when the pump has not started
 //! it. Closed shards (a split or merge) are asked like open ones while
 //! Kinesis still lists them, so an unread parent holds the watermark back
-//! until the pump has read it; idle and fully read shards hold nothing back.
+//! until the pump has read it; a closed shard read to its end bounds nothing.
+//! The rule these bounds serve: [`crate::bookkeeping::watermark`].
 
 use aws_sdk_kinesis::types::{Shard, ShardIteratorType};
 use futures::{StreamExt, TryStreamExt};
@@ -35,55 +36,91 @@ pub enum Probe {
 /// What a shard allows the watermark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bound {
-    /// Every record is buffered: no bound.
+    /// Closed and buffered to its end: nothing more comes from it.
     None,
-    /// The earliest arrival a not-yet-buffered record will be stored with.
+    /// A record waits: it, and all after it, are stored no earlier than this.
     From(i64),
+    /// Open and buffered up to its tip: the next record is stored no earlier
+    /// than the position's arrival (if any), nor earlier than it arrives.
+    CaughtUp(Option<i64>),
     /// No bound can be given: the pass must not move the watermark.
     Unknown,
 }
 
 /// The pump stores arrivals made non-decreasing from its position, so a
 /// record after the position is stored no earlier than the position's arrival.
-pub fn shard_bound(position: Option<&ShardPosition>, probe: Probe) -> Bound {
+pub fn shard_bound(position: Option<&ShardPosition>, probe: Probe, closed: bool) -> Bound {
     let floor = position.map(|p| p.arrival);
     match probe {
-        Probe::CaughtUp => Bound::None,
+        Probe::CaughtUp if closed => Bound::None,
+        Probe::CaughtUp => Bound::CaughtUp(floor),
         Probe::Record { arrival } => Bound::From(floor.map_or(arrival, |f| f.max(arrival))),
         Probe::Unknown => floor.map_or(Bound::Unknown, Bound::From),
     }
 }
 
-/// The earliest arrival of a record in the stream that is not in the buffer
-/// yet, over every shard Kinesis lists; `None` when every shard is buffered.
-pub async fn unbuffered_from(
+/// What a pass learns from the stream when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Look {
+    /// The earliest arrival of a record waiting in the stream, not yet buffered.
+    pub unbuffered_from: Option<i64>,
+    /// Every record not in the buffer yet is stored with an arrival at or after this.
+    pub bound: i64,
+}
+
+/// Combines the shards' bounds; `clock_floor` is the pass start less
+/// `WATERMARK_LAG_MS`, the earliest arrival a record put from now on gets
+/// whatever Kinesis' clock says. `None` if a shard gave no bound.
+pub fn look_of(bounds: &[Bound], clock_floor: i64) -> Option<Look> {
+    let mut look = Look { unbuffered_from: None, bound: i64::MAX };
+    for bound in bounds {
+        let lowest = match *bound {
+            Bound::None => continue,
+            Bound::From(arrival) => {
+                look.unbuffered_from = Some(look.unbuffered_from.map_or(arrival, |u| u.min(arrival)));
+                arrival
+            }
+            Bound::CaughtUp(floor) => floor.map_or(clock_floor, |f| f.max(clock_floor)),
+            Bound::Unknown => return None,
+        };
+        look.bound = look.bound.min(lowest);
+    }
+    // Every shard closed and read (a stream being replaced): the clock still bounds what comes.
+    if look.bound == i64::MAX {
+        look.bound = clock_floor;
+    }
+    Some(look)
+}
+
+/// The look at every shard Kinesis lists (see [`look_of`]).
+pub async fn look(
     kinesis: &aws_sdk_kinesis::Client,
     dynamo: &aws_sdk_dynamodb::Client,
     stream: &str,
     table: &str,
-) -> Result<Option<i64>> {
+    clock_floor: i64,
+) -> Result<Look> {
     // Positions first: a record buffered after this read is found in the stream (a bound too early, never too late).
     let positions = shard_position::read_all(dynamo, table).await?;
     let shards = list_shards(kinesis, stream).await?;
-    let bounds: Vec<Option<i64>> = futures::stream::iter(shards)
+    let bounds: Vec<(String, Bound)> = futures::stream::iter(shards)
         .map(|shard| {
             let position = positions.get(shard.shard_id());
             async move {
                 let probe = probe(kinesis, stream, &shard, position).await?;
-                match shard_bound(position, probe) {
-                    Bound::None => Ok(None),
-                    Bound::From(arrival) => Ok(Some(arrival)),
-                    Bound::Unknown => {
-                        let source = format!("{}: empty answers short of the tip", shard.shard_id()).into();
-                        Err(Error::Kinesis { operation: "GetRecords", source })
-                    }
-                }
+                let closed = shard.sequence_number_range().and_then(|r| r.ending_sequence_number()).is_some();
+                Ok::<_, Error>((shard.shard_id().to_owned(), shard_bound(position, probe, closed)))
             }
         })
         .buffer_unordered(CONCURRENCY)
         .try_collect()
         .await?;
-    Ok(bounds.into_iter().flatten().min())
+    let only: Vec<Bound> = bounds.iter().map(|(_, b)| *b).collect();
+    look_of(&only, clock_floor).ok_or_else(|| {
+        let unknown: Vec<&str> = bounds.iter().filter(|(_, b)| *b == Bound::Unknown).map(|(id, _)| id.as_str()).collect();
+        let source = format!("{}: empty answers short of the tip", unknown.join(", ")).into();
+        Error::Kinesis { operation: "GetRecords", source }
+    })
 }
 
 pub(crate) async fn probe(
@@ -123,18 +160,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_shard_bounds_the_watermark_only_while_it_has_unbuffered_records() {
+    fn a_shard_bounds_the_watermark_by_what_it_will_store_next() {
         let at = |arrival| ShardPosition { shard_id: "s".into(), sequence: "9".into(), arrival };
-        assert_eq!(shard_bound(Some(&at(500)), Probe::CaughtUp), Bound::None, "idle: holds nothing back");
-        assert_eq!(shard_bound(None, Probe::CaughtUp), Bound::None, "empty, never read");
-        assert_eq!(shard_bound(None, Probe::Record { arrival: 700 }), Bound::From(700), "never read: its first record");
-        assert_eq!(shard_bound(Some(&at(500)), Probe::Record { arrival: 700 }), Bound::From(700));
+        assert_eq!(shard_bound(Some(&at(500)), Probe::CaughtUp, false), Bound::CaughtUp(Some(500)));
+        assert_eq!(shard_bound(Some(&at(500)), Probe::CaughtUp, true), Bound::None, "closed and read: nothing comes");
+        assert_eq!(shard_bound(None, Probe::CaughtUp, false), Bound::CaughtUp(None), "empty, never read");
+        assert_eq!(shard_bound(None, Probe::Record { arrival: 700 }, false), Bound::From(700), "its first record");
+        assert_eq!(shard_bound(Some(&at(500)), Probe::Record { arrival: 700 }, true), Bound::From(700));
         assert_eq!(
-            shard_bound(Some(&at(800)), Probe::Record { arrival: 700 }),
+            shard_bound(Some(&at(800)), Probe::Record { arrival: 700 }, false),
             Bound::From(800),
             "stored no earlier than the position's arrival"
         );
-        assert_eq!(shard_bound(Some(&at(500)), Probe::Unknown), Bound::From(500));
-        assert_eq!(shard_bound(None, Probe::Unknown), Bound::Unknown, "no bound at all: no watermark this pass");
+        assert_eq!(shard_bound(Some(&at(500)), Probe::Unknown, false), Bound::From(500));
+        assert_eq!(shard_bound(None, Probe::Unknown, false), Bound::Unknown, "no bound at all");
+    }
+
+    #[test]
+    fn a_busy_shard_bounds_by_its_own_arrivals_an_idle_one_by_the_clock() {
+        let clock = 10_000;
+        let look = |bounds: &[Bound]| look_of(bounds, clock);
+        let busy = look(&[Bound::CaughtUp(Some(11_500)), Bound::CaughtUp(Some(11_800))]).unwrap();
+        assert_eq!(busy, Look { unbuffered_from: None, bound: 11_500 }, "buffered to a recent arrival: past the clock");
+        let idle = look(&[Bound::CaughtUp(Some(11_500)), Bound::CaughtUp(Some(3_000))]).unwrap();
+        assert_eq!(idle.bound, clock, "an idle shard's next record may arrive any time from the clock floor");
+        assert_eq!(look(&[Bound::CaughtUp(None)]).unwrap().bound, clock, "a shard never read");
+        let waiting = look(&[Bound::CaughtUp(Some(11_500)), Bound::From(9_000), Bound::From(9_500)]).unwrap();
+        assert_eq!(waiting, Look { unbuffered_from: Some(9_000), bound: 9_000 }, "the earliest waiting record");
+        assert_eq!(look(&[Bound::From(12_000)]).unwrap().bound, 12_000, "a waiting record bounds by its own stamp");
+        assert_eq!(look(&[Bound::None, Bound::None]).unwrap().bound, clock, "all closed: the clock");
+        assert_eq!(look(&[Bound::CaughtUp(Some(11_500)), Bound::Unknown]), None, "one unknown shard: no bound");
     }
 }
