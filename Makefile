@@ -58,8 +58,8 @@ local: tools-moto local-bin ## run the whole pipeline locally until Ctrl-C (pixe
 status: local-bin ## the store at a glance: watermark, pump, subscriptions, playbacks, queues, verdict (the local stack; STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') status
 
-playback: local-bin ## play back START..END (ISO 8601; default the last 15 min) from the running stack
-	$(LOCAL_BIN) playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)')
+playback: local-bin ## play back START..END (ISO 8601; default the 15 sealed minutes before the watermark) [WAIT= RATE= FILTER= RESTART=true] (STACK=<name> for a deployed one)
+	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)') $(if $(WAIT),--wait '$(WAIT)') $(if $(RATE),--rate '$(RATE)') $(if $(FILTER),--filter '$(FILTER)') $(if $(filter true,$(RESTART)),--restart)
 
 tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|beginning|<time> [FILTER=/path=/track.gif] (STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') tail --from '$(or $(FROM),now)' $(if $(FILTER),--filter '$(FILTER)')
@@ -67,8 +67,8 @@ tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|b
 subscription: local-bin ## manage subscriptions: ARGS='list' | ARGS='create NAME --target kinesis:S --start beginning' | pause/resume/reset/delete/parked/redrive (STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') subscription $(or $(ARGS),list)
 
-redrive: local-bin ## re-drive the pump's dead-letter queue: QUEUE=<url> (RELAY=1: the relay's, held entity streams from the entity table; AWS=1: the deployed stack, names from the environment)
-	$(LOCAL_BIN) redrive --queue '$(QUEUE)' $(if $(RELAY),--relay) $(if $(AWS),--aws)
+redrive: local-bin ## re-drive the dead-letter queues: STACK=<name> (both, from its outputs; PUMP=1 or RELAY=1 for one), or QUEUE=<url> with PUMP=1 or RELAY=1
+	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') redrive $(if $(PUMP),--pump) $(if $(RELAY),--relay) $(if $(QUEUE),--queue '$(QUEUE)')
 
 invoke: tools tools-container build local-bin ## run FN's deployed artefact in a container (sam local invoke) against `make local`: FN=playback|load|... [EVENT=events/FN.json]
 	$(LOCAL_BIN) invoke $(FN) $(if $(EVENT),--event '$(EVENT)')

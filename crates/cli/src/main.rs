@@ -4,14 +4,19 @@
 //! 127.0.0.1:`EMULATOR_PORT`; `--stack NAME` to a deployed stack, found by its
 //! CloudFormation outputs with the usual AWS credentials and region.
 //!
-//! Verbs: `status`; `subscription <action>` (locally in this process, on a
-//! deployed stack by invoking its subscriptions function); `tail`.
+//! Verbs: `status`; `playback` (locally in this process, on a deployed stack
+//! by invoking its playback function asynchronously and following the run);
+//! `subscription <action>` (locally in this process, on a deployed stack by
+//! invoking its subscriptions function); `tail`; `redrive` (the dead-letter
+//! queues, in this process).
 //!
 //! Exit codes (for scripts): 0 done (for `status`: healthy); 1 done, and
 //! something needs a hand (`status`: a problem named in the verdict); 2 bad
 //! usage; 3 no store reached (no local stack, an unknown stack, a stack that
 //! is not an event store, no credentials); 4 the store answered with an error.
 
+mod playback;
+mod redrive;
 mod render;
 mod subscription;
 mod tail;
@@ -50,11 +55,15 @@ enum Command {
         #[arg(long)]
         stall_after: Option<u32>,
     },
+    /// Play a window of the sealed log back onto the playback stream, in order, with a progress bar.
+    Playback(playback::Args),
     /// Manage subscriptions (what the subscriptions function does for {"action": ...}); prints its answer as JSON.
     Subscription {
         #[command(subcommand)]
         action: subscription::Action,
     },
+    /// Re-drive the pump's and the relay's dead-letter queues (the stack's outputs, or --queue).
+    Redrive(redrive::Args),
     /// Print the sealed log's events as their slots seal, one JSON line each, until Ctrl-C (or --count).
     Tail {
         /// `now`, `beginning`, or a time (ISO 8601 or epoch ms).
@@ -106,6 +115,22 @@ async fn run(cli: Cli) -> Exit {
     };
     match verb {
         Verb::Status { stall_after } => status(&target, stall_after, cli.json).await,
+        Verb::Playback(request) => play(&target, request, cli.json).await,
+        Verb::Redrive(choice) if target.stack.is_none() && !choice.names_a_queue() => {
+            fail(&"the local stack has no dead-letter queues of its own: name one with --queue URL", Exit::BadUsage)
+        }
+        Verb::Redrive(choice) => match redrive::redrive(&target, choice).await {
+            Ok(results) => {
+                redrive::report(&results, cli.json);
+                // Messages left (unreadable, or not all of them done) need a look: their reasons are logged.
+                if results.iter().any(|(_, _, drained)| drained.left > 0) {
+                    Exit::NeedsAHand
+                } else {
+                    Exit::Done
+                }
+            }
+            Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+        },
         Verb::Subscription(request) => manage(&target, request).await,
         Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
     }
@@ -114,6 +139,8 @@ async fn run(cli: Cli) -> Exit {
 /// A command whose arguments were read and checked.
 enum Verb {
     Status { stall_after: Option<u32> },
+    Playback(event_store::playback::PlaybackRequest),
+    Redrive(redrive::Choice),
     Subscription(event_store::subscription::Manage),
     Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
 }
@@ -122,6 +149,8 @@ impl Verb {
     fn of(command: Command) -> anyhow::Result<Self> {
         Ok(match command {
             Command::Status { stall_after } => Verb::Status { stall_after },
+            Command::Playback(args) => Verb::Playback(args.request()?),
+            Command::Redrive(args) => Verb::Redrive(args.choice()?),
             Command::Subscription { action } => {
                 settings_from_env()?;
                 Verb::Subscription(action.request()?)
@@ -154,6 +183,22 @@ async fn manage(target: &Target, request: event_store::subscription::Manage) -> 
             let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
             Exit::Done
         }
+        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+    }
+}
+
+async fn play(target: &Target, request: event_store::playback::PlaybackRequest, json: bool) -> Exit {
+    let played = match (&target.stack, &target.playback_function) {
+        (Some(_), Some(function)) => playback::deployed(target, function, request, json).await,
+        (Some(_), None) => {
+            let err = format!("{}: no PlaybackFunctionName output (deploy the current template)", target.label);
+            return fail(&err, Exit::NoStore);
+        }
+        (None, _) => playback::local(target, request, json).await,
+    };
+    match played {
+        Ok(playback::Ended::Done) => Exit::Done,
+        Ok(playback::Ended::NotDone) => Exit::NeedsAHand,
         Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
     }
 }

@@ -41,6 +41,14 @@ pub struct Target {
     /// output), which management actions invoke; `None` locally, where they
     /// run in this process.
     pub subscriptions_function: Option<String>,
+    /// A deployed stack's playback function (`PlaybackFunctionName`), invoked
+    /// asynchronously; `None` locally, where a playback runs in this process.
+    pub playback_function: Option<String>,
+    /// The stream playbacks go to (`PlaybackStreamName`, or the stage's).
+    pub playback_stream: Option<String>,
+    /// The buffer and entity tables (`BufferTableName`, `EntityTableName`, or the stage's), for re-drives.
+    pub buffer_table: Option<String>,
+    pub entity_table: Option<String>,
     /// Set for a deployed stack.
     pub stack: Option<String>,
 }
@@ -73,6 +81,10 @@ pub async fn local() -> Result<Target, TargetError> {
         sdk,
         resources,
         subscriptions_function: None,
+        playback_function: None,
+        playback_stream: Some(names.playback_stream),
+        buffer_table: Some(names.buffer_table),
+        entity_table: Some(names.entity_table),
         stack: None,
     })
 }
@@ -109,6 +121,10 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         sdk,
         resources,
         subscriptions_function: outputs.get("SubscriptionsFunctionName").cloned(),
+        playback_function: outputs.get("PlaybackFunctionName").cloned(),
+        playback_stream: outputs.get("PlaybackStreamName").cloned(),
+        buffer_table: outputs.get("BufferTableName").cloned(),
+        entity_table: outputs.get("EntityTableName").cloned(),
         stack: Some(name.to_owned()),
     })
 }

@@ -1,4 +1,4 @@
-//! `event-store subscription …` and `event-store tail` as a user runs them:
+//! `event-store playback`, `subscription …` and `tail` as a user runs them:
 //! the binary against a real emulator on a free port, on events that went
 //! through the pump and the scan like any other.
 #![allow(clippy::unwrap_used)]
@@ -34,6 +34,7 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     let (dynamo, kinesis, names) = (stack.dynamo.clone(), stack.kinesis.clone(), stack.names.clone());
 
     // Four events through the event stream, the pump and a scan pass: three clicks and a view.
+    let before = event_store::time::format_ms(event_store::time::now_ms() - 1000);
     for (i, kind) in ["click", "view", "click", "click"].iter().enumerate() {
         let data = serde_json::to_vec(&json!({"kind": kind, "n": i})).unwrap();
         let put = kinesis.put_record().stream_name(&names.event_stream).partition_key(format!("k{i}"));
@@ -71,6 +72,25 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     let ns: Vec<i64> = lines.iter().map(|l| l["data"]["n"].as_i64().unwrap()).collect();
     assert_eq!(ns, [0, 2, 3], "{lines:?}");
     assert!(stderr(&tail).ends_with("3 events"), "{}", stderr(&tail));
+
+    // playback: the window up to the sealed end, onto the stage's playback stream, then said done.
+    let played = event_store(&["playback", "--start", &before, "--filter", "/kind=click"], moto.port);
+    assert_eq!(played.status.code(), Some(0), "{}", stderr(&played));
+    let said = String::from_utf8_lossy(&played.stdout);
+    assert!(said.starts_with("played back 3 events from 1 non-empty slots"), "{said}");
+    assert!(said.contains("events per 1 s") && said.contains('█'), "the sparkline: {said}");
+    let on_stream: usize = read_all(&kinesis, &names.playback_stream).await;
+    assert_eq!(on_stream, 3, "the three clicks on the playback stream");
+    let again = event_store(&["--json", "playback", "--start", &before, "--filter", "/kind=click"], moto.port);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!((again["status"].as_str(), again["events"].as_u64()), (Some("already_done"), Some(3)), "{again}");
+    let future = event_store(&["playback", "--start", &before, "--end", "2999-01-01T00:00:00Z"], moto.port);
+    assert_eq!(future.status.code(), Some(2), "over PLAYBACK_MAX_HOURS: {}", stderr(&future));
+    let unsealed = event_store::time::format_ms(event_store::time::now_ms() + 3_600_000);
+    let waiting = event_store(&["playback", "--start", &before, "--end", &unsealed], moto.port);
+    assert_eq!(waiting.status.code(), Some(1), "past the watermark: {}", stderr(&waiting));
+    assert!(String::from_utf8_lossy(&waiting.stdout).contains("is not complete yet"));
 
     // subscription: create, list, pause, delete, as the function's actions answer them.
     let target = format!("kinesis:{}", names.playback_stream);
@@ -135,4 +155,64 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     assert_eq!(deleted.status.code(), Some(0), "{}", stderr(&deleted));
     let listed = list();
     assert_eq!(listed, json!([]));
+
+    // redrive: a failure record for the four records (buffered again under the same keys) and a
+    // message that is none; the local stack has no queue of its own, so it is named.
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk);
+    let queue = sqs.create_queue().queue_name("pump-dlq").send().await.unwrap().queue_url.unwrap();
+    let letter = json!({
+        "requestContext": {"condition": "RecordAgeExceeded", "approximateInvokeCount": 120},
+        "version": "1.0",
+        "timestamp": "2026-11-27T05:00:00.000Z",
+        "KinesisBatchInfo": {
+            "shardId": shard, "startSequenceNumber": records[0].sequence_number(),
+            "endSequenceNumber": records[3].sequence_number(), "streamArn": arn, "batchSize": 4,
+        },
+    });
+    sqs.send_message().queue_url(&queue).message_body(letter.to_string()).send().await.unwrap();
+    sqs.send_message().queue_url(&queue).message_body("{\"not\": \"a failure record\"}").send().await.unwrap();
+    let unnamed = event_store(&["redrive", "--pump"], moto.port);
+    assert_eq!(unnamed.status.code(), Some(2), "{}", stderr(&unnamed));
+    assert!(stderr(&unnamed).contains("--queue"), "{}", stderr(&unnamed));
+    let whose = event_store(&["redrive", "--queue", &queue], moto.port);
+    assert_eq!(whose.status.code(), Some(2), "{}", stderr(&whose));
+    let redriven = event_store(&["redrive", "--pump", "--queue", &queue], moto.port);
+    let said = String::from_utf8_lossy(&redriven.stdout);
+    assert_eq!(redriven.status.code(), Some(1), "one message left: {said} {}", stderr(&redriven));
+    assert_eq!(
+        said.trim(),
+        "pump dead-letter queue: re-drove 1 messages (4 records buffered again); 1 left in the queue"
+    );
+    let scan = ScanConfig { segments: 1, ..scan_config(&names) };
+    let moved: usize = run_scan(dynamo.clone(), kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(60)))
+        .await
+        .into_iter()
+        .map(|pass| pass.unwrap().moved)
+        .sum();
+    assert_eq!(moved, 4, "buffered again, moved again under the same keys");
+    let all = event_store(&["--json", "playback", "--start", &before], moto.port);
+    assert_eq!(all.status.code(), Some(0), "{}", stderr(&all));
+    let all: Value = serde_json::from_slice(&all.stdout).unwrap();
+    assert_eq!(all["events"].as_u64(), Some(4), "still four events, none twice: {all}");
+}
+
+/// Events on `stream` (aggregated records unpacked), all shards from their start.
+async fn read_all(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> usize {
+    let mut events = 0;
+    for shard in event_store::kinesis::list_shards(kinesis, stream).await.unwrap() {
+        let iterator = kinesis
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.shard_id())
+            .shard_iterator_type(ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .unwrap();
+        let read = event_store::kinesis::get_records(kinesis, iterator.shard_iterator().unwrap().to_owned(), 1000);
+        for record in read.await.unwrap().records() {
+            let key = record.partition_key();
+            events += event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap().len();
+        }
+    }
+    events
 }

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use bytes::Bytes;
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
@@ -19,6 +19,7 @@ use event_store::event_item::EventItem;
 use event_store::playback::{PlaybackRequest, PlayedEvent};
 use event_store::subscription::{Manage, NewSubscription, Subscriptions, Target};
 use event_store::time::{format_ms, now_ms};
+use event_store_emulator::runs::{deadline_in, run_playback};
 use futures::StreamExt;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -208,8 +209,12 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
         ..Default::default()
     };
     let playback_started = Instant::now();
-    let summaries = crate::playback::play(stack.dynamo.clone(), stack.kinesis.clone(), request, false).await?;
-    let total = crate::playback::total(&summaries);
+    let config = event_store::config::PlaybackConfig::from_env()?;
+    let (dynamo, kinesis) = (stack.dynamo.clone(), stack.kinesis.clone());
+    let make = |invoker| event_store::playback::Playback::new(dynamo, kinesis, config, invoker);
+    let runs = run_playback(make, serde_json::to_value(&request)?, deadline_in(crate::stack::PLAYBACK_TIMEOUT)).await;
+    let runs = runs.into_iter().collect::<event_store::Result<Vec<_>>>().context("playback failed")?;
+    let total = event_store::playback::PlaybackSummary::total(&runs);
     let playback_time = playback_started.elapsed();
 
     println!("== reading the playback stream back and checking order");

@@ -3,18 +3,16 @@
 //!
 //! - `local`: run the stack until Ctrl-C (pixel server on 127.0.0.1:$PORT);
 //! - `demo`: the main job end to end, with a report (exit 1 if anything was lost);
-//! - `playback`: play a window back from a running stack;
-//! - `redrive`: put back what the pump's event source gave up on, from its dead-letter queue;
 //! - `invoke`: run a deployed function artefact in a container under `sam local invoke`, against the running stack;
 //! - `api`: serve the HTTP API from such containers with `sam local start-api`.
 //!
-//! `subscription` and `tail` are verbs of `event-store` (crates/cli), for this stack and a deployed one.
+//! `status`, `playback`, `subscription`, `tail` and `redrive` are verbs of
+//! `event-store` (crates/cli), for this stack and a deployed one.
 
 mod demo;
 mod entities;
 mod http;
 mod lost;
-mod playback;
 mod sam_local;
 mod settings;
 mod source;
@@ -27,7 +25,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use event_store::playback::PlaybackRequest;
 use tokio::sync::watch;
 
 use crate::settings::Settings;
@@ -58,44 +55,6 @@ enum Command {
         /// Also write the report as JSON to this file (the benchmark reads it).
         #[arg(long)]
         report_json: Option<std::path::PathBuf>,
-    },
-    /// Play back a window from the running local stack (default: the last 15 minutes).
-    Playback {
-        /// Window start, ISO 8601 (e.g. 2026-11-21T06:00:00Z) or epoch ms.
-        #[arg(long, env = "START")]
-        start: Option<String>,
-        /// Window end (exclusive); default: the end of the last sealed slot (the watermark).
-        #[arg(long, env = "END")]
-        end: Option<String>,
-        /// When END is past the watermark, wait up to this many seconds for it.
-        #[arg(long, env = "WAIT", default_value_t = 0)]
-        wait: u64,
-        /// Records per second onto the playback stream (default: its shards × 1,000).
-        #[arg(long, env = "RATE")]
-        rate: Option<u64>,
-        /// Only events whose JSON has this value at this pointer: `/path=/track.gif`
-        /// (the value is read as JSON when it parses, else as a string). Repeatable.
-        #[arg(long = "filter", env = "FILTER", value_delimiter = ',')]
-        filters: Vec<String>,
-        /// Play again even if this window was already played back completely.
-        #[arg(long, env = "RESTART", default_value_t = false)]
-        restart: bool,
-    },
-    /// Re-drive the pump's dead-letter queue: read each failure record's range back from the
-    /// event stream, buffer it again, delete the message (kept if anything failed).
-    Redrive {
-        /// The dead-letter queue's URL (the stack output `PumpDeadLetterQueueUrl`, or
-        /// `RelayDeadLetterQueueUrl` with `--relay`).
-        #[arg(long, env = "QUEUE_URL")]
-        queue: String,
-        /// The relay's queue: held entity streams are relayed from the entity table, in order
-        /// (DYNAMO_ENTITY_TABLE and EVENT_STREAM from the environment with `--aws`).
-        #[arg(long, default_value_t = false)]
-        relay: bool,
-        /// Against AWS, not the local emulator: credentials, region, DYNAMO_BUFFER_TABLE and
-        /// DYNAMO_EVENT_TABLE come from the environment as they are.
-        #[arg(long, default_value_t = false)]
-        aws: bool,
     },
     /// Run a function's deployed artefact (target/lambda/<FUNCTION>/bootstrap, from `make build`)
     /// in a container under `sam local invoke`, against the running local stack; prints its answer.
@@ -132,9 +91,7 @@ fn main() -> ExitCode {
     };
     // Before any thread exists: the stages read their configuration from the
     // environment exactly as they do in Lambda.
-    if !matches!(cli.command, Command::Redrive { aws: true, .. }) {
-        settings.export_env();
-    }
+    settings.export_env();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -172,25 +129,6 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
             }
             Ok(report.ok())
         }
-        Command::Playback { start, end, wait, rate, filters, restart } => {
-            playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
-            let sdk = event_store::aws_config().await;
-            let request = PlaybackRequest {
-                start,
-                end,
-                wait_seconds: Some(wait),
-                max_records_per_second: rate,
-                filter: filters.iter().map(|f| f.parse()).collect::<event_store::Result<_>>()?,
-                restart,
-                ..Default::default()
-            };
-            let summaries =
-                playback::play(aws_sdk_dynamodb::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk), request, true)
-                    .await?;
-            let total = playback::total(&summaries);
-            playback::print_summary(&total, summaries.len());
-            Ok(total.status != event_store::playback::Status::Incomplete)
-        }
         Command::Invoke { function, event, sam } => {
             let root = std::env::current_dir()?;
             // Absolute: sam runs in a scratch directory.
@@ -200,35 +138,6 @@ async fn run(command: Command, settings: Settings) -> Result<bool> {
         Command::Api { port, sam } => {
             let root = std::env::current_dir()?;
             sam_local::api(&settings, &root.join(sam), &root, port).await
-        }
-        Command::Redrive { queue, relay: true, .. } => {
-            let sdk = event_store::aws_config().await;
-            let config = event_store::config::RelayConfig::from_env()?;
-            let (sqs, dynamo) = (aws_sdk_sqs::Client::new(&sdk), aws_sdk_dynamodb::Client::new(&sdk));
-            let relay =
-                event_store::entity::relay::Relay::new(aws_sdk_kinesis::Client::new(&sdk), dynamo, sqs.clone(), config);
-            let relay = &relay;
-            let drained = event_store::redrive::drain_with(&sqs, &queue, |body| async move {
-                relay.redrive_message(&body).await.map(|done| done.versions)
-            })
-            .await?;
-            println!(
-                "re-drove {} relay dead-letter messages ({} entity versions relayed from the table); {} left in the queue",
-                drained.messages, drained.records, drained.left
-            );
-            Ok(drained.left == 0)
-        }
-        Command::Redrive { queue, .. } => {
-            let sdk = event_store::aws_config().await;
-            let config = event_store::config::PumpConfig::from_env()?;
-            let (sqs, kinesis) = (aws_sdk_sqs::Client::new(&sdk), aws_sdk_kinesis::Client::new(&sdk));
-            let pump = event_store::pump::Pump::new(aws_sdk_dynamodb::Client::new(&sdk), kinesis.clone(), config);
-            let drained = event_store::redrive::drain_queue(&sqs, &queue, &kinesis, &pump).await?;
-            println!(
-                "re-drove {} dead-letter messages ({} records buffered again); {} left in the queue",
-                drained.messages, drained.records, drained.left
-            );
-            Ok(drained.left == 0)
         }
     }
 }

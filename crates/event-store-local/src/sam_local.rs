@@ -444,7 +444,7 @@ impl Drop for Session {
 
 impl Session {
     async fn open(settings: &Settings, template: &LocalTemplate) -> Result<Self> {
-        crate::playback::require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
+        require_emulator(&settings.emulator_endpoint(), settings.emulator_port)?;
         let scratch = Scratch::create()?;
         eprintln!("== working in {}", scratch.0.display());
         let engine = Engine::connect(&scratch.0).await?;
@@ -595,6 +595,14 @@ pub async fn api(settings: &Settings, sam: &Path, root: &Path, port: u16) -> Res
         None => Ok(true),
         Some(status) => Ok(status?.success()),
     }
+}
+
+/// The running local stack's emulator, or an error saying to start it.
+fn require_emulator(endpoint: &str, port: u16) -> Result<()> {
+    if std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        bail!("no emulator answers at {endpoint}: start the local stack first (`make local` in another terminal)");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

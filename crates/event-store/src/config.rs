@@ -92,11 +92,9 @@ pub const DEFAULT_MAX_EVENTS_PER_POST: usize = 100;
 /// `MAX_EVENTS_PER_POST` may be at most this (one `PutRecords` worth when every `EntityId` differs).
 pub const MAX_EVENTS_PER_POST: usize = 500;
 
-/// Default `MAX_EVENT_BYTES`: 2 KiB, a pixel hit with a long URL and referer
-/// or a small analytics event. The endpoint is public, and at this size the
-/// template's default route rates fit one event shard's 1 MiB/s (the
-/// arithmetic is beside the template's parameters). Larger events are
-/// opt-in (with more shards or lower rates), up to [`MAX_EVENT_BYTES_LIMIT`].
+/// Default `MAX_EVENT_BYTES`: 2 KiB, a pixel hit with a long URL and referer or a small analytics event. The
+/// endpoint is public, and at this size the template's default route rates fit one event shard's 1 MiB/s (the
+/// arithmetic is beside the template's parameters). Larger ones are opt-in, up to [`MAX_EVENT_BYTES_LIMIT`].
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 2 * 1024;
 /// The most `MAX_EVENT_BYTES` may be: 384 KiB, leaving room in a DynamoDB item (400 KB) for its other attributes.
 pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
@@ -207,17 +205,13 @@ pub struct ScanConfig {
     pub page_items: Option<i32>,
     /// Days an event is kept (`RETENTION_DAYS`, written as the `expires_at` TTL); unset or 0 = forever.
     pub retention_days: Option<u32>,
-    /// How far Kinesis' arrival stamps and the scan's clock may differ
-    /// (`WATERMARK_LAG_MS`, default 5 s): the watermark stays this far behind
-    /// a pass's start, so a record put after the pass looked at the stream
-    /// always arrives after it. (What is in the stream but not yet buffered
-    /// is bounded exactly, by the shard positions.)
+    /// How far Kinesis' arrival stamps and the scan's clock may differ (`WATERMARK_LAG_MS`, default 5 s):
+    /// a shard with nothing new holds the watermark this far behind a pass's start (see `watermark`).
     pub watermark_lag_ms: u64,
     /// Continuations one segment's pass may chain (`MAX_CONTINUATIONS`).
     pub max_continuations: u32,
-    /// Sub-keys a slot's chunks are spread over (`SLOT_SUBKEYS`, default 1):
-    /// a partition takes at most 1,000 write units a second, so a slot
-    /// written faster than about 1 MB/s of compressed events needs more.
+    /// Sub-keys a slot's chunks are spread over (`SLOT_SUBKEYS`, default 1): a partition takes at most
+    /// 1,000 write units a second, so a slot written faster than about 1 MB/s of compressed events needs more.
     pub slot_subkeys: u32,
     /// The CloudWatch namespace of the watermark-lag metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
@@ -319,9 +313,15 @@ impl PlaybackConfig {
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
+        Self::for_names(env.var("DYNAMO_EVENT_TABLE")?, env.var("PLAYBACK_STREAM")?)
+    }
+
+    /// The environment's settings for a table and stream named elsewhere (the CLI's).
+    pub fn for_names(event_table: String, playback_stream: String) -> Result<Self> {
+        let env = Env(Self::VARIABLES);
         Ok(Self {
-            event_table: env.var("DYNAMO_EVENT_TABLE")?,
-            playback_stream: env.var("PLAYBACK_STREAM")?,
+            event_table,
+            playback_stream,
             time_unit_ms: env.time_unit()?,
             deadline_margin: env.deadline_margin()?,
             page_items: env.optional("QUERY_PAGE_ITEMS")?,

@@ -77,9 +77,9 @@ pub async fn claim(
 
 /// Whether a pass item lets a new pass be claimed at `now`: the same test as [`claim`]'s condition.
 fn claimable(item: &HashMap<String, AttributeValue>, now: i64) -> bool {
-    let done = item.get("done").and_then(|v| v.as_bool().ok()).copied().unwrap_or(true);
+    let done = item.get("done").and_then(|v| v.as_bool().ok()) == Some(&true);
     let lease_until = item.get("lease_until").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
-    !item.contains_key("token") || done || lease_until.map_or(true, |until| until < now)
+    !item.contains_key("token") || done || lease_until.is_some_and(|until| until < now)
 }
 
 /// How many of the `total_segments` segments a new pass may claim at `now`
@@ -212,5 +212,9 @@ mod tests {
         assert!(claimable(&item(true, 2_000), 1_000), "done");
         assert!(claimable(&item(false, 500), 1_000), "lease ran out");
         assert!(claimable(&HashMap::new(), 1_000), "never claimed");
+        let mut odd = item(false, 2_000);
+        odd.remove("done");
+        odd.remove("lease_until");
+        assert!(!claimable(&odd, 1_000), "as the claim's condition: a missing attribute compares false");
     }
 }

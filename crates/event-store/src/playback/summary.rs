@@ -85,3 +85,51 @@ pub enum Progress {
 }
 
 pub type ProgressObserver = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+impl PlaybackSummary {
+    /// One playback's runs added up (the first run's window is the whole window; the last run's status counts).
+    pub fn total(runs: &[PlaybackSummary]) -> PlaybackSummary {
+        let mut total = runs.first().cloned().unwrap_or_default();
+        for s in runs.iter().skip(1) {
+            total.slots += s.slots;
+            total.events += s.events;
+            total.filtered_out += s.filtered_out;
+            total.queries += s.queries;
+            total.index_queries += s.index_queries;
+            total.put_requests += s.put_requests;
+            total.kinesis_records += s.kinesis_records;
+            total.resent += s.resent;
+            total.checked_requests += s.checked_requests;
+            total.duplicates_dropped += s.duplicates_dropped;
+            total.unreadable += s.unreadable;
+            total.oversized += s.oversized;
+            total.first_event = total.first_event.or_else(|| s.first_event.clone());
+            total.last_event = s.last_event.clone().or(total.last_event);
+            total.next_seq = s.next_seq;
+            total.status = s.status;
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_playbacks_runs_add_up_and_the_last_ones_status_counts() {
+        let first = PlaybackSummary {
+            status: Status::Continued,
+            events: 3,
+            slots: 2,
+            first_event: Some("a".into()),
+            last_event: Some("b".into()),
+            ..Default::default()
+        };
+        let last = PlaybackSummary { status: Status::Complete, events: 4, slots: 1, next_seq: 7, ..Default::default() };
+        let total = PlaybackSummary::total(&[first, last]);
+        assert_eq!((total.status, total.events, total.slots, total.next_seq), (Status::Complete, 7, 3, 7));
+        assert_eq!((total.first_event.as_deref(), total.last_event.as_deref()), (Some("a"), Some("b")));
+        assert_eq!(PlaybackSummary::total(&[]).events, 0);
+    }
+}
