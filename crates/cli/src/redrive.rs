@@ -97,11 +97,8 @@ pub async fn redrive(target: &Target, choice: Choice) -> Result<Vec<(Kind, Strin
 
 async fn drain(target: &Target, kind: Kind, queue: &str) -> Result<Drained> {
     let sdk = &target.sdk;
-    let (sqs, kinesis, dynamo) = (
-        aws_sdk_sqs::Client::new(sdk),
-        aws_sdk_kinesis::Client::new(sdk),
-        aws_sdk_dynamodb::Client::new(sdk),
-    );
+    let (sqs, kinesis, dynamo) =
+        (aws_sdk_sqs::Client::new(sdk), aws_sdk_kinesis::Client::new(sdk), aws_sdk_dynamodb::Client::new(sdk));
     Ok(match kind {
         Kind::Pump => {
             let buffer = target.buffer_table.as_deref().ok_or_else(|| anyhow!("no BufferTableName output"))?;
@@ -143,6 +140,12 @@ pub fn report(results: &[(Kind, String, Drained)], json_out: bool) {
             Kind::Pump => "records buffered again",
             Kind::Relay => "entity versions relayed from the table",
         };
-        println!("{}: re-drove {} messages ({} {what}); {} left in the queue", kind.queue_name(), d.messages, d.records, d.left);
+        println!(
+            "{}: re-drove {} messages ({} {what}); {} left in the queue",
+            kind.queue_name(),
+            d.messages,
+            d.records,
+            d.left
+        );
     }
 }

@@ -117,7 +117,8 @@ pub async fn look(
         .await?;
     let only: Vec<Bound> = bounds.iter().map(|(_, b)| *b).collect();
     look_of(&only, clock_floor).ok_or_else(|| {
-        let unknown: Vec<&str> = bounds.iter().filter(|(_, b)| *b == Bound::Unknown).map(|(id, _)| id.as_str()).collect();
+        let unknown: Vec<&str> =
+            bounds.iter().filter(|(_, b)| *b == Bound::Unknown).map(|(id, _)| id.as_str()).collect();
         let source = format!("{}: empty answers short of the tip", unknown.join(", ")).into();
         Error::Kinesis { operation: "GetRecords", source }
     })
