@@ -59,7 +59,7 @@ status: local-bin ## the store at a glance: watermark, pump, subscriptions, play
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') status
 
 playback: local-bin ## play back START..END (ISO 8601; default the 15 sealed minutes before the watermark) [WAIT= RATE= FILTER= RESTART=true] (STACK=<name> for a deployed one)
-	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)') $(if $(WAIT),--wait '$(WAIT)') $(if $(RATE),--rate '$(RATE)') $(if $(FILTER),--filter '$(FILTER)') $(if $(filter true,$(RESTART)),--restart)
+	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)') $(if $(WAIT),--wait '$(WAIT)') $(if $(RATE),--rate '$(RATE)') $(if $(FILTER),--filter '$(FILTER)') $(if $(filter-out false 0,$(RESTART)),--restart)
 
 tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|beginning|<time> [FILTER=/path=/track.gif] (STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') tail --from '$(or $(FROM),now)' $(if $(FILTER),--filter '$(FILTER)')

@@ -119,18 +119,18 @@ async fn run(cli: Cli) -> Exit {
         Verb::Redrive(choice) if target.stack.is_none() && !choice.names_a_queue() => {
             fail(&"the local stack has no dead-letter queues of its own: name one with --queue URL", Exit::BadUsage)
         }
-        Verb::Redrive(choice) => match redrive::redrive(&target, choice).await {
-            Ok(results) => {
-                redrive::report(&results, cli.json);
+        Verb::Redrive(choice) => {
+            let results = redrive::redrive(&target, choice).await;
+            redrive::report(&results, cli.json);
+            if results.iter().any(|(_, _, drained)| drained.is_err()) {
+                Exit::StoreError
+            } else if results.iter().any(|(_, _, drained)| drained.as_ref().is_ok_and(|d| d.left > 0)) {
                 // Messages left (unreadable, or not all of them done) need a look: their reasons are logged.
-                if results.iter().any(|(_, _, drained)| drained.left > 0) {
-                    Exit::NeedsAHand
-                } else {
-                    Exit::Done
-                }
+                Exit::NeedsAHand
+            } else {
+                Exit::Done
             }
-            Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
-        },
+        }
         Verb::Subscription(request) => manage(&target, request).await,
         Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
     }
@@ -199,6 +199,8 @@ async fn play(target: &Target, request: event_store::playback::PlaybackRequest, 
     match played {
         Ok(playback::Ended::Done) => Exit::Done,
         Ok(playback::Ended::NotDone) => Exit::NeedsAHand,
+        // The function's own refusal of the request (an id bound to another window, say): nothing was played.
+        Err(err) if bad_input(&err) => fail(&err.context(target.label.clone()), Exit::BadUsage),
         Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
     }
 }
@@ -257,6 +259,11 @@ async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
     } else {
         Exit::NeedsAHand
     }
+}
+
+/// Whether the store refused the request as bad input.
+fn bad_input(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| matches!(e.downcast_ref::<event_store::Error>(), Some(event_store::Error::BadInput(_))))
 }
 
 /// One line on stderr, with the causes.

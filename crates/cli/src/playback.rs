@@ -11,15 +11,15 @@ use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use aws_sdk_lambda::primitives::Blob;
 use aws_sdk_lambda::types::InvocationType;
 use event_store::bookkeeping::{settings, watermark};
 use event_store::config::PlaybackConfig;
 use event_store::playback::checkpoint::{self, Stored};
 use event_store::playback::{
-    open_ended_id, run_id, Filter, Playback, PlaybackRequest, PlaybackSummary, Progress, ProgressObserver, Status,
-    Window,
+    bound_window, open_ended_id, run_id, Filter, Playback, PlaybackRequest, PlaybackSummary, Progress,
+    ProgressObserver, Status, Window,
 };
 use event_store::time::{format_ms, now_ms, parse_time};
 use event_store_emulator::runs::{deadline_in, run_playback};
@@ -145,26 +145,32 @@ const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 const START_GRACE: Duration = Duration::from_secs(60);
 /// How long a run whose lease lapsed may stay unchanged before the command says it stopped.
 const LAPSED_GRACE: Duration = Duration::from_secs(10);
+/// Past `--wait`, how long before an unstarted run's window is checked against the watermark again.
+const WAIT_SLACK: Duration = Duration::from_secs(5);
 
 /// Invokes the deployed playback function asynchronously and follows the
-/// run's checkpoint to its end (or Ctrl-C, which leaves it going).
+/// run's checkpoint to its end (or Ctrl-C, which leaves it going). A run
+/// already going under the same id is followed without invoking again.
 pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
     let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
     let table = target.resources.event_table.as_str();
     let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
     let sealed_end = watermark::read(&dynamo, table).await?.sealed_end(unit);
-    let window = Window::parse(&request, sealed_end.unwrap_or_else(now_ms), max_window()?)?;
+    let asked = Window::parse(&request, sealed_end.unwrap_or_else(now_ms), max_window()?)?;
     let open_ended = request.id.is_none() && request.end.is_none();
     let id = match (&request.id, &request.end) {
         (Some(id), _) => id.clone(),
-        (None, Some(_)) => run_id(&window, &request.filter),
+        (None, Some(_)) => run_id(&asked, &request.filter),
         (None, None) => open_ended_id(&request),
     };
     let before = checkpoint::load(&dynamo, table, &id).await?;
     let done_before = before.as_ref().and_then(|s| s.checkpoint.as_ref()).is_some_and(|c| c.done);
+    // The window the function will play: the one the id is bound to (a request naming another is refused).
+    let stored = before.clone().unwrap_or_default();
+    let (window, _) = bound_window(&id, &request, asked, &stored, open_ended && done_before)?;
     // What the function would answer without playing anything, said without invoking it.
     if done_before && !request.restart && !open_ended {
-        let events = before.as_ref().and_then(|s| s.checkpoint.as_ref()).map_or(0, |c| c.events);
+        let events = stored.checkpoint.as_ref().map_or(0, |c| c.events);
         report(json_out, &id, "already_done", &window, events, || {
             format!(
                 "window [{}, {}) was already played back ({events} events, id {id}); pass --restart to play it again",
@@ -174,7 +180,7 @@ pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest,
         });
         return Ok(Ended::Done);
     }
-    if request.wait_seconds.unwrap_or(0) == 0 && sealed_end.is_none_or(|sealed| window.end > sealed) {
+    let incomplete = |sealed_end: Option<i64>| {
         report(json_out, &id, "incomplete", &window, 0, || {
             format!(
                 "window [{}, {}) is not complete yet: the watermark is at {} (the scan has not sealed it); \
@@ -183,26 +189,37 @@ pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest,
                 format_ms(window.end),
                 sealed_end.map_or("- (no complete scan pass yet)".into(), format_ms)
             )
-        });
+        })
+    };
+    // A run of this id holding its lease: followed, not invoked again (the invocation would only wait to answer busy).
+    let live = !done_before && stored.lease.as_ref().is_some_and(|lease| lease.until > now_ms());
+    let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
+    if !live && wait.is_zero() && sealed_end.is_none_or(|sealed| window.end > sealed) {
+        incomplete(sealed_end);
         return Ok(Ended::NotDone);
     }
-    aws_sdk_lambda::Client::new(&target.sdk)
-        .invoke()
-        .function_name(function)
-        .invocation_type(InvocationType::Event)
-        .payload(Blob::new(serde_json::to_vec(&request)?))
-        .send()
-        .await
-        .map_err(|e| anyhow!("invoking {function}: {}", aws_sdk_lambda::error::DisplayErrorContext(&e)))?;
-    if !json_out {
-        eprintln!("playback {id} started on {function}; following its checkpoint (Ctrl-C leaves it running)");
+    if live {
+        if !json_out {
+            eprintln!("playback {id} is running: following its checkpoint (Ctrl-C leaves it running)");
+        }
+    } else {
+        aws_sdk_lambda::Client::new(&target.sdk)
+            .invoke()
+            .function_name(function)
+            .invocation_type(InvocationType::Event)
+            .payload(Blob::new(serde_json::to_vec(&request)?))
+            .send()
+            .await
+            .map_err(|e| anyhow!("invoking {function}: {}", aws_sdk_lambda::error::DisplayErrorContext(&e)))?;
+        if !json_out {
+            eprintln!("playback {id} started on {function}; following its checkpoint (Ctrl-C leaves it running)");
+        }
     }
     let again = "run the same command again to follow it";
     let bar = progress_bar(!json_out);
     let mut follow = Follow { bar: &bar, per_slot: BTreeMap::new(), last: None, unit };
     let started = tokio::time::Instant::now();
     let mut unchanged_since = tokio::time::Instant::now();
-    let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let end = loop {
@@ -214,35 +231,45 @@ pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest,
                 return Ok(Ended::NotDone);
             }
         }
-        let stored = checkpoint::load(&dynamo, table, &id).await?;
-        // A run that was done before counts only once this request's run has changed it.
-        let ours = stored.is_some() && (!done_before || stored != before);
-        let Some(stored) = stored.filter(|_| ours) else {
+        let now_stored = checkpoint::load(&dynamo, table, &id).await?;
+        // This request's run: one that was going already, or the item as it changes from what it was.
+        let ours = now_stored.is_some() && (live || now_stored != before);
+        let Some(stored) = now_stored.filter(|_| ours) else {
+            // The function waits up to --wait for the watermark, then answers incomplete and writes nothing.
+            if !wait.is_zero() && started.elapsed() > wait + WAIT_SLACK {
+                let sealed_end = watermark::read(&dynamo, table).await?.sealed_end(unit);
+                if sealed_end.is_none_or(|sealed| window.end > sealed) {
+                    bar.finish_and_clear();
+                    incomplete(sealed_end);
+                    return Ok(Ended::NotDone);
+                }
+            }
             if started.elapsed() > wait + START_GRACE {
                 bar.finish_and_clear();
-                bail!(
-                    "playback {id} has not started after {} s: see the stack's AsyncFailureQueue for the failed \
-                     invocation, then {again}",
+                eprintln!(
+                    "error: playback {id} has not started after {} s: see the stack's AsyncFailureQueue for the \
+                     failed invocation, then {again}",
                     started.elapsed().as_secs()
                 );
+                return Ok(Ended::NotDone);
             }
             continue;
         };
         if follow.saw(&stored) {
             unchanged_since = tokio::time::Instant::now();
         }
-        let Some(position) = &stored.checkpoint else { continue };
-        if position.done {
+        if stored.checkpoint.as_ref().is_some_and(|c| c.done) {
             break stored;
         }
+        // Released (a failed run) or expired (a crashed one), and nothing moving.
         let lapsed = stored.lease.as_ref().is_none_or(|lease| lease.until < now_ms());
         if lapsed && unchanged_since.elapsed() > LAPSED_GRACE {
             bar.finish_and_clear();
+            let (at, events) = stored.checkpoint.as_ref().map_or((window.start, 0), |c| (c.slot, c.events));
             eprintln!(
-                "playback {id} stopped at {} ({} events) and its lease has lapsed: Lambda retries a failed run \
-                 once or twice, then sends it to the AsyncFailureQueue; {again} (it resumes from the checkpoint)",
-                format_ms(position.slot),
-                position.events
+                "playback {id} stopped at {} ({events} events) and its lease has lapsed: Lambda retries a failed \
+                 run once or twice, then sends it to the AsyncFailureQueue; {again} (it resumes from the checkpoint)",
+                format_ms(at)
             );
             return Ok(Ended::NotDone);
         }

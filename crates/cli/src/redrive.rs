@@ -6,7 +6,8 @@
 //! table, in order. A message is deleted only once all of it is done.
 
 use anyhow::{anyhow, bail, Result};
-use event_store::config::{PumpConfig, RelayConfig, DEFAULT_RELAY_HOLD_AFTER_SECONDS};
+use event_store::bookkeeping::settings;
+use event_store::config::{PumpConfig, RelayConfig, DEFAULT_RELAY_HOLD_AFTER_SECONDS, DEFAULT_TIME_UNIT_MS};
 use event_store::entity::relay::Relay;
 use event_store::pump::Pump;
 use event_store::redrive::{drain_queue, drain_with, Drained};
@@ -72,27 +73,28 @@ impl Choice {
     }
 }
 
-/// Drains each chosen queue; what each gave.
-pub async fn redrive(target: &Target, choice: Choice) -> Result<Vec<(Kind, String, Drained)>> {
+/// What one queue gave.
+pub type Redriven = (Kind, String, Result<Drained>);
+
+/// Drains each chosen queue, one after the other whatever the last one gave.
+pub async fn redrive(target: &Target, choice: Choice) -> Vec<Redriven> {
     let mut out = Vec::new();
     for kind in choice.kinds {
         let queue = match &choice.queue {
             Some(url) => url.clone(),
-            None => target
-                .resources
-                .queues
-                .iter()
-                .find(|(what, _)| what == kind.queue_name())
-                .map(|(_, url)| url.clone())
-                .ok_or_else(|| match &target.stack {
-                    Some(_) => anyhow!("{}: no {} in the stack's outputs", target.label, kind.queue_name()),
-                    None => anyhow!("the local stack has no {}: name one with --queue URL", kind.queue_name()),
-                })?,
+            None => match target.resources.queues.iter().find(|(what, _)| what == kind.queue_name()) {
+                Some((_, url)) => url.clone(),
+                None => {
+                    let missing = anyhow!("no {} among the stack's outputs", kind.queue_name());
+                    out.push((kind, String::new(), Err(missing)));
+                    continue;
+                }
+            },
         };
-        let drained = drain(target, kind, &queue).await?;
+        let drained = drain(target, kind, &queue).await;
         out.push((kind, queue, drained));
     }
-    Ok(out)
+    out
 }
 
 async fn drain(target: &Target, kind: Kind, queue: &str) -> Result<Drained> {
@@ -102,7 +104,14 @@ async fn drain(target: &Target, kind: Kind, queue: &str) -> Result<Drained> {
     Ok(match kind {
         Kind::Pump => {
             let buffer = target.buffer_table.as_deref().ok_or_else(|| anyhow!("no BufferTableName output"))?;
-            let pump = Pump::new(dynamo, kinesis.clone(), PumpConfig::new(buffer, &target.resources.event_table));
+            let table = &target.resources.event_table;
+            // As the pump runs: the table's slot size, and the entity table (to drop copies of entity events).
+            let config = PumpConfig {
+                time_unit_ms: settings::time_unit(&dynamo, table).await?.unwrap_or(DEFAULT_TIME_UNIT_MS),
+                entity_table: target.entity_table.clone(),
+                ..PumpConfig::new(buffer, table)
+            };
+            let pump = Pump::new(dynamo, kinesis.clone(), config);
             drain_queue(&sqs, queue, &kinesis, &pump).await?
         }
         Kind::Relay => {
@@ -122,30 +131,38 @@ async fn drain(target: &Target, kind: Kind, queue: &str) -> Result<Drained> {
     })
 }
 
-/// One line per queue, or JSON.
-pub fn report(results: &[(Kind, String, Drained)], json_out: bool) {
+/// One line per queue (a failed one on stderr), or JSON.
+pub fn report(results: &[Redriven], json_out: bool) {
     if json_out {
         let value: Vec<Value> = results
             .iter()
-            .map(|(kind, url, d)| {
+            .map(|(kind, url, drained)| {
                 let queue = kind.queue_name();
-                json!({"queue": queue, "url": url, "messages": d.messages, "records": d.records, "left": d.left})
+                match drained {
+                    Ok(d) => {
+                        json!({"queue": queue, "url": url, "messages": d.messages, "records": d.records, "left": d.left})
+                    }
+                    Err(err) => json!({"queue": queue, "url": url, "error": format!("{err:#}")}),
+                }
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
         return;
     }
-    for (kind, _, d) in results {
+    for (kind, _, drained) in results {
         let what = match kind {
             Kind::Pump => "records buffered again",
             Kind::Relay => "entity versions relayed from the table",
         };
-        println!(
-            "{}: re-drove {} messages ({} {what}); {} left in the queue",
-            kind.queue_name(),
-            d.messages,
-            d.records,
-            d.left
-        );
+        match drained {
+            Ok(d) => println!(
+                "{}: re-drove {} messages ({} {what}); {} left in the queue",
+                kind.queue_name(),
+                d.messages,
+                d.records,
+                d.left
+            ),
+            Err(err) => eprintln!("error: {}: {err:#}", kind.queue_name()),
+        }
     }
 }

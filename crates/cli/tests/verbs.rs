@@ -80,7 +80,7 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     let played = event_store(&[&["playback"], &window[..]].concat(), moto.port);
     assert_eq!(played.status.code(), Some(0), "{}", stderr(&played));
     let said = String::from_utf8_lossy(&played.stdout);
-    assert!(said.starts_with("played back 3 events from 1 non-empty slots"), "{said}");
+    assert!(said.starts_with("played back 3 events from "), "{said}");
     assert!(said.contains("events per 1 s") && said.contains('█'), "the sparkline: {said}");
     let on_stream: usize = read_all(&kinesis, &names.playback_stream).await;
     assert_eq!(on_stream, 3, "the three clicks on the playback stream");

@@ -359,7 +359,7 @@ impl Playback {
 /// refused when the request names another window or filter, unless it
 /// restarts. `rebind`: the id is an open-ended request's whose last run is
 /// done, so the request means the window of now.
-fn bound_window(
+pub fn bound_window(
     id: &str,
     request: &PlaybackRequest,
     asked: Window,

@@ -22,7 +22,7 @@
 //!   record (the other streams' records in it are skipped by their positions);
 //!   after `hold_after`, the stream is held (its position says so, a message
 //!   goes to the relay's dead-letter queue, its alarm fires) and the other
-//!   streams move on. `make redrive RELAY=1` relays what was held
+//!   streams move on. `event-store redrive --relay` relays what was held
 //!   from the table, in order.
 
 use std::collections::HashMap;
