@@ -13,7 +13,8 @@ the same dict, and would otherwise fail with a 500 when a put lands mid-walk),
 then runs moto's own server main with the same arguments. The Makefile
 installs it as .venv/bin/moto-server.
 
-Its DynamoDB streams have the same defect: a table's stream numbers a
+Its DynamoDB tables lose items the same way (below, at the lock), and its
+DynamoDB streams have the same defect: a table's stream numbers a
 change by the count of records before it, unlocked, so two writes at once
 could share a number; a reader asking for the records after that number is
 handed the second of them again and again, and never gets further. So the
@@ -72,6 +73,31 @@ def _add_to_table_stream(self, old, new):
 
 
 dynamodb_table.StreamShard.add = _add_to_table_stream
+
+# A table's items are a defaultdict of partitions, and moto's get_item,
+# put_item and delete_item index it, so a partition missing on two threads
+# at once is created twice and the second replaces the first: an item just
+# written into the first is gone, its write answered 200 (seen as a scan
+# that put 600 events and stored 598). DynamoDB loses no acknowledged write,
+# so those three are locked (not on a table moto maps to a function itself:
+# it runs the function, which may write back, inside the write).
+_table_items = threading.RLock()
+
+
+def _locked_unless_mapped(method):
+    locked = _locked(method, _table_items)
+
+    @functools.wraps(method)
+    def item_access(self, *args, **kwargs):
+        if getattr(self, "lambda_event_source_mappings", None):
+            return method(self, *args, **kwargs)
+        return locked(self, *args, **kwargs)
+
+    return item_access
+
+
+for _name in ("get_item", "put_item", "delete_item"):
+    setattr(dynamodb_table.Table, _name, _locked_unless_mapped(getattr(dynamodb_table.Table, _name)))
 
 # The partition a Query on this thread reads: (table, hash key), else None.
 _querying = threading.local()

@@ -990,10 +990,12 @@ async fn a_slot_spread_over_8_sub_keys_plays_back_complete_and_in_order() {
         .filter(|s| (T0..T0 + 1000).contains(s))
         .collect();
     assert_eq!(subkeys, (T0..T0 + 8).collect(), "all 8 sub-keys of the first slot hold chunks");
+    // What the scan stored, before playback reads it (a shortfall here is the store's or the emulator's).
+    assert_eq!(common::stored_events(&env).await.len(), 600, "stored by the scan");
 
     let summaries =
         play(&env, config(&env, Some(7)), window(T0, T0 + 3000), || SystemTime::now() + Duration::from_secs(900)).await;
-    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 600);
+    assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 600, "{summaries:?}");
     assert_played_once_in_order(&env, 600).await;
     let mut events = played_events(&env).await;
     events.sort_by_key(|e| e.playback_seq);
