@@ -8,7 +8,8 @@
 //! by invoking its playback function asynchronously and following the run);
 //! `subscription <action>` (locally in this process, on a deployed stack by
 //! invoking its subscriptions function); `tail`; `redrive` (the dead-letter
-//! queues, in this process).
+//! queues, in this process); `streams` (entity streams through their HTTP
+//! API, SigV4-signed on a deployed stack).
 //!
 //! Exit codes (for scripts): 0 done (for `status`: healthy); 1 done, and
 //! something needs a hand (`status`: a problem named in the verdict); 2 bad
@@ -18,6 +19,7 @@
 mod playback;
 mod redrive;
 mod render;
+mod streams;
 mod subscription;
 mod tail;
 mod target;
@@ -64,6 +66,14 @@ enum Command {
     },
     /// Re-drive the pump's and the relay's dead-letter queues (the stack's outputs, or --queue).
     Redrive(redrive::Args),
+    /// Read and append entity streams through their HTTP API (signed with your AWS credentials on a stack).
+    Streams {
+        /// The API's base instead of the stack's StreamsUrl (a custom domain), e.g. https://api.example.com/streams.
+        #[arg(long)]
+        url: Option<String>,
+        #[command(subcommand)]
+        action: streams::Action,
+    },
     /// Print the sealed log's events as their slots seal, one JSON line each, until Ctrl-C (or --count).
     Tail {
         /// `now`, `beginning`, or a time (ISO 8601 or epoch ms).
@@ -133,6 +143,7 @@ async fn run(cli: Cli) -> Exit {
         }
         Verb::Subscription(request) => manage(&target, request).await,
         Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
+        Verb::Streams { url, call } => stream_call(&target, url, call, cli.json).await,
     }
 }
 
@@ -143,6 +154,7 @@ enum Verb {
     Redrive(redrive::Choice),
     Subscription(event_store::subscription::Manage),
     Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
+    Streams { url: Option<String>, call: streams::Call },
 }
 
 impl Verb {
@@ -155,6 +167,7 @@ impl Verb {
                 settings_from_env()?;
                 Verb::Subscription(action.request()?)
             }
+            Command::Streams { url, action } => Verb::Streams { url, call: action.call()? },
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
                 from: event_store::subscription::spec::parse_start(&from, event_store::time::now_ms())
@@ -258,6 +271,38 @@ async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
         Exit::Done
     } else {
         Exit::NeedsAHand
+    }
+}
+
+async fn stream_call(target: &Target, url: Option<String>, call: streams::Call, json: bool) -> Exit {
+    let Some(base) = url.or_else(|| target.streams_url.clone()) else {
+        let err = format!("{}: no StreamsUrl output (deploy the current template, or give --url)", target.label);
+        return fail(&err, Exit::NoStore);
+    };
+    // Only a deployed API checks signatures; the local server takes none.
+    let signer = target.stack.as_ref().map(|_| &target.sdk);
+    let answer = match streams::send(&base, call, signer).await {
+        Ok(answer) => answer,
+        Err(err) if err.is::<streams::Unreachable>() => return fail(&err, Exit::NoStore),
+        Err(err) => return fail(&err.context(target.label.clone()), Exit::StoreError),
+    };
+    let status = answer.status;
+    let version = answer.etag.as_deref().map(|e| e.trim_matches('"').to_owned());
+    if json {
+        let value = serde_json::json!({"status": status.as_u16(), "version": version, "answer": answer.body});
+        let _ = writeln!(std::io::stdout(), "{value}");
+    } else {
+        eprintln!("{status}{}", version.map(|v| format!(", version {v}")).unwrap_or_default());
+        let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&answer.body).unwrap_or_default());
+    }
+    match status.as_u16() {
+        200..=299 | 304 => Exit::Done,
+        // Refused as sent: nothing was written.
+        400 | 413 | 415 => Exit::BadUsage,
+        401 | 403 => Exit::NoStore,
+        // The stream is not as the request expected (a conflict, unknown, deleted): nothing was written.
+        404 | 409 | 410 | 412 | 428 => Exit::NeedsAHand,
+        _ => Exit::StoreError,
     }
 }
 

@@ -49,13 +49,15 @@ pub struct Target {
     /// The buffer and entity tables (`BufferTableName`, `EntityTableName`, or the stage's), for re-drives.
     pub buffer_table: Option<String>,
     pub entity_table: Option<String>,
+    /// The entity streams' HTTP API (`StreamsUrl`; locally `make local`'s server on `PORT`).
+    pub streams_url: Option<String>,
     /// Set for a deployed stack.
     pub stack: Option<String>,
 }
 
 /// The local stack of `STAGE` (default `local`) on `EMULATOR_PORT` (default 4566).
 pub async fn local() -> Result<Target, TargetError> {
-    let port = std::env::var("EMULATOR_PORT").ok().and_then(|p| p.trim().parse().ok()).unwrap_or(4566);
+    let port = env_port("EMULATOR_PORT", 4566);
     if !event_store_emulator::answers(port) {
         return Err(TargetError::NoLocalStack { port });
     }
@@ -85,8 +87,14 @@ pub async fn local() -> Result<Target, TargetError> {
         playback_stream: Some(names.playback_stream),
         buffer_table: Some(names.buffer_table),
         entity_table: Some(names.entity_table),
+        streams_url: Some(format!("http://127.0.0.1:{}/streams", env_port("PORT", 3000))),
         stack: None,
     })
+}
+
+/// A port from the environment (as `make local` reads it), else `default`.
+fn env_port(name: &str, default: u16) -> u16 {
+    std::env::var(name).ok().and_then(|p| p.trim().parse().ok()).unwrap_or(default)
 }
 
 /// The deployed stack `name`, from its outputs.
@@ -125,6 +133,7 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         playback_stream: outputs.get("PlaybackStreamName").cloned(),
         buffer_table: outputs.get("BufferTableName").cloned(),
         entity_table: outputs.get("EntityTableName").cloned(),
+        streams_url: outputs.get("StreamsUrl").cloned(),
         stack: Some(name.to_owned()),
     })
 }
