@@ -283,6 +283,9 @@ async fn stream_call(target: &Target, url: Option<String>, call: streams::Call, 
     let signer = target.stack.as_ref().map(|_| &target.sdk);
     let answer = match streams::send(&base, call, signer).await {
         Ok(answer) => answer,
+        Err(err) if err.is::<streams::Unreachable>() && target.stack.is_none() => {
+            return fail(&format!("{err} (is `make local` running with this PORT?)"), Exit::NoStore)
+        }
         Err(err) if err.is::<streams::Unreachable>() => return fail(&err, Exit::NoStore),
         Err(err) => return fail(&err.context(target.label.clone()), Exit::StoreError),
     };

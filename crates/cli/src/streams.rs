@@ -164,10 +164,11 @@ pub async fn send(base: &str, call: Call, signer: Option<&SdkConfig>) -> Result<
     for (name, value) in &headers {
         request = request.header(*name, value);
     }
-    let response = request
-        .send()
-        .await
-        .map_err(|e| Unreachable { url: url.to_string(), detail: format!("{:#}", anyhow::Error::new(e)) })?;
+    let response = request.send().await.map_err(|e| {
+        // The innermost cause says it (`Connection refused`); the outer ones repeat the URL.
+        let detail = anyhow::Error::new(e).chain().last().map(ToString::to_string).unwrap_or_default();
+        Unreachable { url: url.to_string(), detail }
+    })?;
     let status = response.status();
     let etag = response.headers().get("etag").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let bytes = response.bytes().await.context("reading the answer")?;

@@ -1,6 +1,7 @@
 //! The local HTTP server: the `load` handler and the `/streams` API (the
 //! same handlers Lambda runs) behind hyper, routed as the template's HTTP
-//! API routes them and called as API Gateway would, plus the demo page at `/`.
+//! API routes them and called as API Gateway would, plus the page at `/`
+//! (the store at a glance, with the pixel and a button) and the JSON it polls.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -24,10 +25,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::glance::Glance;
 use crate::stats::Stats;
 
-/// The demo page served at `/`: the pixel and a button that posts an event.
-pub const DEMO_PAGE: &str = include_str!("demo.html");
+/// The page served at `/`: the store at a glance (it polls `/status.json` and
+/// `/recent.json`), the pixel and a button that posts an event. One file, no
+/// build step and nothing from elsewhere, so it works offline.
+pub const PAGE: &str = include_str!("page.html");
 /// Lambda's request payload limit; API Gateway would refuse more.
 const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
@@ -35,6 +39,7 @@ const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 pub struct Api {
     pub load: Load,
     pub streams: StreamsApi,
+    pub glance: Glance,
 }
 
 pub async fn serve(listener: TcpListener, api: Arc<Api>, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
@@ -65,8 +70,16 @@ async fn handle(
     api: Arc<Api>,
     stats: Arc<Stats>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.method() == Method::GET && req.uri().path() == "/" {
-        return Ok(respond(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(DEMO_PAGE.as_bytes())));
+    if req.method() == Method::GET {
+        match req.uri().path() {
+            "/" => return Ok(respond(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(PAGE.as_bytes()))),
+            "/status.json" => return Ok(json_answer(api.glance.status().await)),
+            "/recent.json" => {
+                let after = query_value(req.uri().query(), "after").and_then(|a| a.parse().ok());
+                return Ok(json_answer(api.glance.recent(after).await));
+            }
+            _ => {}
+        }
     }
     let (parts, body) = req.into_parts();
     let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
@@ -133,6 +146,25 @@ fn appended_events(response: &lambda_http::Response<lambda_http::Body>) -> u64 {
         .ok()
         .and_then(|v| v["versions"].as_array().map(|versions| versions.len() as u64))
         .unwrap_or(0)
+}
+
+/// `?name=value` from a query string.
+fn query_value(query: Option<&str>, name: &str) -> Option<String> {
+    let query: QueryMap = query.unwrap_or_default().parse().ok()?;
+    query.first(name).map(str::to_owned)
+}
+
+/// A value as JSON, or the error as `500 {"error": ...}` (logged).
+fn json_answer<T: serde::Serialize>(value: anyhow::Result<T>) -> Response<Full<Bytes>> {
+    let json = value.and_then(|v| Ok(serde_json::to_vec(&v)?));
+    match json {
+        Ok(body) => respond(StatusCode::OK, "application/json", body.into()),
+        Err(err) => {
+            warn!(error = format!("{err:#}"), "the page's data could not be read");
+            let body = serde_json::json!({"error": format!("{err:#}")}).to_string();
+            respond(StatusCode::INTERNAL_SERVER_ERROR, "application/json", body.into())
+        }
+    }
 }
 
 fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {

@@ -11,6 +11,7 @@
 
 mod demo;
 mod entities;
+mod glance;
 mod http;
 mod lost;
 mod sam_local;

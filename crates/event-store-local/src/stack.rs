@@ -126,6 +126,19 @@ impl Stack {
         let api = Arc::new(crate::http::Api {
             load: Load::new(self.kinesis.clone(), LoadConfig::from_env()?),
             streams: StreamsApi::new(EntityStore::new(self.dynamo.clone(), names.entity_table.clone())),
+            glance: crate::glance::Glance {
+                clients: event_store::status::Clients {
+                    dynamo: self.dynamo.clone(),
+                    kinesis: self.kinesis.clone(),
+                    sqs: aws_sdk_sqs::Client::new(&event_store::aws_config().await),
+                },
+                // The local stack has no dead-letter queues: its services retry in place.
+                resources: event_store::status::Resources {
+                    event_table: names.event_table.clone(),
+                    event_stream: names.event_stream.clone(),
+                    queues: vec![],
+                },
+            },
         });
         tasks.spawn(crate::http::serve(listener, api, self.stats.clone(), shutdown.clone()));
 

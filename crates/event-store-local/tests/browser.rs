@@ -1,7 +1,8 @@
-//! The pixel in a real web page: headless Chromium opens the local stack's
-//! demo page (which loads the pixel), clicks the button (which posts an
-//! event), and both events must reach the event table with the page's
-//! referer and the browser's user agent.
+//! The local stack's page in a real browser: headless Chromium opens it
+//! (which loads the pixel), clicks the button (which posts an event); both
+//! events must reach the event table with the page's referer and the
+//! browser's user agent, and the page's chart and list of sealed events
+//! must show them, then two entity appends sent with `event-store streams`.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;
@@ -17,7 +18,7 @@ use fantoccini::{ClientBuilder, Locator};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn page_view_and_button_click_reach_the_event_table() {
+async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let emulator = Emulator::start_on_free_port(&moto_server(&root)).unwrap();
     let _watchdog = event_store_emulator::watchdog::Watchdog::start(emulator.diagnostics().into_iter().collect());
@@ -63,8 +64,6 @@ async fn page_view_and_button_click_reach_the_event_table() {
     };
     let user_agent = browser.execute("return navigator.userAgent", vec![]).await.unwrap();
     let user_agent = user_agent.as_str().unwrap().to_owned();
-    browser.close().await.unwrap();
-    let _ = std::fs::remove_dir_all(&profile);
     assert!(answer.starts_with("202"), "the button's post was answered {answer:?}");
 
     // Both events, moved by the stack's scan into the event table.
@@ -98,5 +97,68 @@ async fn page_view_and_button_click_reach_the_event_table() {
         assert_eq!(event.headers.referer.as_deref(), Some(page.as_str()), "{event:?}");
         assert_eq!(event.headers.user_agent.as_deref(), Some(user_agent.as_str()));
         assert_eq!(event.source_ip.as_deref(), Some("127.0.0.1"));
+    }
+
+    // The page is the store at a glance: its chart counts both hits, and its list shows them as they seal.
+    let (total, recent) = glance(&browser, 2).await;
+    assert_eq!(total, 2, "the ingest chart: {recent:?}");
+    assert!(recent.iter().any(|l| l.contains("\"path\":\"/track.gif\"")), "{recent:?}");
+    assert!(recent.iter().any(|l| l.contains("button-click")), "{recent:?}");
+
+    // Entity appends count like any source: two, through `event-store streams` (the CLI, as a user
+    // runs it against `make local`), the relay, the pump and the scan, onto the same chart.
+    let cli = std::path::Path::new(env!("CARGO_BIN_EXE_event-store-local")).with_file_name("event-store");
+    assert!(cli.exists(), "{}: build the workspace first (make test does)", cli.display());
+    let events = r#"[{"type":"TodoCreated","data":{"title":"milk"}},{"type":"TodoDone","data":{}}]"#;
+    let run = |args: &[&str]| {
+        let out = Command::new(&cli)
+            .args(args)
+            .env("EMULATOR_PORT", emulator.port.to_string())
+            .env("PORT", http_port.to_string())
+            .env("STAGE", "browsertest")
+            .env_remove("EVENT_STORE_STACK")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, said, err) = run(&["--json", "streams", "append", "todo-browser", "--new", events]);
+    assert_eq!(code, Some(0), "{said} {err}");
+    let said: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert_eq!((said["status"].as_u64(), said["version"].as_str()), (Some(201), Some("1")), "{said}");
+    let (code, _, err) = run(&["streams", "append", "todo-browser", "--new", events]);
+    assert_eq!((code, err.trim()), (Some(1), "409 Conflict, version 1"), "the stream exists: nothing appended");
+    let (code, said, _) = run(&["streams", "read", "todo-browser"]);
+    let said: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let types: Vec<&str> = said["events"].as_array().unwrap().iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!((code, types), (Some(0), vec!["TodoCreated", "TodoDone"]));
+    let (total, recent) = glance(&browser, 4).await;
+    assert_eq!(total, 4, "{recent:?}");
+    assert_eq!(recent.iter().filter(|l| l.contains(" streams/todo-browser ")).count(), 2, "{recent:?}");
+    let bars = "return [...document.querySelectorAll('#ingest rect')].map(r => +r.dataset.count)";
+    let bars: Vec<u64> = serde_json::from_value(browser.execute(bars, vec![]).await.unwrap()).unwrap();
+    assert_eq!((bars.len(), bars.iter().sum::<u64>()), (60, 4), "a bar a minute, the hour's events in them");
+    let verdict = browser.find(Locator::Id("verdict")).await.unwrap().text().await.unwrap();
+    assert_eq!(verdict, "healthy");
+    browser.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// The page's event total once it reaches `want` (or 60 s passed), and its list of sealed events.
+async fn glance(browser: &fantoccini::Client, want: u64) -> (u64, Vec<String>) {
+    let started = Instant::now();
+    loop {
+        let total = browser.find(Locator::Id("ingest-total")).await.unwrap().attr("data-total").await.unwrap();
+        let total: u64 = total.and_then(|t| t.parse().ok()).unwrap_or(0);
+        let recent = "return [...document.querySelectorAll('#recent li')].map(li => li.textContent)";
+        let recent: Vec<String> = serde_json::from_value(browser.execute(recent, vec![]).await.unwrap()).unwrap();
+        let listed = recent.iter().filter(|l| l.contains("\"id\":")).count() as u64;
+        if (total >= want && listed >= want) || started.elapsed() > Duration::from_secs(60) {
+            return (total, recent);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
