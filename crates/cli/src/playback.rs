@@ -63,6 +63,12 @@ impl Args {
                 parse_time(time).map_err(|e| anyhow!("{name} {time:?}: {e}"))?;
             }
         }
+        // An end in the future is waited for (--wait); a start there has nothing to play yet.
+        if let Some(start) = &self.start {
+            if parse_time(start)? > now_ms() {
+                return Err(anyhow!("--start {start} is in the future: nothing is stored there yet"));
+            }
+        }
         let request = PlaybackRequest {
             start: self.start,
             end: self.end,
@@ -463,5 +469,10 @@ mod tests {
         let long = args(Some("2026-11-01T00:00:00Z"), Some("2026-11-27T00:00:00Z"), "/a=1").request();
         assert!(long.unwrap_err().to_string().contains("at most 24"));
         assert!(args(None, None, "kind").request().is_err(), "a filter needs its pointer");
+        let future = args(Some("2999-01-01T00:00:00Z"), Some("2999-01-01T01:00:00Z"), "/a=1").request();
+        assert_eq!(
+            future.unwrap_err().to_string(),
+            "--start 2999-01-01T00:00:00Z is in the future: nothing is stored there yet"
+        );
     }
 }

@@ -15,7 +15,16 @@ use serde_json::Value;
 /// Runs `event-store args` with `env`, the user's own AWS settings cleared.
 fn event_store(args: &[&str], env: &[(&str, String)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_event-store"));
-    for name in ["AWS_ENDPOINT_URL", "AWS_PROFILE", "EVENT_STORE_STACK", "STAGE", "EMULATOR_PORT"] {
+    for name in [
+        "AWS_ENDPOINT_URL",
+        "AWS_PROFILE",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "EVENT_STORE_STACK",
+        "STAGE",
+        "EMULATOR_PORT",
+    ] {
         command.env_remove(name);
     }
     command.args(args).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap()
@@ -63,6 +72,36 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
     assert!(text.lines().any(|l| l.starts_with("ingest ") && l.ends_with("0 events in 60 min, per minute of arrival")));
     assert!(!text.contains('\x1b'), "no colour when stdout is not a terminal: {text}");
 
+    // A subscription with a parked event (as its runner parks one the target refused): named, exit 1.
+    let target = format!("kinesis:{}", names.playback_stream);
+    let created = event_store(&["subscription", "create", "orders", "--target", &target, "--start", "now"], &local);
+    assert_eq!(created.status.code(), Some(0), "{}", String::from_utf8_lossy(&created.stderr));
+    let table = names.event_table.as_str();
+    let orders = event_store::subscription::store::get(&dynamo, table, "orders").await.unwrap().unwrap();
+    let parked = event_store::subscription::store::Parked {
+        sub_id: orders.id.clone(),
+        partition: 0,
+        slot: 0,
+        event_sort_key: "0001".into(),
+        event_id: "shardId-000000000000:1".into(),
+        partition_key: "k".into(),
+        seq: 0,
+        error: "the target refused it".into(),
+        parked_at: event_store::time::format_ms(event_store::time::now_ms()),
+    };
+    event_store::subscription::store::park(&dynamo, table, "orders", &parked).await.unwrap();
+    let with_parked = event_store(&["status", "--json"], &local);
+    let json = json_of(&with_parked);
+    assert_eq!(with_parked.status.code(), Some(1), "{json}");
+    assert_eq!(json["verdict"]["problems"], serde_json::json!(["subscription orders: 1 parked event (re-drive them)"]));
+    assert_eq!(
+        (json["subscriptions"][0]["name"].as_str(), json["subscriptions"][0]["parked"].as_u64()),
+        (Some("orders"), Some(1))
+    );
+    event_store::subscription::store::unpark(&dynamo, table, "orders", &parked).await.unwrap();
+    let deleted = event_store(&["subscription", "delete", "orders"], &local);
+    assert_eq!(deleted.status.code(), Some(0), "{}", String::from_utf8_lossy(&deleted.stderr));
+
     // A record the pump has not buffered, older than the limit: the pump is named, and since when.
     kinesis
         .put_record()
@@ -107,6 +146,20 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
     assert_eq!(
         String::from_utf8_lossy(&other.stderr).trim(),
         "error: stack a-website is not an event store: it has no EventTableName output"
+    );
+    let nowhere = "/nonexistent/aws".to_owned();
+    let no_credentials = [
+        aws[0].clone(),
+        aws[1].clone(),
+        ("AWS_SHARED_CREDENTIALS_FILE", nowhere.clone()),
+        ("AWS_CONFIG_FILE", nowhere),
+        ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+    ];
+    let anonymous = event_store(&["--stack", "a-website", "status"], &no_credentials);
+    assert_eq!(anonymous.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&anonymous.stderr).trim(),
+        "error: no AWS credentials: configure them as for the AWS CLI (AWS_PROFILE, aws configure, or AWS_ACCESS_KEY_ID)"
     );
     let other_stage = event_store(
         &["--local", "status"],

@@ -1,0 +1,159 @@
+"""What AWS puts in front of the deployed functions, for the deploy tests,
+where the functions run under `cargo lambda watch` (moto runs Lambda only in
+Docker and creates no API Gateway):
+
+- `LambdaService`: Lambda's Invoke API for the stack's function names,
+  asynchronous invocations (`X-Amz-Invocation-Type: Event`) answered 202 at
+  once and run after, as Lambda does; the runtime emulator serves functions
+  by binary name and runs every invocation synchronously.
+- `SignedApi`: API Gateway's `AWS_IAM` authorization in front of the streams
+  function: every request's SigV4 signature is checked with botocore's
+  signer (a reader nobody here wrote), then the request is handed to the
+  function as an HTTP API event; an unsigned or wrongly signed one is 403.
+
+Both bind 127.0.0.1 on a free port and stop with `close()`."""
+
+import hmac
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+INVOKE = "/2015-03-31/functions/"
+
+
+def _forward(method, url, body, headers):
+    request = urllib.request.Request(url, data=body if method != "GET" else None, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), refused.read()
+
+
+class _Server:
+    def __init__(self, handler):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class LambdaService(_Server):
+    """Invoke for `<prefix>-<function>` goes to `<function>` under the runtime emulator on `watch_port`."""
+
+    def __init__(self, watch_port, prefix):
+        self.invocations = []  # (function, invocation type), in order
+        self.finished = []  # asynchronous invocations done: (function, status)
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def do_POST(self):
+                path = self.path.split("?")[0]
+                name = path[len(INVOKE):].split("/")[0] if path.startswith(INVOKE) else ""
+                function = name[len(prefix) + 1:] if name.startswith(prefix + "-") else None
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if function is None:
+                    return self._answer(404, {"Type": "User", "message": f"Function not found: {name}"},
+                                        {"x-amzn-errortype": "ResourceNotFoundException"})
+                kind = self.headers.get("x-amz-invocation-type", "RequestResponse")
+                service.invocations.append((function, kind))
+                url = f"http://127.0.0.1:{watch_port}{INVOKE}{function}/invocations"
+                if kind == "Event":
+                    def run():
+                        status, _, _ = _forward("POST", url, body, {"content-type": "application/json"})
+                        service.finished.append((function, status))
+                    threading.Thread(target=run, daemon=True).start()
+                    return self._answer(202, None, {})
+                status, headers, answer = _forward("POST", url, body, {"content-type": "application/json"})
+                extra = {k: v for k, v in headers.items() if k.lower() == "x-amz-function-error"}
+                self._raw(status, answer, extra)
+
+            def _answer(self, status, value, headers):
+                self._raw(status, b"" if value is None else json.dumps(value).encode(), headers)
+
+            def _raw(self, status, body, headers):
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        super().__init__(Handler)
+
+
+class SignedApi(_Server):
+    """`/streams/...`, signed for `execute-api` in `region` with `credentials`, to the streams function."""
+
+    def __init__(self, watch_port, credentials: Credentials, region):
+        self.verified = 0
+        self.refused = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def _handle(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                problem = api.check(self.command, f"http://{self.headers['host']}{self.path}", self.headers, body)
+                if problem:
+                    api.refused.append(problem)
+                    return self._send(403, {"content-type": "application/json"},
+                                      json.dumps({"message": problem}).encode())
+                api.verified += 1
+                passed = {k: v for k, v in self.headers.items()
+                          if k.lower() in ("content-type", "if-match", "if-none-match")}
+                # The runtime emulator makes an HTTP API event of what follows /lambda-url/<function>.
+                url = f"http://127.0.0.1:{watch_port}/lambda-url/streams{self.path}"
+                status, headers, answer = _forward(self.command, url, body, passed)
+                kept = {k: v for k, v in headers.items() if k.lower() in ("content-type", "etag", "location")}
+                self._send(status, kept, answer)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+            def _send(self, status, headers, body):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.credentials, self.region = credentials, region
+        super().__init__(Handler)
+
+    def check(self, method, url, headers, body):
+        """None when the request carries a valid signature of these credentials, else why not."""
+        authorization = headers.get("authorization", "")
+        if not authorization.startswith("AWS4-HMAC-SHA256 "):
+            return "Missing Authentication Token"
+        fields = dict(part.strip().split("=", 1) for part in authorization[len("AWS4-HMAC-SHA256 "):].split(","))
+        signed = fields["SignedHeaders"].split(";")
+        request = AWSRequest(method=method, url=url, data=body,
+                             headers={name: headers[name] for name in signed if headers.get(name) is not None})
+        stamp = headers.get("x-amz-date", "")
+        request.context["timestamp"] = stamp
+        signer = SigV4Auth(self.credentials, "execute-api", self.region)
+        expected_scope = f"{self.credentials.access_key}/{stamp[:8]}/{self.region}/execute-api/aws4_request"
+        if fields["Credential"] != expected_scope:
+            return f"credential scope {fields['Credential']} is not {expected_scope}"
+        canonical = signer.canonical_request(request)
+        expected = signer.signature(signer.string_to_sign(request, canonical), request)
+        if not hmac.compare_digest(expected, fields["Signature"]):
+            return "The request signature we calculated does not match the signature you provided"
+        return None
