@@ -154,7 +154,7 @@ enum Verb {
     Redrive(redrive::Choice),
     Subscription(event_store::subscription::Manage),
     Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
-    Streams { url: Option<String>, call: streams::Call },
+    Streams { url: Option<reqwest::Url>, call: streams::Call },
 }
 
 impl Verb {
@@ -167,7 +167,9 @@ impl Verb {
                 settings_from_env()?;
                 Verb::Subscription(action.request()?)
             }
-            Command::Streams { url, action } => Verb::Streams { url, call: action.call()? },
+            Command::Streams { url, action } => {
+                Verb::Streams { url: url.as_deref().map(streams::base_url).transpose()?, call: action.call()? }
+            }
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
                 from: event_store::subscription::spec::parse_start(&from, event_store::time::now_ms())
@@ -274,23 +276,31 @@ async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
     }
 }
 
-async fn stream_call(target: &Target, url: Option<String>, call: streams::Call, json: bool) -> Exit {
-    let Some(base) = url.or_else(|| target.streams_url.clone()) else {
-        let err = format!("{}: no StreamsUrl output (deploy the current template, or give --url)", target.label);
-        return fail(&err, Exit::NoStore);
+async fn stream_call(target: &Target, url: Option<reqwest::Url>, call: streams::Call, json: bool) -> Exit {
+    let given = url.is_some();
+    let base = match url.map(Ok).or_else(|| target.streams_url.as_deref().map(streams::base_url)) {
+        Some(Ok(base)) => base,
+        Some(Err(err)) => return fail(&err.context(target.label.clone()), Exit::NoStore),
+        None => {
+            let err = format!("{}: no StreamsUrl output (deploy the current template, or give --url)", target.label);
+            return fail(&err, Exit::NoStore);
+        }
     };
     // Only a deployed API checks signatures; the local server takes none.
     let signer = target.stack.as_ref().map(|_| &target.sdk);
     let answer = match streams::send(&base, call, signer).await {
         Ok(answer) => answer,
-        Err(err) if err.is::<streams::Unreachable>() && target.stack.is_none() => {
-            return fail(&format!("{err} (is `make local` running with this PORT?)"), Exit::NoStore)
+        Err(err) => {
+            let hint = if target.stack.is_none() && !given { " (is `make local` running with this PORT?)" } else { "" };
+            return match err.downcast_ref::<streams::Unreachable>() {
+                Some(unreachable) => fail(&format!("{unreachable}{hint}"), Exit::NoStore),
+                None => fail(&err.context(target.label.clone()), Exit::StoreError),
+            };
         }
-        Err(err) if err.is::<streams::Unreachable>() => return fail(&err, Exit::NoStore),
-        Err(err) => return fail(&err.context(target.label.clone()), Exit::StoreError),
     };
     let status = answer.status;
-    let version = answer.etag.as_deref().map(|e| e.trim_matches('"').to_owned());
+    // `"1"`, or a weak `W/"1"`: the version either way.
+    let version = answer.etag.as_deref().map(|e| e.trim_start_matches("W/").trim_matches('"').to_owned());
     if json {
         let value = serde_json::json!({"status": status.as_u16(), "version": version, "answer": answer.body});
         let _ = writeln!(std::io::stdout(), "{value}");
@@ -303,6 +313,10 @@ async fn stream_call(target: &Target, url: Option<String>, call: streams::Call, 
         // Refused as sent: nothing was written.
         400 | 413 | 415 => Exit::BadUsage,
         401 | 403 => Exit::NoStore,
+        // No `error` from the streams API: the URL is not it (API Gateway's own `{"message": "Not Found"}`).
+        404 if answer.body.get("error").is_none() => {
+            fail(&format!("{base} does not serve entity streams (check --url or the stack)"), Exit::NoStore)
+        }
         // The stream is not as the request expected (a conflict, unknown, deleted): nothing was written.
         404 | 409 | 410 | 412 | 428 => Exit::NeedsAHand,
         _ => Exit::StoreError,

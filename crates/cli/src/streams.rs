@@ -4,7 +4,7 @@
 //! routes use `AWS_IAM`, so each request is SigV4-signed for `execute-api`
 //! with the user's credentials (`aws-sigv4`, the SDK's own signer).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, Context, Result};
 use aws_config::SdkConfig;
@@ -18,7 +18,7 @@ use serde_json::Value;
 
 #[derive(Subcommand)]
 pub enum Action {
-    /// A page of a stream's events in order (the answer's `next` continues it).
+    /// A page of a stream's events in order (the next page: --from the answer's last version + 1).
     Read {
         name: String,
         /// The first version to read (the last one, with --backward).
@@ -73,10 +73,20 @@ pub struct Call {
 impl Action {
     /// The request this action makes; bad arguments are refused here.
     pub fn call(self) -> Result<Call> {
-        let named = |name: &str| check_name(name).map(|()| format!("/{name}")).map_err(|e| anyhow!("{name:?}: {e}"));
+        let named = |name: &str| {
+            check_name(name).map_err(|e| anyhow!("{name:?}: {e}"))?;
+            // A URL would read them as "here" and "up": the request would go elsewhere.
+            if name == "." || name == ".." {
+                return Err(anyhow!("{name:?}: not a stream name this command can send"));
+            }
+            Ok(format!("/{name}"))
+        };
         let version = |v: u64| ("if-match", format!("\"{v}\""));
         Ok(match self {
             Action::Read { name, from, limit, backward } => {
+                if limit.is_some_and(|l| !(1..=1000).contains(&l)) {
+                    return Err(anyhow!("--limit is 1 to 1000"));
+                }
                 let mut query = Vec::new();
                 query.extend(from.map(|v| ("from", v.to_string())));
                 query.extend(limit.map(|l| ("limit", l.to_string())));
@@ -128,6 +138,20 @@ fn json_argument(what: &str, text: &str) -> Result<Vec<u8>> {
     Ok(text.into_bytes())
 }
 
+/// The API's base URL, checked: http or https, a host, no query or fragment.
+pub fn base_url(text: &str) -> Result<reqwest::Url> {
+    let url = reqwest::Url::parse(text).map_err(|e| anyhow!("the streams URL {text:?}: {e}"))?;
+    let fine = matches!(url.scheme(), "http" | "https")
+        && url.host().is_some()
+        && url.query().is_none()
+        && url.fragment().is_none()
+        && !url.cannot_be_a_base();
+    if !fine {
+        return Err(anyhow!("the streams URL {text:?} is not an http(s) URL with a host and no query"));
+    }
+    Ok(url)
+}
+
 /// What the API answered.
 pub struct Answer {
     pub status: reqwest::StatusCode,
@@ -137,16 +161,24 @@ pub struct Answer {
 
 /// Why the API was not reached (exit 3), as opposed to an answer.
 #[derive(Debug, thiserror::Error)]
-#[error("nothing answers on {url}: {detail}")]
-pub struct Unreachable {
-    url: String,
-    detail: String,
+pub enum Unreachable {
+    #[error("nothing answers on {url}: {detail}")]
+    NoAnswer { url: String, detail: String },
+    #[error("no AWS credentials to sign with: {0}")]
+    NoCredentials(String),
 }
 
+/// How long a request may take, answer included.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Sends `call` to the API at `base`; signed when `signer` is given (a deployed stack).
-pub async fn send(base: &str, call: Call, signer: Option<&SdkConfig>) -> Result<Answer> {
-    let mut url = reqwest::Url::parse(&format!("{}{}", base.trim_end_matches('/'), call.path))
-        .with_context(|| format!("the streams URL {base:?}"))?;
+pub async fn send(base: &reqwest::Url, call: Call, signer: Option<&SdkConfig>) -> Result<Answer> {
+    let mut url = base.clone();
+    {
+        let mut segments = url.path_segments_mut().map_err(|()| anyhow!("the streams URL {base} has no path"))?;
+        segments.pop_if_empty();
+        segments.extend(call.path.trim_start_matches('/').split('/'));
+    }
     if !call.query.is_empty() {
         url.query_pairs_mut().extend_pairs(call.query.iter().map(|(k, v)| (*k, v.as_str())));
     }
@@ -159,7 +191,12 @@ pub async fn send(base: &str, call: Call, signer: Option<&SdkConfig>) -> Result<
     if let Some(sdk) = signer {
         headers.extend(signature(sdk, &call.method, url.as_str(), &headers, &body).await?);
     }
-    let client = reqwest::Client::builder().build().context("an HTTP client")?;
+    // A redirect would resend a signed request elsewhere, or a POST as a GET.
+    let client = reqwest::Client::builder()
+        .timeout(TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .context("an HTTP client")?;
     let mut request = client.request(call.method, url.clone()).body(body);
     for (name, value) in &headers {
         request = request.header(*name, value);
@@ -167,7 +204,7 @@ pub async fn send(base: &str, call: Call, signer: Option<&SdkConfig>) -> Result<
     let response = request.send().await.map_err(|e| {
         // The innermost cause says it (`Connection refused`); the outer ones repeat the URL.
         let detail = anyhow::Error::new(e).chain().last().map(ToString::to_string).unwrap_or_default();
-        Unreachable { url: url.to_string(), detail }
+        Unreachable::NoAnswer { url: url.to_string(), detail }
     })?;
     let status = response.status();
     let etag = response.headers().get("etag").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -188,8 +225,8 @@ async fn signature(
     headers: &[(&str, String)],
     body: &[u8],
 ) -> Result<Vec<(&'static str, String)>> {
-    let provider = sdk.credentials_provider().ok_or_else(|| anyhow!("no AWS credentials"))?;
-    let credentials = provider.provide_credentials().await.context("AWS credentials")?;
+    let provider = sdk.credentials_provider().ok_or_else(|| Unreachable::NoCredentials("none configured".into()))?;
+    let credentials = provider.provide_credentials().await.map_err(|e| Unreachable::NoCredentials(e.to_string()))?;
     let region = sdk.region().map(ToString::to_string).ok_or_else(|| anyhow!("no AWS region"))?;
     let identity = credentials.into();
     let params = v4::SigningParams::builder()
@@ -237,6 +274,16 @@ mod tests {
     fn bad_names_and_bodies_are_refused_before_anything_is_sent() {
         let slash = Action::State { name: "a/b".into() }.call().unwrap_err().to_string();
         assert!(slash.contains("'/' is not allowed"), "{slash}");
+        for dots in [".", ".."] {
+            assert!(Action::State { name: dots.into() }.call().is_err(), "{dots}");
+        }
+        let read = |limit| Action::Read { name: "t".into(), from: None, limit: Some(limit), backward: false };
+        assert_eq!(read(0).call().unwrap_err().to_string(), "--limit is 1 to 1000");
+        assert!(read(1000).call().is_ok());
+        for bad in ["ftp://h/streams", "http://h/streams?x=1", "streams", "http://h/streams#f"] {
+            assert!(base_url(bad).is_err(), "{bad}");
+        }
+        assert!(base_url("https://api.example.com/streams").is_ok());
         let not_json = Action::Append { name: "t".into(), events: "{type".into(), expect: None, new: false };
         assert!(not_json.call().unwrap_err().to_string().starts_with("events is not JSON"));
     }

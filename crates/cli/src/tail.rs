@@ -3,6 +3,7 @@
 //! table with the caller's credentials, local or deployed alike.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -11,11 +12,11 @@ use event_store::bookkeeping::slot_index::read_index;
 use event_store::bookkeeping::watermark;
 use event_store::config::SubscriptionConfig;
 use event_store::dedupe::RecentIds;
-use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
+use event_store::event_item::EventItem;
+use event_store::playback::reader::Reader;
 use event_store::playback::{Checkpoint, Filter, PlayedEvent, Window};
 use event_store::time::slot_of;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 /// How often the watermark is read while the log is followed.
 const POLL: Duration = Duration::from_secs(1);
@@ -70,36 +71,38 @@ async fn follow(
                 dedupe_window_ms: config.dedupe_window_ms,
                 window: &window,
             };
-            let (tx, rx) = mpsc::channel::<event_store::Result<Page>>(PAGES_AHEAD);
-            let printer = async {
-                // Owned here: leaving early drops it, which stops the reader.
-                let mut rx = rx;
-                let mut out = std::io::stdout().lock();
-                while let Some(page) = rx.recv().await {
-                    for event in page?.events {
-                        let Ok(bytes) = event.bytes() else { continue };
-                        let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-                        if recent.is_copy(json.as_ref(), event.arrival)
-                            || !filters.iter().all(|f| f.matches(json.as_ref()))
-                        {
-                            continue;
-                        }
-                        let line = serde_json::to_string(&PlayedEvent::new(&event, json, &bytes, *printed))?;
-                        match writeln!(out, "{line}").and_then(|()| out.flush()) {
-                            Ok(()) => *printed += 1,
-                            // The reader of our output is gone (`| head`): an end, not an error.
-                            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => closed = true,
-                            Err(err) => return Err(err.into()),
-                        }
-                        if done(*printed, closed) {
-                            return anyhow::Ok(());
-                        }
-                    }
+            let mut out = std::io::stdout().lock();
+            let mut failed = None;
+            let print = |event: &EventItem, json: Option<Value>, bytes: &[u8]| {
+                if !filters.iter().all(|f| f.matches(json.as_ref())) {
+                    return ControlFlow::Continue(());
                 }
-                anyhow::Ok(())
+                let line = serde_json::to_string(&PlayedEvent::new(event, json, bytes, *printed));
+                match line
+                    .map_err(anyhow::Error::from)
+                    .and_then(|l| Ok(writeln!(out, "{l}").and_then(|()| out.flush())?))
+                {
+                    Ok(()) => *printed += 1,
+                    // The reader of our output is gone (`| head`): an end, not an error.
+                    Err(err)
+                        if err
+                            .downcast_ref::<std::io::Error>()
+                            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+                    {
+                        closed = true
+                    }
+                    Err(err) => failed = Some(err),
+                }
+                if failed.is_some() || done(*printed, closed) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
             };
-            let ((), printed_all) = tokio::join!(reader.fetch_pages(slots, position.clone(), tx), printer);
-            printed_all?;
+            reader.each_event(slots, position.clone(), &mut recent, print).await?;
+            if let Some(err) = failed {
+                return Err(err);
+            }
             position = Checkpoint::at_slot(end);
         }
         if !done(*printed, closed) {

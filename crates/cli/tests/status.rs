@@ -21,6 +21,11 @@ fn event_store(args: &[&str], env: &[(&str, String)]) -> Output {
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",
         "AWS_SESSION_TOKEN",
+        // Where a CI machine's own role comes from (CodeBuild, ECS, EKS): not this test's.
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
         "EVENT_STORE_STACK",
         "STAGE",
         "EMULATOR_PORT",

@@ -2,20 +2,24 @@
 //! (the same as `event-store status`) and the events that sealed since its
 //! last look. Read with the stack's own clients; nothing here writes.
 
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+
 use anyhow::Result;
 use event_store::bookkeeping::{settings, slot_index::read_index, watermark};
-use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
+use event_store::dedupe::RecentIds;
+use event_store::event_item::EventItem;
+use event_store::playback::reader::Reader;
 use event_store::playback::{Checkpoint, PlayedEvent, Window};
 use event_store::status::{self, Clients, Limits, Resources};
 use event_store::time::slot_of;
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 /// The newest events a look returns, at most.
 pub const RECENT_EVENTS: usize = 20;
-/// How far back the first look reaches.
-const FIRST_LOOK_MS: i64 = 10 * 60_000;
+/// How far back the first look reaches (each later look reads only what sealed since).
+const FIRST_LOOK_MS: i64 = 60_000;
 
 /// Where the page's data comes from.
 pub struct Glance {
@@ -37,7 +41,7 @@ impl Glance {
         Ok(status::gather(&self.clients, &self.resources, &Limits::default(), now).await?)
     }
 
-    /// What sealed since `after` (ms; the first look: the last ten minutes).
+    /// What sealed since `after` (ms; the first look: the last minute).
     pub async fn recent(&self, after: Option<i64>) -> Result<Recent> {
         let (dynamo, table) = (&self.clients.dynamo, self.resources.event_table.as_str());
         let unit = settings::time_unit(dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
@@ -56,23 +60,16 @@ impl Glance {
             dedupe_window_ms: config.dedupe_window_ms,
             window: &window,
         };
-        let (tx, mut rx) = mpsc::channel::<event_store::Result<Page>>(PAGES_AHEAD);
-        let collect = async {
-            let mut events = std::collections::VecDeque::with_capacity(RECENT_EVENTS);
-            while let Some(page) = rx.recv().await {
-                for event in page?.events {
-                    let Ok(bytes) = event.bytes() else { continue };
-                    let json: Option<Value> = serde_json::from_slice(&bytes).ok();
-                    if events.len() == RECENT_EVENTS {
-                        events.pop_front();
-                    }
-                    events.push_back(PlayedEvent::new(&event, json, &bytes, 0));
-                }
+        let mut events = VecDeque::with_capacity(RECENT_EVENTS);
+        let mut recent = RecentIds::new(config.dedupe_window_ms);
+        let keep = |event: &EventItem, json: Option<Value>, bytes: &[u8]| {
+            if events.len() == RECENT_EVENTS {
+                events.pop_front();
             }
-            anyhow::Ok(events)
+            events.push_back(PlayedEvent::new(event, json, bytes, 0));
+            ControlFlow::Continue(())
         };
-        let ((), events) =
-            tokio::join!(reader.fetch_pages(slots, Checkpoint::at_slot(slot_of(from, unit)), tx), collect);
-        Ok(Recent { sealed_end: Some(end), events: events?.into() })
+        reader.each_event(slots, Checkpoint::at_slot(slot_of(from, unit)), &mut recent, keep).await?;
+        Ok(Recent { sealed_end: Some(end), events: events.into() })
     }
 }

@@ -14,6 +14,7 @@
 //! their `last` attribute (they still cost their read units).
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use futures::StreamExt;
@@ -88,6 +89,40 @@ impl Reader<'_> {
                 page = read.next_page().await;
             }
         }
+    }
+
+    /// Hands `each` the readable events of `slots` from `from`, in log
+    /// order, each once (a copy of an event already handed out, by envelope
+    /// id within the dedupe window, is skipped), with its JSON when it is
+    /// JSON, until `each` says stop or the slots end. For readers that
+    /// follow the log without a checkpoint of their own (`tail`, the local page).
+    pub async fn each_event(
+        &self,
+        slots: Vec<SlotRef>,
+        from: Checkpoint,
+        recent: &mut RecentIds,
+        mut each: impl FnMut(&EventItem, Option<serde_json::Value>, &[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let (tx, rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
+        let consume = async move {
+            // Owned here: leaving early (stop, or an error) drops it, which stops the reader.
+            let mut rx = rx;
+            while let Some(page) = rx.recv().await {
+                for event in page?.events {
+                    let Ok(bytes) = event.bytes() else { continue };
+                    let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+                    if recent.is_copy(json.as_ref(), event.arrival) {
+                        continue;
+                    }
+                    if each(&event, json, &bytes).is_break() {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(())
+        };
+        let ((), consumed) = tokio::join!(self.fetch_pages(slots, from, tx), consume);
+        consumed
     }
 
     /// The envelope ids in `range` of `slots` (the part of the log before a
