@@ -10,8 +10,9 @@ BIN         := $(CURDIR)/$(VENV)/bin
 MOTO_PIN    := moto[server]==5.2.5
 # Build and deploy tools (PyPI): cargo-lambda with zig for the arm64 cross build,
 # the SAM CLI (with its translator), cfn-lint, pytest for the deployment tests, and
-# AWS's KPL deaggregator (with its protobuf) to read the playback stream as a consumer would.
-TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2
+# AWS's KPL deaggregator (with its protobuf) to read the playback stream as a consumer would,
+# and pyarrow to read the archive's Parquet objects as a user's tools would.
+TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1
 # The stricter second pair of emulators (npm), installed into .node.
 NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3
 FUNCTIONS   := load pump scan playback subscriptions streams relay

@@ -34,6 +34,12 @@ pub enum Error {
     /// An SQS call (the re-drive of a dead-letter queue) failed.
     #[error("sqs {operation}: {}", chain(source.as_ref()))]
     Sqs { operation: &'static str, source: Source },
+    /// An S3 call (the archive) failed after the SDK's own retries.
+    #[error("s3 {operation}: {}", chain(source.as_ref()))]
+    S3 { operation: &'static str, source: Source },
+    /// An archive step could not finish (the next run repeats it).
+    #[error("archive: {0}")]
+    Archive(String),
     /// The asynchronous self-invocation (fork / continuation) could not be sent.
     #[error("invoke: {}", chain(source.as_ref()))]
     Invoke { source: Source },
@@ -97,6 +103,13 @@ impl Error {
         Self::aws("kinesis", operation, err, |operation, source| Error::Kinesis { operation, source })
     }
 
+    pub(crate) fn s3<E>(operation: &'static str, err: E) -> Self
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        Self::aws("s3", operation, err, |operation, source| Error::S3 { operation, source })
+    }
+
     pub(crate) fn invoke<E>(err: E) -> Self
     where
         E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
@@ -123,6 +136,8 @@ impl Error {
             Error::Kinesis { .. } | Error::KinesisPartial { .. } => "KinesisError",
             Error::Invoke { .. } => "InvokeError",
             Error::Sqs { .. } => "SqsError",
+            Error::S3 { .. } => "S3Error",
+            Error::Archive(_) => "ArchiveError",
             Error::Build(_) | Error::Encode { .. } => "InternalError",
             Error::Malformed(_) => "MalformedItem",
             Error::LeaseLost(_) => "LeaseLost",

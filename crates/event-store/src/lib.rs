@@ -26,6 +26,8 @@
 //! mapping, in-process invocations) is in the `event-store-emulator` crate.
 
 pub mod aggregation;
+pub mod archive;
+pub mod archiver;
 pub mod batch;
 pub mod bookkeeping;
 pub mod buffer_item;

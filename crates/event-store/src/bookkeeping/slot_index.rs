@@ -90,6 +90,28 @@ pub async fn read_index(
     Ok((slots, queries))
 }
 
+/// The first non-empty slot in `[from, to)`, with one `Query` of one item.
+pub async fn first_slot(dynamo: &aws_sdk_dynamodb::Client, table: &str, from: i64, to: i64) -> Result<Option<SlotRef>> {
+    if to <= from {
+        return Ok(None);
+    }
+    let out = dynamo
+        .query()
+        .table_name(table)
+        .consistent_read(true)
+        .key_condition_expression("#slot = :bookkeeping AND #sk BETWEEN :from AND :to")
+        .expression_attribute_names("#slot", crate::event_item::HASH_KEY)
+        .expression_attribute_names("#sk", crate::event_item::RANGE_KEY)
+        .expression_attribute_values(":bookkeeping", AttributeValue::N(super::BOOKKEEPING_SLOT.to_string()))
+        .expression_attribute_values(":from", AttributeValue::S(index_key(from.max(0))))
+        .expression_attribute_values(":to", AttributeValue::S(format!("{}~", index_key(to - 1))))
+        .limit(1)
+        .send()
+        .await
+        .map_err(|e| crate::error::Error::dynamo("Query", e))?;
+    Ok(out.items().first().and_then(sort_key_of).and_then(parse_index_key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

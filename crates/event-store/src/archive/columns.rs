@@ -1,0 +1,291 @@
+//! An archive object's content: the events of a time range as one Apache
+//! Parquet file (`arrow`/`parquet`), a row per event in log order. Its
+//! columns are what a user queries (Athena through the Glue table, pyarrow,
+//! DuckDB) and what a reader needs to hand each event out again exactly as
+//! it was stored. Pure: bytes in, bytes out.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{BinaryBuilder, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
+use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Error, Result};
+use crate::event_item::EventItem;
+
+/// Rows per row group: a reader can fetch and decode groups independently.
+pub const ROW_GROUP_ROWS: usize = 64 * 1024;
+
+/// Where an event came from.
+pub const SOURCE_INGEST: &str = "ingest";
+pub const SOURCE_ENTITY: &str = "entity";
+
+/// One archived event: a row of the Parquet file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// When it reached the event stream (ms): the log's order.
+    pub arrival: i64,
+    /// When it was received by the API or appended (`received_at`), when the event says.
+    pub event_time: Option<i64>,
+    pub slot: i64,
+    pub sort_key: String,
+    pub partition_key: String,
+    pub event_id: String,
+    /// [`SOURCE_INGEST`] (pixel hits, posts) or [`SOURCE_ENTITY`] (entity stream appends).
+    pub source: &'static str,
+    /// The entity stream and version, for an entity event.
+    pub stream: Option<String>,
+    pub version: Option<i64>,
+    /// The event's bytes when they are JSON text (as sent, not re-serialized)...
+    pub payload: Option<String>,
+    /// ...else the bytes themselves.
+    pub payload_bytes: Option<Vec<u8>>,
+}
+
+impl Row {
+    /// The row of a stored event.
+    pub fn of(event: &EventItem) -> Result<Row> {
+        let bytes = event.bytes()?;
+        let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+        let entity = json.as_ref().filter(|_| event.partition_key.starts_with("streams/")).and_then(|j| {
+            let stream = j["path"].as_str()?.strip_prefix("/streams/")?.to_owned();
+            Some((stream, j["body"]["version"].as_i64()?))
+        });
+        let event_time = json
+            .as_ref()
+            .and_then(|j| j["received_at"].as_str())
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_millis());
+        let (payload, payload_bytes) = match (json.is_some(), String::from_utf8(bytes)) {
+            (true, Ok(text)) => (Some(text), None),
+            (_, Ok(text)) => (None, Some(text.into_bytes())),
+            (_, Err(err)) => (None, Some(err.into_bytes())),
+        };
+        let (stream, version) = entity.map_or((None, None), |(s, v)| (Some(s), Some(v)));
+        Ok(Row {
+            arrival: event.arrival,
+            event_time,
+            slot: event.slot,
+            sort_key: event.sort_key.clone(),
+            partition_key: event.partition_key.clone(),
+            event_id: event.event_id.clone(),
+            source: if stream.is_some() { SOURCE_ENTITY } else { SOURCE_INGEST },
+            stream,
+            version,
+            payload,
+            payload_bytes,
+        })
+    }
+
+    /// The event again, as a reader of the event table gets it (bytes as sent, uncompressed).
+    pub fn into_event(self) -> EventItem {
+        let data = self.payload.map(String::into_bytes).or(self.payload_bytes);
+        EventItem {
+            slot: self.slot,
+            sort_key: self.sort_key,
+            event_id: self.event_id,
+            arrival: self.arrival,
+            partition_key: self.partition_key,
+            data,
+            encoding: None,
+            payload: None,
+            expires_at: None,
+            moved_at: None,
+        }
+    }
+}
+
+/// The columns, as the Glue table in `template.yaml` declares them.
+pub fn schema() -> SchemaRef {
+    let time = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+    Arc::new(Schema::new(vec![
+        Field::new("arrival", time.clone(), false),
+        Field::new("event_time", time, true),
+        Field::new("slot", DataType::Int64, false),
+        Field::new("sort_key", DataType::Utf8, false),
+        Field::new("partition_key", DataType::Utf8, false),
+        Field::new("event_id", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("stream", DataType::Utf8, true),
+        Field::new("version", DataType::Int64, true),
+        Field::new("payload", DataType::Utf8, true),
+        Field::new("payload_bytes", DataType::Binary, true),
+    ]))
+}
+
+/// The Parquet file of `rows` (zstd, statistics per column chunk, so a
+/// query on arrival or partition key skips row groups it does not need).
+pub fn write(rows: &[Row]) -> Result<Vec<u8>> {
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_created_by(format!("event-store {}", env!("CARGO_PKG_VERSION")))
+        .build();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, schema(), Some(properties)).map_err(parquet_error)?;
+    for group in rows.chunks(ROW_GROUP_ROWS) {
+        writer.write(&batch(group)?).map_err(parquet_error)?;
+    }
+    writer.close().map_err(parquet_error)?;
+    Ok(out)
+}
+
+fn batch(rows: &[Row]) -> Result<RecordBatch> {
+    let n = rows.len();
+    let mut arrival = TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut event_time = TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
+    let (mut slot, mut version) = (Int64Builder::with_capacity(n), Int64Builder::with_capacity(n));
+    let strings = || StringBuilder::with_capacity(n, n * 32);
+    let (mut sort_key, mut partition_key, mut event_id) = (strings(), strings(), strings());
+    let (mut source, mut stream, mut payload) = (strings(), strings(), strings());
+    let mut payload_bytes = BinaryBuilder::new();
+    for row in rows {
+        arrival.append_value(row.arrival);
+        event_time.append_option(row.event_time);
+        slot.append_value(row.slot);
+        sort_key.append_value(&row.sort_key);
+        partition_key.append_value(&row.partition_key);
+        event_id.append_value(&row.event_id);
+        source.append_value(row.source);
+        stream.append_option(row.stream.as_deref());
+        version.append_option(row.version);
+        payload.append_option(row.payload.as_deref());
+        payload_bytes.append_option(row.payload_bytes.as_deref());
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(arrival.finish()),
+        Arc::new(event_time.finish()),
+        Arc::new(slot.finish()),
+        Arc::new(sort_key.finish()),
+        Arc::new(partition_key.finish()),
+        Arc::new(event_id.finish()),
+        Arc::new(source.finish()),
+        Arc::new(stream.finish()),
+        Arc::new(version.finish()),
+        Arc::new(payload.finish()),
+        Arc::new(payload_bytes.finish()),
+    ];
+    RecordBatch::try_new(schema(), columns).map_err(|e| Error::Malformed(format!("archive rows: {e}")))
+}
+
+/// The rows of a Parquet file this module wrote, in order.
+pub fn read(bytes: Bytes) -> Result<Vec<Row>> {
+    let reader =
+        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(parquet_error)?.build().map_err(parquet_error)?;
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| Error::Malformed(format!("archive object: {e}")))?;
+        rows.extend(rows_of(&batch)?);
+    }
+    Ok(rows)
+}
+
+fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
+    fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T> {
+        batch
+            .column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<T>())
+            .ok_or_else(|| Error::Malformed(format!("archive object: no column {name} of the expected type")))
+    }
+    let arrival = column::<TimestampMillisecondArray>(batch, "arrival")?;
+    let event_time = column::<TimestampMillisecondArray>(batch, "event_time")?;
+    let slot = column::<Int64Array>(batch, "slot")?;
+    let version = column::<Int64Array>(batch, "version")?;
+    let sort_key = column::<StringArray>(batch, "sort_key")?;
+    let partition_key = column::<StringArray>(batch, "partition_key")?;
+    let event_id = column::<StringArray>(batch, "event_id")?;
+    let source = column::<StringArray>(batch, "source")?;
+    let stream = column::<StringArray>(batch, "stream")?;
+    let payload = column::<StringArray>(batch, "payload")?;
+    let payload_bytes = column::<BinaryArray>(batch, "payload_bytes")?;
+    let text = |a: &StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).to_owned());
+    Ok((0..batch.num_rows())
+        .map(|i| Row {
+            arrival: arrival.value(i),
+            event_time: (!event_time.is_null(i)).then(|| event_time.value(i)),
+            slot: slot.value(i),
+            sort_key: sort_key.value(i).to_owned(),
+            partition_key: partition_key.value(i).to_owned(),
+            event_id: event_id.value(i).to_owned(),
+            source: if source.value(i) == SOURCE_ENTITY { SOURCE_ENTITY } else { SOURCE_INGEST },
+            stream: text(stream, i),
+            version: (!version.is_null(i)).then(|| version.value(i)),
+            payload: text(payload, i),
+            payload_bytes: (!payload_bytes.is_null(i)).then(|| payload_bytes.value(i).to_vec()),
+        })
+        .collect())
+}
+
+fn parquet_error(err: parquet::errors::ParquetError) -> Error {
+    Error::Malformed(format!("archive object: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(n: i64, data: &[u8], key: &str) -> EventItem {
+        EventItem {
+            slot: 1_795_000_000_000,
+            sort_key: crate::event_item::sort_key(1_795_000_000_000 + n, &format!("shardId-000000000000:{n}")),
+            event_id: format!("shardId-000000000000:{n}"),
+            arrival: 1_795_000_000_000 + n,
+            partition_key: key.into(),
+            data: Some(data.to_vec()),
+            encoding: None,
+            payload: None,
+            expires_at: None,
+            moved_at: Some(1),
+        }
+    }
+
+    #[test]
+    fn events_round_trip_through_parquet_exactly_as_stored() {
+        let entity = br#"{"id":"todo-1/3","received_at":"2026-11-27T06:00:00.250Z","path":"/streams/todo-1","method":"POST","body":{"version":3,"type":"TodoDone"}}"#;
+        let events = [
+            event(1, br#"{"path": "/track.gif",  "received_at": "2026-11-27T05:59:59.999Z"}"#, "visitor-1"),
+            event(2, b"\x00\xffnot json", "visitor-2"),
+            event(3, entity, "streams/todo-1"),
+            event(4, b"plain text, valid UTF-8 but not JSON", "k"),
+        ];
+        let rows: Vec<Row> = events.iter().map(Row::of).collect::<Result<_>>().unwrap();
+        assert_eq!(
+            rows[0].payload.as_deref(),
+            Some(r#"{"path": "/track.gif",  "received_at": "2026-11-27T05:59:59.999Z"}"#)
+        );
+        assert_eq!((rows[0].event_time, rows[0].source), (Some(1_795_759_199_999), SOURCE_INGEST));
+        assert_eq!(
+            (rows[1].payload.as_deref(), rows[1].payload_bytes.as_deref()),
+            (None, Some(&b"\x00\xffnot json"[..]))
+        );
+        assert_eq!(
+            (rows[2].source, rows[2].stream.as_deref(), rows[2].version),
+            (SOURCE_ENTITY, Some("todo-1"), Some(3))
+        );
+        assert_eq!(rows[3].payload, None, "text that is not JSON is kept as bytes");
+
+        let file = write(&rows).unwrap();
+        assert_eq!(&file[..4], b"PAR1");
+        let back = read(Bytes::from(file)).unwrap();
+        assert_eq!(back, rows);
+        let again: Vec<EventItem> = back.into_iter().map(Row::into_event).collect();
+        for (stored, archived) in events.iter().zip(&again) {
+            assert_eq!(archived.bytes().unwrap(), stored.bytes().unwrap());
+            assert_eq!((&archived.sort_key, archived.arrival), (&stored.sort_key, stored.arrival));
+        }
+    }
+
+    #[test]
+    fn large_files_are_cut_into_row_groups() {
+        let rows: Vec<Row> = (0..ROW_GROUP_ROWS as i64 + 10).map(|n| Row::of(&event(n, b"{}", "k")).unwrap()).collect();
+        let file = Bytes::from(write(&rows).unwrap());
+        let metadata = ParquetRecordBatchReaderBuilder::try_new(file.clone()).unwrap().metadata().clone();
+        assert_eq!(metadata.num_row_groups(), 2);
+        assert_eq!(read(file).unwrap().len(), rows.len());
+    }
+}

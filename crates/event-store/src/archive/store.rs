@@ -1,0 +1,166 @@
+//! The archive's bookkeeping items, in the event table's bookkeeping
+//! partition: the manifest entries (`archive#entry#<seq>`), one time-ordered
+//! pointer per object for readers (`archive#object#<start>#<seq>`), and the
+//! boundary (`archive#boundary`: slots before it are read from S3).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+
+use super::manifest::Entry;
+use crate::bookkeeping::{key, moved_forward, query_range, BOOKKEEPING_SLOT};
+use crate::error::{Error, Result};
+use crate::event_item::{HASH_KEY, RANGE_KEY};
+
+const ENTRY: &str = "archive#entry#";
+const OBJECT: &str = "archive#object#";
+const BOUNDARY: &str = "archive#boundary";
+
+fn entry_key(seq: u64) -> String {
+    format!("{ENTRY}{seq:012}")
+}
+
+fn object_key(start: i64, seq: u64) -> String {
+    format!("{OBJECT}{start:013}#{seq:012}")
+}
+
+fn with_key(sort_key: String, mut item: HashMap<String, AttributeValue>) -> HashMap<String, AttributeValue> {
+    item.extend(key(sort_key));
+    item
+}
+
+/// The last manifest entry, if any.
+pub async fn head(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Option<Entry>> {
+    let out = dynamo
+        .query()
+        .table_name(table)
+        .key_condition_expression("#slot = :slot AND begins_with(#key, :prefix)")
+        .expression_attribute_names("#slot", HASH_KEY)
+        .expression_attribute_names("#key", RANGE_KEY)
+        .expression_attribute_values(":slot", AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
+        .expression_attribute_values(":prefix", AttributeValue::S(ENTRY.to_owned()))
+        .scan_index_forward(false)
+        .limit(1)
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("Query", e))?;
+    out.items().first().map(decode_entry).transpose()
+}
+
+/// Every manifest entry from `seq` on, in order.
+pub async fn entries_from(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u64) -> Result<Vec<Entry>> {
+    let (items, _) = query_range(dynamo, table, entry_key(seq), format!("{ENTRY}~")).await?;
+    items.iter().map(decode_entry).collect()
+}
+
+/// The entry `seq`, if it exists.
+pub async fn entry(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u64) -> Result<Option<Entry>> {
+    let out = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key(entry_key(seq))))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    out.item().map(decode_entry).transpose()
+}
+
+fn decode_entry(item: &HashMap<String, AttributeValue>) -> Result<Entry> {
+    let mut item = item.clone();
+    item.remove(HASH_KEY);
+    item.remove(RANGE_KEY);
+    serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("archive manifest entry: {e}")))
+}
+
+/// Appends `entry` to the manifest: only as the next one (no entry `seq`
+/// yet). True when it is stored (also when this very entry already was: a
+/// repeat after a crash); false when another entry holds the place.
+pub async fn append(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entry) -> Result<bool> {
+    let item: HashMap<String, AttributeValue> =
+        serde_dynamo::to_item(entry).map_err(|e| Error::encode("archive manifest entry", e))?;
+    let put = dynamo
+        .put_item()
+        .table_name(table)
+        .set_item(Some(with_key(entry_key(entry.seq), item)))
+        .condition_expression("attribute_not_exists(#key)")
+        .expression_attribute_names("#key", RANGE_KEY)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    match put {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
+            Ok(self::entry(dynamo, table, entry.seq).await?.is_some_and(|stored| stored == *entry))
+        }
+        Err(e) => Err(Error::dynamo("PutItem", e)),
+    }
+}
+
+/// The reader's pointer to an object: by start time, so a window finds its objects with one `Query`.
+pub async fn put_object_pointer(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entry) -> Result<()> {
+    let item = HashMap::from([
+        ("object".to_owned(), AttributeValue::S(entry.key.clone())),
+        ("start".to_owned(), AttributeValue::N(entry.start.to_string())),
+        ("end".to_owned(), AttributeValue::N(entry.end.to_string())),
+        ("count".to_owned(), AttributeValue::N(entry.count.to_string())),
+        ("seq".to_owned(), AttributeValue::N(entry.seq.to_string())),
+    ]);
+    dynamo
+        .put_item()
+        .table_name(table)
+        .set_item(Some(with_key(object_key(entry.start, entry.seq), item)))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("PutItem", e))?;
+    Ok(())
+}
+
+/// Where the archive ends: slots before it are in S3 (0: nothing archived).
+pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<i64> {
+    let out = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key(BOUNDARY.to_owned())))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    Ok(out
+        .item()
+        .and_then(|i| i.get("archived_to"))
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+/// Moves the boundary forward to `to` (never back).
+pub async fn advance_boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
+    let update = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(BOUNDARY.to_owned())))
+        .update_expression("SET archived_to = :to")
+        .condition_expression("attribute_not_exists(archived_to) OR archived_to < :to")
+        .expression_attribute_values(":to", AttributeValue::N(to.to_string()))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    moved_forward(update)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_as_the_chain_and_as_time() {
+        assert!(entry_key(9) < entry_key(10) && entry_key(999_999) < format!("{ENTRY}~"));
+        assert!(object_key(1_795_000_000_000, 7) < object_key(1_795_000_001_000, 3));
+        assert!(!BOUNDARY.starts_with(ENTRY) && !BOUNDARY.starts_with(OBJECT));
+    }
+}

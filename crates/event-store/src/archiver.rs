@@ -1,0 +1,246 @@
+//! The archiver: sealed slots older than the hot retention move from the
+//! event table to S3 ([`crate::archive`]), one object at a time, oldest
+//! first, each within one hour of slots (laid
+//! out `date=…/hour=…` for Athena) and cut at [`ArchiveConfig::object_bytes`]:
+//! 1. read the range's events from the event table, in log order;
+//! 2. put the Parquet object, read it back and check it (SHA-256, count,
+//!    first and last sort key) against what was read;
+//! 3. append its manifest entry (the next link of the hash chain);
+//! 4. move the boundary past it: readers now read those slots from S3;
+//! 5. delete the slots' items from the event table.
+//!
+//! A crash at any step repeats it: the object's key and bytes are the same
+//! for the same events, a stored entry equal to the one being appended
+//! counts as appended, the boundary only moves forward, and a run first
+//! finishes the deletes of the last entry's range. Nothing leaves DynamoDB
+//! before its copy is verified.
+
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tracing::info;
+
+use crate::archive::columns::{self, Row};
+use crate::archive::manifest::{Entry, Facts};
+use crate::archive::{object_key, store, HOUR_MS};
+use crate::batch::Backoff;
+use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
+use crate::bookkeeping::{settings, watermark};
+use crate::dynamo::{write_all, Table};
+use crate::error::{Error, Result};
+use crate::event_item::{HASH_KEY, RANGE_KEY};
+use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
+use crate::playback::Window;
+use crate::position::Checkpoint;
+
+/// What the archiver needs to know.
+#[derive(Debug, Clone)]
+pub struct ArchiveConfig {
+    pub event_table: String,
+    pub bucket: String,
+    /// Key prefix of the objects (`events/`).
+    pub prefix: String,
+    /// Slots whose end is older than this are archived.
+    pub hot_retention: Duration,
+    /// An object is closed at the first slot boundary past this many bytes of events.
+    pub object_bytes: usize,
+    pub dedupe_window_ms: u64,
+    /// Stop starting objects this long before the deadline.
+    pub deadline_margin: Duration,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ArchiveSummary {
+    pub objects: u64,
+    pub events: u64,
+    pub bytes: u64,
+    /// Slots before this are in S3.
+    pub boundary: i64,
+    /// Out of time with slots left to archive.
+    pub more: bool,
+}
+
+pub struct Archiver {
+    pub dynamo: aws_sdk_dynamodb::Client,
+    pub s3: aws_sdk_s3::Client,
+    pub config: ArchiveConfig,
+}
+
+impl Archiver {
+    /// Archives what is due at `now`, object by object, until done or near `deadline`.
+    pub async fn run(&self, now: i64, deadline: Instant) -> Result<ArchiveSummary> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let unit = settings::time_unit(dynamo, table).await?.unwrap_or(crate::config::DEFAULT_TIME_UNIT_MS);
+        let mut summary = ArchiveSummary::default();
+        let Some(sealed_end) = watermark::read(dynamo, table).await?.sealed_end(unit) else {
+            return Ok(summary);
+        };
+        let retention = i64::try_from(self.config.hot_retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = crate::time::slot_of(sealed_end.min(now.saturating_sub(retention)), unit);
+        let mut head = store::head(dynamo, table).await?;
+        loop {
+            summary.boundary = store::boundary(dynamo, table).await?;
+            // A run that stopped after its entry: move the boundary and delete what it archived.
+            if let Some(last) = head.as_ref().filter(|h| h.end > summary.boundary) {
+                store::advance_boundary(dynamo, table, last.end).await?;
+                self.delete_range(last.start, last.end).await?;
+                continue;
+            }
+            let Some(first) = first_slot(dynamo, table, summary.boundary, cutoff).await? else { break };
+            if Instant::now() + self.config.deadline_margin >= deadline {
+                summary.more = true;
+                break;
+            }
+            // An object starts at its hour, or at the boundary inside it: its key's hour is its events'.
+            let hour = first.slot.div_euclid(HOUR_MS) * HOUR_MS;
+            let start = summary.boundary.max(hour);
+            let hour_end = hour + HOUR_MS;
+            let entry = self.archive_range(start, hour_end.min(cutoff), head.as_ref(), unit).await?;
+            summary.objects += 1;
+            summary.events += entry.count;
+            summary.bytes += entry.bytes;
+            info!(key = entry.key, seq = entry.seq, count = entry.count, bytes = entry.bytes, "archived");
+            head = Some(entry);
+        }
+        Ok(summary)
+    }
+
+    /// Steps 1 to 3 for the slots from `start` up to at most `end`; then 4 and 5.
+    async fn archive_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<Entry> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let (slots, _) = read_index(dynamo, table, start, end).await?;
+        let (rows, end) = self.read_rows(slots, start, end, unit).await?;
+        let object = columns::write(&rows)?;
+        let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
+        let facts = Facts::of(&object, &keys);
+        let key = object_key(&self.config.prefix, start, end);
+        self.put_verified(&key, object, &facts).await?;
+        let entry = Entry::next(head, key, start, end, &facts);
+        if !store::append(dynamo, table, &entry).await? {
+            return Err(Error::Archive(format!("archive manifest entry {} is taken: another archiver ran", entry.seq)));
+        }
+        store::put_object_pointer(dynamo, table, &entry).await?;
+        store::advance_boundary(dynamo, table, end).await?;
+        self.delete_range(start, end).await?;
+        Ok(entry)
+    }
+
+    /// The events of `slots` in `[start, end)`, in log order, as rows; cut
+    /// at the first slot past the object size. Returns them and where they end.
+    async fn read_rows(&self, slots: Vec<SlotRef>, start: i64, end: i64, unit: u64) -> Result<(Vec<Row>, i64)> {
+        let window = Window { start, end };
+        let reader = Reader {
+            dynamo: &self.dynamo,
+            table: &self.config.event_table,
+            time_unit_ms: unit,
+            page_items: None,
+            dedupe_window_ms: self.config.dedupe_window_ms,
+            window: &window,
+        };
+        let (tx, rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
+        let collect = async {
+            // Owned here: leaving early (the cut, an error) drops it, which stops the reader.
+            let mut rx = rx;
+            let (mut rows, mut bytes, mut cut) = (Vec::new(), 0usize, end);
+            while let Some(page) = rx.recv().await {
+                let page = page?;
+                let past_size = bytes >= self.config.object_bytes;
+                if past_size && rows.last().is_some_and(|r: &Row| r.slot < page.slot) {
+                    cut = page.slot;
+                    break;
+                }
+                for event in &page.events {
+                    let row = Row::of(event)?;
+                    bytes +=
+                        row.payload.as_ref().map_or(0, String::len) + row.payload_bytes.as_ref().map_or(0, Vec::len);
+                    rows.push(row);
+                }
+            }
+            Ok::<_, Error>((rows, cut))
+        };
+        let ((), read) = tokio::join!(reader.fetch_pages(slots, Checkpoint::at_slot(start), tx), collect);
+        read
+    }
+
+    /// Puts the object, then reads it back and checks it is what was written.
+    async fn put_verified(&self, key: &str, object: Vec<u8>, facts: &Facts) -> Result<()> {
+        let bucket = self.config.bucket.as_str();
+        self.s3
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .content_type("application/vnd.apache.parquet")
+            .body(ByteStream::from(object))
+            .send()
+            .await
+            .map_err(|e| Error::s3("PutObject", e))?;
+        let got = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| Error::s3("GetObject", e))?;
+        let bytes: Bytes =
+            got.body.collect().await.map_err(|e| Error::Malformed(format!("reading {key} back: {e}")))?.into_bytes();
+        let rows = columns::read(bytes.clone())?;
+        let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
+        let back = Facts::of(&bytes, &keys);
+        if back != *facts {
+            return Err(Error::Malformed(format!("{key} read back is not what was written: {back:?} vs {facts:?}")));
+        }
+        Ok(())
+    }
+
+    /// Deletes every item of the slots in `[start, end)` (each sub-key), after their copy is verified.
+    async fn delete_range(&self, start: i64, end: i64) -> Result<()> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let (slots, _) = read_index(dynamo, table, start, end).await?;
+        let mut requests = Vec::new();
+        for slot in slots {
+            for sub in 0..i64::from(slot.subkeys) {
+                for key in item_keys(dynamo, table, slot.slot + sub).await? {
+                    let delete =
+                        DeleteRequest::builder().set_key(Some(key)).build().map_err(|e| Error::encode("delete", e))?;
+                    requests.push(((), WriteRequest::builder().delete_request(delete).build()));
+                }
+            }
+        }
+        let table = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
+        let failed = write_all(dynamo, table, requests, &Backoff::default(), None).await;
+        if !failed.is_empty() {
+            return Err(Error::Archive(format!(
+                "{} archived items could not be deleted yet (the next run repeats)",
+                failed.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The keys of every item under hash key `slot`.
+async fn item_keys(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    slot: i64,
+) -> Result<Vec<std::collections::HashMap<String, AttributeValue>>> {
+    let (mut keys, mut start) = (Vec::new(), None);
+    loop {
+        let page = dynamo
+            .query()
+            .table_name(table)
+            .key_condition_expression("#slot = :slot")
+            .expression_attribute_names("#slot", HASH_KEY)
+            .expression_attribute_names("#key", RANGE_KEY)
+            .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
+            .projection_expression("#slot, #key")
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("Query", e))?;
+        keys.extend(page.items().iter().cloned());
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return Ok(keys);
+        }
+    }
+}
