@@ -6,14 +6,21 @@
 //! 2. put the Parquet object, read it back and check it (SHA-256, count,
 //!    first and last sort key) against what was read;
 //! 3. append its manifest entry (the next link of the hash chain);
-//! 4. move the boundary past it: readers now read those slots from S3;
-//! 5. delete the slots' items from the event table.
+//! 4. write its pointer, and move the boundary past it: readers now read
+//!    those slots from S3;
+//! 5. delete the slots' items from the event table, and record that.
 //!
 //! A crash at any step repeats it: the object's key and bytes are the same
 //! for the same events, a stored entry equal to the one being appended
 //! counts as appended, the boundary only moves forward, and a run first
-//! finishes the deletes of the last entry's range. Nothing leaves DynamoDB
-//! before its copy is verified.
+//! finishes the last entry's pointer, boundary and deletes. Nothing leaves
+//! DynamoDB before its copy is verified.
+//!
+//! Not yet (issue 30's next steps): a lease so that two runs cannot
+//! overlap (the schedule's function will hold one), late events written
+//! into a slot after it was archived (an amendment object), deletes that
+//! stop at the deadline, and a chunk that cannot be decoded (held back with
+//! an error today).
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +32,7 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use crate::archive::columns::{self, Row};
-use crate::archive::manifest::{Entry, Facts};
+use crate::archive::manifest::{self, Entry, Facts};
 use crate::archive::{object_key, store, HOUR_MS};
 use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
@@ -36,6 +43,7 @@ use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
 use crate::playback::Window;
 use crate::position::Checkpoint;
+use crate::time::slot_of;
 
 /// What the archiver needs to know.
 #[derive(Debug, Clone)]
@@ -81,29 +89,39 @@ impl Archiver {
             return Ok(summary);
         };
         let retention = i64::try_from(self.config.hot_retention.as_millis()).unwrap_or(i64::MAX);
-        let cutoff = crate::time::slot_of(sealed_end.min(now.saturating_sub(retention)), unit);
+        let cutoff = slot_of(sealed_end.min(now.saturating_sub(retention)), unit);
         let mut head = store::head(dynamo, table).await?;
         loop {
-            summary.boundary = store::boundary(dynamo, table).await?;
-            // A run that stopped after its entry: move the boundary and delete what it archived.
-            if let Some(last) = head.as_ref().filter(|h| h.end > summary.boundary) {
-                store::advance_boundary(dynamo, table, last.end).await?;
-                self.delete_range(last.start, last.end).await?;
-                continue;
+            let boundary = store::boundary(dynamo, table).await?;
+            summary.boundary = boundary.archived_to;
+            // A run that stopped after an entry: its pointer, the boundary, then its deletes.
+            if let Some(last) = head.as_ref() {
+                if last.end > boundary.archived_to {
+                    store::put_object_pointer(dynamo, table, last).await?;
+                    store::advance_boundary(dynamo, table, last.end).await?;
+                    continue;
+                }
+                if last.end > boundary.cleared_to {
+                    self.delete_range(last.start, last.end).await?;
+                    store::mark_cleared(dynamo, table, last.end).await?;
+                    continue;
+                }
             }
             let Some(first) = first_slot(dynamo, table, summary.boundary, cutoff).await? else { break };
             if Instant::now() + self.config.deadline_margin >= deadline {
                 summary.more = true;
                 break;
             }
-            // An object starts at its hour, or at the boundary inside it: its key's hour is its events'.
+            // An object holds the slots of one hour (a slot across the hour's end with them):
+            // its key's hour is its events', and it ends on a slot boundary whatever TIME_UNIT is.
             let hour = first.slot.div_euclid(HOUR_MS) * HOUR_MS;
-            let start = summary.boundary.max(hour);
-            let hour_end = hour + HOUR_MS;
-            let entry = self.archive_range(start, hour_end.min(cutoff), head.as_ref(), unit).await?;
+            let start = summary.boundary.max(slot_of(hour, unit));
+            let end = (slot_of(hour + HOUR_MS - 1, unit) + unit as i64).min(cutoff);
+            let entry = self.archive_range(start, end, head.as_ref(), unit).await?;
             summary.objects += 1;
             summary.events += entry.count;
             summary.bytes += entry.bytes;
+            summary.boundary = entry.end;
             info!(key = entry.key, seq = entry.seq, count = entry.count, bytes = entry.bytes, "archived");
             head = Some(entry);
         }
@@ -118,8 +136,8 @@ impl Archiver {
         let object = columns::write(&rows)?;
         let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
         let facts = Facts::of(&object, &keys);
-        let key = object_key(&self.config.prefix, start, end);
-        self.put_verified(&key, object, &facts).await?;
+        let key = object_key(&self.config.prefix, start);
+        self.put_verified(&key, object, &rows).await?;
         let entry = Entry::next(head, key, start, end, &facts);
         if !store::append(dynamo, table, &entry).await? {
             return Err(Error::Archive(format!("archive manifest entry {} is taken: another archiver ran", entry.seq)));
@@ -127,6 +145,7 @@ impl Archiver {
         store::put_object_pointer(dynamo, table, &entry).await?;
         store::advance_boundary(dynamo, table, end).await?;
         self.delete_range(start, end).await?;
+        store::mark_cleared(dynamo, table, end).await?;
         Ok(entry)
     }
 
@@ -149,6 +168,14 @@ impl Archiver {
             let (mut rows, mut bytes, mut cut) = (Vec::new(), 0usize, end);
             while let Some(page) = rx.recv().await {
                 let page = page?;
+                if page.unreadable > 0 {
+                    // Deleting the slot would lose them: held back until someone looks (they are logged).
+                    let slot = page.slot;
+                    return Err(Error::Archive(format!(
+                        "{} unreadable items in slot {slot}: not archived",
+                        page.unreadable
+                    )));
+                }
                 let past_size = bytes >= self.config.object_bytes;
                 if past_size && rows.last().is_some_and(|r: &Row| r.slot < page.slot) {
                     cut = page.slot;
@@ -167,8 +194,9 @@ impl Archiver {
         read
     }
 
-    /// Puts the object, then reads it back and checks it is what was written.
-    async fn put_verified(&self, key: &str, object: Vec<u8>, facts: &Facts) -> Result<()> {
+    /// Puts the object, then reads it back and checks it holds `rows`, byte for byte.
+    async fn put_verified(&self, key: &str, object: Vec<u8>, rows: &[Row]) -> Result<()> {
+        let sha256 = manifest::sha256_hex(&object);
         let bucket = self.config.bucket.as_str();
         self.s3
             .put_object()
@@ -182,11 +210,8 @@ impl Archiver {
         let got = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| Error::s3("GetObject", e))?;
         let bytes: Bytes =
             got.body.collect().await.map_err(|e| Error::Malformed(format!("reading {key} back: {e}")))?.into_bytes();
-        let rows = columns::read(bytes.clone())?;
-        let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
-        let back = Facts::of(&bytes, &keys);
-        if back != *facts {
-            return Err(Error::Malformed(format!("{key} read back is not what was written: {back:?} vs {facts:?}")));
+        if manifest::sha256_hex(&bytes) != sha256 || columns::read(bytes)? != rows {
+            return Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted")));
         }
         Ok(())
     }

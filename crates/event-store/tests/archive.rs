@@ -123,6 +123,9 @@ async fn sealed_slots_move_to_s3_verified_chained_and_readable_by_pyarrow() {
     assert!(!read_index(&env.dynamo, table, T0, end).await.unwrap().0.is_empty());
     let again = archiver.run(now, Instant::now() + Duration::from_secs(60)).await.unwrap();
     assert_eq!((again.objects, again.boundary), (0, summary.boundary), "nothing twice");
+    let pointers =
+        event_store::bookkeeping::query_range(&env.dynamo, table, "archive#object#".into(), "archive#object#~".into());
+    assert_eq!(pointers.await.unwrap().0.len(), entries.len(), "a pointer per object, for readers");
 
     // pyarrow reads the objects as a hive-partitioned dataset, with the declared columns.
     let dir = std::env::temp_dir().join(format!("event-store-archive-{}", std::process::id()));
@@ -155,7 +158,7 @@ print(json.dumps({
         read["schema"],
         json!({"arrival": time, "event_time": time, "slot": "int64", "sort_key": "string", "partition_key": "string",
                "event_id": "string", "source": "string", "stream": "string", "version": "int64", "payload": "string",
-               "payload_bytes": "binary", "date": "string", "hour": "int32"})
+               "payload_bytes": "binary", "expires_at": "int64", "date": "string", "hour": "int32"})
     );
     assert_eq!(read["hours"], json!([18, 19, 20]));
     let n: Vec<i64> = serde_json::from_value(read["n"].clone()).unwrap();

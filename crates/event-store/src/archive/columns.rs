@@ -45,6 +45,8 @@ pub struct Row {
     pub payload: Option<String>,
     /// ...else the bytes themselves.
     pub payload_bytes: Option<Vec<u8>>,
+    /// The retention's TTL (epoch seconds) when one is set: the archive keeps it.
+    pub expires_at: Option<i64>,
 }
 
 impl Row {
@@ -52,10 +54,9 @@ impl Row {
     pub fn of(event: &EventItem) -> Result<Row> {
         let bytes = event.bytes()?;
         let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
-        let entity = json.as_ref().filter(|_| event.partition_key.starts_with("streams/")).and_then(|j| {
-            let stream = j["path"].as_str()?.strip_prefix("/streams/")?.to_owned();
-            Some((stream, j["body"]["version"].as_i64()?))
-        });
+        // The relay keys an entity event `streams/<name>` and names its version in the body.
+        let stream = event.partition_key.strip_prefix("streams/").filter(|_| json.is_some());
+        let version = json.as_ref().and_then(|j| j["body"]["version"].as_i64());
         let event_time = json
             .as_ref()
             .and_then(|j| j["received_at"].as_str())
@@ -66,7 +67,6 @@ impl Row {
             (_, Ok(text)) => (None, Some(text.into_bytes())),
             (_, Err(err)) => (None, Some(err.into_bytes())),
         };
-        let (stream, version) = entity.map_or((None, None), |(s, v)| (Some(s), Some(v)));
         Ok(Row {
             arrival: event.arrival,
             event_time,
@@ -75,10 +75,11 @@ impl Row {
             partition_key: event.partition_key.clone(),
             event_id: event.event_id.clone(),
             source: if stream.is_some() { SOURCE_ENTITY } else { SOURCE_INGEST },
-            stream,
-            version,
+            stream: stream.map(str::to_owned),
+            version: stream.and(version),
             payload,
             payload_bytes,
+            expires_at: event.expires_at,
         })
     }
 
@@ -94,7 +95,7 @@ impl Row {
             data,
             encoding: None,
             payload: None,
-            expires_at: None,
+            expires_at: self.expires_at,
             moved_at: None,
         }
     }
@@ -115,6 +116,7 @@ pub fn schema() -> SchemaRef {
         Field::new("version", DataType::Int64, true),
         Field::new("payload", DataType::Utf8, true),
         Field::new("payload_bytes", DataType::Binary, true),
+        Field::new("expires_at", DataType::Int64, true),
     ]))
 }
 
@@ -124,7 +126,8 @@ pub fn write(rows: &[Row]) -> Result<Vec<u8>> {
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_created_by(format!("event-store {}", env!("CARGO_PKG_VERSION")))
+        // Fixed: the same rows make the same bytes from one release to the next.
+        .set_created_by("event-store archive v1".to_owned())
         .build();
     let mut out = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut out, schema(), Some(properties)).map_err(parquet_error)?;
@@ -140,6 +143,7 @@ fn batch(rows: &[Row]) -> Result<RecordBatch> {
     let mut arrival = TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
     let mut event_time = TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
     let (mut slot, mut version) = (Int64Builder::with_capacity(n), Int64Builder::with_capacity(n));
+    let mut expires_at = Int64Builder::with_capacity(n);
     let strings = || StringBuilder::with_capacity(n, n * 32);
     let (mut sort_key, mut partition_key, mut event_id) = (strings(), strings(), strings());
     let (mut source, mut stream, mut payload) = (strings(), strings(), strings());
@@ -156,6 +160,7 @@ fn batch(rows: &[Row]) -> Result<RecordBatch> {
         version.append_option(row.version);
         payload.append_option(row.payload.as_deref());
         payload_bytes.append_option(row.payload_bytes.as_deref());
+        expires_at.append_option(row.expires_at);
     }
     let columns: Vec<ArrayRef> = vec![
         Arc::new(arrival.finish()),
@@ -169,6 +174,7 @@ fn batch(rows: &[Row]) -> Result<RecordBatch> {
         Arc::new(version.finish()),
         Arc::new(payload.finish()),
         Arc::new(payload_bytes.finish()),
+        Arc::new(expires_at.finish()),
     ];
     RecordBatch::try_new(schema(), columns).map_err(|e| Error::Malformed(format!("archive rows: {e}")))
 }
@@ -203,6 +209,7 @@ fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
     let stream = column::<StringArray>(batch, "stream")?;
     let payload = column::<StringArray>(batch, "payload")?;
     let payload_bytes = column::<BinaryArray>(batch, "payload_bytes")?;
+    let expires_at = column::<Int64Array>(batch, "expires_at")?;
     let text = |a: &StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).to_owned());
     Ok((0..batch.num_rows())
         .map(|i| Row {
@@ -217,6 +224,7 @@ fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
             version: (!version.is_null(i)).then(|| version.value(i)),
             payload: text(payload, i),
             payload_bytes: (!payload_bytes.is_null(i)).then(|| payload_bytes.value(i).to_vec()),
+            expires_at: (!expires_at.is_null(i)).then(|| expires_at.value(i)),
         })
         .collect())
 }
@@ -271,6 +279,7 @@ mod tests {
 
         let file = write(&rows).unwrap();
         assert_eq!(&file[..4], b"PAR1");
+        assert_eq!(write(&rows).unwrap(), file, "the same rows, the same bytes");
         let back = read(Bytes::from(file)).unwrap();
         assert_eq!(back, rows);
         let again: Vec<EventItem> = back.into_iter().map(Row::into_event).collect();

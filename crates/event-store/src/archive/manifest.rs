@@ -118,6 +118,8 @@ pub enum Break {
     EntryAltered { seq: u64 },
     #[error("entry {seq}: it does not follow entry {previous} (an entry removed, reordered or replaced)")]
     Link { seq: u64, previous: u64 },
+    #[error("entry {seq}: its slots [{start}, {end}) are empty or overlap the entry before (ending {previous_end})")]
+    Range { seq: u64, start: i64, end: i64, previous_end: i64 },
     #[error("entry {seq}: object {key} is missing")]
     ObjectMissing { seq: u64, key: String },
     #[error("entry {seq}: object {key} is not what was archived ({what})")]
@@ -144,6 +146,10 @@ pub fn verify<'a>(
         let link = before.as_ref().map_or(GENESIS, |b| b.hash.as_str());
         if entry.prev != link {
             return Err(Break::Link { seq: entry.seq, previous: before.as_ref().map_or(0, |b| b.seq) });
+        }
+        let previous_end = before.as_ref().map_or(i64::MIN, |b| b.end);
+        if entry.start >= entry.end || entry.start < previous_end {
+            return Err(Break::Range { seq: entry.seq, start: entry.start, end: entry.end, previous_end });
         }
         let Some(facts) = facts else {
             return Err(Break::ObjectMissing { seq: entry.seq, key: entry.key.clone() });
@@ -213,6 +219,14 @@ mod tests {
         assert_eq!(check(&edited, &altered), Err(Break::EntryAltered { seq: 2 }));
         edited[2].hash = edited[2].content_hash();
         assert_eq!(check(&edited, &altered), Err(Break::Link { seq: 3, previous: 2 }));
+        // An entry (rehashed, and the chain after it) claiming slots its predecessor holds.
+        let mut overlapping = entries.clone();
+        overlapping[2].start = overlapping[1].start;
+        for i in 2..overlapping.len() {
+            overlapping[i].prev = overlapping[i - 1].hash.clone();
+            overlapping[i].hash = overlapping[i].content_hash();
+        }
+        assert!(matches!(check(&overlapping, &objects), Err(Break::Range { seq: 2, .. })));
     }
 
     #[test]

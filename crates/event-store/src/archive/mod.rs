@@ -10,10 +10,12 @@ pub mod store;
 
 pub const HOUR_MS: i64 = 3_600_000;
 
-/// The object's key: by date and hour of its first slot, then its range.
-pub fn object_key(prefix: &str, start: i64, end: i64) -> String {
+/// The object's key: by date and hour of its first slot, then that slot.
+/// Not by its end, which depends on when it was cut: a repeat after a crash
+/// overwrites its own first attempt instead of leaving a second copy beside it.
+pub fn object_key(prefix: &str, start: i64) -> String {
     let at = chrono::DateTime::from_timestamp_millis(start).unwrap_or_default();
-    format!("{prefix}date={}/hour={}/{start:013}-{end:013}.parquet", at.format("%Y-%m-%d"), at.format("%H"))
+    format!("{prefix}date={}/hour={}/{start:013}.parquet", at.format("%Y-%m-%d"), at.format("%H"))
 }
 
 #[cfg(test)]
@@ -24,9 +26,6 @@ mod tests {
     fn objects_are_laid_out_by_date_and_hour_of_their_first_slot() {
         // 2026-11-27T06:00:00Z and one hour later.
         let start = 1_795_759_200_000;
-        assert_eq!(
-            object_key("events/", start, start + HOUR_MS),
-            "events/date=2026-11-27/hour=06/1795759200000-1795762800000.parquet"
-        );
+        assert_eq!(object_key("events/", start), "events/date=2026-11-27/hour=06/1795759200000.parquet");
     }
 }

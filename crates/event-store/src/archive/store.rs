@@ -119,8 +119,16 @@ pub async fn put_object_pointer(dynamo: &aws_sdk_dynamodb::Client, table: &str, 
     Ok(())
 }
 
-/// Where the archive ends: slots before it are in S3 (0: nothing archived).
-pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<i64> {
+/// Where the archive stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Boundary {
+    /// Slots before this are read from S3 (0: nothing archived).
+    pub archived_to: i64,
+    /// The event table's items of archived slots are deleted up to here.
+    pub cleared_to: i64,
+}
+
+pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Boundary> {
     let out = dynamo
         .get_item()
         .table_name(table)
@@ -129,22 +137,30 @@ pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<
         .send()
         .await
         .map_err(|e| Error::dynamo("GetItem", e))?;
-    Ok(out
-        .item()
-        .and_then(|i| i.get("archived_to"))
-        .and_then(|v| v.as_n().ok())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0))
+    let number = |name: &str| {
+        out.item().and_then(|i| i.get(name)).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    Ok(Boundary { archived_to: number("archived_to"), cleared_to: number("cleared_to") })
 }
 
-/// Moves the boundary forward to `to` (never back).
+/// Moves `archived_to` (readers go to S3 below it) forward to `to`, never back.
 pub async fn advance_boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
+    forward(dynamo, table, "archived_to", to).await
+}
+
+/// Records that the items below `to` are deleted, never back.
+pub async fn mark_cleared(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
+    forward(dynamo, table, "cleared_to", to).await
+}
+
+async fn forward(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, to: i64) -> Result<()> {
     let update = dynamo
         .update_item()
         .table_name(table)
         .set_key(Some(key(BOUNDARY.to_owned())))
-        .update_expression("SET archived_to = :to")
-        .condition_expression("attribute_not_exists(archived_to) OR archived_to < :to")
+        .update_expression("SET #at = :to")
+        .condition_expression("attribute_not_exists(#at) OR #at < :to")
+        .expression_attribute_names("#at", name)
         .expression_attribute_values(":to", AttributeValue::N(to.to_string()))
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
