@@ -77,21 +77,18 @@ async fn follow(
                 if !filters.iter().all(|f| f.matches(json.as_ref())) {
                     return ControlFlow::Continue(());
                 }
-                let line = serde_json::to_string(&PlayedEvent::new(event, json, bytes, *printed));
-                match line
-                    .map_err(anyhow::Error::from)
-                    .and_then(|l| Ok(writeln!(out, "{l}").and_then(|()| out.flush())?))
-                {
+                let line = match serde_json::to_string(&PlayedEvent::new(event, json, bytes, *printed)) {
+                    Ok(line) => line,
+                    Err(err) => {
+                        failed = Some(err.into());
+                        return ControlFlow::Break(());
+                    }
+                };
+                match writeln!(out, "{line}").and_then(|()| out.flush()) {
                     Ok(()) => *printed += 1,
                     // The reader of our output is gone (`| head`): an end, not an error.
-                    Err(err)
-                        if err
-                            .downcast_ref::<std::io::Error>()
-                            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
-                    {
-                        closed = true
-                    }
-                    Err(err) => failed = Some(err),
+                    Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => closed = true,
+                    Err(err) => failed = Some(err.into()),
                 }
                 if failed.is_some() || done(*printed, closed) {
                     ControlFlow::Break(())
