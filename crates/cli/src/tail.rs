@@ -14,6 +14,7 @@ use event_store::config::SubscriptionConfig;
 use event_store::dedupe::RecentIds;
 use event_store::event_item::EventItem;
 use event_store::playback::reader::Reader;
+use event_store::playback::tiers::Tiers;
 use event_store::playback::{Checkpoint, Filter, PlayedEvent, Window};
 use event_store::time::slot_of;
 use serde_json::Value;
@@ -63,6 +64,7 @@ async fn follow(
         if let Some(end) = sealed_end.filter(|end| position.slot < *end) {
             let window = Window { start: from, end };
             let (slots, _) = read_index(dynamo, table, position.slot, end).await?;
+            let tiers = Tiers::new(None);
             let reader = Reader {
                 dynamo,
                 table,
@@ -70,6 +72,7 @@ async fn follow(
                 page_items: config.page_items,
                 dedupe_window_ms: config.dedupe_window_ms,
                 window: &window,
+                tiers: &tiers,
             };
             let mut out = std::io::stdout().lock();
             let mut failed = None;

@@ -49,6 +49,7 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
         dedupe_window_ms: event_store::config::DEFAULT_DEDUPE_WINDOW_MS,
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
         lease: event_store::config::DEFAULT_PLAYBACK_LEASE,
+        archive_bucket: None,
     }
 }
 
@@ -66,6 +67,7 @@ pub fn subscription_config(names: &Names) -> SubscriptionConfig {
         poll: Duration::from_millis(250),
         lease_slack_ms: 1_000,
         metrics_namespace: "EventStore/local".into(),
+        archive_bucket: None,
     }
 }
 

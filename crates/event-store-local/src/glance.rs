@@ -10,6 +10,7 @@ use event_store::bookkeeping::{settings, slot_index::read_index, watermark};
 use event_store::dedupe::RecentIds;
 use event_store::event_item::EventItem;
 use event_store::playback::reader::Reader;
+use event_store::playback::tiers::Tiers;
 use event_store::playback::{Checkpoint, PlayedEvent, Window};
 use event_store::status::{self, Clients, Limits, Resources};
 use event_store::time::slot_of;
@@ -52,6 +53,7 @@ impl Glance {
         let (slots, _) = read_index(dynamo, table, slot_of(from, unit), end).await?;
         let window = Window { start: from, end };
         let config = event_store::config::SubscriptionConfig::for_table(table.to_owned())?;
+        let tiers = Tiers::new(None);
         let reader = Reader {
             dynamo,
             table,
@@ -59,6 +61,7 @@ impl Glance {
             page_items: config.page_items,
             dedupe_window_ms: config.dedupe_window_ms,
             window: &window,
+            tiers: &tiers,
         };
         let mut events = VecDeque::with_capacity(RECENT_EVENTS);
         let mut recent = RecentIds::new(config.dedupe_window_ms);

@@ -8,39 +8,42 @@
 //! 3. append its manifest entry (the next link of the hash chain);
 //! 4. write its pointer, and move the boundary past it: readers now read
 //!    those slots from S3;
-//! 5. delete the slots' items from the event table, and record that.
+//! 5. delete the slots' items that hold only archived events, and record that.
 //!
 //! A crash at any step repeats it: the object's key and bytes are the same
 //! for the same events, a stored entry equal to the one being appended
 //! counts as appended, the boundary only moves forward, and a run first
-//! finishes the last entry's pointer, boundary and deletes. Nothing leaves
-//! DynamoDB before its copy is verified.
+//! finishes the last entry's pointer, boundary and deletes (the deletes
+//! against the object read back from S3). Nothing leaves DynamoDB before
+//! its copy is verified, and an item written into a slot after the slot
+//! was read (a late event) is not deleted with it. One run at a time: a
+//! run holds the archive's lease, and a second one finds it taken and stops.
 //!
-//! Not yet (issue 30's next steps): a lease so that two runs cannot
-//! overlap (the schedule's function will hold one), late events written
-//! into a slot after it was archived (an amendment object), deletes that
-//! stop at the deadline, and a chunk that cannot be decoded (held back with
-//! an error today).
+//! Not yet (issue 30's next steps): late events in archived slots are kept
+//! in the event table but not yet archived as an amendment object that
+//! readers merge in; a chunk that cannot be decoded is held back with an error.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
-use aws_sdk_s3::primitives::ByteStream;
-use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::archive::columns::{self, Row};
 use crate::archive::manifest::{self, Entry, Facts};
+use crate::archive::object::Bucket;
 use crate::archive::{object_key, store, HOUR_MS};
 use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
 use crate::bookkeeping::{settings, watermark};
+use crate::chunk::decode_item;
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
+use crate::playback::tiers::Tiers;
 use crate::playback::Window;
 use crate::position::Checkpoint;
 use crate::time::slot_of;
@@ -49,7 +52,6 @@ use crate::time::slot_of;
 #[derive(Debug, Clone)]
 pub struct ArchiveConfig {
     pub event_table: String,
-    pub bucket: String,
     /// Key prefix of the objects (`events/`).
     pub prefix: String,
     /// Slots whose end is older than this are archived.
@@ -59,6 +61,8 @@ pub struct ArchiveConfig {
     pub dedupe_window_ms: u64,
     /// Stop starting objects this long before the deadline.
     pub deadline_margin: Duration,
+    /// How long a run's lease lasts: longer than a run (the function's timeout).
+    pub lease: Duration,
 }
 
 /// What one run did.
@@ -69,19 +73,41 @@ pub struct ArchiveSummary {
     pub bytes: u64,
     /// Slots before this are in S3.
     pub boundary: i64,
-    /// Out of time with slots left to archive.
+    /// Out of time with slots left to archive (or deletes left to finish).
     pub more: bool,
+    /// Items of archived slots kept because they hold events the object does
+    /// not: late events, written after their slot was read.
+    pub kept: u64,
+    /// Another run holds the lease: this one did nothing.
+    pub busy: bool,
 }
 
 pub struct Archiver {
     pub dynamo: aws_sdk_dynamodb::Client,
-    pub s3: aws_sdk_s3::Client,
+    pub bucket: Bucket,
     pub config: ArchiveConfig,
 }
 
 impl Archiver {
-    /// Archives what is due at `now`, object by object, until done or near `deadline`.
+    /// Archives what is due at `now`, object by object, until done or near
+    /// `deadline`, under the archive's lease (taken and released here).
     pub async fn run(&self, now: i64, deadline: Instant) -> Result<ArchiveSummary> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let owner = format!("archiver-{now}-{}", std::process::id());
+        let until = now.saturating_add(i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX));
+        if !store::take_lease(dynamo, table, &owner, now, until).await? {
+            info!("another archiver holds the lease: nothing done");
+            return Ok(ArchiveSummary { busy: true, ..ArchiveSummary::default() });
+        }
+        let result = self.archive_due(now, deadline).await;
+        if let Err(err) = store::release_lease(dynamo, table, &owner).await {
+            // It expires on its own.
+            tracing::warn!(error = %err, "archive lease not released");
+        }
+        result
+    }
+
+    async fn archive_due(&self, now: i64, deadline: Instant) -> Result<ArchiveSummary> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let unit = settings::time_unit(dynamo, table).await?.unwrap_or(crate::config::DEFAULT_TIME_UNIT_MS);
         let mut summary = ArchiveSummary::default();
@@ -102,8 +128,11 @@ impl Archiver {
                     continue;
                 }
                 if last.end > boundary.cleared_to {
-                    self.delete_range(last.start, last.end).await?;
-                    store::mark_cleared(dynamo, table, last.end).await?;
+                    let rows = columns::read(self.bucket.get(&last.key).await?)?;
+                    if !self.clear(last, &rows, &mut summary, deadline).await? {
+                        summary.more = true;
+                        break;
+                    }
                     continue;
                 }
             }
@@ -117,19 +146,24 @@ impl Archiver {
             let hour = first.slot.div_euclid(HOUR_MS) * HOUR_MS;
             let start = summary.boundary.max(slot_of(hour, unit));
             let end = (slot_of(hour + HOUR_MS - 1, unit) + unit as i64).min(cutoff);
-            let entry = self.archive_range(start, end, head.as_ref(), unit).await?;
+            let (entry, rows) = self.archive_range(start, end, head.as_ref(), unit).await?;
             summary.objects += 1;
             summary.events += entry.count;
             summary.bytes += entry.bytes;
             summary.boundary = entry.end;
             info!(key = entry.key, seq = entry.seq, count = entry.count, bytes = entry.bytes, "archived");
+            let cleared = self.clear(&entry, &rows, &mut summary, deadline).await?;
             head = Some(entry);
+            if !cleared {
+                summary.more = true;
+                break;
+            }
         }
         Ok(summary)
     }
 
-    /// Steps 1 to 3 for the slots from `start` up to at most `end`; then 4 and 5.
-    async fn archive_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<Entry> {
+    /// Steps 1 to 4 for the slots from `start` up to at most `end`.
+    async fn archive_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<(Entry, Vec<Row>)> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let (slots, _) = read_index(dynamo, table, start, end).await?;
         let (rows, end) = self.read_rows(slots, start, end, unit).await?;
@@ -144,9 +178,28 @@ impl Archiver {
         }
         store::put_object_pointer(dynamo, table, &entry).await?;
         store::advance_boundary(dynamo, table, end).await?;
-        self.delete_range(start, end).await?;
-        store::mark_cleared(dynamo, table, end).await?;
-        Ok(entry)
+        Ok((entry, rows))
+    }
+
+    /// Step 5 for `entry`, whose object holds `rows`: false when the
+    /// deadline came first (the next run goes on).
+    async fn clear(
+        &self,
+        entry: &Entry,
+        rows: &[Row],
+        summary: &mut ArchiveSummary,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let archived: HashSet<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
+        let Some(kept) = self.delete_archived(entry.start, entry.end, &archived, deadline).await? else {
+            return Ok(false);
+        };
+        if kept > 0 {
+            warn!(kept, start = entry.start, end = entry.end, "items of late events kept in archived slots");
+        }
+        summary.kept += kept;
+        store::mark_cleared(&self.dynamo, &self.config.event_table, entry.end).await?;
+        Ok(true)
     }
 
     /// The events of `slots` in `[start, end)`, in log order, as rows; cut
@@ -160,6 +213,8 @@ impl Archiver {
             page_items: None,
             dedupe_window_ms: self.config.dedupe_window_ms,
             window: &window,
+            // Its own range is past the boundary: the event table.
+            tiers: &Tiers::new(None),
         };
         let (tx, rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let collect = async {
@@ -197,33 +252,43 @@ impl Archiver {
     /// Puts the object, then reads it back and checks it holds `rows`, byte for byte.
     async fn put_verified(&self, key: &str, object: Vec<u8>, rows: &[Row]) -> Result<()> {
         let sha256 = manifest::sha256_hex(&object);
-        let bucket = self.config.bucket.as_str();
-        self.s3
-            .put_object()
-            .bucket(bucket)
-            .key(key)
-            .content_type("application/vnd.apache.parquet")
-            .body(ByteStream::from(object))
-            .send()
-            .await
-            .map_err(|e| Error::s3("PutObject", e))?;
-        let got = self.s3.get_object().bucket(bucket).key(key).send().await.map_err(|e| Error::s3("GetObject", e))?;
-        let bytes: Bytes =
-            got.body.collect().await.map_err(|e| Error::Malformed(format!("reading {key} back: {e}")))?.into_bytes();
+        self.bucket.put(key, object).await?;
+        let bytes = self.bucket.get(key).await?;
         if manifest::sha256_hex(&bytes) != sha256 || columns::read(bytes)? != rows {
             return Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted")));
         }
         Ok(())
     }
 
-    /// Deletes every item of the slots in `[start, end)` (each sub-key), after their copy is verified.
-    async fn delete_range(&self, start: i64, end: i64) -> Result<()> {
+    /// Deletes the items of the slots in `[start, end)` (each sub-key) whose
+    /// events are all `archived`; returns how many items it kept, or `None`
+    /// when the deadline came first.
+    async fn delete_archived(
+        &self,
+        start: i64,
+        end: i64,
+        archived: &HashSet<&str>,
+        deadline: Instant,
+    ) -> Result<Option<u64>> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let (slots, _) = read_index(dynamo, table, start, end).await?;
-        let mut requests = Vec::new();
+        let (mut requests, mut kept) = (Vec::new(), 0);
         for slot in slots {
-            for sub in 0..i64::from(slot.subkeys) {
-                for key in item_keys(dynamo, table, slot.slot + sub).await? {
+            if Instant::now() + self.config.deadline_margin / 2 >= deadline {
+                return Ok(None);
+            }
+            for sub in 0..i64::from(slot.subkeys.max(1)) {
+                for item in slot_items(dynamo, table, slot.slot + sub).await? {
+                    let decoded = decode_item(slot.slot, &item);
+                    let all_archived = decoded
+                        .events
+                        .as_ref()
+                        .is_ok_and(|events| events.iter().all(|e| archived.contains(e.sort_key.as_str())));
+                    if !all_archived {
+                        kept += 1;
+                        continue;
+                    }
+                    let key = item.into_iter().filter(|(name, _)| name == HASH_KEY || name == RANGE_KEY).collect();
                     let delete =
                         DeleteRequest::builder().set_key(Some(key)).build().map_err(|e| Error::encode("delete", e))?;
                     requests.push(((), WriteRequest::builder().delete_request(delete).build()));
@@ -231,19 +296,19 @@ impl Archiver {
             }
         }
         let table = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
-        let failed = write_all(dynamo, table, requests, &Backoff::default(), None).await;
+        let failed = write_all(dynamo, table, requests, &Backoff::default(), Some(deadline)).await;
         if !failed.is_empty() {
             return Err(Error::Archive(format!(
                 "{} archived items could not be deleted yet (the next run repeats)",
                 failed.len()
             )));
         }
-        Ok(())
+        Ok(Some(kept))
     }
 }
 
-/// The keys of every item under hash key `slot`.
-async fn item_keys(
+/// Every item under hash key `slot`.
+async fn slot_items(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     slot: i64,
@@ -255,9 +320,8 @@ async fn item_keys(
             .table_name(table)
             .key_condition_expression("#slot = :slot")
             .expression_attribute_names("#slot", HASH_KEY)
-            .expression_attribute_names("#key", RANGE_KEY)
             .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
-            .projection_expression("#slot, #key")
+            .consistent_read(true)
             .set_exclusive_start_key(start)
             .send()
             .await

@@ -289,6 +289,8 @@ pub struct PlaybackConfig {
     /// How long a run's lease lasts past its last checkpoint save (renewed
     /// with each): a crashed run's id is free again this long after.
     pub lease: Duration,
+    /// The archive's bucket (`ARCHIVE_BUCKET`): slots before the boundary are read from it.
+    pub archive_bucket: Option<String>,
 }
 
 /// Default [`PlaybackConfig::lease`]: two minutes, far more than a run goes
@@ -308,6 +310,7 @@ impl PlaybackConfig {
             "PLAYBACK_MAX_HOURS",
             "DEDUPE_WINDOW_MS",
             "MAX_CONTINUATIONS",
+            "ARCHIVE_BUCKET",
         ],
     };
 
@@ -329,6 +332,7 @@ impl PlaybackConfig {
             dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             lease: DEFAULT_PLAYBACK_LEASE,
+            archive_bucket: env.optional("ARCHIVE_BUCKET")?,
         })
     }
 }
@@ -356,6 +360,8 @@ pub struct SubscriptionConfig {
     pub lease_slack_ms: i64,
     /// The CloudWatch namespace of the lag metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
+    /// The archive's bucket (`ARCHIVE_BUCKET`), as for playback.
+    pub archive_bucket: Option<String>,
 }
 
 impl SubscriptionConfig {
@@ -370,6 +376,7 @@ impl SubscriptionConfig {
             "SUBSCRIPTION_FOLLOW_SECONDS",
             "SUBSCRIPTION_POLL_MS",
             "METRICS_NAMESPACE",
+            "ARCHIVE_BUCKET",
         ],
     };
 
@@ -391,6 +398,7 @@ impl SubscriptionConfig {
             poll: Duration::from_millis(env.var_or("SUBSCRIPTION_POLL_MS", 1_000u64)?.max(50)),
             lease_slack_ms: 30_000,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
+            archive_bucket: env.optional("ARCHIVE_BUCKET")?,
         })
     }
 }

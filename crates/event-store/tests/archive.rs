@@ -9,14 +9,18 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use common::{repo_root, TestEnv};
+use event_store::archive::object::Bucket;
 use event_store::archive::{columns, manifest, store};
 use event_store::archiver::{ArchiveConfig, Archiver};
 use event_store::bookkeeping::slot_index::read_index;
+use event_store::config::PlaybackConfig;
 use event_store::dedupe::RecentIds;
-use event_store::playback::reader::Reader;
+use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
+use event_store::playback::tiers::Tiers;
+use event_store::playback::Playback;
 use event_store::playback::Window;
 use event_store::position::Checkpoint;
-use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
+use event_store_emulator::runs::{self, deadline_in, run_scan, scan_config};
 use serde_json::{json, Value};
 
 /// Weeks before any run of these tests, at an hour's start (2026-09-21T18:00:00Z).
@@ -24,11 +28,18 @@ const T0: i64 = 1_790_013_600_000;
 const EVENTS: i64 = 300;
 const BUCKET: &str = "event-store-archive";
 
-/// Every event of the event table in `[start, end)`, in log order: (sort key, bytes).
-async fn log(env: &TestEnv, start: i64, end: i64) -> Vec<(String, Vec<u8>)> {
+/// The slot of the burst: 40 items of one event each (as written before
+/// chunks) beside event 250, so that a reader pages through one slot.
+const BURST_SLOT: i64 = T0 + 250 * 36_000;
+const BURST: i64 = 40;
+
+/// Every event in `[start, end)`, in log order, read as readers read it
+/// (from the event table, or from the archive before its boundary): (sort key, bytes).
+async fn log(env: &TestEnv, archive: Option<Bucket>, start: i64, end: i64) -> Vec<(String, Vec<u8>)> {
     let table = env.names.event_table.as_str();
     let (slots, _) = read_index(&env.dynamo, table, start, end).await.unwrap();
     let window = Window { start, end };
+    let tiers = Tiers::new(archive);
     let reader = Reader {
         dynamo: &env.dynamo,
         table,
@@ -36,6 +47,7 @@ async fn log(env: &TestEnv, start: i64, end: i64) -> Vec<(String, Vec<u8>)> {
         page_items: None,
         dedupe_window_ms: 0,
         window: &window,
+        tiers: &tiers,
     };
     let mut out = Vec::new();
     let keep = |event: &event_store::event_item::EventItem, _: Option<Value>, bytes: &[u8]| {
@@ -46,8 +58,28 @@ async fn log(env: &TestEnv, start: i64, end: i64) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
+    Archiver {
+        dynamo: env.dynamo.clone(),
+        bucket: bucket.clone(),
+        config: ArchiveConfig {
+            event_table: env.names.event_table.clone(),
+            prefix: "events/".into(),
+            hot_retention: Duration::ZERO,
+            // Small, so that an hour is cut into several objects.
+            object_bytes: 4 * 1024,
+            dedupe_window_ms: 0,
+            deadline_margin: Duration::from_secs(1),
+            lease: Duration::from_secs(60),
+        },
+    }
+}
+
+/// Everything about the cold tier on one emulator run: archiving, reading
+/// across the tiers (also while the boundary moves), playback, the chain,
+/// and pyarrow.
 #[tokio::test(flavor = "multi_thread")]
-async fn sealed_slots_move_to_s3_verified_chained_and_readable_by_pyarrow() {
+async fn sealed_slots_move_to_s3_verified_chained_read_across_tiers_and_by_pyarrow() {
     let env = TestEnv::start(1).await;
     // Three hours of events, 36 s apart, one of them not JSON.
     let records: Vec<_> = (0..EVENTS)
@@ -67,36 +99,136 @@ async fn sealed_slots_move_to_s3_verified_chained_and_readable_by_pyarrow() {
     {
         pass.unwrap();
     }
+    let table = env.names.event_table.as_str();
+    for k in 0..BURST {
+        let data = json!({"n": 1000 + k}).to_string().into_bytes();
+        let (data, encoding) = event_store::encoding::encode(&data);
+        let buffered = event_store::buffer_item::BufferItem {
+            id: format!("burst-{k}"),
+            event_id: format!("shardId-000000000009:{}", 1000 + k),
+            arrival: BURST_SLOT + 1 + k * 10,
+            partition_key: format!("burst-{}", k % 3),
+            data,
+            encoding,
+            buffered_at: None,
+            count: None,
+        };
+        let item = buffered.to_event_item(1000).unwrap().to_item();
+        env.dynamo.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
+    }
+    let all = (EVENTS + BURST) as usize;
     let end = T0 + 3 * 3_600_000;
-    let stored = log(&env, T0, end).await;
-    assert_eq!(stored.len(), EVENTS as usize);
+    let stored = log(&env, None, T0, end).await;
+    assert_eq!(stored.len(), all);
 
     let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).build());
     s3.create_bucket().bucket(BUCKET).send().await.unwrap();
-    let archiver = Archiver {
-        dynamo: env.dynamo.clone(),
-        s3: s3.clone(),
-        config: ArchiveConfig {
-            event_table: env.names.event_table.clone(),
-            bucket: BUCKET.into(),
-            prefix: "events/".into(),
-            hot_retention: Duration::ZERO,
-            // Small, so that an hour is cut into several objects.
-            object_bytes: 4 * 1024,
-            dedupe_window_ms: 0,
-            deadline_margin: Duration::from_secs(1),
-        },
+    // The readers' client, built as the functions build theirs (the SDK's endpoint rules address moto by path).
+    let bucket = Bucket::new(&env.sdk, BUCKET.into());
+    let archiver = archiver(&env, &bucket);
+
+    // The first hour and a half: the boundary lies inside the window.
+    let half = T0 + 90 * 60_000;
+    let first = archiver.run(half, Instant::now() + Duration::from_secs(120)).await.unwrap();
+    assert_eq!((first.boundary, first.more, first.kept, first.busy), (half, false, 0, false), "{first:?}");
+    assert_eq!(first.events, 150, "events 0..150 arrived before {half}");
+    assert_eq!(log(&env, Some(bucket.clone()), T0, end).await, stored, "across the tiers: every event once, in order");
+    let no_archive = Tiers::new(None);
+    let reader = Reader {
+        dynamo: &env.dynamo,
+        table,
+        time_unit_ms: 1000,
+        page_items: None,
+        dedupe_window_ms: 0,
+        window: &Window { start: T0, end },
+        tiers: &no_archive,
     };
-    let now = event_store::time::now_ms();
-    let summary = archiver.run(now, Instant::now() + Duration::from_secs(120)).await.unwrap();
-    assert_eq!((summary.events, summary.more), (EVENTS as u64, false), "{summary:?}");
-    assert!(summary.objects >= 6, "three hours, each cut by size: {summary:?}");
+    let err = reader
+        .each_event(
+            read_index(&env.dynamo, table, T0, end).await.unwrap().0,
+            Checkpoint::at_slot(T0),
+            &mut RecentIds::new(0),
+            |_, _, _| ControlFlow::Continue(()),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ARCHIVE_BUCKET"), "a reader without the archive says so: {err}");
+
+    // A playback of the three hours, across the tiers.
+    let config = PlaybackConfig { archive_bucket: Some(BUCKET.into()), ..runs::playback_config(&env.names) };
+    let request = json!({"start": event_store::time::format_ms(T0), "end": event_store::time::format_ms(end)});
+    let runs = runs::run_playback(
+        |invoker| {
+            Playback::new(env.dynamo.clone(), env.kinesis.clone(), config, invoker).with_archive(Some(bucket.clone()))
+        },
+        request,
+        deadline_in(Duration::from_secs(300)),
+    )
+    .await;
+    assert_eq!(runs.into_iter().map(|r| r.unwrap().events).sum::<usize>(), all);
+    let mut played = Vec::new();
+    for (_, record) in env.read_stream(&env.names.playback_stream).await {
+        let key = record.partition_key().unwrap();
+        for (_, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
+            played.push(serde_json::from_slice::<event_store::playback::PlayedEvent>(&data).unwrap());
+        }
+    }
+    played.sort_by_key(|e| e.playback_seq);
+    let played_ms: Vec<i64> = played.iter().map(|e| e.event_ms).collect();
+    let stored_ms: Vec<i64> = stored.iter().map(|(key, _)| key[..13].parse().unwrap()).collect();
+    assert_eq!(played_ms, stored_ms, "played once each, in the log's order, whichever tier");
+
+    // The race: a reader pages through the burst's slot one item at a time,
+    // and the archiver moves the boundary past it and deletes it meanwhile.
+    let (slots, _) = read_index(&env.dynamo, table, half, end).await.unwrap();
+    let window = Window { start: half, end };
+    let tiers = Tiers::new(Some(bucket.clone()));
+    let reader = Reader {
+        dynamo: &env.dynamo,
+        table,
+        time_unit_ms: 1000,
+        page_items: Some(1),
+        dedupe_window_ms: 0,
+        window: &window,
+        tiers: &tiers,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<event_store::error::Result<Page>>(PAGES_AHEAD);
+    let consume = async {
+        let (mut read, mut archived_at, mut burst_pages_after) = (Vec::new(), None, 0);
+        while let Some(page) = rx.recv().await {
+            let page = page.unwrap();
+            if page.slot == BURST_SLOT && archived_at.is_none() {
+                let summary = archiver.run(end + 3_600_000, Instant::now() + Duration::from_secs(120)).await.unwrap();
+                assert!(summary.boundary >= end && summary.kept == 0, "{summary:?}");
+                archived_at = Some(read.len());
+            } else if page.slot == BURST_SLOT {
+                burst_pages_after += 1;
+            }
+            read.extend(page.events.into_iter().map(|e| {
+                let bytes = e.bytes().unwrap();
+                (e.sort_key, bytes)
+            }));
+        }
+        (read, burst_pages_after)
+    };
+    let ((), (read, burst_pages_after)) =
+        tokio::join!(reader.fetch_pages(slots, Checkpoint::at_slot(half), tx), consume);
+    let from_half: Vec<_> =
+        stored.iter().filter(|(key, _)| key[..13].parse::<i64>().unwrap() >= half).cloned().collect();
+    let keys = |events: &[(String, Vec<u8>)]| events.iter().map(|(key, _)| key[..13].to_owned()).collect::<Vec<_>>();
+    assert_eq!(keys(&read), keys(&from_half), "every event once, in order, while the boundary moved past the slot");
+    assert!(read == from_half, "byte for byte");
+    assert!(burst_pages_after >= 1, "the burst's slot was still being read when it was archived");
+    let burst_left =
+        env.scan_table(table).await.iter().filter(|i| i["slot"].as_n().unwrap() == &BURST_SLOT.to_string()).count();
+    assert_eq!(burst_left, 0, "the race was real: the slot's items were deleted during the read");
 
     // The manifest is one chain over the objects as S3 holds them.
     let table = env.names.event_table.as_str();
     let entries = store::entries_from(&env.dynamo, table, 0).await.unwrap();
-    assert_eq!(entries.len() as u64, summary.objects);
-    assert_eq!(summary.boundary, entries.last().unwrap().end);
+    assert!(entries.len() >= 6, "three hours, each cut by size: {}", entries.len());
+    let boundary = store::boundary(&env.dynamo, table).await.unwrap();
+    assert_eq!((boundary.archived_to, boundary.cleared_to), (entries.last().unwrap().end, entries.last().unwrap().end));
     let mut archived = Vec::new();
     let mut checked = Vec::new();
     for entry in &entries {
@@ -113,7 +245,7 @@ async fn sealed_slots_move_to_s3_verified_chained_and_readable_by_pyarrow() {
             (event.sort_key.clone(), event.bytes().unwrap())
         }));
     }
-    assert_eq!(manifest::verify(None, checked.into_iter()), Ok(summary.objects));
+    assert_eq!(manifest::verify(None, checked.into_iter()), Ok(entries.len() as u64));
     assert_eq!(archived, stored, "every event once, in order, byte for byte");
 
     // The archived slots left the event table; their index stays.
@@ -121,8 +253,14 @@ async fn sealed_slots_move_to_s3_verified_chained_and_readable_by_pyarrow() {
     let events_left = items.iter().filter(|i| i["slot"].as_n().unwrap().parse::<i64>().unwrap() >= 0).count();
     assert_eq!(events_left, 0);
     assert!(!read_index(&env.dynamo, table, T0, end).await.unwrap().0.is_empty());
-    let again = archiver.run(now, Instant::now() + Duration::from_secs(60)).await.unwrap();
-    assert_eq!((again.objects, again.boundary), (0, summary.boundary), "nothing twice");
+    // One run at a time: while another holds the lease, a run does nothing.
+    let now = event_store::time::now_ms();
+    assert!(store::take_lease(&env.dynamo, table, "another-run", now, now + 60_000).await.unwrap());
+    let busy = archiver.run(end + 3_600_000, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert!(busy.busy && busy.objects == 0, "{busy:?}");
+    store::release_lease(&env.dynamo, table, "another-run").await.unwrap();
+    let again = archiver.run(end + 3_600_000, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((again.objects, again.boundary, again.busy), (0, boundary.archived_to, false), "nothing twice");
     let pointers =
         event_store::bookkeeping::query_range(&env.dynamo, table, "archive#object#".into(), "archive#object#~".into());
     assert_eq!(pointers.await.unwrap().0.len(), entries.len(), "a pointer per object, for readers");
@@ -152,7 +290,7 @@ print(json.dumps({
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "{}: {}", python.display(), String::from_utf8_lossy(&out.stderr));
     let read: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(read["rows"], EVENTS);
+    assert_eq!(read["rows"], all);
     let time = "timestamp[ms, tz=UTC]";
     assert_eq!(
         read["schema"],
@@ -162,6 +300,9 @@ print(json.dumps({
     );
     assert_eq!(read["hours"], json!([18, 19, 20]));
     let n: Vec<i64> = serde_json::from_value(read["n"].clone()).unwrap();
-    assert_eq!(n, (0..EVENTS).filter(|i| *i != 7).collect::<Vec<_>>());
+    let mut expected: Vec<(i64, i64)> = (0..EVENTS).filter(|i| *i != 7).map(|i| (T0 + i * 36_000, i)).collect();
+    expected.extend((0..BURST).map(|k| (BURST_SLOT + 1 + k * 10, 1000 + k)));
+    expected.sort();
+    assert_eq!(n, expected.into_iter().map(|(_, n)| n).collect::<Vec<_>>());
     assert_eq!(read["not_json"], json!([hex::encode(b"\x00\xffnot json")]));
 }

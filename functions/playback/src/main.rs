@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use event_store::archive::object::Bucket;
 use event_store::config::PlaybackConfig;
 use event_store::invoke::LambdaInvoker;
 use event_store::playback::Playback;
@@ -17,8 +18,10 @@ async fn main() -> Result<(), Error> {
     let aws = event_store::aws_config().await;
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
+    let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
     let playback =
-        Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker);
+        Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker)
+            .with_archive(archive);
     let playback = &playback;
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         playback.handle(event.payload, event.context.deadline()).await

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use event_store::archive::object::Bucket;
 use event_store::config::SubscriptionConfig;
 use event_store::invoke::LambdaInvoker;
 use event_store::subscription::{metrics, Answer, Subscriptions};
@@ -21,13 +22,15 @@ async fn main() -> Result<(), Error> {
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(lambda.clone(), myself));
     let namespace = config.metrics_namespace.clone();
+    let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
     let subscriptions = Subscriptions::new(
         aws_sdk_dynamodb::Client::new(&aws),
         aws_sdk_kinesis::Client::new(&aws),
         lambda,
         config,
         invoker,
-    );
+    )
+    .with_archive(archive);
     let (subscriptions, namespace) = (&subscriptions, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         let answer = subscriptions.handle(event.payload, event.context.deadline()).await?;

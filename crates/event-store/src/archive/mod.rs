@@ -6,6 +6,7 @@
 
 pub mod columns;
 pub mod manifest;
+pub mod object;
 pub mod store;
 
 pub const HOUR_MS: i64 = 3_600_000;

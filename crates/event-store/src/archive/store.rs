@@ -9,13 +9,14 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
 use super::manifest::Entry;
-use crate::bookkeeping::{key, moved_forward, query_range, BOOKKEEPING_SLOT};
+use crate::bookkeeping::{key, moved_forward, query_range, unless_condition_failed, BOOKKEEPING_SLOT};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 
 const ENTRY: &str = "archive#entry#";
 const OBJECT: &str = "archive#object#";
 const BOUNDARY: &str = "archive#boundary";
+const LEASE: &str = "archive#lease";
 
 fn entry_key(seq: u64) -> String {
     format!("{ENTRY}{seq:012}")
@@ -119,6 +120,52 @@ pub async fn put_object_pointer(dynamo: &aws_sdk_dynamodb::Client, table: &str, 
     Ok(())
 }
 
+/// An object as readers find it: which slots it holds and where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pointer {
+    pub object: String,
+    /// Its slots: `[start, end)`.
+    pub start: i64,
+    pub end: i64,
+    pub count: u64,
+    pub seq: u64,
+}
+
+/// The object that holds `slot`, if one does: the last pointer starting at
+/// or before it (one `Query`, newest first, one item).
+pub async fn object_at(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Option<Pointer>> {
+    let out = dynamo
+        .query()
+        .table_name(table)
+        .key_condition_expression("#slot = :slot AND #key BETWEEN :from AND :to")
+        .expression_attribute_names("#slot", HASH_KEY)
+        .expression_attribute_names("#key", RANGE_KEY)
+        .expression_attribute_values(":slot", AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
+        .expression_attribute_values(":from", AttributeValue::S(OBJECT.to_owned()))
+        .expression_attribute_values(":to", AttributeValue::S(format!("{OBJECT}{slot:013}#~")))
+        .scan_index_forward(false)
+        .limit(1)
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("Query", e))?;
+    let pointer = out.items().first().map(decode_pointer).transpose()?;
+    Ok(pointer.filter(|p| p.end > slot))
+}
+
+fn decode_pointer(item: &HashMap<String, AttributeValue>) -> Result<Pointer> {
+    let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
+    let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
+    let malformed = || Error::Malformed("archive object pointer without its object, start or end".into());
+    Ok(Pointer {
+        object: text("object").ok_or_else(malformed)?,
+        start: number("start").ok_or_else(malformed)?,
+        end: number("end").ok_or_else(malformed)?,
+        count: number("count").unwrap_or(0) as u64,
+        seq: number("seq").unwrap_or(0) as u64,
+    })
+}
+
 /// Where the archive stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Boundary {
@@ -169,6 +216,45 @@ async fn forward(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, to:
     Ok(())
 }
 
+/// Takes the archive's lease for `owner` until `until` (ms): false when
+/// another run holds it (not expired at `now`).
+pub async fn take_lease(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    owner: &str,
+    now: i64,
+    until: i64,
+) -> Result<bool> {
+    let update = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(LEASE.to_owned())))
+        .update_expression("SET lease_owner = :me, lease_until = :until")
+        .condition_expression("attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :me")
+        .expression_attribute_values(":me", AttributeValue::S(owner.to_owned()))
+        .expression_attribute_values(":until", AttributeValue::N(until.to_string()))
+        .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(unless_condition_failed(update)?.is_some())
+}
+
+/// Frees the lease, if `owner` still holds it.
+pub async fn release_lease(dynamo: &aws_sdk_dynamodb::Client, table: &str, owner: &str) -> Result<()> {
+    let update = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(LEASE.to_owned())))
+        .update_expression("REMOVE lease_owner, lease_until")
+        .condition_expression("lease_owner = :me")
+        .expression_attribute_values(":me", AttributeValue::S(owner.to_owned()))
+        .send()
+        .await;
+    unless_condition_failed(update)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +263,6 @@ mod tests {
     fn keys_sort_as_the_chain_and_as_time() {
         assert!(entry_key(9) < entry_key(10) && entry_key(999_999) < format!("{ENTRY}~"));
         assert!(object_key(1_795_000_000_000, 7) < object_key(1_795_000_001_000, 3));
-        assert!(!BOUNDARY.starts_with(ENTRY) && !BOUNDARY.starts_with(OBJECT));
+        assert!([BOUNDARY, LEASE].iter().all(|k| !k.starts_with(ENTRY) && !k.starts_with(OBJECT)));
     }
 }

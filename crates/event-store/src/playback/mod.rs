@@ -25,6 +25,7 @@ pub mod record;
 pub mod request;
 mod run;
 pub mod summary;
+pub mod tiers;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -40,6 +41,7 @@ pub use record::{kinesis_records, PlayedEvent};
 pub use request::{open_ended_id, run_id, Filter, PlaybackRequest, RecordFormat, Window};
 pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Status};
 
+use crate::archive::object::Bucket;
 use crate::batch::Backoff;
 use crate::bookkeeping::settings;
 use crate::bookkeeping::slot_index::read_index;
@@ -50,6 +52,7 @@ use crate::invoke::Invoker;
 use crate::time::{effective_deadline, format_ms, now_ms, remaining, slot_of};
 use reader::{Page, Reader, PAGES_AHEAD};
 use run::{Flow, Run, Start};
+use tiers::Tiers;
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
@@ -79,6 +82,8 @@ pub struct Playback {
     observer: Option<ProgressObserver>,
     /// Set once this process has checked `TIME_UNIT` against the table.
     time_unit_checked: tokio::sync::OnceCell<()>,
+    /// Where slots are read from: the event table, or the archive before its boundary.
+    tiers: Tiers,
 }
 
 /// What [`Playback::bind`] found for a request.
@@ -108,7 +113,14 @@ impl Playback {
             backoff: Backoff::default(),
             observer: None,
             time_unit_checked: Default::default(),
+            tiers: Tiers::new(None),
         }
+    }
+
+    /// Reads archived slots from `bucket` (`ARCHIVE_BUCKET`).
+    pub fn with_archive(mut self, bucket: Option<Bucket>) -> Self {
+        self.tiers = Tiers::new(bucket);
+        self
     }
 
     /// How long a run's lease lasts past its last renewal.
@@ -331,6 +343,7 @@ impl Playback {
             page_items: config.page_items,
             dedupe_window_ms: config.dedupe_window_ms,
             window,
+            tiers: &self.tiers,
         };
         // The envelope ids delivered just before the position: a copy of one of them is not played again.
         let (recent, lookback_queries) = reader.recent_ids(&behind, &lookback).await?;

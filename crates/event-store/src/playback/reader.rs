@@ -8,6 +8,10 @@
 //! and the events are merged ([`SlotMerge`]): handed out in sort-key order,
 //! each once, only once no chunk still unread can hold an earlier one.
 //!
+//! A slot before the archive's boundary is read from its object in S3
+//! instead, and a slot the boundary passes while it is read goes on from
+//! there ([`Tiers`]): readers see one log, whichever tier holds it.
+//!
 //! A chunk may start before where reading begins (a window's start, a
 //! checkpoint inside the slot) and end after it, so a slot is queried from
 //! its first key, and items ending before the start are filtered out by
@@ -15,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+use std::time::Instant;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use futures::StreamExt;
@@ -23,6 +28,7 @@ use tracing::warn;
 
 use super::checkpoint::{Checkpoint, Lookback};
 use super::request::Window;
+use super::tiers::Tiers;
 use crate::bookkeeping::slot_index::SlotRef;
 use crate::chunk::{self, decode_item, SlotMerge};
 use crate::dedupe::{envelope_id, RecentIds};
@@ -58,6 +64,8 @@ pub struct Reader<'a> {
     pub page_items: Option<i32>,
     pub dedupe_window_ms: u64,
     pub window: &'a Window,
+    /// Where each slot is read from (shared by everything this reader reads).
+    pub tiers: &'a Tiers,
 }
 
 impl Reader<'_> {
@@ -229,6 +237,12 @@ struct SlotRead<'a> {
     /// Per sub-key: where its next page starts (`None` before the first page).
     cursors: Vec<Option<String>>,
     started: bool,
+    /// The last event handed out: where reading from S3 resumes.
+    handed: Option<String>,
+    /// When the last query not yet confirmed by a boundary read ended.
+    unconfirmed: Option<Instant>,
+    /// The slot is read from the archive.
+    cold: bool,
 }
 
 impl<'a> SlotRead<'a> {
@@ -242,33 +256,71 @@ impl<'a> SlotRead<'a> {
             to,
             cursors: vec![None; sources],
             started: false,
+            handed: None,
+            unconfirmed: None,
+            cold: false,
         }
     }
 
-    /// The next events of the slot, querying until some are final or the slot is read.
+    /// The next events of the slot, querying until some are final or the
+    /// slot is read; from S3 once the slot is archived.
     async fn next_page(&mut self) -> Result<Page> {
-        let mut page = Page { slot: self.slot.slot, events: Vec::new(), unreadable: 0, last_key: None, queries: 0 };
+        let (reader, slot) = (self.reader, self.slot.slot);
+        if !self.cold && reader.tiers.archived(reader.dynamo, reader.table, slot).await? {
+            self.cold = true;
+        }
+        let mut page = Page { slot, events: Vec::new(), unreadable: 0, last_key: None, queries: 0 };
+        if self.cold {
+            return self.cold_page(page).await;
+        }
         if !self.started {
             self.started = true;
             let sources: Vec<usize> = (0..self.cursors.len()).collect();
             let pages = futures::future::join_all(sources.iter().map(|&source| self.query_source(source))).await;
+            self.unconfirmed = Some(Instant::now());
             for (source, result) in sources.into_iter().zip(pages) {
                 self.add(source, result?, &mut page);
             }
         }
         loop {
             page.events.extend(self.merge.ready());
-            if self.merge.is_done() {
-                return Ok(page);
+            let done = self.merge.is_done();
+            if done || !page.events.is_empty() {
+                break;
             }
-            if !page.events.is_empty() {
-                page.last_key = Some(page.events.last().map(|e| e.sort_key.clone()).unwrap_or_default());
-                return Ok(page);
-            }
-            let Some(source) = self.merge.next_source() else { return Ok(page) };
+            let Some(source) = self.merge.next_source() else { break };
             let result = self.query_source(source).await?;
+            self.unconfirmed = Some(Instant::now());
             self.add(source, result, &mut page);
         }
+        // What the queries saw is whole only if the archiver had not yet passed the slot.
+        if let Some(ended) = self.unconfirmed.take() {
+            if !reader.tiers.still_hot(reader.dynamo, reader.table, slot, ended).await? {
+                self.cold = true;
+                page.events.clear();
+                page.unreadable = 0;
+                return self.cold_page(page).await;
+            }
+        }
+        if !self.merge.is_done() {
+            page.last_key = Some(page.events.last().map(|e| e.sort_key.clone()).unwrap_or_default());
+        }
+        if let Some(last) = page.events.last() {
+            self.handed = Some(last.sort_key.clone());
+        }
+        Ok(page)
+    }
+
+    /// The rest of the slot from its archive object, at once.
+    async fn cold_page(&mut self, mut page: Page) -> Result<Page> {
+        let reader = self.reader;
+        let after = self.handed.as_deref().unwrap_or(&self.after).max(&self.after).to_owned();
+        page.events = reader.tiers.events(reader.dynamo, reader.table, self.slot.slot, (&after, &self.to)).await?;
+        page.last_key = None;
+        if let Some(last) = page.events.last() {
+            self.handed = Some(last.sort_key.clone());
+        }
+        Ok(page)
     }
 
     async fn query_source(&self, source: usize) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<String>)> {

@@ -77,6 +77,8 @@ pub struct Subscriptions {
     pub(crate) invoker: Arc<dyn Invoker>,
     pub(crate) backoff: Backoff,
     time_unit_checked: tokio::sync::OnceCell<()>,
+    /// Where slots are read from (see `Playback`).
+    tiers: crate::playback::tiers::Tiers,
 }
 
 /// A partition's place and lag, as the tick and `list` report it.
@@ -173,6 +175,7 @@ impl Subscriptions {
             page_items: self.config.page_items,
             dedupe_window_ms: self.config.dedupe_window_ms,
             window,
+            tiers: &self.tiers,
         }
     }
 
@@ -194,7 +197,14 @@ impl Subscriptions {
             invoker,
             backoff: Backoff::default(),
             time_unit_checked: Default::default(),
+            tiers: crate::playback::tiers::Tiers::new(None),
         }
+    }
+
+    /// Reads archived slots from `bucket` (`ARCHIVE_BUCKET`).
+    pub fn with_archive(mut self, bucket: Option<crate::archive::object::Bucket>) -> Self {
+        self.tiers = crate::playback::tiers::Tiers::new(bucket);
+        self
     }
 
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {

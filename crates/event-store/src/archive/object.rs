@@ -1,0 +1,48 @@
+//! An archive object in S3: put, and fetched back whole.
+
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+
+/// Where the archive's objects are.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    pub s3: aws_sdk_s3::Client,
+    pub name: String,
+}
+
+impl Bucket {
+    /// The bucket `name`, reached the SDK's standard way (`AWS_ENDPOINT_URL`
+    /// locally: S3's endpoint rules address an IP endpoint by path).
+    pub fn new(aws: &aws_config::SdkConfig, name: String) -> Self {
+        Self { s3: aws_sdk_s3::Client::new(aws), name }
+    }
+
+    /// The bucket a function's `ARCHIVE_BUCKET` names, if set.
+    pub fn configured(aws: &aws_config::SdkConfig, name: Option<&str>) -> Option<Self> {
+        name.filter(|n| !n.is_empty()).map(|n| Self::new(aws, n.to_owned()))
+    }
+
+    pub async fn put(&self, key: &str, object: Vec<u8>) -> Result<()> {
+        self.s3
+            .put_object()
+            .bucket(&self.name)
+            .key(key)
+            .content_type("application/vnd.apache.parquet")
+            .body(ByteStream::from(object))
+            .send()
+            .await
+            .map_err(|e| Error::s3("PutObject", e))?;
+        Ok(())
+    }
+
+    /// The object's bytes.
+    pub async fn get(&self, key: &str) -> Result<Bytes> {
+        let got =
+            self.s3.get_object().bucket(&self.name).key(key).send().await.map_err(|e| Error::s3("GetObject", e))?;
+        let body =
+            got.body.collect().await.map_err(|e| Error::Archive(format!("reading s3://{}/{key}: {e}", self.name)))?;
+        Ok(body.into_bytes())
+    }
+}
