@@ -23,14 +23,14 @@ from samtranslator.yaml_helper import yaml_parse
 
 from conftest import REGION, ROOT, free_port, wait_for_port
 
-FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay"]
+FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay", "archive"]
 BUCKET = "event-store-artifacts"
 PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
 PREFIX = "event-store-ci"
 # Resource types the emulator's CloudFormation does not create (it skips them
 # with a warning); docs/testing.md lists the same.
 UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm",
-               "AWS::Lambda::EventInvokeConfig"}
+               "AWS::Lambda::EventInvokeConfig", "AWS::S3::BucketPolicy", "AWS::Glue::Database", "AWS::Glue::Table"}
 
 
 class NoManagedPolicyLookup:
@@ -189,6 +189,11 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert relay.pop("RELAY_DLQ_URL").endswith(f"/{PREFIX}-relay-dlq"), "where a held stream is announced"
     assert relay == {"EVENT_STREAM": f"{PREFIX}-stream", "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table",
                      "RELAY_HOLD_AFTER_SECONDS": "300"}
+    bucket = env["archive"]["ARCHIVE_BUCKET"]
+    assert bucket.startswith(f"{PREFIX}-archive-") and str(env["archive"]["HOT_RETENTION_DAYS"]) == "30"
+    assert env["playback"]["ARCHIVE_BUCKET"] == env["subscriptions"]["ARCHIVE_BUCKET"] == bucket, "readers read the archive"
+    # (The emulator's CloudFormation creates the bucket but not its settings: tests/template.rs checks those.)
+    assert bucket in [b["Name"] for b in aws("s3").list_buckets()["Buckets"]]
 
 
 def test_relay_is_wired_to_the_entity_table_stream(stack, aws):
@@ -217,10 +222,10 @@ def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_lett
 def test_scan_and_subscriptions_are_scheduled_and_allowed_to_be_invoked_by_the_schedule(stack, aws):
     events = aws("events")
     rules = [r for r in events.list_rules()["Rules"] if r.get("ScheduleExpression")]
-    assert [r["ScheduleExpression"] for r in rules] == ["rate(1 minute)", "rate(1 minute)"]
+    assert sorted(r["ScheduleExpression"] for r in rules) == ["rate(1 hour)", "rate(1 minute)", "rate(1 minute)"]
     targets = sorted(t["Arn"].split(":")[-1] for r in rules for t in events.list_targets_by_rule(Rule=r["Name"])["Targets"])
-    assert targets == [f"{PREFIX}-scan", f"{PREFIX}-subscriptions"]
-    for function in ("scan", "subscriptions"):
+    assert targets == [f"{PREFIX}-archive", f"{PREFIX}-scan", f"{PREFIX}-subscriptions"]
+    for function in ("scan", "subscriptions", "archive"):
         policy = json.loads(aws("lambda").get_policy(FunctionName=f"{PREFIX}-{function}")["Policy"])
         assert any(s["Principal"] == {"Service": "events.amazonaws.com"} for s in policy["Statement"])
 

@@ -24,10 +24,11 @@
 //! readers merge in; a chunk that cannot be decoded is held back with an error.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::{Instant, SystemTime};
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -39,31 +40,16 @@ use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
 use crate::bookkeeping::{settings, watermark};
 use crate::chunk::decode_item;
+use crate::config::ArchiveConfig;
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
+use crate::invoke::{continue_with, Invoker};
 use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
 use crate::playback::tiers::Tiers;
 use crate::playback::Window;
 use crate::position::Checkpoint;
-use crate::time::slot_of;
-
-/// What the archiver needs to know.
-#[derive(Debug, Clone)]
-pub struct ArchiveConfig {
-    pub event_table: String,
-    /// Key prefix of the objects (`events/`).
-    pub prefix: String,
-    /// Slots whose end is older than this are archived.
-    pub hot_retention: Duration,
-    /// An object is closed at the first slot boundary past this many bytes of events.
-    pub object_bytes: usize,
-    pub dedupe_window_ms: u64,
-    /// Stop starting objects this long before the deadline.
-    pub deadline_margin: Duration,
-    /// How long a run's lease lasts: longer than a run (the function's timeout).
-    pub lease: Duration,
-}
+use crate::time::{effective_deadline, now_ms, remaining, slot_of};
 
 /// What one run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -82,6 +68,25 @@ pub struct ArchiveSummary {
     pub busy: bool,
 }
 
+/// The AWS actions the archive function calls (its role grants exactly these; `tests/template.rs`).
+pub const AWS_ACTIONS: &[&str] = &[
+    "dynamodb:Query",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:BatchWriteItem",
+    "s3:PutObject",
+    "s3:GetObject",
+    "lambda:InvokeFunction",
+];
+
+/// What the function is invoked with: the schedule's event, or its own continuation.
+#[derive(Debug, Default, Deserialize)]
+struct Request {
+    #[serde(default)]
+    continuation: u32,
+}
+
 pub struct Archiver {
     pub dynamo: aws_sdk_dynamodb::Client,
     pub bucket: Bucket,
@@ -89,6 +94,28 @@ pub struct Archiver {
 }
 
 impl Archiver {
+    /// One invocation: archives until done or near `deadline`, and hands
+    /// what is left to a continuation (bounded by `MAX_CONTINUATIONS`; the
+    /// next scheduled run goes on after that).
+    pub async fn handle(&self, payload: Value, deadline: SystemTime, invoker: &dyn Invoker) -> Result<ArchiveSummary> {
+        let request: Request = serde_json::from_value(payload).unwrap_or_default();
+        let deadline = effective_deadline(deadline, SystemTime::now());
+        let summary = self.run(now_ms(), Instant::now() + remaining(deadline)).await?;
+        info!(
+            objects = summary.objects,
+            events = summary.events,
+            boundary = summary.boundary,
+            more = summary.more,
+            kept = summary.kept,
+            busy = summary.busy,
+            "archive run"
+        );
+        if summary.more && request.continuation < self.config.max_continuations {
+            continue_with(invoker, &json!({"continuation": request.continuation + 1})).await?;
+        }
+        Ok(summary)
+    }
+
     /// Archives what is due at `now`, object by object, until done or near
     /// `deadline`, under the archive's lease (taken and released here).
     pub async fn run(&self, now: i64, deadline: Instant) -> Result<ArchiveSummary> {

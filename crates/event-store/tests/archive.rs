@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use common::{repo_root, TestEnv};
 use event_store::archive::object::Bucket;
 use event_store::archive::{columns, manifest, store};
-use event_store::archiver::{ArchiveConfig, Archiver};
+use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
+use event_store::config::ArchiveConfig;
 use event_store::config::PlaybackConfig;
 use event_store::dedupe::RecentIds;
 use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
@@ -63,6 +64,7 @@ fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
         dynamo: env.dynamo.clone(),
         bucket: bucket.clone(),
         config: ArchiveConfig {
+            bucket: BUCKET.into(),
             event_table: env.names.event_table.clone(),
             prefix: "events/".into(),
             hot_retention: Duration::ZERO,
@@ -71,6 +73,7 @@ fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
             dedupe_window_ms: 0,
             deadline_margin: Duration::from_secs(1),
             lease: Duration::from_secs(60),
+            max_continuations: 0,
         },
     }
 }
@@ -291,13 +294,29 @@ print(json.dumps({
     assert!(out.status.success(), "{}: {}", python.display(), String::from_utf8_lossy(&out.stderr));
     let read: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(read["rows"], all);
-    let time = "timestamp[ms, tz=UTC]";
-    assert_eq!(
-        read["schema"],
-        json!({"arrival": time, "event_time": time, "slot": "int64", "sort_key": "string", "partition_key": "string",
-               "event_id": "string", "source": "string", "stream": "string", "version": "int64", "payload": "string",
-               "payload_bytes": "binary", "expires_at": "int64", "date": "string", "hour": "int32"})
-    );
+    // The columns as the template's Glue table declares them (what Athena reads), in pyarrow's names.
+    let template: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo_root().join("template.yaml")).unwrap()).unwrap();
+    let input = &template["Resources"]["ArchiveTable"]["Properties"]["TableInput"];
+    let arrow = |glue: &str| match glue {
+        "timestamp" => "timestamp[ms, tz=UTC]",
+        "bigint" => "int64",
+        "int" => "int32",
+        "string" => "string",
+        "binary" => "binary",
+        other => panic!("a Glue type the archive does not write: {other}"),
+    };
+    let mut declared = serde_json::Map::new();
+    for column in input["StorageDescriptor"]["Columns"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .chain(input["PartitionKeys"].as_sequence().unwrap())
+    {
+        declared.insert(column["Name"].as_str().unwrap().into(), json!(arrow(column["Type"].as_str().unwrap())));
+    }
+    assert_eq!(declared.len(), 14);
+    assert_eq!(read["schema"], Value::Object(declared), "pyarrow reads the columns the Glue table declares");
     assert_eq!(read["hours"], json!([18, 19, 20]));
     let n: Vec<i64> = serde_json::from_value(read["n"].clone()).unwrap();
     let mut expected: Vec<(i64, i64)> = (0..EVENTS).filter(|i| *i != 7).map(|i| (T0 + i * 36_000, i)).collect();

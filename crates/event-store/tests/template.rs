@@ -6,7 +6,8 @@
 use std::collections::BTreeSet;
 
 use event_store::config::{
-    LoadConfig, PlaybackConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig, Variables,
+    ArchiveConfig, LoadConfig, PlaybackConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig,
+    Variables,
 };
 use serde_yaml::Value;
 
@@ -37,6 +38,7 @@ fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'stati
         ("PlaybackFunction", PlaybackConfig::VARIABLES, event_store::playback::AWS_ACTIONS, &[]),
         ("SubscriptionsFunction", SubscriptionConfig::VARIABLES, event_store::subscription::AWS_ACTIONS, &[]),
         ("StreamsFunction", StreamsConfig::VARIABLES, event_store::entity::AWS_ACTIONS, &[]),
+        ("ArchiveFunction", ArchiveConfig::VARIABLES, event_store::archiver::AWS_ACTIONS, &[]),
         (
             "RelayFunction",
             RelayConfig::VARIABLES,
@@ -108,9 +110,12 @@ fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
 #[test]
 fn self_invocation_is_granted_on_the_function_itself_only() {
     let template = template();
-    for (name, suffix) in
-        [("ScanFunction", "-scan"), ("PlaybackFunction", "-playback"), ("SubscriptionsFunction", "-subscriptions")]
-    {
+    for (name, suffix) in [
+        ("ScanFunction", "-scan"),
+        ("PlaybackFunction", "-playback"),
+        ("SubscriptionsFunction", "-subscriptions"),
+        ("ArchiveFunction", "-archive"),
+    ] {
         let function_name = format!("{:?}", template["Resources"][name]["Properties"]["FunctionName"]);
         assert!(function_name.contains(&format!("${{Stage}}{suffix}")), "{function_name}");
         let statements = template["Resources"][name]["Properties"]["Policies"][0]["Statement"].as_sequence().unwrap();
@@ -397,9 +402,14 @@ fn every_function_and_every_queue_has_an_alarm_on_the_one_topic() {
             .filter_map(|(_, p)| referenced(&p["Dimensions"][0]["Value"]))
             .collect()
     };
-    let functions: BTreeSet<String> = of_type("AWS::Serverless::Function").into_iter().collect();
-    assert_eq!(functions.len(), 7);
+    let mut functions: BTreeSet<String> = of_type("AWS::Serverless::Function").into_iter().collect();
+    assert_eq!(functions.len(), 8);
     assert_eq!(watched("AWS/Lambda", "Errors"), functions, "an errors alarm per function");
+    // The archive exists only with HotRetentionDays > 0, so the one throttles alarm cannot name it;
+    // it runs one at a time (reserved concurrency 1), and a throttled start is retried.
+    assert_eq!(template["Resources"]["ArchiveFunction"]["Condition"].as_str(), Some("ArchiveEnabled"));
+    assert_eq!(template["Resources"]["ArchiveErrorsAlarm"]["Condition"].as_str(), Some("ArchiveEnabled"));
+    functions.remove("ArchiveFunction");
     let throttles = alarms.iter().find(|(name, _)| name == "ThrottlesAlarm").unwrap();
     let throttled: BTreeSet<String> = throttles.1["Metrics"]
         .as_sequence()
@@ -443,7 +453,10 @@ fn the_dashboard_is_json_and_shows_every_function_queue_and_metric_the_code_writ
     for (name, resource) in resources {
         let kind = resource["Type"].as_str().unwrap();
         if matches!(kind, "AWS::Serverless::Function" | "AWS::SQS::Queue") {
-            assert!(names.contains(name.as_str().unwrap()), "{name:?} is on the dashboard");
+            // A resource that may not exist is named by its name, not referenced.
+            let shown = names.contains(name.as_str().unwrap())
+                || (resource.get("Condition").is_some() && body.contains("${Service}-${Stage}-archive"));
+            assert!(shown, "{name:?} is on the dashboard");
         }
     }
     for name in &names {
@@ -464,5 +477,39 @@ fn the_dashboard_is_json_and_shows_every_function_queue_and_metric_the_code_writ
         .collect();
     for metric in [event_store::metrics::WATERMARK_LAG_METRIC, event_store::subscription::metrics::LAG_METRIC] {
         assert!(shown.contains(&("EventStore/x-x".to_owned(), metric.to_owned())), "{metric} in {shown:?}");
+    }
+}
+
+/// The archive's bucket: private, encrypted, versioned, TLS only, kept when
+/// the stack goes, and named as the readers' grants name it; with
+/// HotRetentionDays 0 none of it exists and the readers get no bucket.
+#[test]
+fn the_archive_bucket_is_private_encrypted_versioned_and_only_there_when_archiving() {
+    let template = template();
+    let resources = &template["Resources"];
+    let bucket = &resources["ArchiveBucket"];
+    assert_eq!(bucket["Condition"].as_str(), Some("ArchiveEnabled"));
+    assert_eq!(bucket["DeletionPolicy"].as_str(), Some("Retain"), "events kept for good outlive the stack");
+    let properties = &bucket["Properties"];
+    let block = properties["PublicAccessBlockConfiguration"].as_mapping().unwrap();
+    assert_eq!(block.len(), 4);
+    assert!(block.values().all(|v| v == &Value::Bool(true)), "{block:?}");
+    assert_eq!(properties["VersioningConfiguration"]["Status"].as_str(), Some("Enabled"));
+    let sse = &properties["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"];
+    assert_eq!(sse["SSEAlgorithm"].as_str(), Some("AES256"));
+    let name = format!("{:?}", properties["BucketName"]);
+    assert!(name.contains("${Service}-${Stage}-archive-${AWS::AccountId}-${AWS::Region}"), "{name}");
+    let tls = &resources["ArchiveBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"][0];
+    assert_eq!(tls["Effect"].as_str(), Some("Deny"));
+    assert!(format!("{:?}", tls["Condition"]).contains("aws:SecureTransport"));
+    for reader in ["PlaybackFunction", "SubscriptionsFunction"] {
+        let env = format!("{:?}", resources[reader]["Properties"]["Environment"]["Variables"]["ARCHIVE_BUCKET"]);
+        assert!(env.contains("ArchiveEnabled") && env.contains("ArchiveBucket"), "{reader}: {env}");
+        let grants = format!("{:?}", resources[reader]["Properties"]["Policies"]);
+        assert!(grants.contains("${Service}-${Stage}-archive-${AWS::AccountId}-${AWS::Region}/events/*"), "{reader}");
+    }
+    assert_eq!(template["Parameters"]["HotRetentionDays"]["Default"].as_u64(), Some(30));
+    for conditional in ["ArchiveFunction", "ArchiveDatabase", "ArchiveTable", "ArchiveErrorsAlarm"] {
+        assert_eq!(resources[conditional]["Condition"].as_str(), Some("ArchiveEnabled"), "{conditional}");
     }
 }

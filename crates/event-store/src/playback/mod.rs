@@ -67,6 +67,8 @@ pub const AWS_ACTIONS: &[&str] = &[
     "kinesis:GetShardIterator",
     "kinesis:GetRecords",
     "lambda:InvokeFunction",
+    // Slots before the archive's boundary (`ARCHIVE_BUCKET`).
+    "s3:GetObject",
 ];
 
 pub struct Playback {

@@ -63,6 +63,8 @@ pub const AWS_ACTIONS: &[&str] = &[
     "kinesis:GetRecords",
     // Lambda targets, and runners started by the tick or continued (itself).
     "lambda:InvokeFunction",
+    // Slots before the archive's boundary (`ARCHIVE_BUCKET`).
+    "s3:GetObject",
 ];
 
 pub struct Subscriptions {

@@ -1,0 +1,59 @@
+use super::*;
+
+/// The one test that touches the process environment: every function's
+/// configuration loads from its declared variables alone (reading an
+/// undeclared one would fail the debug assertion), and bad values are refused.
+#[test]
+fn configurations_read_only_their_declared_variables() {
+    let all = [
+        LoadConfig::VARIABLES,
+        PumpConfig::VARIABLES,
+        ScanConfig::VARIABLES,
+        PlaybackConfig::VARIABLES,
+        SubscriptionConfig::VARIABLES,
+        ArchiveConfig::VARIABLES,
+    ];
+    for name in all.iter().flat_map(|v| v.required.iter()) {
+        std::env::set_var(name, format!("value-of-{name}"));
+    }
+    let load = LoadConfig::from_env().unwrap();
+    assert_eq!(load.event_stream, "value-of-EVENT_STREAM");
+    assert!(matches!(load.ip_mode, IpMode::Hash { .. }), "hash is the default");
+    assert_eq!(load.max_event_bytes, 2 * 1024, "a pixel's or a small analytics event's size; larger is opt-in");
+    assert_eq!(load.max_events_per_post, 100);
+    std::env::set_var("MAX_EVENT_BYTES", "1048576");
+    assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("MAX_EVENT_BYTES")));
+    std::env::remove_var("MAX_EVENT_BYTES");
+    for bad in ["0", "501"] {
+        std::env::set_var("MAX_EVENTS_PER_POST", bad);
+        let refused = LoadConfig::from_env();
+        assert!(matches!(&refused, Err(Error::Config(m)) if m.contains("MAX_EVENTS_PER_POST")), "{bad}: {refused:?}");
+    }
+    std::env::remove_var("MAX_EVENTS_PER_POST");
+    assert_eq!(PumpConfig::from_env().unwrap().buffer_table, "value-of-DYNAMO_BUFFER_TABLE");
+    let scan = ScanConfig::from_env().unwrap();
+    assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));
+    assert_eq!(PlaybackConfig::from_env().unwrap().playback_stream, "value-of-PLAYBACK_STREAM");
+    let subscriptions = SubscriptionConfig::from_env().unwrap();
+    assert_eq!((subscriptions.follow.as_secs(), subscriptions.metrics_namespace.as_str()), (50, "EventStore"));
+
+    let archive = ArchiveConfig::from_env().unwrap();
+    assert_eq!((archive.hot_retention.as_secs(), archive.object_bytes), (30 * 86_400, 64 << 20));
+    std::env::set_var("HOT_RETENTION_DAYS", "0");
+    assert!(matches!(ArchiveConfig::from_env(), Err(Error::Config(m)) if m.contains("HOT_RETENTION_DAYS")));
+    std::env::set_var("HOT_RETENTION_SECONDS", "90");
+    assert_eq!(ArchiveConfig::from_env().unwrap().hot_retention.as_secs(), 90, "seconds win, for demos");
+    std::env::remove_var("HOT_RETENTION_SECONDS");
+    std::env::remove_var("HOT_RETENTION_DAYS");
+
+    std::env::set_var("TIME_UNIT", "0");
+    assert!(matches!(ScanConfig::from_env(), Err(Error::Config(_))));
+    std::env::set_var("TIME_UNIT", "soon");
+    assert!(matches!(PlaybackConfig::from_env(), Err(Error::Config(_))));
+    std::env::remove_var("TIME_UNIT");
+    std::env::set_var("IP_MODE", "partial");
+    assert!(matches!(LoadConfig::from_env(), Err(Error::Config(_))));
+    std::env::remove_var("IP_MODE");
+    std::env::remove_var("DYNAMO_BUFFER_TABLE");
+    assert!(matches!(PumpConfig::from_env(), Err(Error::Config(m)) if m.contains("DYNAMO_BUFFER_TABLE")));
+}
