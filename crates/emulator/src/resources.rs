@@ -29,6 +29,8 @@ pub struct Names {
     pub playback_stream: String,
     /// Not in the template (users bring their own targets): the local stack's demo subscription target.
     pub subscription_stream: String,
+    /// The local stack's archive bucket (a deployed stack's is named by its `ArchiveBucketName` output).
+    pub archive_bucket: String,
 }
 
 /// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
@@ -49,6 +51,7 @@ impl Names {
             event_stream: format!("{prefix}-stream"),
             playback_stream: format!("{prefix}-playback"),
             subscription_stream: format!("{prefix}-sub-demo"),
+            archive_bucket: format!("{prefix}-archive"),
         }
     }
 }
@@ -105,6 +108,20 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
         }
     }
     Ok(())
+}
+
+/// The archive's bucket, unless it exists.
+pub async fn create_bucket(client: &aws_sdk_s3::Client, name: &str) -> Result<()> {
+    match client.create_bucket().bucket(name).send().await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(failed("CreateBucket", e)),
+    }
 }
 
 /// Both streams with `shards` shards each; waits until they are active.

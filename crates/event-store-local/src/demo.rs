@@ -63,7 +63,18 @@ pub struct Report {
     pub latency_p50_ms: Option<i64>,
     pub latency_p99_ms: Option<i64>,
     pub scan_interval: Duration,
+    /// The first half of the window, archived to S3 before the playback, and the chain verified.
+    pub archive: ArchiveReport,
     pub lines: Vec<String>,
+}
+
+/// What the demo archived, and what verifying the chain found.
+#[derive(Debug, Default)]
+pub struct ArchiveReport {
+    pub objects: u64,
+    pub events: u64,
+    pub verified_entries: u64,
+    pub first_break: Option<String>,
 }
 
 /// Records `(seen at, watermark)` each time the watermark moves, until aborted.
@@ -133,6 +144,8 @@ impl Report {
             && self.subscribed.lost == 0
             && self.subscribed.out_of_order == 0
             && self.entity_problems.is_empty()
+            && self.archive.events > 0
+            && self.archive.first_break.is_none()
     }
 }
 
@@ -195,6 +208,12 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
     // load on the emulator is not measured as the subscription's latency.
     wait_until_counted(&subscriptions, &subscription, stored.len()).await?;
 
+    println!(
+        "== archiving the window's first half to s3://{}/events/ (the hot retention shortened for the demo)",
+        stack.archive.name
+    );
+    let archived = archive_first_half(&stack, &stored).await?;
+
     let window_end = now_ms() + 1;
     println!(
         "== playing back [{}, {}) onto the playback stream, once the watermark has passed it",
@@ -211,11 +230,18 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
     let playback_started = Instant::now();
     let config = event_store::config::PlaybackConfig::from_env()?;
     let (dynamo, kinesis) = (stack.dynamo.clone(), stack.kinesis.clone());
-    let make = |invoker| event_store::playback::Playback::new(dynamo, kinesis, config, invoker);
+    let archive = Some(stack.archive.clone());
+    let make = |invoker| event_store::playback::Playback::new(dynamo, kinesis, config, invoker).with_archive(archive);
     let runs = run_playback(make, serde_json::to_value(&request)?, deadline_in(crate::stack::PLAYBACK_TIMEOUT)).await;
     let runs = runs.into_iter().collect::<event_store::Result<Vec<_>>>().context("playback failed")?;
     let total = event_store::playback::PlaybackSummary::total(&runs);
     let playback_time = playback_started.elapsed();
+
+    println!("== verifying the archive's hash chain against the objects in S3");
+    let table = stack.settings.names.event_table.as_str();
+    let verified = event_store::archive::audit::verify(&stack.dynamo, table, &stack.archive, window_start, window_end)
+        .await
+        .context("verifying the archive")?;
 
     println!("== reading the playback stream back and checking order");
     let (played, _) = read_played(&stack, &stack.settings.names.playback_stream, &run_id).await?;
@@ -254,6 +280,12 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
     report.latency_p50_ms = quantile(&latencies, 0.5);
     report.latency_p99_ms = quantile(&latencies, 0.99);
     report.scan_interval = stack.settings.scan_interval;
+    report.archive = ArchiveReport {
+        objects: archived.objects,
+        events: archived.events,
+        verified_entries: verified.entries,
+        first_break: verified.first_break.clone(),
+    };
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     let since_load = |t: Option<Instant>| t.map(|t| t.duration_since(load_started)).unwrap_or(stored_time);
     report.lines = vec![
@@ -299,9 +331,40 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
             report.latency_p99_ms.map_or("-".into(), |v| v.to_string()),
             stack.settings.scan_interval.as_secs_f64()
         ),
+        format!(
+            "archive   {} events in {} Parquet objects before the playback ({} kept for late events); the playback read both tiers",
+            archived.events, archived.objects, archived.kept
+        ),
         format!("AWS requests by operation (whole run, incl. the demo's own checks): {:?}", stack.counter.snapshot()),
     ];
     Ok(report)
+}
+
+/// Archives the slots before the median stored event's arrival, as the
+/// archive function would with a hot retention that short (objects cut small,
+/// so that the chain has several links).
+async fn archive_first_half(
+    stack: &Stack,
+    stored: &HashMap<String, (String, String)>,
+) -> Result<event_store::archiver::ArchiveSummary> {
+    let mut arrivals: Vec<i64> = stored.values().filter_map(|(_, key)| key.get(..13)?.parse().ok()).collect();
+    arrivals.sort_unstable();
+    let Some(&middle) = arrivals.get(arrivals.len() / 2) else {
+        anyhow::bail!("nothing stored to archive");
+    };
+    let names = &stack.settings.names;
+    let mut config =
+        event_store::config::ArchiveConfig::for_names(names.event_table.clone(), stack.archive.name.clone())?;
+    let now = now_ms();
+    config.hot_retention = Duration::from_millis(u64::try_from(now - middle).unwrap_or(1).max(1));
+    config.object_bytes = 16 * 1024;
+    let archiver =
+        event_store::archiver::Archiver { dynamo: stack.dynamo.clone(), bucket: stack.archive.clone(), config };
+    let summary = archiver.run(now, Instant::now() + Duration::from_secs(300)).await?;
+    if summary.busy || summary.more {
+        anyhow::bail!("the archive did not finish: {summary:?}");
+    }
+    Ok(summary)
 }
 
 async fn send_hits(
@@ -599,6 +662,14 @@ pub fn print(report: &Report) {
     for problem in &report.entity_problems {
         println!("entity problem       {problem}");
     }
+    let archive = &report.archive;
+    println!(
+        "archived             {:>7}  (in {} objects; hash chain: {} entries verified{})",
+        archive.events,
+        archive.objects,
+        archive.verified_entries,
+        archive.first_break.as_ref().map_or(String::new(), |b| format!(", BROKEN: {b}"))
+    );
     println!("lost                 {:>7}", report.lost);
     println!("out of order         {:>7}", report.out_of_order);
     println!("wall time            {:>7.1} s", report.wall.as_secs_f64());
@@ -625,6 +696,8 @@ impl Report {
             "subscription_delivering_p99_ms": self.subscribed.delivering_p99_ms,
             "wall_seconds": self.wall.as_secs_f64(), "scan_interval_seconds": self.scan_interval.as_secs_f64(),
             "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
+            "archived": self.archive.events, "archive_objects": self.archive.objects,
+            "archive_verified_entries": self.archive.verified_entries, "archive_break": self.archive.first_break,
         })
     }
 }

@@ -26,6 +26,8 @@ const FIRST_LOOK_MS: i64 = 60_000;
 pub struct Glance {
     pub clients: Clients,
     pub resources: Resources,
+    /// The archive's bucket: a look into slots already archived reads them there.
+    pub archive: Option<event_store::archive::object::Bucket>,
 }
 
 /// The events sealed in `[from, sealed_end)`, the newest [`RECENT_EVENTS`].
@@ -53,7 +55,7 @@ impl Glance {
         let (slots, _) = read_index(dynamo, table, slot_of(from, unit), end).await?;
         let window = Window { start: from, end };
         let config = event_store::config::SubscriptionConfig::for_table(table.to_owned())?;
-        let tiers = Tiers::new(None);
+        let tiers = Tiers::new(self.archive.clone());
         let reader = Reader {
             dynamo,
             table,

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
+use event_store::archive::object::Bucket;
 use event_store::config::{LoadConfig, PumpConfig, RelayConfig, ScanConfig, SubscriptionConfig};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
@@ -21,7 +22,7 @@ use event_store::scan::Scan;
 use event_store::subscription::{Answer, Subscriptions};
 use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker, Queued};
 use event_store_emulator::request_counter::RequestCounter;
-use event_store_emulator::resources::{create_streams, create_tables};
+use event_store_emulator::resources::{create_bucket, create_streams, create_tables};
 use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use event_store_emulator::Emulator;
 use event_store_fault_proxy::FaultProxy;
@@ -48,6 +49,8 @@ pub struct Stack {
     /// Lambda targets of subscriptions (moto runs functions only in Docker: locally, use Kinesis targets).
     pub lambda: aws_sdk_lambda::Client,
     pub region: String,
+    /// The archive's bucket (`names.archive_bucket`): readers read archived slots from it.
+    pub archive: Bucket,
     pub stats: Arc<Stats>,
     pub counter: RequestCounter,
     /// What the DynamoDB client talks to: the emulator, transactions alone (see [`Stack::start`]).
@@ -101,6 +104,8 @@ impl Stack {
         );
         create_tables(&dynamo, &settings.names).await.context("creating the tables")?;
         create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
+        let archive = Bucket::new(&sdk, settings.names.archive_bucket.clone());
+        create_bucket(&archive.s3, &archive.name).await.context("creating the archive bucket")?;
         let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
         let lambda = aws_sdk_lambda::Client::new(&sdk);
         Ok(Self {
@@ -110,6 +115,7 @@ impl Stack {
             kinesis,
             lambda,
             region,
+            archive,
             stats: Arc::default(),
             counter,
             _serial: serial,
@@ -138,6 +144,7 @@ impl Stack {
                     event_stream: names.event_stream.clone(),
                     queues: vec![],
                 },
+                archive: Some(self.archive.clone()),
             },
         });
         tasks.spawn(crate::http::serve(listener, api, self.stats.clone(), shutdown.clone()));
@@ -189,13 +196,16 @@ impl Stack {
 
         // Subscriptions: a tick on the same schedule; runners (follow 0) deliver what is sealed and end.
         let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
-        let subscriptions = Arc::new(Subscriptions::new(
-            self.dynamo.clone(),
-            self.kinesis.clone(),
-            self.lambda.clone(),
-            SubscriptionConfig::from_env()?,
-            Arc::new(invoker.clone()),
-        ));
+        let subscriptions = Arc::new(
+            Subscriptions::new(
+                self.dynamo.clone(),
+                self.kinesis.clone(),
+                self.lambda.clone(),
+                SubscriptionConfig::from_env()?,
+                Arc::new(invoker.clone()),
+            )
+            .with_archive(Some(self.archive.clone())),
+        );
         let stats = self.stats.clone();
         tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
             let (subscriptions, stats) = (subscriptions.clone(), stats.clone());

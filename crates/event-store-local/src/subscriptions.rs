@@ -18,5 +18,6 @@ pub fn local_with(stack: &crate::stack::Stack) -> Result<Subscriptions> {
         stack.lambda.clone(),
         SubscriptionConfig::from_env()?,
         Arc::new(invoker),
-    ))
+    )
+    .with_archive(Some(stack.archive.clone())))
 }

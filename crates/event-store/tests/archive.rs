@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{repo_root, TestEnv};
 use event_store::archive::object::Bucket;
-use event_store::archive::{columns, manifest, store};
+use event_store::archive::{audit, columns, manifest, store};
 use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::config::ArchiveConfig;
@@ -324,4 +324,24 @@ print(json.dumps({
     expected.sort();
     assert_eq!(n, expected.into_iter().map(|(_, n)| n).collect::<Vec<_>>());
     assert_eq!(read["not_json"], json!([hex::encode(b"\x00\xffnot json")]));
+
+    // `event-store verify`'s check, against S3 as it is: whole, then an object altered, then removed.
+    let verify = |from: i64| audit::verify(&env.dynamo, table, &bucket, from, end);
+    let whole = verify(T0).await.unwrap();
+    assert_eq!((whole.entries, whole.events, whole.first_break), (entries.len() as u64, all as u64, None));
+    let victim = &entries[2];
+    s3.put_object().bucket(BUCKET).key(&victim.key).body(b"PAR1 not parquet".to_vec().into()).send().await.unwrap();
+    let altered = verify(T0).await.unwrap();
+    let expected = format!("entry {}: object {} is not what was archived", victim.seq, victim.key);
+    assert_eq!(altered.entries, 2);
+    assert!(altered.first_break.as_deref().is_some_and(|b| b.starts_with(&expected)), "{altered:?}");
+    s3.delete_object().bucket(BUCKET).key(&victim.key).send().await.unwrap();
+    let removed = verify(T0).await.unwrap();
+    assert_eq!(removed.first_break, Some(format!("entry {}: object {} is missing", victim.seq, victim.key)));
+    let after = verify(entries[3].start).await.unwrap();
+    assert_eq!(
+        (after.entries, after.first_break),
+        (entries.len() as u64 - 3, None),
+        "a range after the break verifies"
+    );
 }

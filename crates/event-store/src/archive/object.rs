@@ -39,10 +39,18 @@ impl Bucket {
 
     /// The object's bytes.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
-        let got =
-            self.s3.get_object().bucket(&self.name).key(key).send().await.map_err(|e| Error::s3("GetObject", e))?;
+        self.get_if_there(key).await?.ok_or_else(|| Error::Archive(format!("s3://{}/{key} is missing", self.name)))
+    }
+
+    /// The object's bytes, or `None` when there is no such object.
+    pub async fn get_if_there(&self, key: &str) -> Result<Option<Bytes>> {
+        let got = match self.s3.get_object().bucket(&self.name).key(key).send().await {
+            Ok(got) => got,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) => return Err(Error::s3("GetObject", e)),
+        };
         let body =
             got.body.collect().await.map_err(|e| Error::Archive(format!("reading s3://{}/{key}: {e}", self.name)))?;
-        Ok(body.into_bytes())
+        Ok(Some(body.into_bytes()))
     }
 }
