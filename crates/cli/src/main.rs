@@ -9,7 +9,8 @@
 //! `subscription <action>` (locally in this process, on a deployed stack by
 //! invoking its subscriptions function); `tail`; `redrive` (the dead-letter
 //! queues, in this process); `streams` (entity streams through their HTTP
-//! API, SigV4-signed on a deployed stack).
+//! API, SigV4-signed on a deployed stack); `verify` (the archive's hash chain
+//! against the objects in S3, exit 1 at the first break).
 //!
 //! Exit codes (for scripts): 0 done (for `status`: healthy); 1 done, and
 //! something needs a hand (`status`: a problem named in the verdict); 2 bad
@@ -73,6 +74,16 @@ enum Command {
         url: Option<String>,
         #[command(subcommand)]
         action: streams::Action,
+    },
+    /// Verify the archive's hash chain against the objects in S3 (exit 1 at the first break: an object
+    /// altered, removed or reordered).
+    Verify {
+        /// From this time (`beginning`, ISO 8601 or epoch ms); the entry before it is trusted as stored.
+        #[arg(long, default_value = "beginning")]
+        from: String,
+        /// Up to this time (`now`, ISO 8601 or epoch ms).
+        #[arg(long, default_value = "now")]
+        to: String,
     },
     /// Print the sealed log's events as their slots seal, one JSON line each, until Ctrl-C (or --count).
     Tail {
@@ -144,6 +155,7 @@ async fn run(cli: Cli) -> Exit {
         Verb::Subscription(request) => manage(&target, request).await,
         Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
         Verb::Streams { url, call } => stream_call(&target, url, call, cli.json).await,
+        Verb::Verify { from, to } => verify(&target, from, to, cli.json).await,
     }
 }
 
@@ -155,6 +167,7 @@ enum Verb {
     Subscription(event_store::subscription::Manage),
     Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
     Streams { url: Option<reqwest::Url>, call: streams::Call },
+    Verify { from: i64, to: i64 },
 }
 
 impl Verb {
@@ -169,6 +182,18 @@ impl Verb {
             }
             Command::Streams { url, action } => {
                 Verb::Streams { url: url.as_deref().map(streams::base_url).transpose()?, call: action.call()? }
+            }
+            Command::Verify { from, to } => {
+                let now = event_store::time::now_ms();
+                let time = |name: &str, value: &str| {
+                    event_store::subscription::spec::parse_start(value, now)
+                        .map_err(|e| anyhow::anyhow!("--{name} {value:?}: {e}"))
+                };
+                let (from, to) = (time("from", &from)?, time("to", &to)?);
+                if from >= to {
+                    anyhow::bail!("--from must be before --to");
+                }
+                Verb::Verify { from, to }
             }
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
@@ -233,12 +258,50 @@ async fn tail(target: &Target, from: i64, filters: &[event_store::playback::Filt
             std::future::pending::<()>().await;
         }
     };
-    match tail::tail(&dynamo, &target.resources.event_table, from, filters, count, stop).await {
+    match tail::tail(&dynamo, target.archive(), &target.resources.event_table, from, filters, count, stop).await {
         Ok(printed) => {
             eprintln!("{printed} events");
             Exit::Done
         }
         Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+    }
+}
+
+async fn verify(target: &Target, from: i64, to: i64, json: bool) -> Exit {
+    let Some(bucket) = target.archive() else {
+        let err = format!("{}: no archive (HotRetentionDays 0 keeps every event in DynamoDB)", target.label);
+        return fail(&err, Exit::BadUsage);
+    };
+    let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
+    let verified =
+        match event_store::archive::audit::verify(&dynamo, &target.resources.event_table, &bucket, from, to).await {
+            Ok(verified) => verified,
+            Err(err) => return fail(&anyhow::Error::from(err).context(target.label.clone()), Exit::StoreError),
+        };
+    let line = if json {
+        serde_json::to_string(&verified).unwrap_or_default()
+    } else {
+        let span = match (verified.start, verified.end) {
+            (Some(start), Some(end)) => {
+                format!(" for {} to {}", event_store::time::format_ms(start), event_store::time::format_ms(end))
+            }
+            _ => String::new(),
+        };
+        match &verified.first_break {
+            None => format!(
+                "archive of {}: {} objects ({} events){span} verified: the chain is intact",
+                target.label, verified.entries, verified.events
+            ),
+            Some(broken) => {
+                format!("archive of {}: BROKEN after {} good objects: {broken}", target.label, verified.entries)
+            }
+        }
+    };
+    let _ = writeln!(std::io::stdout(), "{line}");
+    if verified.first_break.is_some() {
+        Exit::NeedsAHand
+    } else {
+        Exit::Done
     }
 }
 

@@ -159,7 +159,8 @@ pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
                 aws_sdk_lambda::Client::new(sdk),
                 config,
                 Arc::new(invoker),
-            );
+            )
+            .with_archive(target.archive());
             let answer = subscriptions.handle(payload, SystemTime::now() + Duration::from_secs(900)).await;
             Ok(answer.map_err(|e| Refused(e.to_string()))?.to_json()?)
         }

@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use anyhow::Result;
+use event_store::archive::object::Bucket;
 use event_store::bookkeeping::settings;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::bookkeeping::watermark;
@@ -27,6 +28,7 @@ const POLL: Duration = Duration::from_secs(1);
 /// returns how many it printed.
 pub async fn tail(
     dynamo: &aws_sdk_dynamodb::Client,
+    archive: Option<Bucket>,
     event_table: &str,
     from: i64,
     filters: &[Filter],
@@ -39,8 +41,9 @@ pub async fn tail(
         config.time_unit_ms = unit;
     }
     let mut printed = 0u64;
+    let tiers = Tiers::new(archive);
     tokio::select! {
-        result = follow(dynamo, &config, from, filters, limit, &mut printed) => result?,
+        result = follow(dynamo, &config, &tiers, from, filters, limit, &mut printed) => result?,
         () = stop => {}
     }
     Ok(printed)
@@ -49,6 +52,7 @@ pub async fn tail(
 async fn follow(
     dynamo: &aws_sdk_dynamodb::Client,
     config: &SubscriptionConfig,
+    tiers: &Tiers,
     from: i64,
     filters: &[Filter],
     limit: Option<u64>,
@@ -64,7 +68,6 @@ async fn follow(
         if let Some(end) = sealed_end.filter(|end| position.slot < *end) {
             let window = Window { start: from, end };
             let (slots, _) = read_index(dynamo, table, position.slot, end).await?;
-            let tiers = Tiers::new(None);
             let reader = Reader {
                 dynamo,
                 table,
@@ -72,7 +75,7 @@ async fn follow(
                 page_items: config.page_items,
                 dedupe_window_ms: config.dedupe_window_ms,
                 window: &window,
-                tiers: &tiers,
+                tiers,
             };
             let mut out = std::io::stdout().lock();
             let mut failed = None;

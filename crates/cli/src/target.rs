@@ -51,8 +51,18 @@ pub struct Target {
     pub entity_table: Option<String>,
     /// The entity streams' HTTP API (`StreamsUrl`; locally `make local`'s server on `PORT`).
     pub streams_url: Option<String>,
+    /// The archive's bucket (`ArchiveBucketName`, or the local stack's); `None` when the stack keeps everything hot.
+    pub archive_bucket: Option<String>,
     /// Set for a deployed stack.
     pub stack: Option<String>,
+}
+
+impl Target {
+    /// The archive's bucket, for readers of archived slots.
+    pub fn archive(&self) -> Option<event_store::archive::object::Bucket> {
+        let name = self.archive_bucket.clone()?;
+        Some(event_store::archive::object::Bucket::new(&self.sdk, name))
+    }
 }
 
 /// The local stack of `STAGE` (default `local`) on `EMULATOR_PORT` (default 4566).
@@ -88,6 +98,7 @@ pub async fn local() -> Result<Target, TargetError> {
         buffer_table: Some(names.buffer_table),
         entity_table: Some(names.entity_table),
         streams_url: Some(format!("http://127.0.0.1:{}/streams", env_port("PORT", 3000))),
+        archive_bucket: Some(names.archive_bucket),
         stack: None,
     })
 }
@@ -134,6 +145,7 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         buffer_table: outputs.get("BufferTableName").cloned(),
         entity_table: outputs.get("EntityTableName").cloned(),
         streams_url: outputs.get("StreamsUrl").cloned(),
+        archive_bucket: outputs.get("ArchiveBucketName").cloned(),
         stack: Some(name.to_owned()),
     })
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::config::Credentials;
-use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::resources::{create_bucket, create_streams, create_tables, Names};
 use event_store_emulator::watchdog::Watchdog;
 use event_store_emulator::{moto_server, Emulator};
 
@@ -37,6 +37,8 @@ impl LocalStack {
         let names = Names::for_stage("local");
         create_tables(&dynamo, &names).await.unwrap();
         create_streams(&kinesis, &names, 1).await.unwrap();
+        let s3 = event_store::archive::object::Bucket::new(&sdk, names.archive_bucket.clone());
+        create_bucket(&s3.s3, &s3.name).await.unwrap();
         Self { moto, _watchdog: watchdog, sdk, dynamo, kinesis, names }
     }
 }
