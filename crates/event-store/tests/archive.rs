@@ -268,6 +268,27 @@ async fn sealed_slots_move_to_s3_verified_chained_read_across_tiers_and_by_pyarr
         event_store::bookkeeping::query_range(&env.dynamo, table, "archive#object#".into(), "archive#object#~".into());
     assert_eq!(pointers.await.unwrap().0.len(), entries.len(), "a pointer per object, for readers");
 
+    // A late event (a re-drive days later, say) into an archived slot: the scan marks the slot first,
+    // the event stays in the table (objects are never rewritten), and readers merge both tiers.
+    let late_at = T0 + 10 * 36_000 + 500;
+    let late = [("user-late".to_owned(), json!({"n": 5000}).to_string().into_bytes(), late_at)];
+    let event = common::kinesis_event_on(common::TEST_ARN, "shardId-000000000007", &late);
+    assert!(common::pump(&env).handle(event).await.batch_item_failures.is_empty());
+    let scan = event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(60))).await
+    {
+        pass.unwrap();
+    }
+    let marked = event_store::bookkeeping::late_slots::in_range(&env.dynamo, table, T0, end).await.unwrap();
+    assert_eq!(marked, std::collections::BTreeSet::from([T0 + 360_000]));
+    let with_late = log(&env, Some(bucket.clone()), T0, end).await;
+    assert_eq!(with_late.len(), all + 1, "the late event too");
+    let at = with_late.iter().position(|(key, _)| key.starts_with(&format!("{late_at:013}"))).unwrap();
+    assert!(with_late[at - 1].0.starts_with(&format!("{:013}", T0 + 360_000)), "right after event 10, its slot's");
+    assert!(with_late.windows(2).all(|w| w[0].0 < w[1].0), "in sort-key order");
+    assert_eq!(with_late.iter().filter(|(key, _)| !key.starts_with(&format!("{late_at:013}"))).count(), all);
+
     // pyarrow reads the objects as a hive-partitioned dataset, with the declared columns.
     let dir = std::env::temp_dir().join(format!("event-store-archive-{}", std::process::id()));
     for entry in &entries {

@@ -158,7 +158,12 @@ async fn moving_costs_at_most_one_request_per_10_events_and_overlapping_scans_do
     // whatever the number of events.
     let moving = requests - env.counter.get("DynamoDB.UpdateItem");
     assert!(moving as f64 / 1000.0 <= 0.1, "{moving} requests to move 1000 events");
-    assert!(env.counter.get("DynamoDB.UpdateItem") <= 6 * 4 + 1, "{:?}", env.counter.snapshot());
+    // These arrived behind the watermark (late): a marker per slot they went into, once a run.
+    let table = &env.names.event_table;
+    let marked =
+        event_store::bookkeeping::late_slots::in_range(&env.dynamo, table, 0, i64::MAX).await.unwrap().len() as u64;
+    assert!(marked <= 3, "{marked} slots marked late");
+    assert!(env.counter.get("DynamoDB.UpdateItem") <= 6 * 4 + 1 + marked, "{:?}", env.counter.snapshot());
     assert_eq!(event_items(&env).await.len(), 2000);
 }
 

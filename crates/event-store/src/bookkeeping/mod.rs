@@ -12,6 +12,8 @@
 //! | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…` | [`crate::subscription::store`] | management; a partition's lease holder (lease-fenced) |
 //! | `settings` | [`settings`] | scan, playback and subscriptions, at first use (`TIME_UNIT`) |
 //! | `ingest#<minute start ms, 13 digits>` | [`ingest`] | scan, `ADD` at the end of each segment run (a count for status) |
+//! | `late#<slot start ms, 13 digits>` | [`late_slots`] | scan, before it writes late events into the slot |
+//! | `archive#entry#…`, `archive#object#…`, `archive#boundary`, `archive#lease` | [`crate::archive::store`] | the archiver, under its lease |
 //!
 //! Every item has one writer at a time (a scan page, a scan segment's pass,
 //! a playback run's lease holder); where two could race, the write is
@@ -20,6 +22,7 @@
 //! quarantine (`slot = -1`) is ever played back.
 
 pub mod ingest;
+pub mod late_slots;
 pub mod lease;
 pub mod segment_pass;
 pub mod settings;

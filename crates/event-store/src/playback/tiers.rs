@@ -10,26 +10,42 @@
 //! event it handed out. One boundary read confirms every query that ended
 //! before it was sent, so the slots read together share it.
 //!
+//! Late events written into an archived slot stay in the event table (the
+//! objects are never rewritten); the scan marks such slots
+//! ([`crate::bookkeeping::late_slots`]), and a marked slot is read from both
+//! tiers, merged in sort-key order.
+//!
 //! Reads in flight (of the boundary, of an object) are shared futures, not
 //! locks held across an `await`: a reader's slots are futures polled by one
 //! stream, and one that is not being polled must not hold up the others.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::archive::columns::{self, Row};
 use crate::archive::object::Bucket;
 use crate::archive::store::{self, Pointer};
+use crate::bookkeeping::late_slots;
+use crate::bookkeeping::slot_index::SlotRef;
+use crate::chunk::decode_item;
 use crate::error::{Error, Result};
-use crate::event_item::EventItem;
+use crate::event_item::{self, EventItem};
 
 /// Objects kept decoded: the one being read and those just before and after it.
 const OBJECTS_KEPT: usize = 3;
 
-type Rows = Arc<Vec<Row>>;
+/// An object's rows, and the slots among them with late events in the table.
+#[derive(Debug, Default)]
+struct Cold {
+    rows: Vec<Row>,
+    late: BTreeSet<i64>,
+}
+
+type Rows = Arc<Cold>;
 type Fetch<T> = Shared<BoxFuture<'static, std::result::Result<T, Arc<Error>>>>;
 
 /// The tiers as one reader sees them. Without an archive bucket, the
@@ -122,23 +138,34 @@ impl Tiers {
         self.boundary.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The archived events of `slot` in `(after, to]`, in log order.
+    /// The archived events of `slot` in `(after, to]`, in log order (with
+    /// the late ones the table holds, when the slot is marked).
     pub async fn events(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
         table: &str,
-        slot: i64,
+        slot: SlotRef,
         (after, to): (&str, &str),
     ) -> Result<Vec<EventItem>> {
-        let rows = self.rows_of(dynamo, table, slot).await?;
+        let cold = self.rows_of(dynamo, table, slot.slot).await?;
+        let rows = &cold.rows;
         // Rows are in sort-key order, which is slot order too.
         let first = rows.partition_point(|r| r.sort_key.as_str() <= after);
-        Ok(rows[first..]
+        let archived = rows[first..]
             .iter()
             .take_while(|r| r.sort_key.as_str() <= to)
-            .filter(|r| r.slot == slot)
-            .map(|r| r.clone().into_event())
-            .collect())
+            .filter(|r| r.slot == slot.slot)
+            .map(|r| r.clone().into_event());
+        if !cold.late.contains(&slot.slot) {
+            return Ok(archived.collect());
+        }
+        let mut merged: BTreeMap<String, EventItem> = archived.map(|e| (e.sort_key.clone(), e)).collect();
+        for event in late_events(dynamo, table, slot).await? {
+            if event.sort_key.as_str() > after && event.sort_key.as_str() <= to {
+                merged.entry(event.sort_key.clone()).or_insert(event);
+            }
+        }
+        Ok(merged.into_values().collect())
     }
 
     /// The rows of the object holding `slot`, fetched once for all the slots it holds.
@@ -158,7 +185,7 @@ impl Tiers {
                 match objects.iter().find(|(p, _)| p.object == pointer.object) {
                     Some((_, fetch)) => fetch.clone(),
                     None => {
-                        let fetch = fetch_rows(bucket.clone(), pointer.object.clone());
+                        let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer);
                         objects.push_back((pointer, fetch.clone()));
                         if objects.len() > OBJECTS_KEPT {
                             objects.pop_front();
@@ -177,17 +204,51 @@ impl Tiers {
     }
 }
 
-/// The object's rows, fetched and decoded once, for whoever awaits them first.
-fn fetch_rows(bucket: Bucket, key: String) -> Fetch<Rows> {
+/// The object's rows, fetched and decoded once, for whoever awaits them
+/// first, and the late markers of its slots.
+fn fetch_rows(bucket: Bucket, (dynamo, table): (aws_sdk_dynamodb::Client, String), pointer: &Pointer) -> Fetch<Rows> {
+    let (key, start, end) = (pointer.object.clone(), pointer.start, pointer.end);
     async move {
         let bytes = bucket.get(&key).await.map_err(Arc::new)?;
         // Decoding is CPU work: off the runtime's threads.
-        let rows = tokio::task::spawn_blocking(move || columns::read(bytes))
-            .await
+        let decoded = tokio::task::spawn_blocking(move || columns::read(bytes));
+        let late = late_slots::in_range(&dynamo, &table, start, end);
+        let (rows, late) = tokio::join!(decoded, late);
+        let rows = rows
             .map_err(|e| Arc::new(Error::Archive(format!("decoding s3://{}/{key}: {e}", bucket.name))))?
             .map_err(Arc::new)?;
-        Ok(Arc::new(rows))
+        Ok(Arc::new(Cold { rows, late: late.map_err(Arc::new)? }))
     }
     .boxed()
     .shared()
+}
+
+/// Every event the table still holds under `slot` (each sub-key): its late events.
+async fn late_events(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: SlotRef) -> Result<Vec<EventItem>> {
+    let mut events = Vec::new();
+    for sub in 0..i64::from(slot.subkeys.max(1)) {
+        let mut start = None;
+        loop {
+            let page = dynamo
+                .query()
+                .table_name(table)
+                .consistent_read(true)
+                .key_condition_expression("#slot = :slot")
+                .expression_attribute_names("#slot", event_item::HASH_KEY)
+                .expression_attribute_values(":slot", AttributeValue::N((slot.slot + sub).to_string()))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("Query", e))?;
+            for item in page.items() {
+                // An item that does not decode is left to the hot reader's rules: logged where it is.
+                events.extend(decode_item(slot.slot, item).events.unwrap_or_default());
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+    }
+    Ok(events)
 }

@@ -22,10 +22,10 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::batch::Backoff;
-use crate::bookkeeping::ingest;
 use crate::bookkeeping::segment_pass::{self, PassState};
 use crate::bookkeeping::settings;
 use crate::bookkeeping::watermark::{self, Pass};
+use crate::bookkeeping::{ingest, late_slots};
 use crate::buffer_item::{self, BufferItem};
 use crate::config::ScanConfig;
 use crate::dynamo::{write_all, Table};
@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::event_item;
 use crate::invoke::{continue_with, Invoker};
 use crate::time::{effective_deadline, format_ms, now_ms, remaining};
-use plan::{buffer_deletes, Moving, PageOutcome, PagePlan};
+use plan::{buffer_deletes, Moving, PageOutcome, PagePlan, TableKey};
 pub use task::{next_step, ScanSummary, SegmentStep, SegmentTask};
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
@@ -225,10 +225,12 @@ impl Scan {
         };
         // Slots this run has already indexed: each gets one index write per run, not one per page.
         let mut indexed = BTreeSet::new();
+        // Slots this run has marked late: one marker write each per run.
+        let mut marked = BTreeSet::new();
         let passed: Result<()> = async {
             loop {
                 let (items, last_key) = self.scan_page(task, start_key.take()).await?;
-                let page = self.move_page(items, watermark, &mut indexed, deadline).await;
+                let page = self.move_page(items, watermark, (&mut indexed, &mut marked), deadline).await;
                 summary.add(&page);
                 state.pass.saw(page.oldest_left);
                 self.count_late(task, &page).await;
@@ -340,7 +342,7 @@ impl Scan {
         &self,
         items: Vec<HashMap<String, AttributeValue>>,
         watermark: Option<i64>,
-        indexed: &mut BTreeSet<i64>,
+        (indexed, marked): (&mut BTreeSet<i64>, &mut BTreeSet<i64>),
         deadline: SystemTime,
     ) -> PageOutcome {
         // Retries stop in time for the hand-over: what is left unwritten stays in the buffer.
@@ -353,6 +355,15 @@ impl Scan {
         };
         let mut plan = PagePlan::new(items, moving, indexed);
         let writes = std::mem::take(&mut plan.writes);
+        // Late events' slots are marked first, so a reader of an archived slot finds them.
+        let late: BTreeSet<i64> = plan.late_slots(watermark).difference(marked).copied().collect();
+        if let Err(err) = late_slots::mark(&self.dynamo, &self.config.event_table, &late).await {
+            warn!(error = %err, slots = late.len(), "late slots not marked: the page stays in the buffer");
+            let all: Vec<TableKey> = writes.into_iter().map(|(key, _)| key).collect();
+            let settled = plan.settle(&all);
+            return plan.outcome(settled, &[], watermark);
+        }
+        marked.extend(late);
         let events = Table { name: &self.config.event_table, key: event_item::KEY };
         let not_written = write_all(&self.dynamo, events, writes, &self.backoff, Some(give_up)).await;
         let settled = plan.settle(&not_written);

@@ -237,6 +237,13 @@ impl PagePlan {
         settled
     }
 
+    /// The slots this page writes events into that `watermark` has already
+    /// passed (they get a late marker first: [`crate::bookkeeping::late_slots`]).
+    pub fn late_slots(&self, watermark: Option<i64>) -> BTreeSet<i64> {
+        let Some(watermark) = watermark else { return BTreeSet::new() };
+        self.arrivals.values().flatten().filter(|(arrival, _)| *arrival < watermark).map(|(_, slot)| *slot).collect()
+    }
+
     /// What the page did, given the deletes that failed; `watermark` (when
     /// known) makes moved events behind it late.
     pub fn outcome(&self, settled: Settled, not_deleted: &[String], watermark: Option<i64>) -> PageOutcome {
@@ -366,6 +373,10 @@ mod tests {
         let items =
             vec![buffered("a", T + 10, T + 20), buffered("b", T + 1_500, T + 1_510), buffered("c", T + 20, T + 30)];
         let mut plan = PagePlan::new(items, moving(), &BTreeSet::new());
+        // Marked before anything is written: a and c arrived behind a watermark at T+25, b did not.
+        assert_eq!(plan.late_slots(Some(T + 25)), BTreeSet::from([T]));
+        assert_eq!(plan.late_slots(Some(T + 1_501)), BTreeSet::from([T, T + 1_000]));
+        assert!(plan.late_slots(None).is_empty(), "no watermark yet: nothing is late");
         let c = plan.sources.iter().find(|(_, ids)| **ids == ["c".to_string()]).map(|(k, _)| k.clone()).unwrap();
         // c's put failed; slot T+1000's index entry failed, so b stays too.
         let settled = plan.settle(&[c, TableKey::SlotIndex(T + 1_000)]);
