@@ -120,9 +120,11 @@ impl Archiver {
     /// `deadline`, under the archive's lease (taken and released here).
     pub async fn run(&self, now: i64, deadline: Instant) -> Result<ArchiveSummary> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        let owner = format!("archiver-{now}-{}", std::process::id());
-        let until = now.saturating_add(i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX));
-        if !store::take_lease(dynamo, table, &owner, now, until).await? {
+        // The lease runs on the wall clock, whatever `now` the run archives up to.
+        let wall = now_ms();
+        let owner = format!("archiver-{wall}-{}", std::process::id());
+        let until = wall.saturating_add(i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX));
+        if !store::take_lease(dynamo, table, &owner, wall, until).await? {
             info!("another archiver holds the lease: nothing done");
             return Ok(ArchiveSummary { busy: true, ..ArchiveSummary::default() });
         }
@@ -155,7 +157,16 @@ impl Archiver {
                     continue;
                 }
                 if last.end > boundary.cleared_to {
-                    let rows = columns::read(self.bucket.get(&last.key).await?)?;
+                    // What decides the deletes is the object as its entry describes it, checked again.
+                    let bytes = self.bucket.get(&last.key).await?;
+                    let rows = columns::read(bytes.clone())?;
+                    let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
+                    if !last.matches(&Facts::of(&bytes, &keys)) {
+                        return Err(Error::Archive(format!(
+                            "{} is not the object entry {} describes: nothing deleted (event-store verify)",
+                            last.key, last.seq
+                        )));
+                    }
                     if !self.clear(last, &rows, &mut summary, deadline).await? {
                         summary.more = true;
                         break;
@@ -300,8 +311,14 @@ impl Archiver {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let (slots, _) = read_index(dynamo, table, start, end).await?;
         let (mut requests, mut kept) = (Vec::new(), 0);
+        let events = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
+        // Flushed as they gather, so that a run stopped by its deadline keeps what it deleted.
+        let flush = |requests: Vec<((), WriteRequest)>| async move {
+            write_all(dynamo, events, requests, &Backoff::default(), Some(deadline)).await.is_empty()
+        };
         for slot in slots {
             if Instant::now() + self.config.deadline_margin / 2 >= deadline {
+                flush(std::mem::take(&mut requests)).await;
                 return Ok(None);
             }
             for sub in 0..i64::from(slot.subkeys.max(1)) {
@@ -321,14 +338,13 @@ impl Archiver {
                     requests.push(((), WriteRequest::builder().delete_request(delete).build()));
                 }
             }
+            if requests.len() >= 4 * 25 && !flush(std::mem::take(&mut requests)).await {
+                // Throttled until the deadline: the next run repeats the rest.
+                return Ok(None);
+            }
         }
-        let table = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
-        let failed = write_all(dynamo, table, requests, &Backoff::default(), Some(deadline)).await;
-        if !failed.is_empty() {
-            return Err(Error::Archive(format!(
-                "{} archived items could not be deleted yet (the next run repeats)",
-                failed.len()
-            )));
+        if !flush(requests).await {
+            return Ok(None);
         }
         Ok(Some(kept))
     }

@@ -365,4 +365,45 @@ print(json.dumps({
         (entries.len() as u64 - 3, None),
         "a range after the break verifies"
     );
+
+    // Hours without events are archived without an object (the boundary jumps them). A late event
+    // into such a slot is read from the table: a reader finds no object and nothing lost.
+    let (quiet, busy) = (end + 30 * 60_000, end + 2 * 3_600_000 + 5 * 60_000);
+    let shard = |n: u32| format!("shardId-00000000000{n}");
+    let hot = [("user-hot".to_owned(), json!({"n": 6000}).to_string().into_bytes(), busy)];
+    assert!(common::pump(&env)
+        .handle(common::kinesis_event_on(common::TEST_ARN, &shard(8), &hot))
+        .await
+        .batch_item_failures
+        .is_empty());
+    let scan = || event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan(), json!({}), deadline_in(Duration::from_secs(60))).await
+    {
+        pass.unwrap();
+    }
+    let jumped = archiver.run(end + 4 * 3_600_000, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((jumped.objects, jumped.boundary), (1, end + 3 * 3_600_000), "{jumped:?}");
+    assert!(store::object_at(&env.dynamo, table, quiet).await.unwrap().is_none(), "no object holds the quiet hour");
+    let late = [("user-late".to_owned(), json!({"n": 7000}).to_string().into_bytes(), quiet)];
+    assert!(common::pump(&env)
+        .handle(common::kinesis_event_on(common::TEST_ARN, &shard(9), &late))
+        .await
+        .batch_item_failures
+        .is_empty());
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan(), json!({}), deadline_in(Duration::from_secs(60))).await
+    {
+        pass.unwrap();
+    }
+    let read: Vec<String> = log(&env, Some(bucket.clone()), end, end + 3 * 3_600_000)
+        .await
+        .into_iter()
+        .map(|(key, _)| key[..13].to_owned())
+        .collect();
+    assert_eq!(
+        read,
+        [format!("{quiet:013}"), format!("{busy:013}")],
+        "the late event in the quiet hour, then the archived one"
+    );
 }

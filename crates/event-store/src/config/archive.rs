@@ -17,7 +17,8 @@ pub struct ArchiveConfig {
     /// default 30; `HOT_RETENTION_SECONDS` instead, for demos and tests).
     pub hot_retention: Duration,
     /// An object is closed at the first slot boundary past this many bytes
-    /// of events (`ARCHIVE_OBJECT_MB`, default 64).
+    /// of events (`ARCHIVE_OBJECT_MB`, default 16: a few MB of Parquet, and
+    /// what a reader holds decoded, twice at most, in its 256 MB).
     pub object_bytes: usize,
     pub dedupe_window_ms: u64,
     /// Stop starting objects this long before the deadline.
@@ -61,7 +62,7 @@ impl ArchiveConfig {
                 "a hot retention of 0 keeps everything in DynamoDB: nothing to archive (HOT_RETENTION_DAYS)".into(),
             ));
         }
-        let object_mb: usize = env.var_or("ARCHIVE_OBJECT_MB", 64)?;
+        let object_mb: usize = env.var_or("ARCHIVE_OBJECT_MB", 16)?;
         if !(1..=1024).contains(&object_mb) {
             return Err(Error::Config(format!("ARCHIVE_OBJECT_MB={object_mb}: from 1 to 1024")));
         }

@@ -38,7 +38,7 @@ fn configurations_read_only_their_declared_variables() {
     assert_eq!((subscriptions.follow.as_secs(), subscriptions.metrics_namespace.as_str()), (50, "EventStore"));
 
     let archive = ArchiveConfig::from_env().unwrap();
-    assert_eq!((archive.hot_retention.as_secs(), archive.object_bytes), (30 * 86_400, 64 << 20));
+    assert_eq!((archive.hot_retention.as_secs(), archive.object_bytes), (30 * 86_400, 16 << 20));
     std::env::set_var("HOT_RETENTION_DAYS", "0");
     assert!(matches!(ArchiveConfig::from_env(), Err(Error::Config(m)) if m.contains("HOT_RETENTION_DAYS")));
     std::env::set_var("HOT_RETENTION_SECONDS", "90");

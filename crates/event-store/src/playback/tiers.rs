@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -35,8 +35,11 @@ use crate::chunk::decode_item;
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
 
-/// Objects kept decoded: the one being read and those just before and after it.
-const OBJECTS_KEPT: usize = 3;
+/// Objects kept decoded: the one being read and the one before or after it.
+const OBJECTS_KEPT: usize = 2;
+/// How long a fetched object (with its slots' late marks) is reused: a
+/// reader that lives long (a warm function's) sees late events marked since.
+const OBJECT_TTL: Duration = Duration::from_secs(60);
 
 /// An object's rows, and the slots among them with late events in the table.
 #[derive(Debug, Default)]
@@ -48,13 +51,12 @@ struct Cold {
 type Rows = Arc<Cold>;
 type Fetch<T> = Shared<BoxFuture<'static, std::result::Result<T, Arc<Error>>>>;
 
-/// The tiers as one reader sees them. Without an archive bucket, the
-/// boundary is read once: a reader with no archive configured fails on an
-/// archived slot instead of finding it empty.
+/// The tiers as one reader sees them. A reader with no archive bucket
+/// fails on an archived slot instead of finding it empty.
 pub struct Tiers {
     cold: Option<Bucket>,
     boundary: Mutex<Boundary>,
-    objects: Mutex<VecDeque<(Pointer, Fetch<Rows>)>>,
+    objects: Mutex<VecDeque<(Pointer, Instant, Fetch<Rows>)>>,
 }
 
 #[derive(Default)]
@@ -97,7 +99,7 @@ impl Tiers {
     ) -> Result<bool> {
         let last = self.lock_boundary().seen;
         if let Some(seen) = last {
-            if self.cold.is_none() || seen.sent >= ended || slot < seen.archived_to {
+            if seen.sent >= ended || slot < seen.archived_to {
                 return Ok(slot >= seen.archived_to);
             }
         }
@@ -139,7 +141,9 @@ impl Tiers {
     }
 
     /// The archived events of `slot` in `(after, to]`, in log order (with
-    /// the late ones the table holds, when the slot is marked).
+    /// the late ones the table holds, when the slot is marked). A slot before
+    /// the boundary that no object holds had no events when it was
+    /// archived: whatever the table holds for it came late.
     pub async fn events(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
@@ -147,7 +151,13 @@ impl Tiers {
         slot: SlotRef,
         (after, to): (&str, &str),
     ) -> Result<Vec<EventItem>> {
-        let cold = self.rows_of(dynamo, table, slot.slot).await?;
+        let Some(cold) = self.rows_of(dynamo, table, slot.slot).await? else {
+            let mut late = late_events(dynamo, table, slot).await?;
+            late.retain(|e| e.sort_key.as_str() > after && e.sort_key.as_str() <= to);
+            late.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
+            late.dedup_by(|a, b| a.sort_key == b.sort_key);
+            return Ok(late);
+        };
         let rows = &cold.rows;
         // Rows are in sort-key order, which is slot order too.
         let first = rows.partition_point(|r| r.sort_key.as_str() <= after);
@@ -168,8 +178,9 @@ impl Tiers {
         Ok(merged.into_values().collect())
     }
 
-    /// The rows of the object holding `slot`, fetched once for all the slots it holds.
-    async fn rows_of(&self, dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Rows> {
+    /// The rows of the object holding `slot`, fetched once for all the slots
+    /// it holds; `None` when no object holds it.
+    async fn rows_of(&self, dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Option<Rows>> {
         let Some(bucket) = &self.cold else {
             return Err(Error::Archive(format!(
                 "slot {slot} is archived in S3, and this reader has no archive bucket (ARCHIVE_BUCKET)"
@@ -178,15 +189,14 @@ impl Tiers {
         let fetch = match self.cached(|p| p.start <= slot && slot < p.end) {
             Some(fetch) => fetch,
             None => {
-                let pointer = store::object_at(dynamo, table, slot).await?.ok_or_else(|| {
-                    Error::Archive(format!("slot {slot} is archived, but no archive object holds it"))
-                })?;
+                let Some(pointer) = store::object_at(dynamo, table, slot).await? else { return Ok(None) };
                 let mut objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
-                match objects.iter().find(|(p, _)| p.object == pointer.object) {
-                    Some((_, fetch)) => fetch.clone(),
+                objects.retain(|(_, fetched, fetch)| usable(*fetched, fetch));
+                match objects.iter().find(|(p, _, _)| p.object == pointer.object) {
+                    Some((_, _, fetch)) => fetch.clone(),
                     None => {
                         let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer);
-                        objects.push_back((pointer, fetch.clone()));
+                        objects.push_back((pointer, Instant::now(), fetch.clone()));
                         if objects.len() > OBJECTS_KEPT {
                             objects.pop_front();
                         }
@@ -195,13 +205,21 @@ impl Tiers {
                 }
             }
         };
-        fetch.await.map_err(|e| Error::Archive(e.to_string()))
+        fetch.await.map(Some).map_err(|e| Error::Archive(e.to_string()))
     }
 
     fn cached(&self, holds: impl Fn(&Pointer) -> bool) -> Option<Fetch<Rows>> {
         let objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
-        objects.iter().find(|(p, _)| holds(p)).map(|(_, fetch)| fetch.clone())
+        objects
+            .iter()
+            .find(|(p, fetched, fetch)| holds(p) && usable(*fetched, fetch))
+            .map(|(_, _, fetch)| fetch.clone())
     }
+}
+
+/// A fetch worth reusing: recent, and not failed (a failed one is tried again).
+fn usable(fetched: Instant, fetch: &Fetch<Rows>) -> bool {
+    fetched.elapsed() < OBJECT_TTL && !matches!(fetch.peek(), Some(Err(_)))
 }
 
 /// The object's rows, fetched and decoded once, for whoever awaits them
@@ -241,8 +259,12 @@ async fn late_events(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: SlotR
                 .await
                 .map_err(|e| Error::dynamo("Query", e))?;
             for item in page.items() {
-                // An item that does not decode is left to the hot reader's rules: logged where it is.
-                events.extend(decode_item(slot.slot, item).events.unwrap_or_default());
+                match decode_item(slot.slot, item).events {
+                    Ok(decoded) => events.extend(decoded),
+                    Err(err) => {
+                        return Err(Error::Archive(format!("a late item of archived slot {}: {err}", slot.slot)))
+                    }
+                }
             }
             start = page.last_evaluated_key;
             if start.is_none() {

@@ -218,11 +218,10 @@ impl Scan {
         let mut summary = ScanSummary::default();
         let table = &self.config.event_table;
         let mut start_key = state.next_key.take();
-        // Events arriving before the current watermark are late: counted, never misplaced.
-        let watermark = match state.pass.pass_started_at {
-            Some(_) => watermark::read(&self.dynamo, table).await?.time,
-            None => None,
-        };
+        // Events arriving before the current watermark are late: counted (in a pass), never
+        // misplaced, and their slots marked (in any run) for readers of the archive.
+        let sealed = watermark::read(&self.dynamo, table).await?.time;
+        let watermark = state.pass.pass_started_at.and(sealed);
         // Slots this run has already indexed: each gets one index write per run, not one per page.
         let mut indexed = BTreeSet::new();
         // Slots this run has marked late: one marker write each per run.
@@ -230,7 +229,7 @@ impl Scan {
         let passed: Result<()> = async {
             loop {
                 let (items, last_key) = self.scan_page(task, start_key.take()).await?;
-                let page = self.move_page(items, watermark, (&mut indexed, &mut marked), deadline).await;
+                let page = self.move_page(items, (watermark, sealed), (&mut indexed, &mut marked), deadline).await;
                 summary.add(&page);
                 state.pass.saw(page.oldest_left);
                 self.count_late(task, &page).await;
@@ -341,7 +340,7 @@ impl Scan {
     async fn move_page(
         &self,
         items: Vec<HashMap<String, AttributeValue>>,
-        watermark: Option<i64>,
+        (watermark, sealed): (Option<i64>, Option<i64>),
         (indexed, marked): (&mut BTreeSet<i64>, &mut BTreeSet<i64>),
         deadline: SystemTime,
     ) -> PageOutcome {
@@ -356,7 +355,7 @@ impl Scan {
         let mut plan = PagePlan::new(items, moving, indexed);
         let writes = std::mem::take(&mut plan.writes);
         // Late events' slots are marked first, so a reader of an archived slot finds them.
-        let late: BTreeSet<i64> = plan.late_slots(watermark).difference(marked).copied().collect();
+        let late: BTreeSet<i64> = plan.late_slots(sealed).difference(marked).copied().collect();
         if let Err(err) = late_slots::mark(&self.dynamo, &self.config.event_table, &late).await {
             warn!(error = %err, slots = late.len(), "late slots not marked: the page stays in the buffer");
             let all: Vec<TableKey> = writes.into_iter().map(|(key, _)| key).collect();
