@@ -30,6 +30,7 @@ use event_store_emulator::{moto_server, Emulator};
 use futures::StreamExt;
 use serde::Serialize;
 
+mod archive;
 mod capacity;
 mod cold_start;
 mod entity;
@@ -727,6 +728,18 @@ async fn main() -> Result<()> {
     let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
     let dir = root.join("bench");
     std::fs::create_dir_all(&dir)?;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("archive") {
+        let (archived, _) = bench_archive(&root, &sdk, events, (&date, &machine)).await?;
+        // The other figures stay as the last full run left them; `archive` is this run's.
+        let path = dir.join("results.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        json["archive"] = archive_json(&archived, &date, &machine);
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+        println!(
+            "wrote bench/archive.md and results.json's archive (BENCH_ONLY=archive: the other stages were not run)"
+        );
+        return write_capacity(&root);
+    }
     // Entity streams first, on a moto of their own (moto copies a table per transaction).
     println!("== entity streams: appends across {} streams vs the raw transaction loop, loads, one hot stream", 100);
     let entity_emulator = Emulator::start_on_free_port(&moto_server(&root))?;
@@ -740,6 +753,7 @@ async fn main() -> Result<()> {
         println!("wrote bench/entity.md (BENCH_ONLY=entity: the other stages were not run)");
         return Ok(());
     }
+    let (archived, archive_md) = bench_archive(&root, &sdk, events, (&date, &machine)).await?;
     let node = root.join(".node/node_modules/.bin");
     let mut results = Vec::new();
     for size in [200, 1024, 3072, 4096] {
@@ -801,6 +815,7 @@ async fn main() -> Result<()> {
     let json = serde_json::json!({
         "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps,
         "latency": latency, "subscription": subscription, "cold_starts": cold, "entity": entity,
+        "archive": archive_json(&archived, &date, &machine),
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = markdown(&results, &machine, &date);
@@ -838,9 +853,36 @@ async fn main() -> Result<()> {
     }
     md.push('\n');
     md.push_str(&entity_md);
+    md.push_str(&archive_md);
     std::fs::write(dir.join("results.md"), md)?;
     println!("wrote bench/results.md and bench/results.json");
     write_capacity(&root)
+}
+
+/// The cold tier's figures on a moto of their own (bench/archive.md, and its part of the results).
+async fn bench_archive(
+    root: &std::path::Path,
+    sdk: &aws_config::SdkConfig,
+    events: usize,
+    (date, machine): (&str, &str),
+) -> Result<(archive::ArchiveBench, String)> {
+    println!("== cold tier: a window replayed from DynamoDB and from the archive, archiving, storage cost");
+    let emulator = Emulator::start_on_free_port(&moto_server(root))?;
+    let archive_sdk = sdk.to_builder().endpoint_url(&emulator.endpoint).build();
+    let archived = archive::run(&archive_sdk, events, 1024).await?;
+    let md = archive::markdown(&archived, date, machine);
+    print!("{md}");
+    std::fs::write(root.join("bench/archive.md"), &md)?;
+    Ok((archived, md))
+}
+
+/// `archive` in results.json: the figures, and the two targets at its top.
+fn archive_json(archived: &archive::ArchiveBench, date: &str, machine: &str) -> serde_json::Value {
+    serde_json::json!({
+        "date": date, "machine": machine, "figures": archived,
+        "replay_ratio_archive_to_hot": archived.replay_ratio_archive_to_hot,
+        "storage_cost_ratio_hot_to_tiered": archived.storage_cost_ratio_hot_to_tiered,
+    })
 }
 
 /// docs/capacity.md from the results on disk.
