@@ -41,7 +41,7 @@ use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
 use crate::bookkeeping::{settings, watermark};
 use crate::chunk::decode_item;
 use crate::config::ArchiveConfig;
-use crate::dynamo::{write_all, Table};
+use crate::dynamo::{query_partition, write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::invoke::{continue_with, Invoker};
@@ -322,7 +322,8 @@ impl Archiver {
                 return Ok(None);
             }
             for sub in 0..i64::from(slot.subkeys.max(1)) {
-                for item in slot_items(dynamo, table, slot.slot + sub).await? {
+                let storage = (HASH_KEY, AttributeValue::N((slot.slot + sub).to_string()));
+                for item in query_partition(dynamo, table, storage).await? {
                     let decoded = decode_item(slot.slot, &item);
                     let all_archived = decoded
                         .events
@@ -347,32 +348,5 @@ impl Archiver {
             return Ok(None);
         }
         Ok(Some(kept))
-    }
-}
-
-/// Every item under hash key `slot`.
-async fn slot_items(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    slot: i64,
-) -> Result<Vec<std::collections::HashMap<String, AttributeValue>>> {
-    let (mut keys, mut start) = (Vec::new(), None);
-    loop {
-        let page = dynamo
-            .query()
-            .table_name(table)
-            .key_condition_expression("#slot = :slot")
-            .expression_attribute_names("#slot", HASH_KEY)
-            .expression_attribute_values(":slot", AttributeValue::N(slot.to_string()))
-            .consistent_read(true)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("Query", e))?;
-        keys.extend(page.items().iter().cloned());
-        start = page.last_evaluated_key;
-        if start.is_none() {
-            return Ok(keys);
-        }
     }
 }

@@ -157,6 +157,33 @@ where
     puts
 }
 
+/// Every item of one partition (`name` = `value`), page after page, strongly consistent.
+pub async fn query_partition(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (name, value): (&str, AttributeValue),
+) -> Result<Vec<HashMap<String, AttributeValue>>> {
+    let (mut items, mut start) = (Vec::new(), None);
+    loop {
+        let page = client
+            .query()
+            .table_name(table)
+            .key_condition_expression("#key = :key")
+            .expression_attribute_names("#key", name)
+            .expression_attribute_values(":key", value.clone())
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("Query", e))?;
+        items.extend(page.items().iter().cloned());
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return Ok(items);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -32,6 +32,7 @@ use crate::archive::store::{self, Pointer};
 use crate::bookkeeping::late_slots;
 use crate::bookkeeping::slot_index::SlotRef;
 use crate::chunk::decode_item;
+use crate::dynamo::query_partition;
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
 
@@ -245,30 +246,11 @@ fn fetch_rows(bucket: Bucket, (dynamo, table): (aws_sdk_dynamodb::Client, String
 async fn late_events(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: SlotRef) -> Result<Vec<EventItem>> {
     let mut events = Vec::new();
     for sub in 0..i64::from(slot.subkeys.max(1)) {
-        let mut start = None;
-        loop {
-            let page = dynamo
-                .query()
-                .table_name(table)
-                .consistent_read(true)
-                .key_condition_expression("#slot = :slot")
-                .expression_attribute_names("#slot", event_item::HASH_KEY)
-                .expression_attribute_values(":slot", AttributeValue::N((slot.slot + sub).to_string()))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| Error::dynamo("Query", e))?;
-            for item in page.items() {
-                match decode_item(slot.slot, item).events {
-                    Ok(decoded) => events.extend(decoded),
-                    Err(err) => {
-                        return Err(Error::Archive(format!("a late item of archived slot {}: {err}", slot.slot)))
-                    }
-                }
-            }
-            start = page.last_evaluated_key;
-            if start.is_none() {
-                break;
+        let storage = (event_item::HASH_KEY, AttributeValue::N((slot.slot + sub).to_string()));
+        for item in query_partition(dynamo, table, storage).await? {
+            match decode_item(slot.slot, &item).events {
+                Ok(decoded) => events.extend(decoded),
+                Err(err) => return Err(Error::Archive(format!("a late item of archived slot {}: {err}", slot.slot))),
             }
         }
     }
