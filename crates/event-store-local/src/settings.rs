@@ -71,6 +71,7 @@ impl Settings {
         set("DYNAMO_BUFFER_TABLE", &self.names.buffer_table);
         set("DYNAMO_EVENT_TABLE", &self.names.event_table);
         set("DYNAMO_ENTITY_TABLE", &self.names.entity_table);
+        set("ARCHIVE_BUCKET", &self.names.archive_bucket);
         default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
         default("AWS_REGION", "us-east-1");
         default("IP_SALT", "local-stack-salt-not-secret");

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
 use event_store::archive::object::Bucket;
-use event_store::config::{LoadConfig, PumpConfig, RelayConfig, ScanConfig, SubscriptionConfig};
+use event_store::config::{LoadConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
 use event_store::entity::EntityStore;
@@ -130,8 +130,12 @@ impl Stack {
         let address = ("127.0.0.1", self.settings.port);
         let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
         let api = Arc::new(crate::http::Api {
-            load: Load::new(self.kinesis.clone(), LoadConfig::from_env()?),
-            streams: StreamsApi::new(EntityStore::new(self.dynamo.clone(), names.entity_table.clone())),
+            // Large events go to the stack's bucket, as `ARCHIVE_BUCKET` sends them in AWS.
+            load: Load::new(self.kinesis.clone(), LoadConfig::from_env()?).with_bucket(Some(self.archive.clone())),
+            streams: StreamsApi::new(
+                EntityStore::new(self.dynamo.clone(), names.entity_table.clone())
+                    .with_bucket(Some(self.archive.clone()), StreamsConfig::from_env()?.inline_max_bytes),
+            ),
             glance: crate::glance::Glance {
                 clients: event_store::status::Clients {
                     dynamo: self.dynamo.clone(),

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::IpMode;
 use crate::error::{Error, Result};
+use crate::payload::PayloadRef;
 
 /// Query parameter or body field naming the entity an event belongs to; it
 /// becomes the Kinesis partition key, so one entity's events stay in order.
@@ -132,6 +133,10 @@ pub struct Envelope {
     /// The posted event (JSON), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<Value>,
+    /// In place of `body`, when it was larger than `INLINE_MAX_BYTES`: where
+    /// it is stored ([`crate::payload`]); readers put it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_ref: Option<PayloadRef>,
 }
 
 /// The request headers worth keeping for analytics.
@@ -205,6 +210,7 @@ mod tests {
             headers: Headers::default(),
             source_ip: None,
             body,
+            body_ref: None,
         }
     }
 

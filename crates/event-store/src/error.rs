@@ -40,6 +40,10 @@ pub enum Error {
     /// An archive step could not finish (the next run repeats it).
     #[error("archive: {0}")]
     Archive(String),
+    /// An offloaded payload is missing or not what the log names: the event
+    /// cannot be read (readers count or park it, as an undecodable one).
+    #[error("payload: {0}")]
+    Payload(String),
     /// The asynchronous self-invocation (fork / continuation) could not be sent.
     #[error("invoke: {}", chain(source.as_ref()))]
     Invoke { source: Source },
@@ -140,8 +144,16 @@ impl Error {
             Error::Archive(_) => "ArchiveError",
             Error::Build(_) | Error::Encode { .. } => "InternalError",
             Error::Malformed(_) => "MalformedItem",
+            Error::Payload(_) => "PayloadError",
             Error::LeaseLost(_) => "LeaseLost",
         }
+    }
+
+    /// True when the event itself cannot be read (it does not decode, or its
+    /// offloaded payload is missing or altered): trying again will not help,
+    /// so readers count or park it where it stands.
+    pub fn is_unreadable(&self) -> bool {
+        matches!(self, Error::Malformed(_) | Error::Payload(_))
     }
 }
 

@@ -44,6 +44,7 @@ pub mod invoke;
 pub mod kinesis;
 pub mod load;
 pub mod metrics;
+pub mod payload;
 pub mod playback;
 pub mod position;
 pub mod pump;

@@ -17,11 +17,13 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use serde_json::{json, Value};
 use tracing::{debug, error, info, warn};
 
+use crate::archive::object::Bucket;
 use crate::batch::Backoff;
 use crate::config::LoadConfig;
 use crate::envelope::{client_envelope_id, client_event_id, client_ip, Envelope, Headers, EVENT_ID};
 use crate::error::Error;
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SENT};
+use crate::payload::Payloads;
 use crate::time::{format_ms, now_ms};
 
 /// A transparent 1x1 GIF, 43 bytes.
@@ -68,19 +70,26 @@ fn route(path: &str) -> Option<Route> {
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] = &["kinesis:PutRecord", "kinesis:PutRecords"];
+pub const AWS_ACTIONS: &[&str] = &["kinesis:PutRecord", "kinesis:PutRecords", "s3:PutObject"];
 
 pub struct Load {
     kinesis: aws_sdk_kinesis::Client,
     config: LoadConfig,
     backoff: Backoff,
+    payloads: Option<Payloads>,
 }
 
 impl Load {
     pub fn new(kinesis: aws_sdk_kinesis::Client, config: LoadConfig) -> Self {
         // Short: API Gateway gives up after 30 s, and a client retry would duplicate.
         let backoff = Backoff { base: Duration::from_millis(50), cap: Duration::from_millis(500), max_attempts: 4 };
-        Self { kinesis, config, backoff }
+        Self { kinesis, config, backoff, payloads: None }
+    }
+
+    /// Offloads events larger than `INLINE_MAX_BYTES` into `bucket` (the one `ARCHIVE_BUCKET` names).
+    pub fn with_bucket(mut self, bucket: Option<Bucket>) -> Self {
+        self.payloads = bucket.map(|bucket| Payloads { bucket, inline_max: self.config.inline_max_bytes });
+        self
     }
 
     /// Answers one HTTP request. Never fails: every outcome is a response.
@@ -101,7 +110,7 @@ impl Load {
     async fn pixel(&self, req: &Request) -> Result<Response<Body>, Reject> {
         // A POSTed pixel keeps its body: JSON when it parses, else the text.
         let body = body_text(req)?.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
-        let (envelope, record) = self.event(req, body)?;
+        let (envelope, record) = self.event(req, body).await?;
         let out = self
             .kinesis
             .put_record()
@@ -135,15 +144,15 @@ impl Load {
         }
         let text = body_text(req)?.ok_or_else(|| Reject::new(StatusCode::BAD_REQUEST, "empty body"))?;
         let events = parse_posted_events(&text, self.config.max_events_per_post)?;
-        let (envelopes, records): (Vec<Envelope>, Vec<OutgoingRecord>) = events
-            .into_iter()
-            .enumerate()
-            .map(|(index, event)| {
-                self.event(req, Some(event)).map_err(|r| Reject::new(r.status, format!("event {index}: {}", r.message)))
-            })
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .unzip();
+        let (mut envelopes, mut records) = (Vec::with_capacity(events.len()), Vec::with_capacity(events.len()));
+        for (index, event) in events.into_iter().enumerate() {
+            let (envelope, record) = self
+                .event(req, Some(event))
+                .await
+                .map_err(|r| Reject::new(r.status, format!("event {index}: {}", r.message)))?;
+            envelopes.push(envelope);
+            records.push(record);
+        }
         let stream = self.config.event_stream.as_str();
         // Per EntityId, in the order posted: a throttled "created" is never stored after its "paid".
         // An ambiguous failure is retried as not stored: a copy has the same envelope id, which readers drop.
@@ -180,8 +189,9 @@ impl Load {
 
     /// The envelope of one event and its record: the client's `EventId`
     /// and `EntityId` checked, the envelope id made from them when there is
-    /// an `EventId`, the size within `MAX_EVENT_BYTES`.
-    fn event(&self, req: &Request, body: Option<Value>) -> Result<(Envelope, OutgoingRecord), Reject> {
+    /// an `EventId`, the size within `MAX_EVENT_BYTES`, and a body that
+    /// makes it larger than `INLINE_MAX_BYTES` offloaded to S3.
+    async fn event(&self, req: &Request, body: Option<Value>) -> Result<(Envelope, OutgoingRecord), Reject> {
         let header_text =
             |name: header::HeaderName| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let mut query: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -203,17 +213,31 @@ impl Load {
             },
             source_ip: client_ip(source_ip(req).as_deref(), &self.config.ip_mode),
             body,
+            body_ref: None,
         };
         let partition_key = envelope.partition_key().map_err(bad_input)?;
         if let Some(event_id) = &envelope.event_id {
             envelope.id = client_envelope_id(&partition_key, event_id);
         }
-        let data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
+        let mut data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
         if data.len() > self.config.max_event_bytes {
             return Err(Reject::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("event is {} bytes; the limit is {}", data.len(), self.config.max_event_bytes),
             ));
+        }
+        if let (Some(payloads), Some(body)) = (&self.payloads, &envelope.body) {
+            if data.len() > payloads.inline_max {
+                let content = serde_json::to_vec(body).map_err(|e| internal(e.to_string()))?;
+                let stored = payloads.store(content).await.map_err(|err| {
+                    error!(error = %err, "payload store unavailable");
+                    Reject::new(StatusCode::SERVICE_UNAVAILABLE, "event store unavailable, retry later")
+                })?;
+                debug!(id = %envelope.id, payload = %stored.location(), bytes = stored.bytes, "payload offloaded");
+                envelope.body = None;
+                envelope.body_ref = Some(stored);
+                data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
+            }
         }
         Ok((envelope, OutgoingRecord { partition_key, data }))
     }

@@ -15,7 +15,7 @@ use aws_sdk_dynamodbstreams::types::OperationType;
 use common::TestEnv;
 use event_store::config::{PlaybackConfig, RelayConfig, ScanConfig};
 use event_store::entity::http::StreamsApi;
-use event_store::entity::model::{batch_key, prepare, Batch, Tip, TIP};
+use event_store::entity::model::{batch_key, prepare, Batch, Limits, Tip, TIP};
 use event_store::entity::relay::Relay;
 use event_store::entity::{Direction, EntityError, EntityStore, Expected, NewEvent};
 use event_store::playback::PlayedEvent;
@@ -298,7 +298,7 @@ async fn a_stream_of_100000_events_reads_back_forward_and_backward_in_pages() {
                 item: batch_key(b * 100),
                 first: b * 100,
                 at,
-                events: prepare(events).unwrap(),
+                events: prepare(events, Limits::INLINE).unwrap(),
             };
             serde_dynamo::to_item(&batch).unwrap()
         })

@@ -12,12 +12,7 @@ use lambda_http::Body;
 use serde_json::{json, Value};
 
 fn load(env: &TestEnv, stream: &str) -> Load {
-    let config = LoadConfig {
-        event_stream: stream.into(),
-        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
-        ip_mode: IpMode::Full,
-        max_events_per_post: 100,
-    };
+    let config = LoadConfig { max_events_per_post: 100, ..LoadConfig::new(stream) };
     Load::new(env.kinesis.clone(), config)
 }
 
@@ -212,10 +207,10 @@ async fn bad_input_gets_a_short_4xx_and_an_unavailable_stream_a_503() {
     let small = Load::new(
         env.kinesis.clone(),
         LoadConfig {
-            event_stream: env.names.event_stream.clone(),
             max_event_bytes: 16 * 1024,
             ip_mode: IpMode::None,
             max_events_per_post: 100,
+            ..LoadConfig::new(env.names.event_stream.clone())
         },
     );
     let mut huge_query: Value = serde_json::from_str(&sample_event("load.json")).unwrap();
@@ -243,10 +238,9 @@ async fn posted_arrays_keep_each_entitys_order_when_puts_are_throttled() {
     let only: &'static [Fault] = &[Fault::PartialPutRecords, Fault::ProvisionedThroughputExceeded];
     let (faulty, proxy) = common::through_faults(&env, Config { seed: 11, rate: 0.5, only: Some(only) }).await;
     let config = LoadConfig {
-        event_stream: env.names.event_stream.clone(),
-        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
         max_events_per_post: 100,
         ip_mode: IpMode::None,
+        ..LoadConfig::new(env.names.event_stream.clone())
     };
     let load = Load::new(faulty, config);
     let mut accepted = 0;

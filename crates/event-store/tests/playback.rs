@@ -525,10 +525,10 @@ async fn an_event_load_stored_twice_after_an_ambiguous_put_is_played_once() {
     let only: &'static [Fault] = &[Fault::AppliedThenInternalError];
     let (faulty, proxy) = common::through_faults(&env, Config { seed: 3, rate: 0.5, only: Some(only) }).await;
     let load_config = LoadConfig {
-        event_stream: env.names.event_stream.clone(),
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
         max_events_per_post: 100,
         ip_mode: IpMode::None,
+        ..LoadConfig::new(env.names.event_stream.clone())
     };
     let load = event_store::load::Load::new(faulty, load_config);
     let start = now_ms();

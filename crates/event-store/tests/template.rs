@@ -96,7 +96,9 @@ fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
             assert_eq!(statement["Effect"], Value::String("Allow".into()));
             let resource = &statement["Resource"];
             assert!(!strings(resource).iter().any(|r| r == "*"), "{name}: resource * in {statement:?}");
-            assert!(matches!(resource, Value::Tagged(_)), "{name}: resources are named by !GetAtt/!Sub: {resource:?}");
+            let named = |r: &Value| matches!(r, Value::Tagged(_));
+            let all_named = named(resource) || resource.as_sequence().is_some_and(|rs| rs.iter().all(named));
+            assert!(all_named, "{name}: resources are named by !GetAtt/!Sub: {resource:?}");
             for action in strings(&statement["Action"]) {
                 assert!(!action.contains('*'), "{name}: wildcard action {action}");
                 granted.insert(action);
@@ -233,7 +235,11 @@ fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
     assert!(rate < 1000, "the default rate fits one event shard (1,000 records/s): {rate}");
     let max_event = &parameters["MaxEventBytes"];
     assert_eq!(max_event["Default"].as_u64(), Some(event_store::config::DEFAULT_MAX_EVENT_BYTES as u64));
-    assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::config::MAX_EVENT_BYTES_LIMIT as u64));
+    // Up to the large limit: the load function always has the bucket to offload to.
+    assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::payload::MAX_LARGE_EVENT_BYTES as u64));
+    let inline = &parameters["InlineMaxBytes"];
+    assert_eq!(inline["Default"].as_u64(), Some(event_store::payload::DEFAULT_INLINE_MAX_BYTES as u64));
+    assert_eq!(inline["MaxValue"].as_u64(), Some(event_store::payload::INLINE_MAX_BYTES_LIMIT as u64));
     let env = &template["Resources"]["LoadFunction"]["Properties"]["Environment"]["Variables"];
     assert!(format!("{:?}", env["MAX_EVENT_BYTES"]).contains("MaxEventBytes"));
     // The function URL (no route throttling) is off by default, and on, the load function's
@@ -480,15 +486,15 @@ fn the_dashboard_is_json_and_shows_every_function_queue_and_metric_the_code_writ
     }
 }
 
-/// The archive's bucket: private, encrypted, versioned, TLS only, kept when
-/// the stack goes, and named as the readers' grants name it; with
-/// HotRetentionDays 0 none of it exists and the readers get no bucket.
+/// The store's bucket: private, encrypted, versioned, TLS only, kept when
+/// the stack goes, and named as the readers' grants name it; always there
+/// (large payloads), while the archiving itself exists only with HotRetentionDays > 0.
 #[test]
-fn the_archive_bucket_is_private_encrypted_versioned_and_only_there_when_archiving() {
+fn the_stores_bucket_is_private_encrypted_versioned_and_archiving_only_with_hot_retention() {
     let template = template();
     let resources = &template["Resources"];
     let bucket = &resources["ArchiveBucket"];
-    assert_eq!(bucket["Condition"].as_str(), Some("ArchiveEnabled"));
+    assert!(bucket.get("Condition").is_none(), "large payloads need the bucket also without archiving");
     assert_eq!(bucket["DeletionPolicy"].as_str(), Some("Retain"), "events kept for good outlive the stack");
     let properties = &bucket["Properties"];
     let block = properties["PublicAccessBlockConfiguration"].as_mapping().unwrap();
@@ -507,7 +513,18 @@ fn the_archive_bucket_is_private_encrypted_versioned_and_only_there_when_archivi
         let env = format!("{:?}", resources[reader]["Properties"]["Environment"]["Variables"]["ARCHIVE_BUCKET"]);
         assert!(env.contains("${Service}-${Stage}-archive-${AWS::AccountId}-${AWS::Region}"), "{reader}: {env}");
         let grants = format!("{:?}", resources[reader]["Properties"]["Policies"]);
-        assert!(grants.contains("${Service}-${Stage}-archive-${AWS::AccountId}-${AWS::Region}/events/*"), "{reader}");
+        for prefix in ["events/*", "payloads/*"] {
+            let object = format!("${{Service}}-${{Stage}}-archive-${{AWS::AccountId}}-${{AWS::Region}}/{prefix}");
+            assert!(grants.contains(&object), "{reader}: {prefix}");
+        }
+    }
+    // The writers of large payloads: to payloads/ only.
+    for writer in ["LoadFunction", "StreamsFunction"] {
+        let env = &resources[writer]["Properties"]["Environment"]["Variables"];
+        assert!(format!("{:?}", env["ARCHIVE_BUCKET"]).contains("ArchiveBucket"), "{writer}");
+        assert!(format!("{:?}", env["INLINE_MAX_BYTES"]).contains("InlineMaxBytes"), "{writer}");
+        let grants = format!("{:?}", resources[writer]["Properties"]["Policies"]);
+        assert!(grants.contains("${ArchiveBucket.Arn}/payloads/*") && !grants.contains("events/"), "{writer}");
     }
     assert_eq!(template["Parameters"]["HotRetentionDays"]["Default"].as_u64(), Some(30));
     for conditional in ["ArchiveFunction", "ArchiveDatabase", "ArchiveTable", "ArchiveErrorsAlarm"] {

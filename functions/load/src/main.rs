@@ -1,5 +1,6 @@
 //! `load` Lambda: API Gateway / function URL → event stream. All logic is in `event_store::load`.
 
+use event_store::archive::object::Bucket;
 use event_store::config::LoadConfig;
 use event_store::load::Load;
 use lambda_http::{run, service_fn, Error, Request};
@@ -9,7 +10,8 @@ async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
     let config = LoadConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config);
+    let bucket = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config).with_bucket(bucket);
     let load = &load;
     run(service_fn(move |request: Request| async move { Ok::<_, Error>(load.handle(request).await) })).await
 }

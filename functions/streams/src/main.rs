@@ -1,5 +1,6 @@
 //! `streams` Lambda: the `/streams/{name}` entity API. All logic is in `event_store::entity`.
 
+use event_store::archive::object::Bucket;
 use event_store::config::StreamsConfig;
 use event_store::entity::http::StreamsApi;
 use event_store::entity::EntityStore;
@@ -10,7 +11,10 @@ async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
     let config = StreamsConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let api = StreamsApi::new(EntityStore::new(aws_sdk_dynamodb::Client::new(&aws), config.entity_table));
+    let bucket = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let store = EntityStore::new(aws_sdk_dynamodb::Client::new(&aws), config.entity_table)
+        .with_bucket(bucket, config.inline_max_bytes);
+    let api = StreamsApi::new(store);
     let api = &api;
     run(service_fn(move |request: Request| async move { Ok::<_, Error>(api.handle(request).await) })).await
 }

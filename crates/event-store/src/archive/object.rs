@@ -1,4 +1,4 @@
-//! An archive object in S3: put, and fetched back whole.
+//! An object in the store's bucket (an archive object, an offloaded payload): put, and fetched back whole.
 
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
@@ -25,11 +25,15 @@ impl Bucket {
     }
 
     pub async fn put(&self, key: &str, object: Vec<u8>) -> Result<()> {
+        self.put_as(key, object, "application/vnd.apache.parquet").await
+    }
+
+    pub async fn put_as(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<()> {
         self.s3
             .put_object()
             .bucket(&self.name)
             .key(key)
-            .content_type("application/vnd.apache.parquet")
+            .content_type(content_type)
             .body(ByteStream::from(object))
             .send()
             .await

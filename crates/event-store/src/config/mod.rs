@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::payload;
 
 mod archive;
 pub use archive::{ArchiveConfig, DEFAULT_ARCHIVE_LEASE};
@@ -87,6 +88,11 @@ pub struct LoadConfig {
     /// Most events one `POST /events` may carry (413 above).
     pub max_events_per_post: usize,
     pub ip_mode: IpMode,
+    /// Events larger than this are offloaded to `archive_bucket` ([`crate::payload`]).
+    pub inline_max_bytes: usize,
+    /// The store's bucket (`ARCHIVE_BUCKET`): without one nothing is offloaded,
+    /// and `MAX_EVENT_BYTES` stays within what a DynamoDB item holds.
+    pub archive_bucket: Option<String>,
 }
 
 /// Default `MAX_EVENTS_PER_POST`: with the template's default rate of
@@ -99,7 +105,8 @@ pub const MAX_EVENTS_PER_POST: usize = 500;
 /// endpoint is public, and at this size the template's default route rates fit one event shard's 1 MiB/s (the
 /// arithmetic is beside the template's parameters). Larger ones are opt-in, up to [`MAX_EVENT_BYTES_LIMIT`].
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 2 * 1024;
-/// The most `MAX_EVENT_BYTES` may be: 384 KiB, leaving room in a DynamoDB item (400 KB) for its other attributes.
+/// The most `MAX_EVENT_BYTES` may be without a bucket to offload to: 384 KiB, leaving room in a DynamoDB item
+/// (400 KB) for its other attributes. With `ARCHIVE_BUCKET`, up to [`crate::payload::MAX_LARGE_EVENT_BYTES`].
 pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
 /// Default `MAX_CONTINUATIONS`: how many times a chain of self-invocations
 /// may continue itself (a scan pass, a playback run) before it stops.
@@ -108,7 +115,7 @@ pub const DEFAULT_MAX_CONTINUATIONS: u32 = 1000;
 impl LoadConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["EVENT_STREAM"],
-        optional: &["MAX_EVENT_BYTES", "MAX_EVENTS_PER_POST", "IP_MODE", "IP_SALT"],
+        optional: &["MAX_EVENT_BYTES", "MAX_EVENTS_PER_POST", "IP_MODE", "IP_SALT", "INLINE_MAX_BYTES", "ARCHIVE_BUCKET"],
     };
 
     pub fn from_env() -> Result<Self> {
@@ -125,12 +132,20 @@ impl LoadConfig {
             }
             other => return Err(Error::Config(format!("IP_MODE={other:?}: expected full, hash or none"))),
         };
+        let archive_bucket = env.raw("ARCHIVE_BUCKET");
         let max_event_bytes = env.var_or("MAX_EVENT_BYTES", DEFAULT_MAX_EVENT_BYTES)?;
-        if max_event_bytes > MAX_EVENT_BYTES_LIMIT {
+        let largest = if archive_bucket.is_some() { payload::MAX_LARGE_EVENT_BYTES } else { MAX_EVENT_BYTES_LIMIT };
+        if max_event_bytes > largest {
             return Err(Error::Config(format!(
-                "MAX_EVENT_BYTES={max_event_bytes}: at most {MAX_EVENT_BYTES_LIMIT} (an event must fit a DynamoDB item)"
+                "MAX_EVENT_BYTES={max_event_bytes}: at most {largest} ({})",
+                if archive_bucket.is_some() {
+                    "a request must fit Lambda's 6 MB"
+                } else {
+                    "an event must fit a DynamoDB item; set ARCHIVE_BUCKET to offload larger ones"
+                }
             )));
         }
+        let inline_max_bytes = inline_max_bytes(&env)?;
         let max_events_per_post = env.var_or("MAX_EVENTS_PER_POST", DEFAULT_MAX_EVENTS_PER_POST)?;
         if !(1..=MAX_EVENTS_PER_POST).contains(&max_events_per_post) {
             return Err(Error::Config(format!(
@@ -138,7 +153,14 @@ impl LoadConfig {
                 MAX_EVENTS_PER_POST
             )));
         }
-        Ok(Self { event_stream: env.var("EVENT_STREAM")?, max_event_bytes, max_events_per_post, ip_mode })
+        Ok(Self {
+            event_stream: env.var("EVENT_STREAM")?,
+            max_event_bytes,
+            max_events_per_post,
+            ip_mode,
+            inline_max_bytes,
+            archive_bucket,
+        })
     }
 
     /// The defaults for `event_stream`.
@@ -148,8 +170,19 @@ impl LoadConfig {
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             max_events_per_post: DEFAULT_MAX_EVENTS_PER_POST,
             ip_mode: IpMode::Full,
+            inline_max_bytes: payload::DEFAULT_INLINE_MAX_BYTES,
+            archive_bucket: None,
         }
     }
+}
+
+/// `INLINE_MAX_BYTES`: 1 byte to what a DynamoDB item holds.
+fn inline_max_bytes(env: &Env) -> Result<usize> {
+    let bytes = env.var_or("INLINE_MAX_BYTES", payload::DEFAULT_INLINE_MAX_BYTES)?;
+    if !(1..=payload::INLINE_MAX_BYTES_LIMIT).contains(&bytes) {
+        return Err(Error::Config(format!("INLINE_MAX_BYTES={bytes}: 1 to {}", payload::INLINE_MAX_BYTES_LIMIT)));
+    }
+    Ok(bytes)
 }
 
 #[derive(Debug, Clone)]
@@ -410,14 +443,24 @@ impl SubscriptionConfig {
 #[derive(Debug, Clone)]
 pub struct StreamsConfig {
     pub entity_table: String,
+    /// Event data larger than this is offloaded to `archive_bucket` ([`crate::payload`]).
+    pub inline_max_bytes: usize,
+    /// The store's bucket (`ARCHIVE_BUCKET`), for large event data; without
+    /// one an event is at most [`crate::entity::model::MAX_EVENT_BYTES`].
+    pub archive_bucket: Option<String>,
 }
 
 impl StreamsConfig {
-    pub const VARIABLES: Variables = Variables { required: &["DYNAMO_ENTITY_TABLE"], optional: &[] };
+    pub const VARIABLES: Variables =
+        Variables { required: &["DYNAMO_ENTITY_TABLE"], optional: &["INLINE_MAX_BYTES", "ARCHIVE_BUCKET"] };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        Ok(Self { entity_table: env.var("DYNAMO_ENTITY_TABLE")? })
+        Ok(Self {
+            entity_table: env.var("DYNAMO_ENTITY_TABLE")?,
+            inline_max_bytes: inline_max_bytes(&env)?,
+            archive_bucket: env.raw("ARCHIVE_BUCKET"),
+        })
     }
 }
 

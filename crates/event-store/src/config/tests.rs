@@ -12,6 +12,7 @@ fn configurations_read_only_their_declared_variables() {
         PlaybackConfig::VARIABLES,
         SubscriptionConfig::VARIABLES,
         ArchiveConfig::VARIABLES,
+        StreamsConfig::VARIABLES,
     ];
     for name in all.iter().flat_map(|v| v.required.iter()) {
         std::env::set_var(name, format!("value-of-{name}"));
@@ -21,9 +22,25 @@ fn configurations_read_only_their_declared_variables() {
     assert!(matches!(load.ip_mode, IpMode::Hash { .. }), "hash is the default");
     assert_eq!(load.max_event_bytes, 2 * 1024, "a pixel's or a small analytics event's size; larger is opt-in");
     assert_eq!(load.max_events_per_post, 100);
+    assert_eq!(load.inline_max_bytes, 64 * 1024);
+    // Larger than an item holds only with a bucket to offload to, and at most 4 MiB.
+    std::env::remove_var("ARCHIVE_BUCKET");
     std::env::set_var("MAX_EVENT_BYTES", "1048576");
-    assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("MAX_EVENT_BYTES")));
+    assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("ARCHIVE_BUCKET")));
+    std::env::set_var("ARCHIVE_BUCKET", "value-of-ARCHIVE_BUCKET");
+    assert_eq!(LoadConfig::from_env().unwrap().max_event_bytes, 1 << 20);
+    std::env::set_var("MAX_EVENT_BYTES", "4194305");
+    assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("6 MB")));
     std::env::remove_var("MAX_EVENT_BYTES");
+    for bad in ["0", "393217"] {
+        std::env::set_var("INLINE_MAX_BYTES", bad);
+        assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("INLINE_MAX_BYTES")), "{bad}");
+        assert!(StreamsConfig::from_env().is_err(), "{bad}");
+    }
+    std::env::set_var("INLINE_MAX_BYTES", "1024");
+    let streams = StreamsConfig::from_env().unwrap();
+    assert_eq!((streams.inline_max_bytes, streams.archive_bucket.as_deref()), (1024, Some("value-of-ARCHIVE_BUCKET")));
+    std::env::remove_var("INLINE_MAX_BYTES");
     for bad in ["0", "501"] {
         std::env::set_var("MAX_EVENTS_PER_POST", bad);
         let refused = LoadConfig::from_env();

@@ -246,6 +246,7 @@ mod tests {
             data: json!({"amount": 5}),
             metadata,
             time: "2026-11-22T00:00:00.000Z".into(),
+            data_ref: None,
         }
     }
 

@@ -25,11 +25,14 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use crate::archive::object::Bucket;
 use crate::batch::Backoff;
 use crate::error::Error;
+use crate::payload::{self, Payloads, MAX_LARGE_EVENT_BYTES};
 use append::Keyed;
 use model::{
-    batch_key, check_name, deleted_event, prepare, Batch, SnapshotItem, StreamItem, Tip, HASH_KEY, RANGE_KEY, TIP,
+    batch_key, check_name, deleted_event, prepare, Batch, Limits, SnapshotItem, StoredEventItem, StreamItem, Tip,
+    HASH_KEY, RANGE_KEY, TIP,
 };
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 use snapshot::snapshot_text;
@@ -38,8 +41,15 @@ pub use snapshot::Snapshot;
 /// The AWS actions the entity API calls (a transaction needs the actions of
 /// its parts). [`EntityStore::stream_names`] also needs `dynamodb:Scan`; the
 /// streams function does not call it.
-pub const AWS_ACTIONS: &[&str] =
-    &["dynamodb:ConditionCheckItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"];
+pub const AWS_ACTIONS: &[&str] = &[
+    "dynamodb:ConditionCheckItem",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:Query",
+    "dynamodb:UpdateItem",
+    "s3:GetObject",
+    "s3:PutObject",
+];
 
 /// Why an entity operation did not happen. Everything but `Store` is the
 /// caller's to handle (the HTTP API maps each to a status).
@@ -125,6 +135,8 @@ pub struct EntityStore {
     dynamo: aws_sdk_dynamodb::Client,
     table: String,
     backoff: Backoff,
+    /// Where large event data goes ([`crate::payload`]); `None`: every event inline.
+    payloads: Option<Payloads>,
 }
 
 fn s(value: impl Into<String>) -> AttributeValue {
@@ -143,7 +155,51 @@ impl EntityStore {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         // Transaction conflicts between writers of one stream clear in milliseconds.
         let backoff = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(500), max_attempts: 8 };
-        Self { dynamo, table: table.into(), backoff }
+        Self { dynamo, table: table.into(), backoff, payloads: None }
+    }
+
+    /// Offloads event data larger than `inline_max` bytes into `bucket` (the
+    /// one `ARCHIVE_BUCKET` names), and so accepts events up to
+    /// [`crate::payload::MAX_LARGE_EVENT_BYTES`]; reads put the data back.
+    pub fn with_bucket(mut self, bucket: Option<Bucket>, inline_max: usize) -> Self {
+        self.payloads = bucket.map(|bucket| Payloads { bucket, inline_max });
+        self
+    }
+
+    fn limits(&self) -> Limits {
+        match &self.payloads {
+            Some(p) => Limits { event: MAX_LARGE_EVENT_BYTES, offload_over: Some(p.inline_max) },
+            None => Limits::INLINE,
+        }
+    }
+
+    /// Checks an append and stores the data of its large events in S3.
+    async fn prepare(&self, events: Vec<NewEvent>) -> Result<Vec<StoredEventItem>, EntityError> {
+        let limits = self.limits();
+        let mut stored = prepare(events, limits)?;
+        if let Some(payloads) = &self.payloads {
+            for event in stored.iter_mut().filter(|e| limits.offloads(e.size())) {
+                let data = std::mem::replace(&mut event.data, "null".to_owned());
+                event.data_ref = Some(payloads.store(data.into_bytes()).await?);
+            }
+        }
+        Ok(stored)
+    }
+
+    /// Puts offloaded data back into `events`.
+    async fn resolve(&self, events: &mut [RecordedEvent]) -> Result<(), Error> {
+        for event in events.iter_mut().filter(|e| e.data_ref.is_some()) {
+            let Some(s3) = self.payloads.as_ref().map(|p| &p.bucket.s3) else {
+                return Err(Error::Config(format!(
+                    "{} event {} has its data in S3, and this function has no ARCHIVE_BUCKET",
+                    event.stream, event.version
+                )));
+            };
+            if let Some(reference) = event.data_ref.take() {
+                event.data = payload::parse(&payload::fetch(s3, &reference).await?);
+            }
+        }
+        Ok(())
     }
 
     pub fn table(&self) -> &str {
@@ -161,7 +217,8 @@ impl EntityStore {
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
         let keyed = Keyed::by_client(&events);
-        self.append_stored(stream, expected, prepare(events)?, Also::Nothing, keyed).await
+        let events = self.prepare(events).await?;
+        self.append_stored(stream, expected, events, Also::Nothing, keyed).await
     }
 
     /// Appends `events` as [`append`](Self::append) does and, in the same
@@ -178,7 +235,8 @@ impl EntityStore {
         check_name(stream)?;
         let state = snapshot_text(state)?;
         let keyed = Keyed::by_client(&events);
-        self.append_stored(stream, expected, prepare(events)?, Also::Snapshot(&state), keyed).await
+        let events = self.prepare(events).await?;
+        self.append_stored(stream, expected, events, Also::Snapshot(&state), keyed).await
     }
 
     /// Marks the stream deleted by appending a `StreamDeleted` event (nothing
@@ -193,6 +251,20 @@ impl EntityStore {
 
     /// Reads up to `limit` events from `from` (default: the start forward, the end backward).
     pub async fn read(
+        &self,
+        stream: &str,
+        from: Option<u64>,
+        limit: usize,
+        direction: Direction,
+    ) -> Result<Page, EntityError> {
+        let mut page = self.read_with_refs(stream, from, limit, direction).await?;
+        self.resolve(&mut page.events).await?;
+        Ok(page)
+    }
+
+    /// [`read`](Self::read), offloaded data left as its reference (`data_ref`):
+    /// what the relay puts in the log.
+    pub(crate) async fn read_with_refs(
         &self,
         stream: &str,
         from: Option<u64>,
@@ -340,12 +412,13 @@ impl EntityStore {
         }
         let tip = tip.ok_or(EntityError::NotFound)?;
         let after = snapshot.as_ref().map(|s| s.version);
-        let events = batches
+        let mut events: Vec<RecordedEvent> = batches
             .iter()
             .rev()
             .flat_map(|b| b.read())
             .filter(|e| after.is_none_or(|v| e.version > v) && e.version <= tip.version)
             .collect();
+        self.resolve(&mut events).await?;
         let snapshot = snapshot.map(Snapshot::from);
         Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests })
     }

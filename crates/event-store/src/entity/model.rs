@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::payload::PayloadRef;
 use crate::time::format_ms;
 
 /// Partition key of the entity table: the stream name.
@@ -152,10 +153,43 @@ pub struct StoredEventItem {
     pub data: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<String>,
+    /// In place of `data` (then `null`), when the event was larger than
+    /// `INLINE_MAX_BYTES`: where the data is stored ([`crate::payload`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_ref: Option<PayloadRef>,
 }
 
+impl StoredEventItem {
+    /// Its size as the limits count it.
+    pub fn size(&self) -> usize {
+        self.id.len() + self.event_type.len() + self.data.len() + self.metadata.as_ref().map_or(0, String::len)
+    }
+}
+
+/// What one append may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest event.
+    pub event: usize,
+    /// Events larger than this have their data offloaded (when there is a bucket for it).
+    pub offload_over: Option<usize>,
+}
+
+impl Limits {
+    /// Without a bucket: every event is stored in its batch item.
+    pub const INLINE: Limits = Limits { event: MAX_EVENT_BYTES, offload_over: None };
+
+    /// Whether an event of `size` bytes has its data offloaded.
+    pub fn offloads(&self, size: usize) -> bool {
+        self.offload_over.is_some_and(|inline| size > inline)
+    }
+}
+
+/// What a `data_ref` takes in a batch item, at most (bucket name and key, hash, size).
+const REF_BYTES: usize = 512;
+
 /// Checks an append and turns it into what is stored; events without an id get a random one.
-pub fn prepare(events: Vec<NewEvent>) -> Result<Vec<StoredEventItem>, Invalid> {
+pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventItem>, Invalid> {
     if events.is_empty() {
         return Err(Invalid::BadRequest("no events to append".into()));
     }
@@ -178,13 +212,20 @@ pub fn prepare(events: Vec<NewEvent>) -> Result<Vec<StoredEventItem>, Invalid> {
             event_type: event.event_type,
             data: event.data.to_string(),
             metadata: event.metadata.map(|m| m.to_string()),
+            data_ref: None,
         };
-        let size =
-            item.id.len() + item.event_type.len() + item.data.len() + item.metadata.as_ref().map_or(0, String::len);
-        if size > MAX_EVENT_BYTES {
-            return Err(Invalid::TooLarge(format!("event {i} is {size} bytes; the limit is {MAX_EVENT_BYTES}")));
+        let size = item.size();
+        if size > limits.event {
+            return Err(Invalid::TooLarge(format!("event {i} is {size} bytes; the limit is {}", limits.event)));
         }
-        total += size;
+        // An offloaded event keeps its id, type and metadata in the item, and a reference for its data.
+        let inline = if limits.offloads(size) { size - item.data.len() + REF_BYTES } else { size };
+        if inline > MAX_EVENT_BYTES {
+            return Err(Invalid::TooLarge(format!(
+                "event {i}: its id, type and metadata are {inline} bytes; the limit is {MAX_EVENT_BYTES}"
+            )));
+        }
+        total += inline;
         stored.push(item);
     }
     if total > MAX_APPEND_BYTES {
@@ -233,7 +274,13 @@ pub fn deleted_event(stream: &str) -> StoredEventItem {
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
-    StoredEventItem { id: id.to_string(), event_type: STREAM_DELETED.into(), data: "{}".into(), metadata: None }
+    StoredEventItem {
+        id: id.to_string(),
+        event_type: STREAM_DELETED.into(),
+        data: "{}".into(),
+        metadata: None,
+        data_ref: None,
+    }
 }
 
 /// Sort key of the batch whose first event has `version`.
@@ -340,6 +387,10 @@ pub struct RecordedEvent {
     pub metadata: Option<Value>,
     /// When it was appended (RFC 3339, ms).
     pub time: String,
+    /// Where `data` is stored, when it was offloaded (`data` is then `null`
+    /// until a reader puts it back; the log carries the reference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_ref: Option<PayloadRef>,
 }
 
 impl RecordedEvent {
@@ -354,6 +405,7 @@ impl RecordedEvent {
             data: parse(&e.data),
             metadata: e.metadata.as_deref().map(parse),
             time: format_ms(at),
+            data_ref: e.data_ref.clone(),
         }
     }
 }
@@ -420,22 +472,29 @@ mod tests {
     #[test]
     fn prepare_enforces_the_limits() {
         let event = |size: usize| NewEvent::new("T", Value::String("x".repeat(size)));
-        assert!(matches!(prepare(vec![]), Err(Invalid::BadRequest(_))));
-        assert!(prepare(vec![event(1); 100]).is_ok());
-        assert!(matches!(prepare(vec![event(1); 101]), Err(Invalid::TooLarge(_))));
-        assert!(matches!(prepare(vec![event(MAX_EVENT_BYTES)]), Err(Invalid::TooLarge(m)) if m.contains("event 0")));
-        assert!(matches!(prepare(vec![event(60 * 1024); 6]), Err(Invalid::TooLarge(m)) if m.contains("together")));
+        assert!(matches!(prepare(vec![], Limits::INLINE), Err(Invalid::BadRequest(_))));
+        assert!(prepare(vec![event(1); 100], Limits::INLINE).is_ok());
+        assert!(matches!(prepare(vec![event(1); 101], Limits::INLINE), Err(Invalid::TooLarge(_))));
+        assert!(matches!(prepare(vec![event(MAX_EVENT_BYTES)], Limits::INLINE), Err(Invalid::TooLarge(m)) if m.contains("event 0")));
+        assert!(matches!(prepare(vec![event(60 * 1024); 6], Limits::INLINE), Err(Invalid::TooLarge(m)) if m.contains("together")));
         let id = uuid::Uuid::new_v4();
         let twice = vec![NewEvent { id: Some(id), ..event(1) }, NewEvent { id: Some(id), ..event(1) }];
-        assert!(matches!(prepare(twice), Err(Invalid::BadRequest(m)) if m.contains("twice")));
+        assert!(matches!(prepare(twice, Limits::INLINE), Err(Invalid::BadRequest(m)) if m.contains("twice")));
         let empty_type = NewEvent::new("", json!(1));
-        assert!(prepare(vec![empty_type]).is_err());
+        assert!(prepare(vec![empty_type], Limits::INLINE).is_err());
+        // With a bucket: events up to the large limit, counted in the item as their reference.
+        let offloading = Limits { event: 4 << 20, offload_over: Some(64 * 1024) };
+        assert!(prepare(vec![event(3 << 20); 3], offloading).is_ok());
+        assert!(matches!(prepare(vec![event(4 << 20)], offloading), Err(Invalid::TooLarge(m)) if m.contains("event 0")));
+        assert!(matches!(prepare(vec![event(60 * 1024); 6], offloading), Err(Invalid::TooLarge(m)) if m.contains("together")));
+        let big_metadata = NewEvent { metadata: Some(Value::String("m".repeat(70 * 1024))), ..event(10) };
+        assert!(matches!(prepare(vec![big_metadata], offloading), Err(Invalid::TooLarge(m)) if m.contains("metadata")));
     }
 
     #[test]
     fn data_comes_back_exactly() {
         let data = json!({"n": 12345678901234567u64, "f": 0.1, "s": "", "nested": [null, true]});
-        let stored = prepare(vec![NewEvent::new("T", data.clone())]).unwrap();
+        let stored = prepare(vec![NewEvent::new("T", data.clone())], Limits::INLINE).unwrap();
         let batch = Batch { stream: "s".into(), item: batch_key(7), first: 7, at: 0, events: stored };
         let read: Vec<RecordedEvent> = batch.read().collect();
         assert_eq!(read[0].data, data);
@@ -445,7 +504,7 @@ mod tests {
 
     #[test]
     fn a_batch_stores_its_events_as_one_json_string() {
-        let events = prepare(vec![NewEvent::new("T", json!({"a": 1})), NewEvent::new("U", json!(null))]).unwrap();
+        let events = prepare(vec![NewEvent::new("T", json!({"a": 1})), NewEvent::new("U", json!(null))], Limits::INLINE).unwrap();
         let batch = Batch { stream: "s".into(), item: batch_key(0), first: 0, at: 5, events };
         let item: HashMap<String, AttributeValue> = serde_dynamo::to_item(&batch).unwrap();
         assert!(matches!(&item["events"], AttributeValue::S(text) if text.starts_with("[{")));
@@ -474,6 +533,7 @@ mod tests {
                     event_type: "T".into(),
                     data: "1".into(),
                     metadata: None,
+                    data_ref: None,
                 })
                 .collect()
         };

@@ -117,7 +117,11 @@ impl Reader<'_> {
             let mut rx = rx;
             while let Some(page) = rx.recv().await {
                 for event in page?.events {
-                    let Ok(bytes) = event.bytes() else { continue };
+                    let bytes = match self.tiers.bytes(&event).await {
+                        Ok(readable) => readable.bytes,
+                        Err(err) if err.is_unreadable() => continue,
+                        Err(err) => return Err(err),
+                    };
                     let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
                     if recent.is_copy(json.as_ref(), event.arrival) {
                         continue;

@@ -8,6 +8,7 @@ use super::request::RecordFormat;
 use crate::aggregation;
 use crate::event_item::EventItem;
 use crate::kinesis::{indices_by_key, OutgoingRecord};
+use crate::payload::PayloadRef;
 use crate::time::format_ms;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,7 +28,8 @@ pub struct PlayedEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_base64: Option<String>,
     /// Instead of the event (neither `data` nor `data_base64`): it was too
-    /// large for a Kinesis record; read it from the event table at this place.
+    /// large for a Kinesis record; read it from the log at this place (or its
+    /// offloaded payload at `payload`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub too_large: Option<TooLarge>,
 }
@@ -38,6 +40,9 @@ pub struct TooLarge {
     pub slot: i64,
     pub sort_key: String,
     pub bytes: usize,
+    /// `s3://…` of the event's offloaded payload, when it has one ([`crate::payload`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
 }
 
 impl PlayedEvent {
@@ -56,9 +61,11 @@ impl PlayedEvent {
         }
     }
 
-    /// The marker put in place of an event whose record would be `bytes` long.
-    pub fn too_large(event: &EventItem, bytes: usize, seq: u64) -> Self {
-        let place = TooLarge { slot: event.slot, sort_key: event.sort_key.clone(), bytes };
+    /// The marker put in place of an event whose record would be `bytes`
+    /// long, with where its payload is when it was offloaded.
+    pub fn too_large(event: &EventItem, bytes: usize, payload: Option<&PayloadRef>, seq: u64) -> Self {
+        let payload = payload.map(PayloadRef::location);
+        let place = TooLarge { slot: event.slot, sort_key: event.sort_key.clone(), bytes, payload };
         Self { too_large: Some(place), ..Self::new(event, None, &[], seq) }.without_data()
     }
 

@@ -11,6 +11,7 @@ use tracing::{info, warn};
 use super::checkpoint::{self, Checkpoint};
 use super::pacer::Pacer;
 use super::reader::Page;
+use super::tiers::Readable;
 use super::record::{fits_one_record, kinesis_records, PlayedEvent};
 use super::request::{PlaybackRequest, Window};
 use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
@@ -123,7 +124,8 @@ impl<'a> Run<'a> {
         self.summary.queries += page.queries;
         self.summary.unreadable += page.unreadable;
         for event in page.events {
-            self.queue(page.slot, event)?;
+            let readable = self.playback.tiers.bytes(&event).await;
+            self.queue(page.slot, event, readable)?;
         }
         // Pages with nothing to put (a filter that keeps little) still keep the lease alive.
         if self.renewed.elapsed() >= self.playback.lease() / 3 {
@@ -143,9 +145,10 @@ impl<'a> Run<'a> {
     }
 
     /// Decodes, filters and numbers one event, and queues its record.
-    fn queue(&mut self, slot: i64, event: EventItem) -> Result<()> {
-        let bytes = match event.bytes() {
-            Ok(bytes) => bytes,
+    fn queue(&mut self, slot: i64, event: EventItem, readable: Result<Readable>) -> Result<()> {
+        let Readable { bytes, offloaded } = match readable {
+            Ok(readable) => readable,
+            Err(err) if !err.is_unreadable() => return Err(err),
             Err(err) => {
                 warn!(slot, error = %err, "event skipped");
                 self.summary.unreadable += 1;
@@ -171,7 +174,7 @@ impl<'a> Run<'a> {
             // Kinesis would refuse the whole request: a marker takes its place, in order.
             warn!(slot, sort_key = %event.sort_key, bytes = data.len(), "played event over the Kinesis record limit: a marker is put instead");
             self.summary.oversized += 1;
-            let marker = PlayedEvent::too_large(&event, data.len(), self.seq);
+            let marker = PlayedEvent::too_large(&event, data.len(), offloaded.as_ref(), self.seq);
             data = serde_json::to_vec(&marker).map_err(|e| Error::encode("played event", e))?;
         }
         self.seq += 1;

@@ -33,8 +33,10 @@ use crate::bookkeeping::late_slots;
 use crate::bookkeeping::slot_index::SlotRef;
 use crate::chunk::decode_item;
 use crate::dynamo::query_partition;
+use crate::envelope::entity_stream;
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
+use crate::payload::{self, PayloadRef};
 
 /// Objects kept decoded: the one being read and the one before or after it.
 const OBJECTS_KEPT: usize = 2;
@@ -74,9 +76,39 @@ struct Seen {
     archived_to: i64,
 }
 
+/// An event's bytes for its consumer.
+#[derive(Debug)]
+pub struct Readable {
+    /// As they were sent, an offloaded payload put back.
+    pub bytes: Vec<u8>,
+    /// Where the payload lies, when it was offloaded (for a consumer that cannot take it whole).
+    pub offloaded: Option<PayloadRef>,
+}
+
 impl Tiers {
     pub fn new(cold: Option<Bucket>) -> Self {
         Self { cold, boundary: Mutex::default(), objects: Mutex::default() }
+    }
+
+    /// The event's bytes as they were sent, with an offloaded payload
+    /// fetched from the bucket (`ARCHIVE_BUCKET`) and checked against its hash.
+    /// An [unreadable](Error::is_unreadable) error: the event does not decode,
+    /// or its payload is missing or altered.
+    pub async fn bytes(&self, event: &EventItem) -> Result<Readable> {
+        let bytes = event.bytes()?;
+        let entity = entity_stream(&event.partition_key).is_some();
+        let Some(reference) = payload::reference(&bytes, entity) else {
+            return Ok(Readable { bytes, offloaded: None });
+        };
+        let Some(bucket) = &self.cold else {
+            return Err(Error::Config(format!(
+                "event {} has its payload at {}, and this reader has no ARCHIVE_BUCKET",
+                event.event_id,
+                reference.location()
+            )));
+        };
+        let content = payload::fetch(&bucket.s3, &reference).await?;
+        Ok(Readable { bytes: payload::splice(&bytes, entity, &content)?, offloaded: Some(reference) })
     }
 
     /// Whether `slot` is archived, as far as the boundary was last read.

@@ -150,7 +150,7 @@ impl Subscriptions {
             self.reader(&window).event_at(slot, &parked.event_sort_key).await?.ok_or_else(|| {
                 Error::Malformed(format!("parked event {} is not in the event table", parked.event_id))
             })?;
-        let bytes = event.bytes()?;
+        let bytes = self.tiers.bytes(&event).await?.bytes;
         let json = serde_json::from_slice(&bytes).ok();
         let delivered = DeliveredEvent {
             subscription: name.to_owned(),

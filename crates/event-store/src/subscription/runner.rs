@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
 use crate::playback::reader::{Page, PAGES_AHEAD};
+use crate::playback::tiers::Readable;
 use crate::playback::record::fits_one_record;
 use crate::playback::{PlayedEvent, Window};
 use crate::position::Checkpoint;
@@ -221,7 +222,8 @@ impl Runner<'_> {
                 self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
                 for event in page.events {
-                    self.queue(event)?;
+                    let readable = subs.tiers.bytes(&event).await;
+                    self.queue(event, readable)?;
                 }
                 while self.pending.len() >= self.sub.batch_size {
                     let batch: Vec<Delivery> = self.pending.drain(..self.sub.batch_size).collect();
@@ -256,13 +258,14 @@ impl Runner<'_> {
 
     /// Keeps an event of this partition that passes the filter (and is not
     /// a copy of one just delivered) for delivery.
-    fn queue(&mut self, event: EventItem) -> Result<()> {
+    fn queue(&mut self, event: EventItem, readable: Result<Readable>) -> Result<()> {
         if partition_of(&event.partition_key, self.sub.partitions) != self.partition {
             self.summary.other_partitions += 1;
             return Ok(());
         }
-        let bytes = match event.bytes() {
-            Ok(bytes) => bytes,
+        let Readable { bytes, offloaded } = match readable {
+            Ok(readable) => readable,
+            Err(err) if !err.is_unreadable() => return Err(err),
             Err(err) => {
                 // Not deliverable, and not to be skipped silently: parked with why (before the checkpoint passes it).
                 warn!(slot = event.slot, error = %err, "unreadable event parked");
@@ -301,7 +304,7 @@ impl Runner<'_> {
         if matches!(self.sub.target, Target::Kinesis(_)) && !fits_one_record(&event.partition_key, data.len()) {
             // Kinesis would refuse the whole request: a marker takes its place, in order (as in playback).
             warn!(sort_key = %event.sort_key, bytes = data.len(), "delivered event over the Kinesis record limit: a marker goes instead");
-            delivered.event = PlayedEvent::too_large(&event, data.len(), self.seq);
+            delivered.event = PlayedEvent::too_large(&event, data.len(), offloaded.as_ref(), self.seq);
             data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
         }
         self.pending.push(Delivery {

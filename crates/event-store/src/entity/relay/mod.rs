@@ -368,7 +368,7 @@ impl Relay {
         let mut events = Vec::new();
         let mut next = Some(from);
         while let Some(at) = next.filter(|at| *at <= to) {
-            let page = self.store.read(stream, Some(at), READ_PAGE, Direction::Forward).await.map_err(|e| match e {
+            let page = self.store.read_with_refs(stream, Some(at), READ_PAGE, Direction::Forward).await.map_err(|e| match e {
                 EntityError::Store(err) => err,
                 other => Error::Malformed(format!("{stream}: {other}")),
             })?;

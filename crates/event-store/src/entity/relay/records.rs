@@ -41,6 +41,7 @@ pub fn log_record(event: &RecordedEvent) -> Result<OutgoingRecord> {
         headers: Headers::default(),
         source_ip: None,
         body: Some(body),
+        body_ref: None,
     };
     let data = serde_json::to_vec(&envelope).map_err(|e| Error::encode("envelope", e))?;
     Ok(OutgoingRecord { partition_key: entity_key(&event.stream), data })
@@ -94,6 +95,7 @@ mod tests {
                 event_type: (*t).into(),
                 data: "{\"n\":1}".into(),
                 metadata: None,
+                data_ref: None,
             })
             .collect();
         let batch = Batch { stream: stream.into(), item: batch_key(first), first, at: 1_700_000_000_000, events };

@@ -1,0 +1,176 @@
+//! Large payloads (`docs/storage.md#large-payloads`): an event bigger than
+//! `INLINE_MAX_BYTES` is stored once in S3 under the SHA-256 of its content,
+//! and the log (and the entity table) keeps a reference in its place, so no
+//! item, chunk or Kinesis record ever carries it. Every reader puts it back
+//! and checks it against the hash.
+//!
+//! Where the reference sits in a log record (an envelope's JSON):
+//! - a posted or pixel event: `body_ref` in place of `body`;
+//! - an entity event (partition key `streams/…`): `body.data_ref` in place of
+//!   `body.data`. Only entity records are read there: the body of an ingest
+//!   event is the client's, and a client must not make readers fetch objects.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::archive::object::Bucket;
+use crate::error::{Error, Result};
+
+/// Default `INLINE_MAX_BYTES`: events up to this stay in the log itself
+/// (today's entity event limit, so nothing smaller moves).
+pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
+/// The most `INLINE_MAX_BYTES` may be: an inline event must fit a DynamoDB item.
+pub const INLINE_MAX_BYTES_LIMIT: usize = 384 * 1024;
+/// The largest event accepted when payloads can be offloaded: 4 MiB, so a
+/// request carrying one fits Lambda's 6 MB request payload with room to spare.
+pub const MAX_LARGE_EVENT_BYTES: usize = 4 * 1024 * 1024;
+/// Offloaded payloads live under this prefix of the store's bucket.
+pub const KEY_PREFIX: &str = "payloads/sha256/";
+
+/// Where an offloaded payload is, and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadRef {
+    pub bucket: String,
+    pub key: String,
+    /// SHA-256 of the content, hex.
+    pub sha256: String,
+    pub bytes: usize,
+}
+
+impl PayloadRef {
+    /// The reference of `content` stored in `bucket`: its key is its hash, so
+    /// the same content is one object however often it is sent.
+    pub fn of(bucket: &str, content: &[u8]) -> Self {
+        let sha256 = hex::encode(Sha256::digest(content));
+        Self { bucket: bucket.to_owned(), key: format!("{KEY_PREFIX}{sha256}"), sha256, bytes: content.len() }
+    }
+
+    /// `s3://bucket/key`.
+    pub fn location(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+
+    /// Fails unless `content` is what this reference names.
+    pub fn check(&self, content: &[u8]) -> Result<()> {
+        let sha256 = hex::encode(Sha256::digest(content));
+        if content.len() != self.bytes || sha256 != self.sha256 {
+            return Err(Error::Payload(format!(
+                "{} holds {} bytes hashing to {sha256}; the log names {} bytes hashing to {}",
+                self.location(),
+                content.len(),
+                self.bytes,
+                self.sha256
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The reference a log record carries, if any (`entity`: the record's
+/// partition key is an entity stream's). Cheap for the records without one.
+pub fn reference(record: &[u8], entity: bool) -> Option<PayloadRef> {
+    if memchr::memmem::find(record, b"_ref\"").is_none() {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(record).ok()?;
+    let found = if entity { value.get("body")?.get("data_ref")? } else { value.get("body_ref")? };
+    serde_json::from_value(found.clone()).ok()
+}
+
+/// The log record with its payload (`content`, checked by the caller) put
+/// back where the reference was.
+pub fn splice(record: &[u8], entity: bool, content: &[u8]) -> Result<Vec<u8>> {
+    let malformed = |what: &str| Error::Payload(format!("a record with an offloaded payload: {what}"));
+    let mut value: Value = serde_json::from_slice(record).map_err(|e| malformed(&e.to_string()))?;
+    let parent = if entity { value.get_mut("body").ok_or_else(|| malformed("no body"))? } else { &mut value };
+    let object = parent.as_object_mut().ok_or_else(|| malformed("not an object"))?;
+    let (field, reference) = if entity { ("data", "data_ref") } else { ("body", "body_ref") };
+    object.remove(reference);
+    object.insert(field.to_owned(), parse(content));
+    serde_json::to_vec(&value).map_err(|e| Error::encode("record", e))
+}
+
+/// Content as the JSON it was sent as; anything else as a string (entity
+/// data is stored as JSON text, and reads show what does not parse as text).
+pub fn parse(content: &[u8]) -> Value {
+    serde_json::from_slice(content).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(content).into_owned()))
+}
+
+/// Offloads payloads into the store's bucket (`ARCHIVE_BUCKET`).
+#[derive(Debug, Clone)]
+pub struct Payloads {
+    pub bucket: Bucket,
+    /// Larger events are offloaded.
+    pub inline_max: usize,
+}
+
+impl Payloads {
+    /// Stores `content` under its hash (storing it again is harmless: same key, same bytes).
+    pub async fn store(&self, content: Vec<u8>) -> Result<PayloadRef> {
+        let reference = PayloadRef::of(&self.bucket.name, &content);
+        self.bucket.put_as(&reference.key, content, "application/json").await?;
+        Ok(reference)
+    }
+}
+
+/// The payload `reference` names, checked against its hash. A missing or
+/// altered object is [`Error::Payload`] (the event cannot be read); a failed
+/// request is an S3 error (try again).
+pub async fn fetch(s3: &aws_sdk_s3::Client, reference: &PayloadRef) -> Result<Vec<u8>> {
+    let bucket = Bucket { s3: s3.clone(), name: reference.bucket.clone() };
+    let content = bucket
+        .get_if_there(&reference.key)
+        .await?
+        .ok_or_else(|| Error::Payload(format!("{} is missing", reference.location())))?;
+    reference.check(&content)?;
+    Ok(content.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(body_or_ref: Value) -> Vec<u8> {
+        let mut envelope = serde_json::json!({ "id": "a", "received_at": "2026-11-27T00:00:00.000Z", "path": "/events" });
+        envelope.as_object_mut().unwrap().extend(body_or_ref.as_object().unwrap().clone());
+        serde_json::to_vec(&envelope).unwrap()
+    }
+
+    #[test]
+    fn a_reference_is_named_by_the_contents_hash() {
+        let one = PayloadRef::of("b", b"{\"big\":1}");
+        assert_eq!(one, PayloadRef::of("b", b"{\"big\":1}"));
+        assert_ne!(one.key, PayloadRef::of("b", b"{\"big\":2}").key);
+        assert!(one.key.starts_with(KEY_PREFIX) && one.key.ends_with(&one.sha256));
+        assert_eq!(one.location(), format!("s3://b/{}", one.key));
+        assert!(one.check(b"{\"big\":1}").is_ok());
+        assert!(matches!(one.check(b"{\"big\":2}"), Err(Error::Payload(m)) if m.contains("hashing to")));
+    }
+
+    #[test]
+    fn an_ingest_reference_is_spliced_back_in_place_of_the_body() {
+        let content = br#"{"page":"/a","n":[1,2]}"#;
+        let named = PayloadRef::of("b", content);
+        let record = envelope(serde_json::json!({ "body_ref": named }));
+        assert_eq!(reference(&record, false), Some(named));
+        let spliced: Value = serde_json::from_slice(&splice(&record, false, content).unwrap()).unwrap();
+        assert_eq!(spliced["body"], serde_json::json!({"page": "/a", "n": [1, 2]}));
+        assert!(spliced.get("body_ref").is_none());
+        assert_eq!(spliced["id"], "a");
+    }
+
+    #[test]
+    fn an_entity_reference_is_read_only_in_entity_records() {
+        let named = PayloadRef::of("b", b"\"text\"");
+        let record = envelope(serde_json::json!({ "body": { "type": "Big", "data": null, "data_ref": named } }));
+        assert_eq!(reference(&record, true), Some(named));
+        // A client's posted body that looks like one is just its body.
+        assert_eq!(reference(&record, false), None);
+        let spliced: Value = serde_json::from_slice(&splice(&record, true, b"\"text\"").unwrap()).unwrap();
+        assert_eq!(spliced["body"], serde_json::json!({ "type": "Big", "data": "text" }));
+        // Records without one are not parsed at all, and a body that is not an object is no reference.
+        assert_eq!(reference(&envelope(serde_json::json!({ "body": "x" })), true), None);
+        assert_eq!(reference(br#"{"body_ref": 3}"#, false), None);
+    }
+}
