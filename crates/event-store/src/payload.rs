@@ -70,9 +70,7 @@ impl PayloadRef {
 /// The reference a log record carries, if any (`entity`: the record's
 /// partition key is an entity stream's). Cheap for the records without one.
 pub fn reference(record: &[u8], entity: bool) -> Option<PayloadRef> {
-    if memchr::memmem::find(record, b"_ref\"").is_none() {
-        return None;
-    }
+    memchr::memmem::find(record, b"_ref\"")?;
     let value: Value = serde_json::from_slice(record).ok()?;
     let found = if entity { value.get("body")?.get("data_ref")? } else { value.get("body_ref")? };
     serde_json::from_value(found.clone()).ok()
@@ -132,7 +130,8 @@ mod tests {
     use super::*;
 
     fn envelope(body_or_ref: Value) -> Vec<u8> {
-        let mut envelope = serde_json::json!({ "id": "a", "received_at": "2026-11-27T00:00:00.000Z", "path": "/events" });
+        let mut envelope =
+            serde_json::json!({ "id": "a", "received_at": "2026-11-27T00:00:00.000Z", "path": "/events" });
         envelope.as_object_mut().unwrap().extend(body_or_ref.as_object().unwrap().clone());
         serde_json::to_vec(&envelope).unwrap()
     }

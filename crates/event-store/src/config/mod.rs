@@ -115,7 +115,14 @@ pub const DEFAULT_MAX_CONTINUATIONS: u32 = 1000;
 impl LoadConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["EVENT_STREAM"],
-        optional: &["MAX_EVENT_BYTES", "MAX_EVENTS_PER_POST", "IP_MODE", "IP_SALT", "INLINE_MAX_BYTES", "ARCHIVE_BUCKET"],
+        optional: &[
+            "MAX_EVENT_BYTES",
+            "MAX_EVENTS_PER_POST",
+            "IP_MODE",
+            "IP_SALT",
+            "INLINE_MAX_BYTES",
+            "ARCHIVE_BUCKET",
+        ],
     };
 
     pub fn from_env() -> Result<Self> {

@@ -475,8 +475,12 @@ mod tests {
         assert!(matches!(prepare(vec![], Limits::INLINE), Err(Invalid::BadRequest(_))));
         assert!(prepare(vec![event(1); 100], Limits::INLINE).is_ok());
         assert!(matches!(prepare(vec![event(1); 101], Limits::INLINE), Err(Invalid::TooLarge(_))));
-        assert!(matches!(prepare(vec![event(MAX_EVENT_BYTES)], Limits::INLINE), Err(Invalid::TooLarge(m)) if m.contains("event 0")));
-        assert!(matches!(prepare(vec![event(60 * 1024); 6], Limits::INLINE), Err(Invalid::TooLarge(m)) if m.contains("together")));
+        assert!(
+            matches!(prepare(vec![event(MAX_EVENT_BYTES)], Limits::INLINE), Err(Invalid::TooLarge(m)) if m.contains("event 0"))
+        );
+        assert!(
+            matches!(prepare(vec![event(60 * 1024); 6], Limits::INLINE), Err(Invalid::TooLarge(m)) if m.contains("together"))
+        );
         let id = uuid::Uuid::new_v4();
         let twice = vec![NewEvent { id: Some(id), ..event(1) }, NewEvent { id: Some(id), ..event(1) }];
         assert!(matches!(prepare(twice, Limits::INLINE), Err(Invalid::BadRequest(m)) if m.contains("twice")));
@@ -485,8 +489,12 @@ mod tests {
         // With a bucket: events up to the large limit, counted in the item as their reference.
         let offloading = Limits { event: 4 << 20, offload_over: Some(64 * 1024) };
         assert!(prepare(vec![event(3 << 20); 3], offloading).is_ok());
-        assert!(matches!(prepare(vec![event(4 << 20)], offloading), Err(Invalid::TooLarge(m)) if m.contains("event 0")));
-        assert!(matches!(prepare(vec![event(60 * 1024); 6], offloading), Err(Invalid::TooLarge(m)) if m.contains("together")));
+        assert!(
+            matches!(prepare(vec![event(4 << 20)], offloading), Err(Invalid::TooLarge(m)) if m.contains("event 0"))
+        );
+        assert!(
+            matches!(prepare(vec![event(60 * 1024); 6], offloading), Err(Invalid::TooLarge(m)) if m.contains("together"))
+        );
         let big_metadata = NewEvent { metadata: Some(Value::String("m".repeat(70 * 1024))), ..event(10) };
         assert!(matches!(prepare(vec![big_metadata], offloading), Err(Invalid::TooLarge(m)) if m.contains("metadata")));
     }
@@ -504,7 +512,9 @@ mod tests {
 
     #[test]
     fn a_batch_stores_its_events_as_one_json_string() {
-        let events = prepare(vec![NewEvent::new("T", json!({"a": 1})), NewEvent::new("U", json!(null))], Limits::INLINE).unwrap();
+        let events =
+            prepare(vec![NewEvent::new("T", json!({"a": 1})), NewEvent::new("U", json!(null))], Limits::INLINE)
+                .unwrap();
         let batch = Batch { stream: "s".into(), item: batch_key(0), first: 0, at: 5, events };
         let item: HashMap<String, AttributeValue> = serde_dynamo::to_item(&batch).unwrap();
         assert!(matches!(&item["events"], AttributeValue::S(text) if text.starts_with("[{")));

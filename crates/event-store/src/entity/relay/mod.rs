@@ -368,10 +368,12 @@ impl Relay {
         let mut events = Vec::new();
         let mut next = Some(from);
         while let Some(at) = next.filter(|at| *at <= to) {
-            let page = self.store.read_with_refs(stream, Some(at), READ_PAGE, Direction::Forward).await.map_err(|e| match e {
-                EntityError::Store(err) => err,
-                other => Error::Malformed(format!("{stream}: {other}")),
-            })?;
+            let page = self.store.read_with_refs(stream, Some(at), READ_PAGE, Direction::Forward).await.map_err(
+                |e| match e {
+                    EntityError::Store(err) => err,
+                    other => Error::Malformed(format!("{stream}: {other}")),
+                },
+            )?;
             events.extend(page.events.into_iter().filter(|e| e.version <= to));
             next = page.next;
         }
