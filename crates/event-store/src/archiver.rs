@@ -19,9 +19,9 @@
 //! was read (a late event) is not deleted with it. One run at a time: a
 //! run holds the archive's lease, and a second one finds it taken and stops.
 //!
-//! Not yet (issue 30's next steps): late events in archived slots are kept
-//! in the event table but not yet archived as an amendment object that
-//! readers merge in; a chunk that cannot be decoded is held back with an error.
+//! Late events in archived slots stay in the event table, and readers merge
+//! them in ([`crate::playback::tiers`]); a chunk that cannot be decoded is
+//! held back with an error.
 
 use std::collections::HashSet;
 use std::time::{Instant, SystemTime};
@@ -313,12 +313,20 @@ impl Archiver {
         let (mut requests, mut kept) = (Vec::new(), 0);
         let events = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
         // Flushed as they gather, so that a run stopped by its deadline keeps what it deleted.
+        // False when the deadline stopped the retries; deletes still failing with time left are
+        // an error (the errors alarm), not "more" for a continuation that would fail the same way.
+        let margin = self.config.deadline_margin;
         let flush = |requests: Vec<((), WriteRequest)>| async move {
-            write_all(dynamo, events, requests, &Backoff::default(), Some(deadline)).await.is_empty()
+            let left = write_all(dynamo, events, requests, &Backoff::default(), Some(deadline)).await.len();
+            match left {
+                0 => Ok(true),
+                _ if Instant::now() + margin >= deadline => Ok(false),
+                _ => Err(Error::Archive(format!("{left} deletes of archived items still failing after retries"))),
+            }
         };
         for slot in slots {
             if Instant::now() + self.config.deadline_margin / 2 >= deadline {
-                flush(std::mem::take(&mut requests)).await;
+                flush(std::mem::take(&mut requests)).await?;
                 return Ok(None);
             }
             for sub in 0..i64::from(slot.subkeys.max(1)) {
@@ -339,12 +347,12 @@ impl Archiver {
                     requests.push(((), WriteRequest::builder().delete_request(delete).build()));
                 }
             }
-            if requests.len() >= 4 * 25 && !flush(std::mem::take(&mut requests)).await {
+            if requests.len() >= 4 * 25 && !flush(std::mem::take(&mut requests)).await? {
                 // Throttled until the deadline: the next run repeats the rest.
                 return Ok(None);
             }
         }
-        if !flush(requests).await {
+        if !flush(requests).await? {
             return Ok(None);
         }
         Ok(Some(kept))

@@ -407,3 +407,120 @@ print(json.dumps({
         "the late event in the quiet hour, then the archived one"
     );
 }
+
+/// A process that dies after `after` requests, counted across every client
+/// it is given (DynamoDB and S3): each request from then on fails.
+#[derive(Debug, Clone)]
+struct DiesAfter {
+    after: usize,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for DiesAfter {
+    fn name(&self) -> &'static str {
+        "DiesAfter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        if self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= self.after {
+            return Err("injected: the archiver died here".into());
+        }
+        Ok(())
+    }
+}
+
+/// An archiver crash at every step, one after the other: each range of two
+/// hours is archived by a run that dies after its `k`-th request (DynamoDB or
+/// S3), then by a healthy run. After each, the events around the range are
+/// read once each, in order, across the tiers; at the end the whole log is,
+/// the chain is whole, one entry per object, and nothing archived is left in
+/// the table.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archiver_crash_at_any_step_repeats_it_and_never_loses_or_doubles_an_event() {
+    const RANGE: i64 = 2 * 3_600_000;
+    const RANGES: i64 = 80;
+    const PER_RANGE: i64 = 4;
+    let env = TestEnv::start(1).await;
+    // Two events an hour, half an hour apart.
+    let records: Vec<_> = (0..RANGES * PER_RANGE)
+        .map(|i| (format!("user-{}", i % 3), json!({"n": i}).to_string().into_bytes(), T0 + i * 1_800_000 + 7))
+        .collect();
+    common::buffer_through_pump(&env, &records).await;
+    let scan = event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(600))).await
+    {
+        pass.unwrap();
+    }
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).build());
+    s3.create_bucket().bucket(BUCKET).send().await.unwrap();
+    let bucket = Bucket::new(&env.sdk, BUCKET.into());
+    // The events of ranges `from..to` as a reader gets them, and as they were sent.
+    let read = |(from, to): (i64, i64)| {
+        let (env, bucket) = (&env, bucket.clone());
+        async move {
+            let read = log(env, Some(bucket), T0 + from * RANGE, T0 + to * RANGE).await;
+            let n = |bytes: &[u8]| serde_json::from_slice::<Value>(bytes).unwrap()["n"].as_i64().unwrap();
+            read.iter().map(|(_, bytes)| n(bytes)).collect::<Vec<_>>()
+        }
+    };
+    let sent = |(from, to): (i64, i64)| (from * PER_RANGE..to * PER_RANGE).collect::<Vec<_>>();
+    assert_eq!(read((0, RANGES)).await, sent((0, RANGES)));
+
+    // A lease that has lapsed by the next run: a dead run does not hold the archive up.
+    let healthy = Archiver {
+        config: ArchiveConfig { lease: Duration::from_millis(1), object_bytes: 256, ..archiver(&env, &bucket).config },
+        ..archiver(&env, &bucket)
+    };
+    let mut survived_at = None;
+    for k in 0..RANGES as usize {
+        let range = k as i64;
+        let range_end = T0 + (range + 1) * RANGE;
+        // The range archived before, this one, and the next (hot).
+        let around = ((range - 1).max(0), (range + 2).min(RANGES));
+        let dies = DiesAfter { after: k, seen: Default::default() };
+        let dynamo = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&env.sdk).interceptor(dies.clone()).build(),
+        );
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).interceptor(dies.clone()).build(),
+        );
+        let crashing = Archiver { dynamo, bucket: Bucket { s3, name: BUCKET.into() }, config: healthy.config.clone() };
+        let crashed = crashing.run(range_end, Instant::now() + Duration::from_secs(60)).await;
+        assert_eq!(read(around).await, sent(around), "after a crash at request {k}");
+        if crashed.is_ok() {
+            survived_at = Some(k);
+            break;
+        }
+        let repeated = healthy.run(range_end, Instant::now() + Duration::from_secs(60)).await.unwrap();
+        assert_eq!((repeated.boundary, repeated.more), (range_end, false), "after a crash at request {k}");
+        assert_eq!(read(around).await, sent(around), "after the run that repeated the step of request {k}");
+    }
+    let survived_at = survived_at.expect("a run that needed fewer requests than there are ranges");
+    // The first run that lived needed `survived_at` requests: the ones before it died at each of them.
+    assert!(survived_at >= 12, "a run of two objects is more steps than {survived_at} requests");
+    assert_eq!(read((0, RANGES)).await, sent((0, RANGES)), "the whole log, across both tiers");
+
+    let table = env.names.event_table.as_str();
+    let boundary = T0 + (survived_at as i64 + 1) * RANGE;
+    let verified = audit::verify(&env.dynamo, table, &bucket, T0, boundary).await.unwrap();
+    let entries = store::entries_from(&env.dynamo, table, 0).await.unwrap();
+    assert_eq!(verified.first_break, None);
+    let archived_events = (survived_at as u64 + 1) * PER_RANGE as u64;
+    assert_eq!((verified.entries, verified.events), (entries.len() as u64, archived_events));
+    let keys: std::collections::HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys.len(), entries.len(), "no object archived twice");
+    let archived_left = env
+        .scan_table(table)
+        .await
+        .into_iter()
+        .filter_map(|item| item.get("slot").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok()))
+        .filter(|slot| (T0..boundary).contains(slot))
+        .count();
+    assert_eq!(archived_left, 0, "every archived slot left the event table");
+}

@@ -199,7 +199,8 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     assert_eq!((summary.status, summary.events, summary.oversized), (Status::Complete, 6, 2), "{summary:?}");
     let mut played = Vec::new();
     for (_, record) in env.read_stream(&env.names.playback_stream).await {
-        for (_, data) in event_store::aggregation::deaggregate(record.partition_key().unwrap(), record.data().as_ref()).unwrap()
+        for (_, data) in
+            event_store::aggregation::deaggregate(record.partition_key().unwrap(), record.data().as_ref()).unwrap()
         {
             played.push(serde_json::from_slice::<PlayedEvent>(&data).unwrap());
         }
