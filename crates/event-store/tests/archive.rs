@@ -350,6 +350,23 @@ print(json.dumps({
     let verify = |from: i64| audit::verify(&env.dynamo, table, &bucket, from, end);
     let whole = verify(T0).await.unwrap();
     assert_eq!((whole.entries, whole.events, whole.first_break), (entries.len() as u64, all as u64, None));
+    // Two objects reordered (each under the other's key): the break is at the first of them.
+    let bytes_of = |key: String| {
+        let s3 = s3.clone();
+        async move { s3.get_object().bucket(BUCKET).key(key).send().await.unwrap().body.collect().await.unwrap() }
+    };
+    let (one, two) = (bytes_of(entries[0].key.clone()).await, bytes_of(entries[1].key.clone()).await);
+    for (key, body) in [(&entries[0].key, two.clone()), (&entries[1].key, one.clone())] {
+        s3.put_object().bucket(BUCKET).key(key).body(body.into_bytes().into()).send().await.unwrap();
+    }
+    let reordered = verify(T0).await.unwrap();
+    let expected = format!("entry {}: object {} is not what was archived", entries[0].seq, entries[0].key);
+    assert_eq!(reordered.entries, 0);
+    assert!(reordered.first_break.as_deref().is_some_and(|b| b.starts_with(&expected)), "{reordered:?}");
+    for (key, body) in [(&entries[0].key, one), (&entries[1].key, two)] {
+        s3.put_object().bucket(BUCKET).key(key).body(body.into_bytes().into()).send().await.unwrap();
+    }
+    assert_eq!(verify(T0).await.unwrap().first_break, None, "put back in order");
     let victim = &entries[2];
     s3.put_object().bucket(BUCKET).key(&victim.key).body(b"PAR1 not parquet".to_vec().into()).send().await.unwrap();
     let altered = verify(T0).await.unwrap();
