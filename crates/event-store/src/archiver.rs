@@ -5,7 +5,8 @@
 //! 1. read the range's events from the event table, in log order;
 //! 2. put the Parquet object, read it back and check it (SHA-256, count,
 //!    first and last sort key) against what was read;
-//! 3. append its manifest entry (the next link of the hash chain);
+//! 3. append its manifest entry (the next link of the hash chain), and
+//!    anchor it in S3 ([`crate::archive::anchor`]);
 //! 4. write its pointer, and move the boundary past it: readers now read
 //!    those slots from S3;
 //! 5. delete the slots' items that hold only archived events, and record that.
@@ -35,7 +36,7 @@ use tracing::{info, warn};
 use crate::archive::columns::{self, Row};
 use crate::archive::manifest::{self, Entry, Facts};
 use crate::archive::object::Bucket;
-use crate::archive::{object_key, store, HOUR_MS};
+use crate::archive::{anchor, object_key, store, HOUR_MS};
 use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
 use crate::bookkeeping::{settings, watermark};
@@ -152,6 +153,7 @@ impl Archiver {
             // A run that stopped after an entry: its pointer, the boundary, then its deletes.
             if let Some(last) = head.as_ref() {
                 if last.end > boundary.archived_to {
+                    anchor::put(&self.bucket, last).await?;
                     store::put_object_pointer(dynamo, table, last).await?;
                     store::advance_boundary(dynamo, table, last.end).await?;
                     continue;
@@ -214,6 +216,7 @@ impl Archiver {
         if !store::append(dynamo, table, &entry).await? {
             return Err(Error::Archive(format!("archive manifest entry {} is taken: another archiver ran", entry.seq)));
         }
+        anchor::put(&self.bucket, &entry).await?;
         store::put_object_pointer(dynamo, table, &entry).await?;
         store::advance_boundary(dynamo, table, end).await?;
         Ok((entry, rows))

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{repo_root, TestEnv};
 use event_store::archive::object::Bucket;
-use event_store::archive::{audit, columns, manifest, store};
+use event_store::archive::{anchor, audit, columns, manifest, store};
 use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::config::ArchiveConfig;
@@ -382,6 +382,30 @@ print(json.dumps({
         (entries.len() as u64 - 3, None),
         "a range after the break verifies"
     );
+
+    // Each entry is anchored in S3, once. The head rewritten with its object (another object's bytes,
+    // an entry that links and matches them) is a chain that holds; its anchor says otherwise.
+    for entry in &entries {
+        assert_eq!(anchor::get(&bucket, entry.seq).await.unwrap().as_ref(), Some(entry), "anchored");
+    }
+    let (head, before) = (&entries[entries.len() - 1], &entries[entries.len() - 2]);
+    let forged_object = bytes_of(entries[3].key.clone()).await.into_bytes();
+    let forged_rows = columns::read(forged_object.clone()).unwrap();
+    let forged_keys: Vec<&str> = forged_rows.iter().map(|r| r.sort_key.as_str()).collect();
+    let facts = manifest::Facts::of(&forged_object, &forged_keys);
+    let forged = manifest::Entry::next(Some(before), head.key.clone(), head.start, head.end, &facts);
+    s3.put_object().bucket(BUCKET).key(&head.key).body(forged_object.into()).send().await.unwrap();
+    let mut item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> =
+        serde_dynamo::to_item(&forged).unwrap();
+    item.extend(event_store::bookkeeping::key(format!("archive#entry#{:012}", head.seq)));
+    env.dynamo.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
+    let chain: Vec<manifest::Entry> = store::entries_from(&env.dynamo, table, head.seq).await.unwrap();
+    assert_eq!(chain, std::slice::from_ref(&forged), "the forged head is stored");
+    let objects = [(&forged, Some(facts))];
+    assert_eq!(manifest::verify(Some(before), objects), Ok(1), "the chain alone holds");
+    let rewritten = verify(head.start).await.unwrap();
+    let expected = format!("entry {}: it is not the entry its anchor {}", head.seq, anchor::key(head.seq));
+    assert!(rewritten.first_break.as_deref().is_some_and(|b| b.starts_with(&expected)), "{rewritten:?}");
 
     // Hours without events are archived without an object (the boundary jumps them). A late event
     // into such a slot is read from the table: a reader finds no object and nothing lost.

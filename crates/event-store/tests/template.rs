@@ -518,6 +518,12 @@ fn the_stores_bucket_is_private_encrypted_versioned_and_archiving_only_with_hot_
             assert!(grants.contains(&object), "{reader}: {prefix}");
         }
     }
+    // The archiver: its objects and the manifest's anchors, nothing else of the bucket.
+    let archiver = format!("{:?}", resources["ArchiveFunction"]["Properties"]["Policies"]);
+    for prefix in ["${ArchiveBucket.Arn}/events/*", "${ArchiveBucket.Arn}/manifest/*"] {
+        assert!(archiver.contains(prefix), "ArchiveFunction: {prefix}");
+    }
+    assert!(!archiver.contains("payloads/"), "the archiver never touches payloads");
     // The writers of large payloads: to payloads/ only.
     for writer in ["LoadFunction", "StreamsFunction"] {
         let env = &resources[writer]["Properties"]["Environment"]["Variables"];

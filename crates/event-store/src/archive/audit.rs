@@ -1,10 +1,12 @@
 //! Verifying the archive as it is now: the manifest's entries against the
 //! objects S3 holds (`event-store verify`, and the demo). Recomputes each
 //! object's SHA-256, count and first and last key from its bytes, and walks
-//! the hash chain; the first break is reported where it is.
+//! the hash chain, and checks each entry against its anchor in S3
+//! ([`super::anchor`]); the first break is reported where it is.
 
 use serde::Serialize;
 
+use super::anchor;
 use super::columns;
 use super::manifest::{self, Break, Entry, Facts};
 use super::object::Bucket;
@@ -40,16 +42,34 @@ pub async fn verify(
     let previous = first.checked_sub(1).and_then(|i| all.get(i));
     let chosen: Vec<&Entry> = all[first..].iter().take_while(|e| e.start < to).collect();
     let mut checked = Vec::with_capacity(chosen.len());
+    let mut unanchored = None;
     for entry in &chosen {
         checked.push((*entry, facts_of(bucket, &entry.key).await?));
+        if unanchored.is_none() {
+            let key = anchor::key(entry.seq);
+            unanchored = match anchor::stored(bucket, entry.seq).await? {
+                None => Some(Break::AnchorMissing { seq: entry.seq, key }),
+                Some(anchored) if anchored.as_ref() != Some(*entry) => {
+                    Some(Break::AnchorDiffers { seq: entry.seq, key })
+                }
+                Some(_) => None,
+            };
+        }
     }
     let events = chosen.iter().map(|e| e.count).sum();
     let (start, end) = (chosen.first().map(|e| e.start), chosen.last().map(|e| e.end));
-    Ok(match manifest::verify(previous, checked) {
-        Ok(entries) => Verified { entries, events, start, end, first_break: None },
-        Err(broken) => {
+    // The first break, in the chain or against the anchors.
+    let broken = match (manifest::verify(previous, checked), unanchored) {
+        (Ok(_), None) => None,
+        (Ok(_), Some(anchor)) => Some(anchor),
+        (Err(chain), Some(anchor)) if anchor.seq() < chain.seq() => Some(anchor),
+        (Err(chain), _) => Some(chain),
+    };
+    Ok(match broken {
+        None => Verified { entries: chosen.len() as u64, events, start, end, first_break: None },
+        Some(broken) => {
             // The entries before the broken one passed.
-            let entries = seq_of(&broken).saturating_sub(chosen.first().map_or(0, |e| e.seq));
+            let entries = broken.seq().saturating_sub(chosen.first().map_or(0, |e| e.seq));
             Verified { entries, events, start, end, first_break: Some(broken.to_string()) }
         }
     })
@@ -62,15 +82,4 @@ async fn facts_of(bucket: &Bucket, key: &str) -> Result<Option<Facts>> {
     let rows = columns::read(bytes.clone()).unwrap_or_default();
     let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
     Ok(Some(Facts::of(&bytes, &keys)))
-}
-
-fn seq_of(broken: &Break) -> u64 {
-    match broken {
-        Break::Sequence { seq, .. }
-        | Break::EntryAltered { seq }
-        | Break::Link { seq, .. }
-        | Break::Range { seq, .. }
-        | Break::ObjectMissing { seq, .. }
-        | Break::ObjectAltered { seq, .. } => *seq,
-    }
 }

@@ -124,6 +124,28 @@ pub enum Break {
     ObjectMissing { seq: u64, key: String },
     #[error("entry {seq}: object {key} is not what was archived ({what})")]
     ObjectAltered { seq: u64, key: String, what: String },
+    #[error("entry {seq}: its anchor {key} is missing")]
+    AnchorMissing { seq: u64, key: String },
+    #[error(
+        "entry {seq}: it is not the entry its anchor {key} holds (the entry, or the chain from it on, was rewritten)"
+    )]
+    AnchorDiffers { seq: u64, key: String },
+}
+
+impl Break {
+    /// The entry where the chain breaks.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Break::Sequence { seq, .. }
+            | Break::EntryAltered { seq }
+            | Break::Link { seq, .. }
+            | Break::Range { seq, .. }
+            | Break::ObjectMissing { seq, .. }
+            | Break::ObjectAltered { seq, .. }
+            | Break::AnchorMissing { seq, .. }
+            | Break::AnchorDiffers { seq, .. } => *seq,
+        }
+    }
 }
 
 /// Checks `entries` (in `seq` order, from `first`, the one before it

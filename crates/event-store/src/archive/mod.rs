@@ -4,6 +4,7 @@
 //! partition ([`store`]). The archiver that writes them is [`crate::archiver`];
 //! below everything that reads or writes the archive.
 
+pub mod anchor;
 pub mod audit;
 pub mod columns;
 pub mod manifest;
