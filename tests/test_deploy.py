@@ -184,7 +184,6 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert env["playback"]["PLAYBACK_STREAM"] == f"{PREFIX}-playback"
     assert env["subscriptions"]["DYNAMO_EVENT_TABLE"] == f"{PREFIX}-event-table"
     assert env["subscriptions"]["METRICS_NAMESPACE"] == f"EventStore/{PREFIX}", "where the lag alarm looks"
-    assert env["streams"] == {"DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table"}
     relay = {k: str(v) for k, v in env["relay"].items()}
     assert relay.pop("RELAY_DLQ_URL").endswith(f"/{PREFIX}-relay-dlq"), "where a held stream is announced"
     assert relay == {"EVENT_STREAM": f"{PREFIX}-stream", "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table",
@@ -192,6 +191,10 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     bucket = env["archive"]["ARCHIVE_BUCKET"]
     assert bucket.startswith(f"{PREFIX}-archive-") and str(env["archive"]["HOT_RETENTION_DAYS"]) == "30"
     assert env["playback"]["ARCHIVE_BUCKET"] == env["subscriptions"]["ARCHIVE_BUCKET"] == bucket, "readers read the archive"
+    # Large payloads: load and streams offload to the same bucket.
+    assert env["load"]["ARCHIVE_BUCKET"] == bucket and str(env["load"]["INLINE_MAX_BYTES"]) == "65536"
+    assert {k: str(v) for k, v in env["streams"].items()} == {
+        "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table", "ARCHIVE_BUCKET": bucket, "INLINE_MAX_BYTES": "65536"}
     # (The emulator's CloudFormation creates the bucket but not its settings: tests/template.rs checks those.)
     assert bucket in [b["Name"] for b in aws("s3").list_buckets()["Buckets"]]
 

@@ -532,6 +532,23 @@ fn the_stores_bucket_is_private_encrypted_versioned_and_archiving_only_with_hot_
         let grants = format!("{:?}", resources[writer]["Properties"]["Policies"]);
         assert!(grants.contains("${ArchiveBucket.Arn}/payloads/*") && !grants.contains("events/"), "{writer}");
     }
+    // The bucket's name fits S3's 63 characters for the longest Service and Stage, in the longest region.
+    let longest = |p: &str| template["Parameters"][p]["MaxLength"].as_u64().unwrap() as usize;
+    let name = format!(
+        "{}-{}-archive-{}-{}",
+        "s".repeat(longest("Service")),
+        "t".repeat(longest("Stage")),
+        "0".repeat(12),
+        "ap-southeast-2"
+    );
+    assert!(name.len() <= 63, "{name}: {} characters", name.len());
+    for p in ["Service", "Stage"] {
+        assert_eq!(
+            template["Parameters"][p]["AllowedPattern"].as_str(),
+            Some("[a-z0-9][a-z0-9-]*"),
+            "S3 names are lowercase"
+        );
+    }
     assert_eq!(template["Parameters"]["HotRetentionDays"]["Default"].as_u64(), Some(30));
     for conditional in ["ArchiveFunction", "ArchiveDatabase", "ArchiveTable", "ArchiveErrorsAlarm"] {
         assert_eq!(resources[conditional]["Condition"].as_str(), Some("ArchiveEnabled"), "{conditional}");
