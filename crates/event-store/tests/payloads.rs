@@ -25,6 +25,7 @@ use event_store::playback::reader::Reader;
 use event_store::playback::tiers::Tiers;
 use event_store::playback::{Playback, PlayedEvent, Status, Window};
 use event_store::position::Checkpoint;
+use event_store::subscription::Subscriptions;
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
 use event_store_emulator::runs::{self, deadline_in, run_scan};
@@ -44,7 +45,9 @@ fn post(events: &Value) -> lambda_http::Request {
 /// Every event of the log in `[start, end)` as readers get it, with `tiers`.
 async fn log(env: &TestEnv, tiers: &Tiers, start: i64, end: i64) -> event_store::Result<Vec<Value>> {
     let table = env.names.event_table.as_str();
-    let (slots, _) = read_index(&env.dynamo, table, start, end).await.unwrap();
+    // From the slot that holds `start` (a window's start need not be a slot's).
+    let first_slot = start - start.rem_euclid(1000);
+    let (slots, _) = read_index(&env.dynamo, table, first_slot, end).await.unwrap();
     let window = Window { start, end };
     let reader = Reader {
         dynamo: &env.dynamo,
@@ -60,7 +63,7 @@ async fn log(env: &TestEnv, tiers: &Tiers, start: i64, end: i64) -> event_store:
         out.push(json.unwrap());
         ControlFlow::Continue(())
     };
-    reader.each_event(slots, Checkpoint::at_slot(start), &mut RecentIds::new(0), keep).await?;
+    reader.each_event(slots, Checkpoint::at_slot(first_slot), &mut RecentIds::new(0), keep).await?;
     Ok(out)
 }
 
@@ -168,6 +171,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
         assert!(pump.handle(batch).await.batch_item_failures.is_empty());
     }
     let done = now_ms();
+    // Past the window's last slot: the scan seals it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let scan = ScanConfig { segments: 1, watermark_lag_ms: 0, ..runs::scan_config(&env.names) };
     for pass in
@@ -214,6 +218,34 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     );
     let whole: Vec<&Value> = played.iter().filter_map(|p| p.data.as_ref()).map(|d| &d["body"]).collect();
     assert!(whole.contains(&&medium) && whole.iter().any(|b| b["data"] == drafted), "played whole");
+
+    // A subscription onto a Kinesis target: the same, as delivered events.
+    let subscriptions = |invoker| {
+        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+        let config = runs::subscription_config(&env.names);
+        Subscriptions::new(env.dynamo.clone(), env.kinesis.clone(), lambda, config, invoker)
+            .with_archive(Some(bucket.clone()))
+    };
+    let (invoker, _rx) = LocalInvoker::channel();
+    let target = json!({"kinesis": env.names.subscription_stream});
+    let create = json!({"action": "create", "name": "big", "start": format_ms(window_start), "target": target});
+    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    let tick = json!({"source": "aws.events"});
+    for answer in runs::run_subscriptions(subscriptions, tick, deadline_in(Duration::from_secs(300))).await {
+        answer.unwrap();
+    }
+    let mut delivered = Vec::new();
+    for (_, record) in env.read_stream(&env.names.subscription_stream).await {
+        for (_, data) in
+            event_store::aggregation::deaggregate(record.partition_key().unwrap(), record.data().as_ref()).unwrap()
+        {
+            delivered.push(serde_json::from_slice::<Value>(&data).unwrap());
+        }
+    }
+    assert_eq!(delivered.len(), 6, "{delivered:?}");
+    let markers: Vec<&Value> = delivered.iter().filter_map(|e| e.get("too_large")).collect();
+    assert!(markers.len() == 2 && markers.iter().all(|m| m["payload"] == large_at.as_str()), "{markers:?}");
+    assert!(delivered.iter().any(|e| e["data"]["body"] == medium), "delivered whole");
 
     // A payload altered in S3 no longer matches its hash: that event is unreadable (counted, not played), the rest go on.
     let medium_key = PayloadRef::of(BUCKET, &serde_json::to_vec(&medium).unwrap()).key;
