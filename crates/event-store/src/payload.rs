@@ -104,23 +104,30 @@ pub struct Payloads {
 }
 
 impl Payloads {
-    /// Stores `content` under its hash (storing it again is harmless: same key, same bytes).
+    /// Stores `content` under its hash, once: the same content sent again
+    /// is not written again (no new version in the versioned bucket).
     pub async fn store(&self, content: Vec<u8>) -> Result<PayloadRef> {
         let reference = PayloadRef::of(&self.bucket.name, &content);
-        self.bucket.put_as(&reference.key, content, "application/json").await?;
+        self.bucket.put_new(&reference.key, content, "application/json").await?;
         Ok(reference)
     }
 }
 
-/// The payload `reference` names, checked against its hash. A missing or
-/// altered object is [`Error::Payload`] (the event cannot be read); a failed
-/// request is an S3 error (try again).
-pub async fn fetch(s3: &aws_sdk_s3::Client, reference: &PayloadRef) -> Result<Vec<u8>> {
-    let bucket = Bucket { s3: s3.clone(), name: reference.bucket.clone() };
+/// The payload `reference` names, from `bucket` (the reader's own: a
+/// reference picks no bucket and no key, only a hash under [`KEY_PREFIX`]),
+/// checked against its hash. A missing or altered object is
+/// [`Error::Payload`] (the event cannot be read); a failed request is an S3
+/// error (try again).
+pub async fn fetch(bucket: &Bucket, reference: &PayloadRef) -> Result<Vec<u8>> {
+    let hash = &reference.sha256;
+    if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::Payload(format!("a payload reference with no SHA-256: {hash:?}")));
+    }
+    let key = format!("{KEY_PREFIX}{hash}");
     let content = bucket
-        .get_if_there(&reference.key)
+        .get_if_there(&key)
         .await?
-        .ok_or_else(|| Error::Payload(format!("{} is missing", reference.location())))?;
+        .ok_or_else(|| Error::Payload(format!("s3://{}/{key} is missing", bucket.name)))?;
     reference.check(&content)?;
     Ok(content.to_vec())
 }

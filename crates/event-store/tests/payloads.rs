@@ -253,4 +253,33 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let read = log(&env, &Tiers::new(Some(bucket.clone())), window_start, done).await.unwrap();
     assert_eq!(read.len(), 5);
     assert!(read.iter().all(|e| e["body"]["n"] != 666 && e["body"] != medium));
+    let (invoker, _rx) = LocalInvoker::channel();
+    let again = json!({"start": format_ms(window_start), "end": format_ms(done), "id": "again"});
+    let playback =
+        Playback::new(env.dynamo.clone(), env.kinesis.clone(), runs::playback_config(&env.names), Arc::new(invoker))
+            .with_archive(Some(bucket.clone()));
+    let summary = playback.handle(again, SystemTime::now() + Duration::from_secs(300)).await.unwrap();
+    assert_eq!((summary.status, summary.events, summary.unreadable), (Status::Complete, 5, 1), "{summary:?}");
+    // And one removed: the same (S3 answers 404 to a reader that may list the bucket, as the template grants).
+    s3.delete_object().bucket(BUCKET).key(&medium_key).send().await.unwrap();
+    assert_eq!(log(&env, &Tiers::new(Some(bucket.clone())), window_start, done).await.unwrap().len(), 5);
+
+    // Pages of large events end before what would not fit one answer (4 MiB put back); the state says to page.
+    let chapter = |c: char| NewEvent::new("Chapter", json!({"text": c.to_string().repeat(3 << 20)}));
+    store.append("book", Expected::NoStream, vec![chapter('a'), chapter('b')]).await.unwrap();
+    let first = store.read("book", None, 10, Direction::Forward).await.unwrap();
+    assert_eq!((first.events.len(), first.next), (1, Some(1)), "one 3 MiB event a page");
+    let second = store.read("book", first.next, 10, Direction::Forward).await.unwrap();
+    assert_eq!((second.events[0].data["text"].as_str().unwrap().len(), second.next), (3 << 20, None));
+    let backward = store.read("book", None, 10, Direction::Backward).await.unwrap();
+    assert_eq!((backward.events[0].version, backward.next), (1, Some(0)));
+    let state = store.state("book").await;
+    assert!(matches!(state, Err(EntityError::Invalid(Invalid::TooLarge(m))) if m.contains("pages")));
+    // With INLINE_MAX_BYTES above 64 KiB an entity event still stays within its item: data of 100 KB goes to S3.
+    let roomy = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
+        .with_bucket(Some(bucket.clone()), 200 * 1024);
+    let hundred = json!({"text": "h".repeat(100 * 1024)});
+    roomy.append("roomy", Expected::NoStream, vec![NewEvent::new("Big", hundred.clone())]).await.unwrap();
+    assert_eq!(roomy.read("roomy", None, 1, Direction::Forward).await.unwrap().events[0].data, hundred);
+    assert_eq!(payload_keys(&s3).await.len(), 5, "two chapters and the 100 KB event added (the medium one removed)");
 }

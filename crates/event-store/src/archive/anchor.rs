@@ -6,9 +6,6 @@
 //! `If-None-Match: *`, so no `PutObject` replaces it, no role of the stack may
 //! delete it, and with Object Lock (`ArchiveObjectLockDays`) nobody can.
 
-use aws_sdk_s3::error::ProvideErrorMetadata;
-use aws_sdk_s3::primitives::ByteStream;
-
 use super::manifest::Entry;
 use super::object::Bucket;
 use crate::error::{Error, Result};
@@ -25,28 +22,12 @@ pub fn key(seq: u64) -> String {
 pub async fn put(bucket: &Bucket, entry: &Entry) -> Result<()> {
     let body = serde_json::to_vec(entry).map_err(|e| Error::encode("archive anchor", e))?;
     let key = key(entry.seq);
-    let put = bucket
-        .s3
-        .put_object()
-        .bucket(&bucket.name)
-        .key(&key)
-        .content_type("application/json")
-        .if_none_match("*")
-        .body(ByteStream::from(body))
-        .send()
-        .await;
-    match put {
-        Ok(_) => Ok(()),
-        Err(e)
-            if e.code() == Some("PreconditionFailed")
-                || e.raw_response().is_some_and(|r| r.status().as_u16() == 412) =>
-        {
-            match get(bucket, entry.seq).await? {
-                Some(stored) if stored == *entry => Ok(()),
-                _ => Err(Error::Archive(format!("s3://{}/{key} anchors another entry {}", bucket.name, entry.seq))),
-            }
-        }
-        Err(e) => Err(Error::s3("PutObject", e)),
+    if bucket.put_new(&key, body, "application/json").await? {
+        return Ok(());
+    }
+    match get(bucket, entry.seq).await? {
+        Some(stored) if stored == *entry => Ok(()),
+        _ => Err(Error::Archive(format!("s3://{}/{key} anchors another entry {}", bucket.name, entry.seq))),
     }
 }
 

@@ -1,5 +1,6 @@
 //! An object in the store's bucket (an archive object, an offloaded payload): put, and fetched back whole.
 
+use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 
@@ -39,6 +40,31 @@ impl Bucket {
             .await
             .map_err(|e| Error::s3("PutObject", e))?;
         Ok(())
+    }
+
+    /// Puts `object` only if there is no object at `key` (`If-None-Match: *`):
+    /// true when it was written, false when one was already there.
+    pub async fn put_new(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<bool> {
+        let put = self
+            .s3
+            .put_object()
+            .bucket(&self.name)
+            .key(key)
+            .content_type(content_type)
+            .if_none_match("*")
+            .body(ByteStream::from(object))
+            .send()
+            .await;
+        match put {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.code() == Some("PreconditionFailed")
+                    || e.raw_response().is_some_and(|r| r.status().as_u16() == 412) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(Error::s3("PutObject", e)),
+        }
     }
 
     /// The object's bytes.

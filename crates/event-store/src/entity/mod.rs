@@ -32,7 +32,7 @@ use crate::payload::{self, Payloads, MAX_LARGE_EVENT_BYTES};
 use append::Keyed;
 use model::{
     batch_key, check_name, deleted_event, prepare, Batch, Limits, SnapshotItem, StoredEventItem, StreamItem, Tip,
-    HASH_KEY, RANGE_KEY, TIP,
+    HASH_KEY, MAX_INLINE_EVENT, RANGE_KEY, TIP,
 };
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 use snapshot::snapshot_text;
@@ -48,6 +48,9 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:Query",
     "dynamodb:UpdateItem",
     "s3:GetObject",
+    // Not called: S3 answers a missing key 404 (an unreadable event) only to a role that may list
+    // the bucket, and 403 (a failure retried for ever) to one that may not.
+    "s3:ListBucket",
     "s3:PutObject",
 ];
 
@@ -128,6 +131,9 @@ pub struct State {
 const STATE_FIRST_PAGE_ITEMS: i32 = 32;
 /// The most items one page of a read asks DynamoDB for.
 const MAX_QUERY_ITEMS: usize = 1000;
+/// The most data one read puts back from S3 (beyond its first event): an
+/// answer must fit Lambda's 6 MB response, and the function's memory.
+pub const READ_PAYLOAD_BYTES: usize = 4 << 20;
 
 /// The entity streams of one table.
 #[derive(Clone)]
@@ -168,7 +174,8 @@ impl EntityStore {
 
     fn limits(&self) -> Limits {
         match &self.payloads {
-            Some(p) => Limits { event: MAX_LARGE_EVENT_BYTES, offload_over: Some(p.inline_max) },
+            // An entity event stays inline up to 64 KiB at most, whatever INLINE_MAX_BYTES allows posted events.
+            Some(p) => Limits { event: MAX_LARGE_EVENT_BYTES, offload_over: Some(p.inline_max.min(MAX_INLINE_EVENT)) },
             None => Limits::INLINE,
         }
     }
@@ -189,14 +196,14 @@ impl EntityStore {
     /// Puts offloaded data back into `events`.
     async fn resolve(&self, events: &mut [RecordedEvent]) -> Result<(), Error> {
         for event in events.iter_mut().filter(|e| e.data_ref.is_some()) {
-            let Some(s3) = self.payloads.as_ref().map(|p| &p.bucket.s3) else {
+            let Some(bucket) = self.payloads.as_ref().map(|p| &p.bucket) else {
                 return Err(Error::Config(format!(
                     "{} event {} has its data in S3, and this function has no ARCHIVE_BUCKET",
                     event.stream, event.version
                 )));
             };
             if let Some(reference) = event.data_ref.take() {
-                event.data = payload::parse(&payload::fetch(s3, &reference).await?);
+                event.data = payload::parse(&payload::fetch(bucket, &reference).await?);
             }
         }
         Ok(())
@@ -258,6 +265,20 @@ impl EntityStore {
         direction: Direction,
     ) -> Result<Page, EntityError> {
         let mut page = self.read_with_refs(stream, from, limit, direction).await?;
+        // Data put back from S3 fits one answer: the page ends before the event that would pass it.
+        let mut from_s3 = 0;
+        let fits = page.events.iter().position(|e| {
+            from_s3 += e.data_ref.as_ref().map_or(0, |r| r.bytes);
+            from_s3 > READ_PAYLOAD_BYTES
+        });
+        if let Some(cut) = fits.map(|i| i.max(1)).filter(|&cut| cut < page.events.len()) {
+            page.events.truncate(cut);
+            let last = page.events[cut - 1].version;
+            page.next = match direction {
+                Direction::Forward => Some(last + 1),
+                Direction::Backward => last.checked_sub(1),
+            };
+        }
         self.resolve(&mut page.events).await?;
         Ok(page)
     }
@@ -418,6 +439,13 @@ impl EntityStore {
             .flat_map(|b| b.read())
             .filter(|e| after.is_none_or(|v| e.version > v) && e.version <= tip.version)
             .collect();
+        let from_s3: usize = events.iter().filter_map(|e| e.data_ref.as_ref()).map(|r| r.bytes).sum();
+        if from_s3 > READ_PAYLOAD_BYTES {
+            return Err(Invalid::TooLarge(format!(
+                "the events after the snapshot hold {from_s3} bytes of data; read them in pages, or store a snapshot"
+            ))
+            .into());
+        }
         self.resolve(&mut events).await?;
         let snapshot = snapshot.map(Snapshot::from);
         Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests })

@@ -187,6 +187,9 @@ impl Limits {
 
 /// What a `data_ref` takes in a batch item, at most (bucket name and key, hash, size).
 const REF_BYTES: usize = 512;
+/// The largest entity event kept inline when data can be offloaded: an
+/// offloaded one keeps its id, type and metadata within [`MAX_EVENT_BYTES`].
+pub const MAX_INLINE_EVENT: usize = MAX_EVENT_BYTES - REF_BYTES;
 
 /// Checks an append and turns it into what is stored; events without an id get a random one.
 pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventItem>, Invalid> {

@@ -38,6 +38,14 @@ struct Pending {
     record: OutgoingRecord,
 }
 
+/// Queued records are put once they hold this much (besides every 500): a
+/// run's memory stays bounded when events are large.
+const PENDING_BYTES: usize = 8 << 20;
+
+fn pending_bytes(pending: &[Pending]) -> usize {
+    pending.iter().map(|p| p.record.data.len()).sum()
+}
+
 /// Where a run starts: its position, its pace, the envelope ids delivered
 /// just before, and the lease it holds (the owner token).
 pub struct Start {
@@ -126,6 +134,12 @@ impl<'a> Run<'a> {
         for event in page.events {
             let readable = self.playback.tiers.bytes(&event).await;
             self.queue(page.slot, event, readable)?;
+            // Large events (payloads put back from S3) go out before more are held.
+            if pending_bytes(&self.pending) >= PENDING_BYTES {
+                if let Put::WouldCrossDeadline = self.put_full_batches().await? {
+                    return Ok(Flow::HandOver(self.checkpoint.clone()));
+                }
+            }
         }
         // Pages with nothing to put (a filter that keeps little) still keep the lease alive.
         if self.renewed.elapsed() >= self.playback.lease() / 3 {
@@ -183,9 +197,11 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
+    /// Puts what is queued in batches of 500 records, and all of it once it holds [`PENDING_BYTES`].
     async fn put_full_batches(&mut self) -> Result<Put> {
-        while self.pending.len() >= KINESIS_BATCH_RECORDS {
-            let batch: Vec<Pending> = self.pending.drain(..KINESIS_BATCH_RECORDS).collect();
+        while self.pending.len() >= KINESIS_BATCH_RECORDS || pending_bytes(&self.pending) >= PENDING_BYTES {
+            let n = self.pending.len().min(KINESIS_BATCH_RECORDS);
+            let batch: Vec<Pending> = self.pending.drain(..n).collect();
             let next_seq = self.seq - self.pending.len() as u64;
             if let Put::WouldCrossDeadline = self.put(batch, next_seq, Some(self.margin())).await? {
                 return Ok(Put::WouldCrossDeadline);

@@ -107,7 +107,7 @@ impl Tiers {
                 reference.location()
             )));
         };
-        let content = payload::fetch(&bucket.s3, &reference).await?;
+        let content = payload::fetch(bucket, &reference).await?;
         Ok(Readable { bytes: payload::splice(&bytes, entity, &content)?, offloaded: Some(reference) })
     }
 

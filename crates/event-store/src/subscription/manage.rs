@@ -11,6 +11,7 @@ use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
 use crate::error::{Error, Result};
+use crate::playback::record::fits_one_record;
 use crate::playback::PlayedEvent;
 use crate::playback::Window;
 use crate::time::now_ms;
@@ -99,7 +100,7 @@ impl Subscriptions {
             if !event_ids.is_empty() && !event_ids.contains(&parked.event_id) {
                 continue;
             }
-            let delivery = self.parked_delivery(&sub.name, &parked).await?;
+            let delivery = self.parked_delivery(&sub.name, &sub.target, &parked).await?;
             let attempt = match &sub.target {
                 Target::Kinesis(stream) => {
                     let clients = (&self.putter, &self.kinesis);
@@ -141,7 +142,7 @@ impl Subscriptions {
     }
 
     /// A parked event, read from the event table, as it is delivered.
-    async fn parked_delivery(&self, name: &str, parked: &Parked) -> Result<Delivery> {
+    async fn parked_delivery(&self, name: &str, to: &Target, parked: &Parked) -> Result<Delivery> {
         let config = &self.config;
         let (slots, _) = read_index(&self.dynamo, &config.event_table, parked.slot, parked.slot + 1).await?;
         let slot = slots.into_iter().find(|s| s.slot == parked.slot).unwrap_or(SlotRef::single(parked.slot));
@@ -150,9 +151,10 @@ impl Subscriptions {
             self.reader(&window).event_at(slot, &parked.event_sort_key).await?.ok_or_else(|| {
                 Error::Malformed(format!("parked event {} is not in the event table", parked.event_id))
             })?;
-        let bytes = self.tiers.bytes(&event).await?.bytes;
+        let readable = self.tiers.bytes(&event).await?;
+        let bytes = readable.bytes;
         let json = serde_json::from_slice(&bytes).ok();
-        let delivered = DeliveredEvent {
+        let mut delivered = DeliveredEvent {
             subscription: name.to_owned(),
             subscription_id: parked.sub_id.clone(),
             partition: parked.partition,
@@ -160,13 +162,19 @@ impl Subscriptions {
             redriven: true,
             event: PlayedEvent::new(&event, json, &bytes, parked.seq),
         };
+        let mut data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
+        if matches!(to, Target::Kinesis(_)) && !fits_one_record(&event.partition_key, data.len()) {
+            // As the runner does: a marker, not a record Kinesis would refuse on every re-drive.
+            delivered.event = PlayedEvent::too_large(&event, data.len(), readable.offloaded.as_ref(), parked.seq);
+            data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
+        }
         Ok(Delivery {
             seq: parked.seq,
             slot: event.slot,
             sort_key: event.sort_key,
             event_id: event.event_id,
             partition_key: event.partition_key,
-            data: serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?,
+            data,
         })
     }
 }

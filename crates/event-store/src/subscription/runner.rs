@@ -34,6 +34,9 @@ use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).
 const HANDOVER_LEASE_MS: i64 = 300_000;
+/// Queued deliveries go out once they hold this much (besides every batch):
+/// with large events, a batch of 100 could be hundreds of MB.
+const PENDING_BYTES: usize = 8 << 20;
 
 /// How often a following runner asks whether its subscription was paused or deleted.
 const STATE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -222,8 +225,19 @@ impl Runner<'_> {
                 self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
                 for event in page.events {
+                    if partition_of(&event.partition_key, self.sub.partitions) != self.partition {
+                        self.summary.other_partitions += 1;
+                        continue;
+                    }
+                    // Only this partition's events are read whole (a payload from S3 once, not once a partition).
                     let readable = subs.tiers.bytes(&event).await;
                     self.queue(event, readable)?;
+                    // Large events go out before more are held: the runner's memory stays bounded.
+                    if self.pending.iter().map(|d| d.data.len()).sum::<usize>() >= PENDING_BYTES {
+                        if let Some(end) = self.deliver_pending().await? {
+                            return Ok(end);
+                        }
+                    }
                 }
                 while self.pending.len() >= self.sub.batch_size {
                     let batch: Vec<Delivery> = self.pending.drain(..self.sub.batch_size).collect();
@@ -259,10 +273,6 @@ impl Runner<'_> {
     /// Keeps an event of this partition that passes the filter (and is not
     /// a copy of one just delivered) for delivery.
     fn queue(&mut self, event: EventItem, readable: Result<Readable>) -> Result<()> {
-        if partition_of(&event.partition_key, self.sub.partitions) != self.partition {
-            self.summary.other_partitions += 1;
-            return Ok(());
-        }
         let Readable { bytes, offloaded } = match readable {
             Ok(readable) => readable,
             Err(err) if !err.is_unreadable() => return Err(err),
