@@ -16,6 +16,7 @@ pub mod cqrs;
 pub mod http;
 pub mod log;
 pub mod model;
+mod payloads;
 pub mod redrive;
 pub mod relay;
 mod snapshot;
@@ -25,15 +26,11 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use crate::archive::object::Bucket;
 use crate::batch::Backoff;
 use crate::error::Error;
-use crate::payload::{self, Payloads, MAX_LARGE_EVENT_BYTES};
+use crate::payload::Payloads;
 use append::Keyed;
-use model::{
-    batch_key, check_name, deleted_event, prepare, Batch, Limits, SnapshotItem, StoredEventItem, StreamItem, Tip,
-    HASH_KEY, MAX_INLINE_EVENT, RANGE_KEY, TIP,
-};
+use model::{batch_key, check_name, deleted_event, Batch, SnapshotItem, StreamItem, Tip, HASH_KEY, RANGE_KEY, TIP};
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 use snapshot::snapshot_text;
 pub use snapshot::Snapshot;
@@ -162,51 +159,6 @@ impl EntityStore {
         // Transaction conflicts between writers of one stream clear in milliseconds.
         let backoff = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(500), max_attempts: 8 };
         Self { dynamo, table: table.into(), backoff, payloads: None }
-    }
-
-    /// Offloads event data larger than `inline_max` bytes into `bucket` (the
-    /// one `ARCHIVE_BUCKET` names), and so accepts events up to
-    /// [`crate::payload::MAX_LARGE_EVENT_BYTES`]; reads put the data back.
-    pub fn with_bucket(mut self, bucket: Option<Bucket>, inline_max: usize) -> Self {
-        self.payloads = bucket.map(|bucket| Payloads { bucket, inline_max });
-        self
-    }
-
-    fn limits(&self) -> Limits {
-        match &self.payloads {
-            // An entity event stays inline up to 64 KiB at most, whatever INLINE_MAX_BYTES allows posted events.
-            Some(p) => Limits { event: MAX_LARGE_EVENT_BYTES, offload_over: Some(p.inline_max.min(MAX_INLINE_EVENT)) },
-            None => Limits::INLINE,
-        }
-    }
-
-    /// Checks an append and stores the data of its large events in S3.
-    async fn prepare(&self, events: Vec<NewEvent>) -> Result<Vec<StoredEventItem>, EntityError> {
-        let limits = self.limits();
-        let mut stored = prepare(events, limits)?;
-        if let Some(payloads) = &self.payloads {
-            for event in stored.iter_mut().filter(|e| limits.offloads(e.size())) {
-                let data = std::mem::replace(&mut event.data, "null".to_owned());
-                event.data_ref = Some(payloads.store(data.into_bytes()).await?);
-            }
-        }
-        Ok(stored)
-    }
-
-    /// Puts offloaded data back into `events`.
-    async fn resolve(&self, events: &mut [RecordedEvent]) -> Result<(), Error> {
-        for event in events.iter_mut().filter(|e| e.data_ref.is_some()) {
-            let Some(bucket) = self.payloads.as_ref().map(|p| &p.bucket) else {
-                return Err(Error::Config(format!(
-                    "{} event {} has its data in S3, and this function has no ARCHIVE_BUCKET",
-                    event.stream, event.version
-                )));
-            };
-            if let Some(reference) = event.data_ref.take() {
-                event.data = payload::parse(&payload::fetch(bucket, &reference).await?);
-            }
-        }
-        Ok(())
     }
 
     pub fn table(&self) -> &str {

@@ -11,7 +11,6 @@ use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
 use crate::error::{Error, Result};
-use crate::playback::record::fits_one_record;
 use crate::playback::PlayedEvent;
 use crate::playback::Window;
 use crate::time::now_ms;
@@ -154,7 +153,7 @@ impl Subscriptions {
         let readable = self.tiers.bytes(&event).await?;
         let bytes = readable.bytes;
         let json = serde_json::from_slice(&bytes).ok();
-        let mut delivered = DeliveredEvent {
+        let delivered = DeliveredEvent {
             subscription: name.to_owned(),
             subscription_id: parked.sub_id.clone(),
             partition: parked.partition,
@@ -162,12 +161,8 @@ impl Subscriptions {
             redriven: true,
             event: PlayedEvent::new(&event, json, &bytes, parked.seq),
         };
-        let mut data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
-        if matches!(to, Target::Kinesis(_)) && !fits_one_record(&event.partition_key, data.len()) {
-            // As the runner does: a marker, not a record Kinesis would refuse on every re-drive.
-            delivered.event = PlayedEvent::too_large(&event, data.len(), readable.offloaded.as_ref(), parked.seq);
-            data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
-        }
+        // As the runner delivers it: a marker, not a record Kinesis would refuse on every re-drive.
+        let data = delivered.record(&event, to, readable.offloaded.as_ref())?;
         Ok(Delivery {
             seq: parked.seq,
             slot: event.slot,

@@ -26,7 +26,6 @@ use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
 use crate::playback::reader::{Page, PAGES_AHEAD};
-use crate::playback::record::fits_one_record;
 use crate::playback::tiers::Readable;
 use crate::playback::{PlayedEvent, Window};
 use crate::position::Checkpoint;
@@ -34,8 +33,7 @@ use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).
 const HANDOVER_LEASE_MS: i64 = 300_000;
-/// Queued deliveries go out once they hold this much (besides every batch):
-/// with large events, a batch of 100 could be hundreds of MB.
+/// Queued deliveries go out once they hold this much (besides every batch), so that large events keep memory bounded.
 const PENDING_BYTES: usize = 8 << 20;
 
 /// How often a following runner asks whether its subscription was paused or deleted.
@@ -229,10 +227,9 @@ impl Runner<'_> {
                         self.summary.other_partitions += 1;
                         continue;
                     }
-                    // Only this partition's events are read whole (a payload from S3 once, not once a partition).
+                    // Read whole (a payload fetched from S3) only in its partition's runner.
                     let readable = subs.tiers.bytes(&event).await;
                     self.queue(event, readable)?;
-                    // Large events go out before more are held: the runner's memory stays bounded.
                     if self.pending.iter().map(|d| d.data.len()).sum::<usize>() >= PENDING_BYTES {
                         if let Some(end) = self.deliver_pending().await? {
                             return Ok(end);
@@ -270,8 +267,7 @@ impl Runner<'_> {
         result
     }
 
-    /// Keeps an event of this partition that passes the filter (and is not
-    /// a copy of one just delivered) for delivery.
+    /// Keeps an event that passes the filter (and is no copy of one just delivered) for delivery.
     fn queue(&mut self, event: EventItem, readable: Result<Readable>) -> Result<()> {
         let Readable { bytes, offloaded } = match readable {
             Ok(readable) => readable,
@@ -301,22 +297,15 @@ impl Runner<'_> {
             self.summary.filtered_out += 1;
             return Ok(());
         }
-        let position = Position { slot: event.slot, sort_key: event.sort_key.clone() };
-        let mut delivered = DeliveredEvent {
+        let delivered = DeliveredEvent {
             subscription: self.sub.name.clone(),
             subscription_id: self.sub.id.clone(),
             partition: self.partition,
-            position,
+            position: Position { slot: event.slot, sort_key: event.sort_key.clone() },
             redriven: false,
             event: PlayedEvent::new(&event, json, &bytes, self.seq),
         };
-        let mut data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
-        if matches!(self.sub.target, Target::Kinesis(_)) && !fits_one_record(&event.partition_key, data.len()) {
-            // Kinesis would refuse the whole request: a marker takes its place, in order (as in playback).
-            warn!(sort_key = %event.sort_key, bytes = data.len(), "delivered event over the Kinesis record limit: a marker goes instead");
-            delivered.event = PlayedEvent::too_large(&event, data.len(), offloaded.as_ref(), self.seq);
-            data = serde_json::to_vec(&delivered).map_err(|e| Error::encode("delivered event", e))?;
-        }
+        let data = delivered.record(&event, &self.sub.target, offloaded.as_ref())?;
         self.pending.push(Delivery {
             seq: self.seq,
             slot: event.slot,

@@ -21,10 +21,13 @@ use aws_sdk_lambda::types::InvocationType;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::spec::Target;
 use crate::batch::Backoff;
 use crate::error::{Error, Result};
+use crate::event_item::EventItem;
 use crate::kinesis::{events_stored_since, put_in_key_order, send_put_records, stored_since, OutgoingRecord};
-use crate::playback::record::kinesis_records_of;
+use crate::payload::PayloadRef;
+use crate::playback::record::{fits_one_record, kinesis_records_of};
 use crate::playback::{PlayedEvent, RecordFormat};
 use crate::time::now_ms;
 
@@ -58,6 +61,22 @@ pub struct DeliveredEvent {
     pub redriven: bool,
     #[serde(flatten)]
     pub event: PlayedEvent,
+}
+
+impl DeliveredEvent {
+    /// The record delivered for `event`: the event whole or, where a Kinesis
+    /// target could not take it in one record (it would refuse the whole
+    /// request), a marker in its place, in order, with where its payload lies
+    /// (as playback does).
+    pub fn record(mut self, event: &EventItem, to: &Target, offloaded: Option<&PayloadRef>) -> Result<Vec<u8>> {
+        let data = serde_json::to_vec(&self).map_err(|e| Error::encode("delivered event", e))?;
+        if !matches!(to, Target::Kinesis(_)) || fits_one_record(&event.partition_key, data.len()) {
+            return Ok(data);
+        }
+        tracing::warn!(sort_key = %event.sort_key, bytes = data.len(), "delivered event over the Kinesis record limit: a marker goes instead");
+        self.event = PlayedEvent::too_large(event, data.len(), offloaded, self.event.playback_seq);
+        serde_json::to_vec(&self).map_err(|e| Error::encode("delivered event", e))
+    }
 }
 
 /// An event's place in the event table (and so in the log): its slot and sort key.
