@@ -25,7 +25,7 @@ from conftest import REGION, ROOT, free_port, wait_for_port
 
 FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay", "archive"]
 BUCKET = "event-store-artifacts"
-PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef"}
+PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef", "SubjectHashKey": "ci-subject-hash-key-0123456789abcdef"}
 PREFIX = "event-store-ci"
 # Resource types the emulator's CloudFormation does not create (it skips them
 # with a warning); docs/testing.md lists the same.

@@ -258,7 +258,7 @@ async fn tail(target: &Target, from: i64, filters: &[event_store::playback::Filt
             std::future::pending::<()>().await;
         }
     };
-    match tail::tail(&dynamo, target.archive(), &target.resources.event_table, from, filters, count, stop).await {
+    match tail::tail(&dynamo, target.tiers(), &target.resources.event_table, from, filters, count, stop).await {
         Ok(printed) => {
             eprintln!("{printed} events");
             Exit::Done

@@ -123,8 +123,10 @@ pub async fn local(target: &Target, request: PlaybackRequest, json_out: bool) ->
         })
     };
     let kinesis = aws_sdk_kinesis::Client::new(&target.sdk);
-    let archive = target.archive();
-    let make = |invoker| Playback::new(dynamo, kinesis, config, invoker).with_observer(observer).with_archive(archive);
+    let (archive, keys) = (target.archive(), target.keys());
+    let make = |invoker| {
+        Playback::new(dynamo, kinesis, config, invoker).with_observer(observer).with_archive(archive).with_keys(keys)
+    };
     // As long as the function's timeout allows each run; continuations go on in this process.
     let runs = run_playback(make, serde_json::to_value(&request)?, deadline_in(Duration::from_secs(900))).await;
     bar.finish_and_clear();

@@ -160,7 +160,8 @@ pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
                 config,
                 Arc::new(invoker),
             )
-            .with_archive(target.archive());
+            .with_archive(target.archive())
+            .with_keys(target.keys());
             let answer = subscriptions.handle(payload, SystemTime::now() + Duration::from_secs(900)).await;
             Ok(answer.map_err(|e| Refused(e.to_string()))?.to_json()?)
         }

@@ -7,7 +7,6 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use anyhow::Result;
-use event_store::archive::object::Bucket;
 use event_store::bookkeeping::settings;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::bookkeeping::watermark;
@@ -28,7 +27,7 @@ const POLL: Duration = Duration::from_secs(1);
 /// returns how many it printed.
 pub async fn tail(
     dynamo: &aws_sdk_dynamodb::Client,
-    archive: Option<Bucket>,
+    tiers: Tiers,
     event_table: &str,
     from: i64,
     filters: &[Filter],
@@ -41,7 +40,6 @@ pub async fn tail(
         config.time_unit_ms = unit;
     }
     let mut printed = 0u64;
-    let tiers = Tiers::new(archive);
     tokio::select! {
         result = follow(dynamo, &config, &tiers, from, filters, limit, &mut printed) => result?,
         () = stop => {}

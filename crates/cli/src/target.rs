@@ -53,6 +53,8 @@ pub struct Target {
     pub streams_url: Option<String>,
     /// The archive's bucket (`ArchiveBucketName`, or the local stack's); `None` when the stack keeps everything hot.
     pub archive_bucket: Option<String>,
+    /// Subjects' data keys (`KeyTableName`, or the local stack's), to open sealed events.
+    pub key_table: Option<String>,
     /// Set for a deployed stack.
     pub stack: Option<String>,
 }
@@ -62,6 +64,16 @@ impl Target {
     pub fn archive(&self) -> Option<event_store::archive::object::Bucket> {
         let name = self.archive_bucket.clone()?;
         Some(event_store::archive::object::Bucket::new(&self.sdk, name))
+    }
+
+    /// Subjects' keys, for readers of sealed events.
+    pub fn keys(&self) -> Option<std::sync::Arc<event_store::privacy::keys::Keys>> {
+        Some(event_store::privacy::table_keys(&self.sdk, self.key_table.clone()?))
+    }
+
+    /// The tiers a reader of this stack's log reads, sealed events opened.
+    pub fn tiers(&self) -> event_store::playback::tiers::Tiers {
+        event_store::playback::tiers::Tiers::new(self.archive()).with_keys(self.keys())
     }
 }
 
@@ -99,6 +111,7 @@ pub async fn local() -> Result<Target, TargetError> {
         entity_table: Some(names.entity_table),
         streams_url: Some(format!("http://127.0.0.1:{}/streams", env_port("PORT", 3000))),
         archive_bucket: Some(names.archive_bucket),
+        key_table: Some(names.key_table),
         stack: None,
     })
 }
@@ -146,6 +159,7 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         entity_table: outputs.get("EntityTableName").cloned(),
         streams_url: outputs.get("StreamsUrl").cloned(),
         archive_bucket: outputs.get("ArchiveBucketName").cloned(),
+        key_table: outputs.get("KeyTableName").cloned(),
         stack: Some(name.to_owned()),
     })
 }

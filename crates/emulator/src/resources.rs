@@ -8,6 +8,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use aws_sdk_dynamodb::error::DisplayErrorContext;
+use event_store::privacy::keys;
 use event_store::{buffer_item, entity, event_item};
 
 use crate::process::Error;
@@ -31,6 +32,10 @@ pub struct Names {
     pub subscription_stream: String,
     /// The local stack's archive bucket (a deployed stack's is named by its `ArchiveBucketName` output).
     pub archive_bucket: String,
+    /// Subjects' data keys, wrapped ([`event_store::privacy::keys`]).
+    pub key_table: String,
+    /// The KMS key that wraps them, by its alias.
+    pub subject_key_alias: String,
 }
 
 /// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
@@ -52,6 +57,8 @@ impl Names {
             playback_stream: format!("{prefix}-playback"),
             subscription_stream: format!("{prefix}-sub-demo"),
             archive_bucket: format!("{prefix}-archive"),
+            key_table: format!("{prefix}-key-table"),
+            subject_key_alias: format!("alias/{prefix}-subjects"),
         }
     }
 }
@@ -69,7 +76,8 @@ fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinitio
 }
 
 /// Buffer table: hash key `id` (S); event table: `slot` (N) + `sort_key` (S);
-/// entity table: `stream` (S) + `item` (S), with a stream of new images. On-demand.
+/// entity table: `stream` (S) + `item` (S), with a stream of new images; key
+/// table: `subject` (S) + `item` (S). On-demand.
 pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> Result<()> {
     let tables = [
         (&names.buffer_table, vec![(buffer_item::HASH_KEY, KeyType::Hash, ScalarAttributeType::S)]),
@@ -85,6 +93,13 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
             vec![
                 (entity::model::HASH_KEY, KeyType::Hash, ScalarAttributeType::S),
                 (entity::model::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
+            ],
+        ),
+        (
+            &names.key_table,
+            vec![
+                (keys::HASH_KEY, KeyType::Hash, ScalarAttributeType::S),
+                (keys::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
             ],
         ),
     ];
@@ -122,6 +137,25 @@ pub async fn create_bucket(client: &aws_sdk_s3::Client, name: &str) -> Result<()
         }
         Err(e) => Err(failed("CreateBucket", e)),
     }
+}
+
+/// The KMS key subjects' data keys are wrapped by, under `alias` (made
+/// unless the alias exists); its key id.
+pub async fn create_subject_key(kms: &aws_sdk_kms::Client, alias: &str) -> Result<String> {
+    let aliases = kms.list_aliases().send().await.map_err(|e| failed("ListAliases", e))?;
+    if let Some(key) = aliases.aliases().iter().find(|a| a.alias_name() == Some(alias)).and_then(|a| a.target_key_id())
+    {
+        return Ok(key.to_owned());
+    }
+    let made = kms
+        .create_key()
+        .description("event store: wraps data subjects' keys")
+        .send()
+        .await
+        .map_err(|e| failed("CreateKey", e))?;
+    let key = made.key_metadata().map(|m| m.key_id().to_owned()).ok_or_else(|| Error("CreateKey: no key id".into()))?;
+    kms.create_alias().alias_name(alias).target_key_id(&key).send().await.map_err(|e| failed("CreateAlias", e))?;
+    Ok(key)
 }
 
 /// Both streams with `shards` shards each; waits until they are active.

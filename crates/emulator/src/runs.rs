@@ -50,6 +50,7 @@ pub fn playback_config(names: &Names) -> PlaybackConfig {
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
         lease: event_store::config::DEFAULT_PLAYBACK_LEASE,
         archive_bucket: None,
+        subjects: None,
     }
 }
 
@@ -68,6 +69,7 @@ pub fn subscription_config(names: &Names) -> SubscriptionConfig {
         lease_slack_ms: 1_000,
         metrics_namespace: "EventStore/local".into(),
         archive_bucket: None,
+        subjects: None,
     }
 }
 

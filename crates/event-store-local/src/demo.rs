@@ -230,8 +230,10 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
     let playback_started = Instant::now();
     let config = event_store::config::PlaybackConfig::from_env()?;
     let (dynamo, kinesis) = (stack.dynamo.clone(), stack.kinesis.clone());
-    let archive = Some(stack.archive.clone());
-    let make = |invoker| event_store::playback::Playback::new(dynamo, kinesis, config, invoker).with_archive(archive);
+    let (archive, keys) = (Some(stack.archive.clone()), Some(stack.keys.clone()));
+    let make = |invoker| {
+        event_store::playback::Playback::new(dynamo, kinesis, config, invoker).with_archive(archive).with_keys(keys)
+    };
     let runs = run_playback(make, serde_json::to_value(&request)?, deadline_in(crate::stack::PLAYBACK_TIMEOUT)).await;
     let runs = runs.into_iter().collect::<event_store::Result<Vec<_>>>().context("playback failed")?;
     let total = event_store::playback::PlaybackSummary::total(&runs);

@@ -28,6 +28,8 @@ pub struct Glance {
     pub resources: Resources,
     /// The archive's bucket: a look into slots already archived reads them there.
     pub archive: Option<event_store::archive::object::Bucket>,
+    /// Subjects' keys: sealed events are shown opened.
+    pub keys: Option<std::sync::Arc<event_store::privacy::keys::Keys>>,
 }
 
 /// The events sealed in `[from, sealed_end)`, the newest [`RECENT_EVENTS`].
@@ -55,7 +57,7 @@ impl Glance {
         let (slots, _) = read_index(dynamo, table, slot_of(from, unit), end).await?;
         let window = Window { start: from, end };
         let config = event_store::config::SubscriptionConfig::for_table(table.to_owned())?;
-        let tiers = Tiers::new(self.archive.clone());
+        let tiers = Tiers::new(self.archive.clone()).with_keys(self.keys.clone());
         let reader = Reader {
             dynamo,
             table,

@@ -72,6 +72,10 @@ impl Settings {
         set("DYNAMO_EVENT_TABLE", &self.names.event_table);
         set("DYNAMO_ENTITY_TABLE", &self.names.entity_table);
         set("ARCHIVE_BUCKET", &self.names.archive_bucket);
+        // Per-subject encryption, on as in a deployed stack (docs/privacy.md); the stack makes the key.
+        set("KEY_TABLE", &self.names.key_table);
+        set("SUBJECT_KMS_KEY", &self.names.subject_key_alias);
+        default("SUBJECT_HASH_KEY", "local-stack-subject-hash-key-not-a-secret");
         default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
         default("AWS_REGION", "us-east-1");
         default("IP_SALT", "local-stack-salt-not-secret");

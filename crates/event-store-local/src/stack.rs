@@ -17,12 +17,14 @@ use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
 use event_store::entity::EntityStore;
 use event_store::load::Load;
+use event_store::privacy::keys::Keys;
+use event_store::privacy::Subjects;
 use event_store::pump::Pump;
 use event_store::scan::Scan;
 use event_store::subscription::{Answer, Subscriptions};
 use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker, Queued};
 use event_store_emulator::request_counter::RequestCounter;
-use event_store_emulator::resources::{create_bucket, create_streams, create_tables};
+use event_store_emulator::resources::{create_bucket, create_streams, create_subject_key, create_tables};
 use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use event_store_emulator::Emulator;
 use event_store_fault_proxy::FaultProxy;
@@ -51,6 +53,8 @@ pub struct Stack {
     pub region: String,
     /// The archive's bucket (`names.archive_bucket`): readers read archived slots from it.
     pub archive: Bucket,
+    /// Subjects' keys (`names.key_table`, wrapped by the stage's KMS key): sealed events open with them.
+    pub keys: Arc<Keys>,
     pub stats: Arc<Stats>,
     pub counter: RequestCounter,
     /// What the DynamoDB client talks to: the emulator, transactions alone (see [`Stack::start`]).
@@ -106,6 +110,9 @@ impl Stack {
         create_streams(&kinesis, &settings.names, settings.shards).await.context("creating the streams")?;
         let archive = Bucket::new(&sdk, settings.names.archive_bucket.clone());
         create_bucket(&archive.s3, &archive.name).await.context("creating the archive bucket")?;
+        let kms = aws_sdk_kms::Client::new(&sdk);
+        create_subject_key(&kms, &settings.names.subject_key_alias).await.context("creating the subjects' KMS key")?;
+        let keys = event_store::privacy::table_keys(&sdk, settings.names.key_table.clone());
         let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
         let lambda = aws_sdk_lambda::Client::new(&sdk);
         Ok(Self {
@@ -116,6 +123,7 @@ impl Stack {
             lambda,
             region,
             archive,
+            keys,
             stats: Arc::default(),
             counter,
             _serial: serial,
@@ -131,7 +139,11 @@ impl Stack {
         let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
         let api = Arc::new(crate::http::Api {
             // Large events go to the stack's bucket, as `ARCHIVE_BUCKET` sends them in AWS.
-            load: Load::new(self.kinesis.clone(), LoadConfig::from_env()?).with_bucket(Some(self.archive.clone())),
+            load: {
+                let config = LoadConfig::from_env()?;
+                let subjects = Subjects::configured(&event_store::aws_config().await, config.subjects.as_ref())?;
+                Load::new(self.kinesis.clone(), config).with_bucket(Some(self.archive.clone())).with_subjects(subjects)
+            },
             streams: StreamsApi::new(
                 EntityStore::new(self.dynamo.clone(), names.entity_table.clone())
                     .with_bucket(Some(self.archive.clone()), StreamsConfig::from_env()?.inline_max_bytes),
@@ -149,6 +161,7 @@ impl Stack {
                     queues: vec![],
                 },
                 archive: Some(self.archive.clone()),
+                keys: Some(self.keys.clone()),
             },
         });
         tasks.spawn(crate::http::serve(listener, api, self.stats.clone(), shutdown.clone()));
@@ -208,7 +221,8 @@ impl Stack {
                 SubscriptionConfig::from_env()?,
                 Arc::new(invoker.clone()),
             )
-            .with_archive(Some(self.archive.clone())),
+            .with_archive(Some(self.archive.clone()))
+            .with_keys(Some(self.keys.clone())),
         );
         let stats = self.stats.clone();
         tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {

@@ -19,5 +19,6 @@ pub fn local_with(stack: &crate::stack::Stack) -> Result<Subscriptions> {
         SubscriptionConfig::from_env()?,
         Arc::new(invoker),
     )
-    .with_archive(Some(stack.archive.clone())))
+    .with_archive(Some(stack.archive.clone()))
+    .with_keys(Some(stack.keys.clone())))
 }

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::config::IpMode;
 use crate::error::{Error, Result};
 use crate::payload::PayloadRef;
+use crate::privacy::crypto::Sealed;
 
 /// Query parameter or body field naming the entity an event belongs to; it
 /// becomes the Kinesis partition key, so one entity's events stay in order.
@@ -137,6 +138,18 @@ pub struct Envelope {
     /// it is stored ([`crate::payload`]); readers put it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_ref: Option<PayloadRef>,
+    /// The event's data subject, as a keyed hash ([`crate::privacy`]); only
+    /// for events that have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// For an event with a subject: its `query`, `headers`, `source_ip` and
+    /// `body`, sealed under the subject's key (those fields are then empty).
+    /// Readers open it; once the subject is forgotten they show `forgotten`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Sealed>,
+    /// In place of `sealed`, when that was larger than `INLINE_MAX_BYTES`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_ref: Option<PayloadRef>,
 }
 
 /// The request headers worth keeping for analytics.
@@ -211,6 +224,9 @@ mod tests {
             source_ip: None,
             body,
             body_ref: None,
+            subject: None,
+            sealed: None,
+            sealed_ref: None,
         }
     }
 

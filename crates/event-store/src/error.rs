@@ -44,6 +44,14 @@ pub enum Error {
     /// cannot be read (readers count or park it, as an undecodable one).
     #[error("payload: {0}")]
     Payload(String),
+    /// A subject's data key could not be had (KMS refused or failed, or the
+    /// key table lacks it): not the event's fault, so readers stop and try
+    /// again later rather than skip it (`docs/privacy.md`).
+    #[error("subject key: {0}")]
+    Key(String),
+    /// A KMS call failed after the SDK's own retries (a disabled key, no permission).
+    #[error("kms {operation}: {}", chain(source.as_ref()))]
+    Kms { operation: &'static str, source: Source },
     /// The asynchronous self-invocation (fork / continuation) could not be sent.
     #[error("invoke: {}", chain(source.as_ref()))]
     Invoke { source: Source },
@@ -114,6 +122,13 @@ impl Error {
         Self::aws("s3", operation, err, |operation, source| Error::S3 { operation, source })
     }
 
+    pub(crate) fn kms<E>(operation: &'static str, err: E) -> Self
+    where
+        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    {
+        Self::aws("kms", operation, err, |operation, source| Error::Kms { operation, source })
+    }
+
     pub(crate) fn invoke<E>(err: E) -> Self
     where
         E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
@@ -145,6 +160,7 @@ impl Error {
             Error::Build(_) | Error::Encode { .. } => "InternalError",
             Error::Malformed(_) => "MalformedItem",
             Error::Payload(_) => "PayloadError",
+            Error::Key(_) | Error::Kms { .. } => "SubjectKeyError",
             Error::LeaseLost(_) => "LeaseLost",
         }
     }

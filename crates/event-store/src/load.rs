@@ -19,11 +19,13 @@ use tracing::{debug, error, info, warn};
 
 use crate::archive::object::Bucket;
 use crate::batch::Backoff;
-use crate::config::LoadConfig;
+use crate::config::{LoadConfig, MAX_EVENT_BYTES_LIMIT};
 use crate::envelope::{client_envelope_id, client_event_id, client_ip, Envelope, Headers, EVENT_ID};
 use crate::error::Error;
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SENT};
 use crate::payload::Payloads;
+use crate::privacy::seal::seal_envelope;
+use crate::privacy::Subjects;
 use crate::time::{format_ms, now_ms};
 
 /// A transparent 1x1 GIF, 43 bytes.
@@ -70,25 +72,41 @@ fn route(path: &str) -> Option<Route> {
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
-pub const AWS_ACTIONS: &[&str] = &["kinesis:PutRecord", "kinesis:PutRecords", "s3:PutObject"];
+pub const AWS_ACTIONS: &[&str] = &[
+    "kinesis:PutRecord",
+    "kinesis:PutRecords",
+    "s3:PutObject",
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "kms:GenerateDataKey",
+    "kms:Decrypt",
+];
 
 pub struct Load {
     kinesis: aws_sdk_kinesis::Client,
     config: LoadConfig,
     backoff: Backoff,
     payloads: Option<Payloads>,
+    subjects: Option<Subjects>,
 }
 
 impl Load {
     pub fn new(kinesis: aws_sdk_kinesis::Client, config: LoadConfig) -> Self {
         // Short: API Gateway gives up after 30 s, and a client retry would duplicate.
         let backoff = Backoff { base: Duration::from_millis(50), cap: Duration::from_millis(500), max_attempts: 4 };
-        Self { kinesis, config, backoff, payloads: None }
+        Self { kinesis, config, backoff, payloads: None, subjects: None }
     }
 
     /// Offloads events larger than `INLINE_MAX_BYTES` into `bucket` (the one `ARCHIVE_BUCKET` names).
     pub fn with_bucket(mut self, bucket: Option<Bucket>) -> Self {
         self.payloads = bucket.map(|bucket| Payloads { bucket, inline_max: self.config.inline_max_bytes });
+        self
+    }
+
+    /// Seals the personal parts of events with a subject ([`crate::privacy`]).
+    pub fn with_subjects(mut self, subjects: Option<Subjects>) -> Self {
+        self.subjects = subjects;
         self
     }
 
@@ -189,8 +207,10 @@ impl Load {
 
     /// The envelope of one event and its record: the client's `EventId`
     /// and `EntityId` checked, the envelope id made from them when there is
-    /// an `EventId`, the size within `MAX_EVENT_BYTES`, and a body that
-    /// makes it larger than `INLINE_MAX_BYTES` offloaded to S3.
+    /// an `EventId`, the size within `MAX_EVENT_BYTES`, the personal parts
+    /// sealed when it has a subject (its partition key hashed when that is
+    /// the subject's id), and a body or sealed block that makes it larger
+    /// than `INLINE_MAX_BYTES` offloaded to S3.
     async fn event(&self, req: &Request, body: Option<Value>) -> Result<(Envelope, OutgoingRecord), Reject> {
         let header_text =
             |name: header::HeaderName| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -214,8 +234,21 @@ impl Load {
             source_ip: client_ip(source_ip(req).as_deref(), &self.config.ip_mode),
             body,
             body_ref: None,
+            subject: None,
+            sealed: None,
+            sealed_ref: None,
         };
-        let partition_key = envelope.partition_key().map_err(bad_input)?;
+        let mut partition_key = envelope.partition_key().map_err(bad_input)?;
+        let subject = self.subjects.as_ref().and_then(|subjects| {
+            let id = subjects.rule.subject(&envelope.query, envelope.body.as_ref())?;
+            Some((subjects, id))
+        });
+        if let Some((subjects, id)) = &subject {
+            if *id == partition_key {
+                // The key stays in the clear (order, routing): as the subject's hash, not its id.
+                partition_key = subjects.hash(id);
+            }
+        }
         if let Some(event_id) = &envelope.event_id {
             envelope.id = client_envelope_id(&partition_key, event_id);
         }
@@ -226,21 +259,43 @@ impl Load {
                 format!("event is {} bytes; the limit is {}", data.len(), self.config.max_event_bytes),
             ));
         }
-        if let (Some(payloads), Some(body)) = (&self.payloads, &envelope.body) {
-            if data.len() > payloads.inline_max {
-                let content = serde_json::to_vec(body).map_err(|e| internal(e.to_string()))?;
-                let stored = payloads.store(content).await.map_err(|err| {
-                    error!(error = %err, "payload store unavailable");
-                    Reject::new(StatusCode::SERVICE_UNAVAILABLE, "event store unavailable, retry later")
-                })?;
-                debug!(id = %envelope.id, payload = %stored.location(), bytes = stored.bytes, "payload offloaded");
-                envelope.body = None;
-                envelope.body_ref = Some(stored);
-                data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
+        if let Some((subjects, id)) = subject {
+            let subject = subjects.hash(&id);
+            let (generation, key) = subjects.keys.sealing_key(&subject).await.map_err(unavailable)?;
+            seal_envelope(&mut envelope, subject, generation, &key).map_err(|e| internal(e.to_string()))?;
+            data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
+            if self.payloads.is_none() && data.len() > MAX_EVENT_BYTES_LIMIT {
+                return Err(Reject::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("sealed, the event is {} bytes; the limit is {MAX_EVENT_BYTES_LIMIT}", data.len()),
+                ));
             }
+        }
+        if let Some(payloads) = self.payloads.as_ref().filter(|p| data.len() > p.inline_max) {
+            let content = match (&envelope.body, &envelope.sealed) {
+                (Some(body), _) => serde_json::to_vec(body),
+                (None, Some(sealed)) => serde_json::to_vec(sealed),
+                (None, None) => return Ok((envelope, OutgoingRecord { partition_key, data })),
+            }
+            .map_err(|e| internal(e.to_string()))?;
+            let stored = payloads.store(content).await.map_err(unavailable)?;
+            debug!(id = %envelope.id, payload = %stored.location(), bytes = stored.bytes, "payload offloaded");
+            if envelope.body.take().is_some() {
+                envelope.body_ref = Some(stored);
+            } else {
+                envelope.sealed = None;
+                envelope.sealed_ref = Some(stored);
+            }
+            data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
         }
         Ok((envelope, OutgoingRecord { partition_key, data }))
     }
+}
+
+/// A store the event needs (S3 for its payload, the key table or KMS for its subject's key) failed.
+fn unavailable(err: Error) -> Reject {
+    error!(error = %err, "event store unavailable");
+    Reject::new(StatusCode::SERVICE_UNAVAILABLE, "event store unavailable, retry later")
 }
 
 fn bad_input(err: Error) -> Reject {

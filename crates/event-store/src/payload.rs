@@ -5,7 +5,8 @@
 //! and checks it against the hash.
 //!
 //! Where the reference sits in a log record (an envelope's JSON):
-//! - a posted or pixel event: `body_ref` in place of `body`;
+//! - a posted or pixel event: `body_ref` in place of `body`, or `sealed_ref`
+//!   in place of `sealed` when its subject's parts are sealed ([`crate::privacy`]);
 //! - an entity event (partition key `streams/…`): `body.data_ref` in place of
 //!   `body.data`. Only entity records are read there: the body of an ingest
 //!   event is the client's, and a client must not make readers fetch objects.
@@ -72,7 +73,11 @@ impl PayloadRef {
 pub fn reference(record: &[u8], entity: bool) -> Option<PayloadRef> {
     memchr::memmem::find(record, b"_ref\"")?;
     let value: Value = serde_json::from_slice(record).ok()?;
-    let found = if entity { value.get("body")?.get("data_ref")? } else { value.get("body_ref")? };
+    let found = if entity {
+        value.get("body")?.get("data_ref")?
+    } else {
+        value.get("body_ref").or_else(|| value.get("sealed_ref"))?
+    };
     serde_json::from_value(found.clone()).ok()
 }
 
@@ -83,7 +88,11 @@ pub fn splice(record: &[u8], entity: bool, content: &[u8]) -> Result<Vec<u8>> {
     let mut value: Value = serde_json::from_slice(record).map_err(|e| malformed(&e.to_string()))?;
     let parent = if entity { value.get_mut("body").ok_or_else(|| malformed("no body"))? } else { &mut value };
     let object = parent.as_object_mut().ok_or_else(|| malformed("not an object"))?;
-    let (field, reference) = if entity { ("data", "data_ref") } else { ("body", "body_ref") };
+    let (field, reference) = match (entity, object.contains_key("sealed_ref")) {
+        (true, _) => ("data", "data_ref"),
+        (false, true) => ("sealed", "sealed_ref"),
+        (false, false) => ("body", "body_ref"),
+    };
     object.remove(reference);
     object.insert(field.to_owned(), parse(content));
     serde_json::to_vec(&value).map_err(|e| Error::encode("record", e))

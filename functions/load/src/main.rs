@@ -3,6 +3,7 @@
 use event_store::archive::object::Bucket;
 use event_store::config::LoadConfig;
 use event_store::load::Load;
+use event_store::privacy::Subjects;
 use lambda_http::{run, service_fn, Error, Request};
 
 #[tokio::main]
@@ -11,7 +12,8 @@ async fn main() -> Result<(), Error> {
     let config = LoadConfig::from_env()?;
     let aws = event_store::aws_config().await;
     let bucket = Bucket::configured(&aws, config.archive_bucket.as_deref());
-    let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config).with_bucket(bucket);
+    let subjects = Subjects::configured(&aws, config.subjects.as_ref())?;
+    let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config).with_bucket(bucket).with_subjects(subjects);
     let load = &load;
     run(service_fn(move |request: Request| async move { Ok::<_, Error>(load.handle(request).await) })).await
 }

@@ -19,9 +19,11 @@ async fn main() -> Result<(), Error> {
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
     let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let keys = event_store::privacy::reader_keys(&aws, config.subjects.as_ref());
     let playback =
         Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker)
-            .with_archive(archive);
+            .with_archive(archive)
+            .with_keys(keys);
     let playback = &playback;
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         playback.handle(event.payload, event.context.deadline()).await

@@ -23,6 +23,7 @@ async fn main() -> Result<(), Error> {
     let invoker = Arc::new(LambdaInvoker::new(lambda.clone(), myself));
     let namespace = config.metrics_namespace.clone();
     let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let keys = event_store::privacy::reader_keys(&aws, config.subjects.as_ref());
     let subscriptions = Subscriptions::new(
         aws_sdk_dynamodb::Client::new(&aws),
         aws_sdk_kinesis::Client::new(&aws),
@@ -30,7 +31,8 @@ async fn main() -> Result<(), Error> {
         config,
         invoker,
     )
-    .with_archive(archive);
+    .with_archive(archive)
+    .with_keys(keys);
     let (subscriptions, namespace) = (&subscriptions, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         let answer = subscriptions.handle(event.payload, event.context.deadline()).await?;

@@ -1,7 +1,7 @@
 //! `load`'s configuration: the event stream, the limits of what it accepts,
 //! how it keeps client addresses, and where large events go.
 
-use super::{Env, Variables};
+use super::{Env, SubjectsConfig, Variables};
 use crate::error::{Error, Result};
 use crate::payload;
 
@@ -30,6 +30,8 @@ pub struct LoadConfig {
     /// The store's bucket (`ARCHIVE_BUCKET`): without one nothing is offloaded,
     /// and `MAX_EVENT_BYTES` stays within what a DynamoDB item holds.
     pub archive_bucket: Option<String>,
+    /// Per-subject encryption (`KEY_TABLE` and the rest): events with a subject are sealed.
+    pub subjects: Option<SubjectsConfig>,
 }
 
 /// Default `MAX_EVENTS_PER_POST`: with the template's default rate of
@@ -56,6 +58,11 @@ impl LoadConfig {
             "IP_SALT",
             "INLINE_MAX_BYTES",
             "ARCHIVE_BUCKET",
+            "KEY_TABLE",
+            "SUBJECT_KMS_KEY",
+            "SUBJECT_HASH_KEY",
+            "SUBJECT_FROM",
+            "KEY_CACHE_SECONDS",
         ],
     };
 
@@ -101,6 +108,7 @@ impl LoadConfig {
             ip_mode,
             inline_max_bytes,
             archive_bucket,
+            subjects: SubjectsConfig::from_env(&env, true)?,
         })
     }
 
@@ -113,6 +121,7 @@ impl LoadConfig {
             ip_mode: IpMode::Full,
             inline_max_bytes: payload::DEFAULT_INLINE_MAX_BYTES,
             archive_bucket: None,
+            subjects: None,
         }
     }
 }

@@ -7,12 +7,14 @@ use crate::error::{Error, Result};
 
 mod archive;
 mod load;
+mod privacy;
 pub use archive::{ArchiveConfig, DEFAULT_ARCHIVE_LEASE};
 use load::inline_max_bytes;
 pub use load::{
     IpMode, LoadConfig, DEFAULT_MAX_EVENTS_PER_POST, DEFAULT_MAX_EVENT_BYTES, MAX_EVENTS_PER_POST,
     MAX_EVENT_BYTES_LIMIT,
 };
+pub use privacy::{SubjectsConfig, MIN_HASH_KEY_BYTES};
 
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;
@@ -218,6 +220,8 @@ pub struct PlaybackConfig {
     pub lease: Duration,
     /// The archive's bucket (`ARCHIVE_BUCKET`): slots before the boundary are read from it.
     pub archive_bucket: Option<String>,
+    /// Subjects' keys (`KEY_TABLE`): sealed events are opened with them.
+    pub subjects: Option<SubjectsConfig>,
 }
 
 /// Default [`PlaybackConfig::lease`]: two minutes, far more than a run goes
@@ -238,6 +242,8 @@ impl PlaybackConfig {
             "DEDUPE_WINDOW_MS",
             "MAX_CONTINUATIONS",
             "ARCHIVE_BUCKET",
+            "KEY_TABLE",
+            "KEY_CACHE_SECONDS",
         ],
     };
 
@@ -260,6 +266,7 @@ impl PlaybackConfig {
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             lease: DEFAULT_PLAYBACK_LEASE,
             archive_bucket: env.optional("ARCHIVE_BUCKET")?,
+            subjects: SubjectsConfig::from_env(&env, false)?,
         })
     }
 }
@@ -289,6 +296,8 @@ pub struct SubscriptionConfig {
     pub metrics_namespace: String,
     /// The archive's bucket (`ARCHIVE_BUCKET`), as for playback.
     pub archive_bucket: Option<String>,
+    /// Subjects' keys (`KEY_TABLE`), as for playback.
+    pub subjects: Option<SubjectsConfig>,
 }
 
 impl SubscriptionConfig {
@@ -304,6 +313,8 @@ impl SubscriptionConfig {
             "SUBSCRIPTION_POLL_MS",
             "METRICS_NAMESPACE",
             "ARCHIVE_BUCKET",
+            "KEY_TABLE",
+            "KEY_CACHE_SECONDS",
         ],
     };
 
@@ -326,6 +337,7 @@ impl SubscriptionConfig {
             lease_slack_ms: 30_000,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
             archive_bucket: env.optional("ARCHIVE_BUCKET")?,
+            subjects: SubjectsConfig::from_env(&env, false)?,
         })
     }
 }

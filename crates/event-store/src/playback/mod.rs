@@ -72,6 +72,8 @@ pub const AWS_ACTIONS: &[&str] = &[
     // Not called: S3 answers a missing key 404 (an unreadable event) only to a role that may list
     // the bucket, and 403 (a failure retried for ever) to one that may not.
     "s3:ListBucket",
+    // Unwrapping subjects' data keys, to open sealed events (`KEY_TABLE`).
+    "kms:Decrypt",
 ];
 
 pub struct Playback {
@@ -124,7 +126,13 @@ impl Playback {
 
     /// Reads archived slots from `bucket` (`ARCHIVE_BUCKET`).
     pub fn with_archive(mut self, bucket: Option<Bucket>) -> Self {
-        self.tiers = Tiers::new(bucket);
+        self.tiers = Tiers::new(bucket).with_keys(self.tiers.keys());
+        self
+    }
+
+    /// Opens sealed events with `keys` (`KEY_TABLE`, [`crate::privacy`]).
+    pub fn with_keys(mut self, keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>) -> Self {
+        self.tiers = std::mem::replace(&mut self.tiers, crate::playback::tiers::Tiers::new(None)).with_keys(keys);
         self
     }
 

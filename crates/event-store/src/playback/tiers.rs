@@ -37,6 +37,8 @@ use crate::envelope::entity_stream;
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
 use crate::payload::{self, PayloadRef};
+use crate::privacy::keys::Keys;
+use crate::privacy::seal::SealedRecord;
 
 /// Objects kept decoded: the one being read and the one before or after it.
 const OBJECTS_KEPT: usize = 2;
@@ -58,6 +60,8 @@ type Fetch<T> = Shared<BoxFuture<'static, std::result::Result<T, Arc<Error>>>>;
 /// fails on an archived slot instead of finding it empty.
 pub struct Tiers {
     cold: Option<Bucket>,
+    /// Subjects' keys: sealed events are opened with them ([`crate::privacy`]).
+    keys: Option<Arc<Keys>>,
     boundary: Mutex<Boundary>,
     objects: Mutex<VecDeque<(Pointer, Instant, Fetch<Rows>)>>,
 }
@@ -87,18 +91,31 @@ pub struct Readable {
 
 impl Tiers {
     pub fn new(cold: Option<Bucket>) -> Self {
-        Self { cold, boundary: Mutex::default(), objects: Mutex::default() }
+        Self { cold, keys: None, boundary: Mutex::default(), objects: Mutex::default() }
+    }
+
+    /// The keys this reader opens sealed events with.
+    pub fn keys(&self) -> Option<Arc<Keys>> {
+        self.keys.clone()
+    }
+
+    /// Opens sealed events with `keys` (a reader without them fails on one).
+    pub fn with_keys(mut self, keys: Option<Arc<Keys>>) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// The event's bytes as they were sent, with an offloaded payload
-    /// fetched from the bucket (`ARCHIVE_BUCKET`) and checked against its hash.
+    /// fetched from the bucket (`ARCHIVE_BUCKET`) and checked against its
+    /// hash, and sealed parts opened (or marked `forgotten`).
     /// An [unreadable](Error::is_unreadable) error: the event does not decode,
-    /// or its payload is missing or altered.
+    /// or its payload is missing or altered. A key that cannot be had is
+    /// another error ([`Error::Key`], [`Error::Kms`]): try again later.
     pub async fn bytes(&self, event: &EventItem) -> Result<Readable> {
         let bytes = event.bytes()?;
         let entity = entity_stream(&event.partition_key).is_some();
         let Some(reference) = payload::reference(&bytes, entity) else {
-            return Ok(Readable { bytes, offloaded: None });
+            return Ok(Readable { bytes: self.open(event, bytes).await?, offloaded: None });
         };
         let Some(bucket) = &self.cold else {
             return Err(Error::Config(format!(
@@ -108,7 +125,21 @@ impl Tiers {
             )));
         };
         let content = payload::fetch(bucket, &reference).await?;
-        Ok(Readable { bytes: payload::splice(&bytes, entity, &content)?, offloaded: Some(reference) })
+        let bytes = self.open(event, payload::splice(&bytes, entity, &content)?).await?;
+        Ok(Readable { bytes, offloaded: Some(reference) })
+    }
+
+    /// `bytes` with their sealed parts opened with the subject's key, if sealed.
+    async fn open(&self, event: &EventItem, bytes: Vec<u8>) -> Result<Vec<u8>> {
+        let Some(sealed) = SealedRecord::find(&bytes)? else { return Ok(bytes) };
+        let Some(keys) = &self.keys else {
+            return Err(Error::Config(format!(
+                "event {} is sealed under its subject's key, and this reader has no KEY_TABLE",
+                event.event_id
+            )));
+        };
+        let key = keys.key(&sealed.subject, sealed.sealed.g).await?;
+        sealed.open(&key)
     }
 
     /// Whether `slot` is archived, as far as the boundary was last read.

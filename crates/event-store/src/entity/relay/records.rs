@@ -42,6 +42,9 @@ pub fn log_record(event: &RecordedEvent) -> Result<OutgoingRecord> {
         source_ip: None,
         body: Some(body),
         body_ref: None,
+        subject: None,
+        sealed: None,
+        sealed_ref: None,
     };
     let data = serde_json::to_vec(&envelope).map_err(|e| Error::encode("envelope", e))?;
     Ok(OutgoingRecord { partition_key: entity_key(&event.stream), data })

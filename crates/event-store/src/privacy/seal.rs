@@ -1,0 +1,166 @@
+//! Which parts of a log record are sealed, and what a reader makes of them
+//! (`docs/privacy.md#what-is-sealed`). Pure: keys come from the caller.
+//!
+//! An ingested event keeps in the clear what order, routing, filtering and
+//! integrity need: `id`, `event_id`, `received_at`, `method`, `path`, and
+//! `subject` (the keyed hash). Its `query`, `headers`, `source_ip` and `body`
+//! are sealed together into `sealed`, bound to the event's id and subject (a
+//! sealed block copied into another event does not open there).
+//!
+//! A reader with the key puts them back as they were sent; once the subject
+//! is forgotten it gets the clear fields and `"forgotten": {"at", "generation"}`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::crypto::{self, Sealed};
+use super::keys::Key;
+use crate::envelope::{Envelope, Headers};
+use crate::error::{Error, Result};
+
+/// The personal parts of an ingested event.
+#[derive(Serialize, Deserialize)]
+struct Personal {
+    query: BTreeMap<String, Vec<String>>,
+    headers: Headers,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<Value>,
+}
+
+/// What a sealed block of an ingested event is bound to.
+fn aad(envelope_id: &str, subject: &str) -> Vec<u8> {
+    format!("es1|{envelope_id}|{subject}").into_bytes()
+}
+
+/// Seals `envelope`'s personal parts under generation `generation` of its
+/// subject's key (`subject`: the keyed hash); they are emptied in the clear.
+pub fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, key: &[u8; 32]) -> Result<()> {
+    let personal = Personal {
+        query: std::mem::take(&mut envelope.query),
+        headers: std::mem::take(&mut envelope.headers),
+        source_ip: envelope.source_ip.take(),
+        body: envelope.body.take(),
+    };
+    let plaintext = serde_json::to_vec(&personal).map_err(|e| Error::encode("personal parts", e))?;
+    envelope.sealed = Some(crypto::seal(key, generation, &aad(&envelope.id, &subject), &plaintext)?);
+    envelope.subject = Some(subject);
+    Ok(())
+}
+
+/// A log record whose personal parts are sealed.
+#[derive(Debug)]
+pub struct SealedRecord {
+    record: serde_json::Map<String, Value>,
+    pub subject: String,
+    pub sealed: Sealed,
+}
+
+impl SealedRecord {
+    /// The record's sealed block, if it has one (an offloaded one already
+    /// spliced back). Records without one are not parsed.
+    pub fn find(record: &[u8]) -> Result<Option<Self>> {
+        if memchr::memmem::find(record, b"\"sealed\":").is_none() {
+            return Ok(None);
+        }
+        let malformed = |what: &str| Error::Payload(format!("a sealed record {what}"));
+        let Ok(Value::Object(mut record)) = serde_json::from_slice(record) else { return Ok(None) };
+        let Some(sealed) = record.remove("sealed") else { return Ok(None) };
+        let sealed: Sealed =
+            serde_json::from_value(sealed).map_err(|e| malformed(&format!("that does not parse: {e}")))?;
+        let subject = match record.get("subject") {
+            Some(Value::String(subject)) => subject.clone(),
+            _ => return Err(malformed("with no subject")),
+        };
+        Ok(Some(Self { record, subject, sealed }))
+    }
+
+    /// The record as its consumers get it: opened with `key`, or with the
+    /// `forgotten` marker when the key is gone. Fails ([unreadable](Error::is_unreadable))
+    /// when the block does not open: altered, or moved from another event.
+    pub fn open(mut self, key: &Key) -> Result<Vec<u8>> {
+        match key {
+            Key::Active(key) => {
+                let id = self.record.get("id").and_then(Value::as_str).unwrap_or_default();
+                let plaintext = crypto::open(key, &aad(id, &self.subject), &self.sealed)?;
+                let personal: Personal = serde_json::from_slice(&plaintext)
+                    .map_err(|e| Error::Payload(format!("a sealed record's parts do not parse: {e}")))?;
+                let encode = |e| Error::encode("personal parts", e);
+                self.record.insert("query".into(), serde_json::to_value(&personal.query).map_err(encode)?);
+                self.record.insert("headers".into(), serde_json::to_value(&personal.headers).map_err(encode)?);
+                if let Some(ip) = personal.source_ip {
+                    self.record.insert("source_ip".into(), Value::String(ip));
+                }
+                if let Some(body) = personal.body {
+                    self.record.insert("body".into(), body);
+                }
+            }
+            Key::Forgotten { at } => {
+                self.record.insert("forgotten".into(), json!({ "at": at, "generation": self.sealed.g }));
+            }
+        }
+        serde_json::to_vec(&self.record).map_err(|e| Error::encode("record", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn envelope() -> Envelope {
+        Envelope {
+            id: "e-1".into(),
+            event_id: None,
+            received_at: "2026-11-27T00:00:00.000Z".into(),
+            method: "GET".into(),
+            path: "/track.gif".into(),
+            query: BTreeMap::from([("EntityId".to_owned(), vec!["alice".to_owned()])]),
+            headers: Headers { referer: Some("https://example.com/alice".into()), ..Headers::default() },
+            source_ip: Some("203.0.113.9".into()),
+            body: Some(json!({"page": "/private"})),
+            body_ref: None,
+            subject: None,
+            sealed: None,
+            sealed_ref: None,
+        }
+    }
+
+    #[test]
+    fn personal_parts_are_sealed_and_put_back_as_sent() {
+        let key = Arc::new([9u8; 32]);
+        let plain = serde_json::to_value(envelope()).unwrap();
+        let mut sealed = envelope();
+        seal_envelope(&mut sealed, "h".repeat(64), 2, &key).unwrap();
+        let record = serde_json::to_vec(&sealed).unwrap();
+        for secret in ["alice", "203.0.113", "private"] {
+            assert!(!String::from_utf8_lossy(&record).contains(secret), "{secret} in the clear");
+        }
+        let found = SealedRecord::find(&record).unwrap().unwrap();
+        assert_eq!((found.subject.as_str(), found.sealed.g), ("h".repeat(64).as_str(), 2));
+        let opened: Value = serde_json::from_slice(&found.open(&Key::Active(key.clone())).unwrap()).unwrap();
+        let mut expected = plain.as_object().unwrap().clone();
+        expected.insert("subject".into(), json!("h".repeat(64)));
+        assert_eq!(opened, Value::Object(expected));
+
+        let forgotten = SealedRecord::find(&record).unwrap().unwrap().open(&Key::Forgotten { at: "T".into() }).unwrap();
+        let forgotten: Value = serde_json::from_slice(&forgotten).unwrap();
+        assert_eq!(forgotten["forgotten"], json!({"at": "T", "generation": 2}));
+        assert_eq!((forgotten["id"].as_str(), forgotten["path"].as_str()), (Some("e-1"), Some("/track.gif")));
+        assert!(forgotten.get("body").is_none() && forgotten.get("sealed").is_none());
+
+        // Moved into another event, it does not open: unreadable, not a key problem.
+        let mut moved: Value = serde_json::from_slice(&record).unwrap();
+        moved["id"] = json!("e-2");
+        let moved = SealedRecord::find(&serde_json::to_vec(&moved).unwrap()).unwrap().unwrap();
+        assert!(moved.open(&Key::Active(key)).unwrap_err().is_unreadable());
+        // Unsealed records are not touched; a client body holding "sealed" is not a sealed record.
+        assert!(SealedRecord::find(&serde_json::to_vec(&envelope()).unwrap()).unwrap().is_none());
+        let client = json!({"id": "x", "body": {"sealed": {"v": 1}}});
+        assert!(SealedRecord::find(&serde_json::to_vec(&client).unwrap()).unwrap().is_none());
+    }
+}

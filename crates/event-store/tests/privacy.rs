@@ -1,0 +1,332 @@
+//! Per-subject encryption and `forget` against a real emulator (moto:
+//! Kinesis, DynamoDB, S3, KMS): an ingested event with a subject is sealed
+//! before it reaches the stream, no copy of it anywhere holds its plaintext,
+//! every reader opens it, and once its subject is forgotten every reader
+//! shows it as `forgotten`, in order, while other subjects read as before.
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use common::{sample_event, TestEnv};
+use event_store::archive::object::Bucket;
+use event_store::bookkeeping::slot_index::read_index;
+use event_store::config::{LoadConfig, ScanConfig, SubjectsConfig};
+use event_store::dedupe::RecentIds;
+use event_store::load::Load;
+use event_store::playback::reader::Reader;
+use event_store::playback::tiers::Tiers;
+use event_store::playback::{Playback, PlayedEvent, Status, Window};
+use event_store::position::Checkpoint;
+use event_store::privacy::keys::{Forgot, Keys};
+use event_store::privacy::{crypto, SubjectRule, Subjects};
+use event_store::subscription::Subscriptions;
+use event_store::time::{format_ms, now_ms};
+use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::resources::create_subject_key;
+use event_store_emulator::runs::{self, deadline_in, run_scan};
+use lambda_http::http::StatusCode;
+use serde_json::{json, Value};
+
+const BUCKET: &str = "event-store-privacy";
+const HASH_KEY: &str = "a test secret of at least 32 bytes, not for use";
+/// What must never rest in the clear: alice's id and what she did.
+const SECRETS: [&str; 2] = ["alice-42", "alice-secret"];
+
+fn post(events: &Value) -> lambda_http::Request {
+    let mut request: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
+    request["body"] = json!(events.to_string());
+    lambda_http::request::from_str(&request.to_string()).unwrap()
+}
+
+fn in_the_clear(bytes: &[u8]) -> Option<&'static str> {
+    let text = String::from_utf8_lossy(bytes);
+    SECRETS.into_iter().find(|secret| text.contains(secret))
+}
+
+fn keys(env: &TestEnv, kms: &aws_sdk_kms::Client, cache: Duration) -> Arc<Keys> {
+    Arc::new(Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).cached_for(cache))
+}
+
+/// Every event of the log in `[start, end)` as readers get it.
+async fn log(env: &TestEnv, tiers: &Tiers, start: i64, end: i64) -> event_store::Result<Vec<Value>> {
+    let table = env.names.event_table.as_str();
+    let first_slot = start - start.rem_euclid(1000);
+    let (slots, _) = read_index(&env.dynamo, table, first_slot, end).await.unwrap();
+    let window = Window { start, end };
+    let reader = Reader {
+        dynamo: &env.dynamo,
+        table,
+        time_unit_ms: 1000,
+        page_items: None,
+        dedupe_window_ms: 0,
+        window: &window,
+        tiers,
+    };
+    let mut out = Vec::new();
+    reader
+        .each_event(slots, Checkpoint::at_slot(first_slot), &mut RecentIds::new(0), |_, json, _| {
+            out.push(json.unwrap());
+            ControlFlow::Continue(())
+        })
+        .await?;
+    Ok(out)
+}
+
+/// The log's new events: pumped, then sealed by a scan; a time after them all (the scan has sealed it).
+async fn into_the_log(env: &TestEnv, pumped: &mut usize) -> i64 {
+    let pump = common::pump(env);
+    let batches = env.event_source_batches().await;
+    for mut batch in batches {
+        // The stream is read from its start each time: only what was not pumped yet.
+        let skip = (*pumped).min(batch.records.len());
+        batch.records.drain(..skip);
+        *pumped += batch.records.len();
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+    // Nothing the pump wrote holds alice in the clear.
+    for item in env.scan_table(&env.names.buffer_table).await {
+        for event in event_store::buffer_item::BufferItem::from_item(item).unwrap().events().unwrap() {
+            assert_eq!(in_the_clear(&event.data), None, "the buffer table");
+        }
+    }
+    let done = now_ms();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let scan = ScanConfig { segments: 1, watermark_lag_ms: 0, ..runs::scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(120))).await
+    {
+        pass.unwrap();
+    }
+    done
+}
+
+const BEFORE: [&str; 4] = ["/alice-secret/1", "/alice-secret/2", "/bob/1", "/public"];
+const AFTER: [&str; 5] = ["/alice-secret/3", "/bob/1", "/public", "forgotten", "forgotten"];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_rests_in_the_clear() {
+    let env = TestEnv::start(1).await;
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).build());
+    s3.create_bucket().bucket(BUCKET).send().await.unwrap();
+    let bucket = Bucket::new(&env.sdk, BUCKET.into());
+    let kms = aws_sdk_kms::Client::new(&env.sdk);
+    let kms_key = create_subject_key(&kms, &env.names.subject_key_alias).await.unwrap();
+    let subjects_config = SubjectsConfig {
+        key_table: env.names.key_table.clone(),
+        kms_key: Some(env.names.subject_key_alias.clone()),
+        hash_key: Some(HASH_KEY.into()),
+        rule: SubjectRule::EntityId,
+        cache: Duration::from_secs(60),
+    };
+    let writer_keys = Arc::new(
+        Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).sealing_with(Some(kms_key.clone())),
+    );
+    let subjects = Subjects::new(writer_keys.clone(), &subjects_config).unwrap();
+    let alice = crypto::subject_hash(HASH_KEY.as_bytes(), "alice-42");
+    assert_eq!(subjects.hash("alice-42"), alice);
+    let config = LoadConfig { archive_bucket: Some(BUCKET.into()), ..LoadConfig::new(env.names.event_stream.clone()) };
+    let load = Load::new(env.kinesis.clone(), LoadConfig { max_event_bytes: 1 << 20, ..config })
+        .with_bucket(Some(bucket.clone()))
+        .with_subjects(Some(subjects));
+    let start = now_ms() - 1;
+
+    // Alice's events (one large enough to be offloaded, sealed), bob's, and an anonymous hit (on the
+    // stream alice's second comes last: each key's events are put in order, one per request).
+    let a1 = json!({"EntityId": "alice-42", "page": "/alice-secret/1"});
+    let a2 = json!({"EntityId": "alice-42", "page": "/alice-secret/2", "pad": "p".repeat(100 * 1024)});
+    let b1 = json!({"EntityId": "bob-7", "page": "/bob/1"});
+    let anonymous = json!({"page": "/public"});
+    let answer = load.handle(post(&json!([a1, b1, a2, anonymous]))).await;
+    assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    assert_eq!(writer_keys.kms_requests(), 2, "one data key per subject, not one per event");
+
+    // On the stream: sealed, alice's partition key her hash, nothing of her in the clear.
+    let records = env.read_stream(&env.names.event_stream).await;
+    assert_eq!(records.len(), 4);
+    for (_, record) in &records {
+        assert_eq!(in_the_clear(record.data().as_ref()), None, "the event stream");
+    }
+    let keys_on_stream: Vec<&str> = records.iter().map(|(_, r)| r.partition_key().unwrap()).collect();
+    assert_eq!(keys_on_stream[0], alice);
+    let sealed: Value = serde_json::from_slice(records[0].1.data().as_ref()).unwrap();
+    assert_eq!((sealed["subject"].as_str(), sealed["sealed"]["g"].as_u64()), (Some(alice.as_str()), Some(0)));
+    assert!(sealed.get("body").is_none() && sealed["query"] == json!({}));
+    let offloaded: Value = serde_json::from_slice(records[3].1.data().as_ref()).unwrap();
+    assert!(offloaded["sealed_ref"]["key"].is_string() && offloaded.get("sealed").is_none(), "{offloaded}");
+    let anonymous_record: Value = serde_json::from_slice(records[2].1.data().as_ref()).unwrap();
+    assert_eq!(anonymous_record["body"], anonymous, "no subject, nothing sealed");
+
+    let mut pumped = 0;
+    let done = into_the_log(&env, &mut pumped).await;
+
+    // Every reader with the keys gets the events as sent; without them it says what it lacks.
+    let reader_keys = keys(&env, &kms, Duration::ZERO);
+    let tiers = Tiers::new(Some(bucket.clone())).with_keys(Some(reader_keys.clone()));
+    let read = log(&env, &tiers, start, done).await.unwrap();
+    assert_eq!(read.iter().map(|e| &e["body"]).collect::<Vec<_>>(), [&a1, &b1, &anonymous, &a2], "as sent, in order");
+    assert_eq!(read[0]["subject"], alice.as_str());
+    let failed = log(&env, &Tiers::new(Some(bucket.clone())), start, done).await.unwrap_err();
+    assert!(failed.to_string().contains("KEY_TABLE"), "{failed}");
+
+    // Playback and a subscription before the forget.
+    let playback = |id: &str, done: i64| {
+        let (invoker, _rx) = LocalInvoker::channel();
+        let playback = Playback::new(
+            env.dynamo.clone(),
+            env.kinesis.clone(),
+            runs::playback_config(&env.names),
+            Arc::new(invoker),
+        )
+        .with_archive(Some(bucket.clone()))
+        .with_keys(Some(keys(&env, &kms, Duration::ZERO)));
+        let window = json!({"start": format_ms(start), "end": format_ms(done), "id": id});
+        async move { playback.handle(window, SystemTime::now() + Duration::from_secs(300)).await.unwrap() }
+    };
+    let summary = playback("before", done).await;
+    assert_eq!((summary.status, summary.events), (Status::Complete, 4), "{summary:?}");
+    let played_before = played(&env).await;
+    assert_eq!(sorted_pages(&played_before, &alice), BEFORE);
+    let subscriptions = |invoker| {
+        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+        Subscriptions::new(
+            env.dynamo.clone(),
+            env.kinesis.clone(),
+            lambda,
+            runs::subscription_config(&env.names),
+            invoker,
+        )
+        .with_archive(Some(bucket.clone()))
+        .with_keys(Some(keys(&env, &kms, Duration::ZERO)))
+    };
+    let target = json!({"kinesis": env.names.subscription_stream});
+    let create = json!({"action": "create", "name": "audit", "start": format_ms(start), "target": target});
+    let (invoker, _rx) = LocalInvoker::channel();
+    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    let tick = json!({"source": "aws.events"});
+    for answer in runs::run_subscriptions(subscriptions, tick.clone(), deadline_in(Duration::from_secs(300))).await {
+        answer.unwrap();
+    }
+    let delivered_before = delivered(&env).await;
+    assert_eq!(sorted_pages(&delivered_before, &alice), BEFORE);
+
+    // Forget alice: idempotent; an unknown subject is no error and writes nothing.
+    let forgetting = keys(&env, &kms, Duration::from_secs(60));
+    assert_eq!(
+        forgetting.forget(&alice, "arn:aws:iam::123456789012:user/dpo").await.unwrap(),
+        Forgot::Done { generations: 1 }
+    );
+    assert_eq!(forgetting.forget(&alice, "arn:aws:iam::123456789012:user/dpo").await.unwrap(), Forgot::Already);
+    let unknown = crypto::subject_hash(HASH_KEY.as_bytes(), "nobody");
+    let items_before = env.scan_table(&env.names.key_table).await.len();
+    assert_eq!(forgetting.forget(&unknown, "someone").await.unwrap(), Forgot::Unknown);
+    assert_eq!(env.scan_table(&env.names.key_table).await.len(), items_before);
+    // Who forgot whom and when, without alice's id.
+    let key_items = env.scan_table(&env.names.key_table).await;
+    let record: Vec<&HashMap<String, AttributeValue>> =
+        key_items.iter().filter(|i| i["item"].as_s().unwrap().starts_with("forgot#")).collect();
+    assert_eq!(record.len(), 1, "{key_items:?}");
+    assert_eq!(record[0]["by"].as_s().unwrap(), "arn:aws:iam::123456789012:user/dpo");
+    assert!(key_items.iter().all(|i| !format!("{i:?}").contains("alice")), "the key table holds hashes only");
+    assert!(key_items.iter().all(|i| !i.contains_key("wrapped") || *i["subject"].as_s().unwrap() != alice));
+
+    // A warm writer seals under the key it holds for up to KEY_CACHE_SECONDS after a forget (what
+    // docs/privacy.md promises); one that reads the key table after it makes a new generation.
+    assert_eq!(writer_keys.sealing_key(&alice).await.unwrap().0, 0, "the forget window");
+    let fresh =
+        Arc::new(Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).sealing_with(Some(kms_key)));
+    assert_eq!(fresh.sealing_key(&alice).await.unwrap().0, 1, "a new key after the forget");
+    let load = Load::new(env.kinesis.clone(), LoadConfig::new(env.names.event_stream.clone()))
+        .with_subjects(Some(Subjects::new(fresh, &subjects_config).unwrap()));
+    let a3 = json!({"EntityId": "alice-42", "page": "/alice-secret/3"});
+    assert_eq!(load.handle(post(&json!([a3.clone()]))).await.status(), StatusCode::ACCEPTED);
+    let done = into_the_log(&env, &mut pumped).await;
+
+    // Every reader now: alice's old events as `forgotten`, in place; the rest as sent.
+    let read = log(&env, &tiers, start, done).await.unwrap();
+    assert_eq!(pages(&read, &alice), ["forgotten", "/bob/1", "/public", "forgotten", "/alice-secret/3"], "in place");
+    let summary = playback("after", done).await;
+    assert_eq!((summary.status, summary.events, summary.unreadable), (Status::Complete, 5, 0), "{summary:?}");
+    let played_after: Vec<Value> = played(&env).await.split_off(4);
+    assert_eq!(sorted_pages(&played_after, &alice), AFTER);
+    // The subscription goes on with alice's new event; one made now reads the forgotten ones.
+    for answer in runs::run_subscriptions(subscriptions, tick.clone(), deadline_in(Duration::from_secs(300))).await {
+        answer.unwrap();
+    }
+    let create = json!({"action": "create", "name": "late", "start": format_ms(start), "target": {"kinesis": env.names.subscription_stream}});
+    let (invoker, _rx) = LocalInvoker::channel();
+    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    for answer in runs::run_subscriptions(subscriptions, tick, deadline_in(Duration::from_secs(300))).await {
+        answer.unwrap();
+    }
+    let delivered_all = delivered(&env).await;
+    assert_eq!(pages(&delivered_all[4..5], &alice), ["/alice-secret/3"], "the first subscription: alice's new event");
+    assert_eq!(sorted_pages(&delivered_all[5..], &alice), AFTER);
+
+    // Nothing of alice rests in the clear: the stream, the tables, the bucket.
+    for (_, record) in env.read_stream(&env.names.event_stream).await {
+        assert_eq!(in_the_clear(record.data().as_ref()), None, "the event stream");
+    }
+    for event in common::stored_events(&env).await {
+        assert_eq!(in_the_clear(&event.bytes().unwrap()), None, "the event table");
+    }
+    let objects = s3.list_objects_v2().bucket(BUCKET).send().await.unwrap();
+    assert!(!objects.contents().is_empty());
+    for object in objects.contents() {
+        let got = s3.get_object().bucket(BUCKET).key(object.key().unwrap()).send().await.unwrap();
+        assert_eq!(in_the_clear(&got.body.collect().await.unwrap().into_bytes()), None, "the bucket");
+    }
+}
+
+/// Each event's page as read, or `forgotten` (with generation 0, alice's,
+/// its ids kept) for a forgotten one.
+fn pages(events: &[Value], alice: &str) -> Vec<String> {
+    let page = |event: &Value| {
+        if event.get("forgotten").is_none() {
+            return event["body"]["page"].as_str().unwrap_or("?").to_owned();
+        }
+        assert_eq!((event["subject"].as_str(), &event["forgotten"]["generation"]), (Some(alice), &json!(0)));
+        assert!(event["forgotten"]["at"].is_string() && event.get("body").is_none() && event.get("sealed").is_none());
+        assert!(event["id"].is_string() && event["received_at"].is_string(), "{event}");
+        "forgotten".to_owned()
+    };
+    events.iter().map(page).collect()
+}
+
+/// As [`pages`], in any order (playback and subscriptions keep each key's order, not the log's across keys).
+fn sorted_pages(events: &[Value], alice: &str) -> Vec<String> {
+    let mut pages = pages(events, alice);
+    pages.sort();
+    pages
+}
+
+/// What the playback stream holds, in order, each event's record.
+async fn played(env: &TestEnv) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (_, record) in env.read_stream(&env.names.playback_stream).await {
+        for (_, data) in
+            event_store::aggregation::deaggregate(record.partition_key().unwrap(), record.data().as_ref()).unwrap()
+        {
+            out.push(serde_json::from_slice::<PlayedEvent>(&data).unwrap().data.unwrap());
+        }
+    }
+    out
+}
+
+/// What the subscription target holds, in order, each event's record.
+async fn delivered(env: &TestEnv) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (_, record) in env.read_stream(&env.names.subscription_stream).await {
+        for (_, data) in
+            event_store::aggregation::deaggregate(record.partition_key().unwrap(), record.data().as_ref()).unwrap()
+        {
+            out.push(serde_json::from_slice::<Value>(&data).unwrap()["data"].clone());
+        }
+    }
+    out
+}
