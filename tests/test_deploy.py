@@ -319,7 +319,12 @@ def test_sample_events_under_cargo_lambda_watch(watch, aws):
     iterator = kinesis.get_shard_iterator(StreamName=f"{PREFIX}-stream", ShardId=shard,
                                           ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
     records = kinesis.get_records(ShardIterator=iterator)["Records"]
-    assert [json.loads(r["Data"])["query"]["EntityId"] for r in records] == [["user-42"]]
+    # Sealed under user-42's key (KeyTable, SubjectKey): the user id is nowhere in the clear.
+    [record] = records
+    sealed = json.loads(record["Data"])
+    assert len(sealed["subject"]) == 64 and sealed["sealed"]["g"] == 0 and sealed["query"] == {}, sealed
+    assert "user-42" not in record["Data"].decode() and record["PartitionKey"] == sealed["subject"]
+    assert aws("dynamodb").scan(TableName=f"{PREFIX}-key-table", Select="COUNT")["Count"] == 2, "head and g#0"
 
     assert invoke(watch, "pump", "pump.json") == {"batchItemFailures": []}
     dynamo = aws("dynamodb")

@@ -68,13 +68,18 @@ impl LoadConfig {
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        let ip_mode = match env.var_or("IP_MODE", String::from("hash"))?.as_str() {
+        // `none` by default: an address is personal data, and an anonymous hit's cannot be erased later
+        // (docs/privacy.md#client-addresses-ip_mode).
+        let ip_mode = match env.var_or("IP_MODE", String::from("none"))?.as_str() {
             "full" => IpMode::Full,
             "none" => IpMode::None,
             "hash" => {
                 let salt = env.raw("IP_SALT").unwrap_or_default();
                 if salt.len() < 16 {
-                    tracing::warn!("IP_SALT is shorter than 16 characters: hashed IPv4 addresses can be reversed");
+                    return Err(Error::Config(
+                        "IP_MODE=hash needs IP_SALT of 16+ characters: without it a hashed IPv4 address is reversible"
+                            .into(),
+                    ));
                 }
                 IpMode::Hash { salt }
             }

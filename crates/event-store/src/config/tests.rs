@@ -19,7 +19,12 @@ fn configurations_read_only_their_declared_variables() {
     }
     let load = LoadConfig::from_env().unwrap();
     assert_eq!(load.event_stream, "value-of-EVENT_STREAM");
-    assert!(matches!(load.ip_mode, IpMode::Hash { .. }), "hash is the default");
+    assert_eq!(load.ip_mode, IpMode::None, "no address kept by default");
+    std::env::set_var("IP_MODE", "hash");
+    assert!(matches!(LoadConfig::from_env(), Err(Error::Config(m)) if m.contains("IP_SALT")), "hash needs a salt");
+    std::env::set_var("IP_SALT", "a salt of sixteen+");
+    assert!(matches!(LoadConfig::from_env().unwrap().ip_mode, IpMode::Hash { .. }));
+    std::env::remove_var("IP_MODE");
     assert_eq!(load.max_event_bytes, 2 * 1024, "a pixel's or a small analytics event's size; larger is opt-in");
     assert_eq!(load.max_events_per_post, 100);
     assert_eq!(load.inline_max_bytes, 64 * 1024);
