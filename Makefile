@@ -15,7 +15,7 @@ MOTO_PIN    := moto[server]==5.2.5
 TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1
 # The stricter second pair of emulators (npm), installed into .node.
 NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3
-FUNCTIONS   := load pump scan playback subscriptions streams relay archive
+FUNCTIONS   := load pump scan playback subscriptions streams relay archive privacy
 STACK       ?= event-store-prod
 CARGO       ?= cargo
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -23,7 +23,7 @@ from samtranslator.yaml_helper import yaml_parse
 
 from conftest import REGION, ROOT, free_port, wait_for_port
 
-FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay", "archive"]
+FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay", "archive", "privacy"]
 BUCKET = "event-store-artifacts"
 PARAMETERS = {"Stage": "ci", "IpSalt": "ci-salt-0123456789abcdef", "SubjectHashKey": "ci-subject-hash-key-0123456789abcdef"}
 PREFIX = "event-store-ci"

@@ -10,7 +10,9 @@
 //! invoking its subscriptions function); `tail`; `redrive` (the dead-letter
 //! queues, in this process); `streams` (entity streams through their HTTP
 //! API, SigV4-signed on a deployed stack); `verify` (the archive's hash chain
-//! against the objects in S3, exit 1 at the first break).
+//! against the objects in S3, exit 1 at the first break); `forget` (a data
+//! subject's keys destroyed: locally in this process, on a deployed stack by
+//! invoking its privacy function; exit 2 for a subject that never had one).
 //!
 //! Exit codes (for scripts): 0 done (for `status`: healthy); 1 done, and
 //! something needs a hand (`status`: a problem named in the verdict); 2 bad
@@ -18,6 +20,7 @@
 //! is not an event store, no credentials); 4 the store answered with an error.
 
 mod playback;
+mod privacy;
 mod redrive;
 mod render;
 mod streams;
@@ -84,6 +87,12 @@ enum Command {
         /// Up to this time (`now`, ISO 8601 or epoch ms).
         #[arg(long, default_value = "now")]
         to: String,
+    },
+    /// Forget a data subject: destroy its keys, so every copy of its events reads as `forgotten`
+    /// (docs/privacy.md). Exit 2 when no key was ever made for it.
+    Forget {
+        /// The subject's id, as the events carry it (an EntityId, say).
+        subject: String,
     },
     /// Print the sealed log's events as their slots seal, one JSON line each, until Ctrl-C (or --count).
     Tail {
@@ -156,6 +165,7 @@ async fn run(cli: Cli) -> Exit {
         Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
         Verb::Streams { url, call } => stream_call(&target, url, call, cli.json).await,
         Verb::Verify { from, to } => verify(&target, from, to, cli.json).await,
+        Verb::Forget { subject } => forget(&target, &subject, cli.json).await,
     }
 }
 
@@ -168,6 +178,7 @@ enum Verb {
     Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
     Streams { url: Option<reqwest::Url>, call: streams::Call },
     Verify { from: i64, to: i64 },
+    Forget { subject: String },
 }
 
 impl Verb {
@@ -195,6 +206,8 @@ impl Verb {
                 }
                 Verb::Verify { from, to }
             }
+            Command::Forget { subject } if subject.trim().is_empty() => anyhow::bail!("an empty subject"),
+            Command::Forget { subject } => Verb::Forget { subject },
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
                 from: event_store::subscription::spec::parse_start(&from, event_store::time::now_ms())
@@ -383,6 +396,25 @@ async fn stream_call(target: &Target, url: Option<reqwest::Url>, call: streams::
         // The stream is not as the request expected (a conflict, unknown, deleted): nothing was written.
         404 | 409 | 410 | 412 | 428 => Exit::NeedsAHand,
         _ => Exit::StoreError,
+    }
+}
+
+async fn forget(target: &Target, subject: &str, json: bool) -> Exit {
+    match privacy::forget(target, subject).await {
+        Ok(answer) => {
+            if json {
+                let _ = writeln!(std::io::stdout(), "{answer}");
+            } else {
+                let _ = writeln!(std::io::stdout(), "{}", privacy::describe(subject, &answer));
+            }
+            if answer["forgotten"] == "unknown" {
+                Exit::BadUsage
+            } else {
+                Exit::Done
+            }
+        }
+        Err(err) if bad_input(&err) => fail(&err.context(target.label.clone()), Exit::BadUsage),
+        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
     }
 }
 

@@ -169,7 +169,7 @@ pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
 }
 
 /// The deployed function, invoked and waited for.
-async fn invoke(target: &Target, function: &str, payload: Value) -> Result<Value> {
+pub(crate) async fn invoke(target: &Target, function: &str, payload: Value) -> Result<Value> {
     let out = aws_sdk_lambda::Client::new(&target.sdk)
         .invoke()
         .function_name(function)

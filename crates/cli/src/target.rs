@@ -55,6 +55,8 @@ pub struct Target {
     pub archive_bucket: Option<String>,
     /// Subjects' data keys (`KeyTableName`, or the local stack's), to open sealed events.
     pub key_table: Option<String>,
+    /// A deployed stack's privacy function (`PrivacyFunctionName`), which `forget` invokes.
+    pub privacy_function: Option<String>,
     /// Set for a deployed stack.
     pub stack: Option<String>,
 }
@@ -112,6 +114,7 @@ pub async fn local() -> Result<Target, TargetError> {
         streams_url: Some(format!("http://127.0.0.1:{}/streams", env_port("PORT", 3000))),
         archive_bucket: Some(names.archive_bucket),
         key_table: Some(names.key_table),
+        privacy_function: None,
         stack: None,
     })
 }
@@ -160,6 +163,7 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         streams_url: outputs.get("StreamsUrl").cloned(),
         archive_bucket: outputs.get("ArchiveBucketName").cloned(),
         key_table: outputs.get("KeyTableName").cloned(),
+        privacy_function: outputs.get("PrivacyFunctionName").cloned(),
         stack: Some(name.to_owned()),
     })
 }

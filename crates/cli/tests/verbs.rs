@@ -11,7 +11,10 @@ use std::time::Duration;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use event_store::archiver::Archiver;
 use event_store::config::{ArchiveConfig, PumpConfig, ScanConfig};
+use event_store::privacy::crypto::subject_hash;
+use event_store::privacy::keys::Keys;
 use event_store::pump::Pump;
+use event_store_emulator::resources::{create_subject_key, LOCAL_SUBJECT_HASH_KEY};
 use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
 use serde_json::{json, Value};
 
@@ -231,6 +234,30 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     );
     let backwards = event_store(&["verify", "--from", "now", "--to", "beginning"], moto.port);
     assert_eq!(backwards.status.code(), Some(2), "{}", stderr(&backwards));
+
+    // forget: a subject with a key (made as load makes one) is forgotten once, then says so; one
+    // never seen is bad usage and writes nothing; who asked is recorded under its hash.
+    let kms = aws_sdk_kms::Client::new(&stack.sdk);
+    let kms_key = create_subject_key(&kms, &names.subject_key_alias).await.unwrap();
+    let keys = Keys::new(dynamo.clone(), kms, names.key_table.clone()).sealing_with(Some(kms_key));
+    let subject = subject_hash(LOCAL_SUBJECT_HASH_KEY.as_bytes(), "user-1");
+    assert_eq!(keys.sealing_key(&subject).await.unwrap().0, 0);
+    let unknown = event_store(&["forget", "nobody"], moto.port);
+    assert_eq!(unknown.status.code(), Some(2), "{}", stderr(&unknown));
+    assert!(String::from_utf8_lossy(&unknown.stdout).contains("nothing to forget"));
+    let forgot = event_store(&["forget", "user-1"], moto.port);
+    assert_eq!(forgot.status.code(), Some(0), "{}", stderr(&forgot));
+    assert!(String::from_utf8_lossy(&forgot.stdout).contains("1 key generation(s) destroyed"), "{forgot:?}");
+    let again = event_store(&["--json", "forget", "user-1"], moto.port);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    let answer: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(answer, json!({"subject": subject, "forgotten": "already", "generations": 0}));
+    let items = dynamo.scan().table_name(&names.key_table).send().await.unwrap();
+    let record: Vec<_> = items.items().iter().filter(|i| i["item"].as_s().unwrap().starts_with("forgot#")).collect();
+    assert_eq!(record.len(), 1);
+    assert!(record[0]["by"].as_s().unwrap().starts_with("local:"));
+    assert!(items.items().iter().all(|i| i["subject"].as_s().unwrap() == &subject && !i.contains_key("wrapped")));
+    assert_eq!(event_store(&["forget", " "], moto.port).status.code(), Some(2), "an empty subject");
 }
 
 /// Events on `stream` (aggregated records unpacked), all shards from their start.

@@ -38,6 +38,9 @@ pub struct Names {
     pub subject_key_alias: String,
 }
 
+/// The local stack's secret of subjects' keyed hashes (`SUBJECT_HASH_KEY`): not a secret.
+pub const LOCAL_SUBJECT_HASH_KEY: &str = "local-stack-subject-hash-key-not-a-secret";
+
 /// Service name in resource names: `<service>-<stage>-...`, as in template.yaml.
 pub const SERVICE: &str = "event-store";
 

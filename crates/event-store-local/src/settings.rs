@@ -75,7 +75,7 @@ impl Settings {
         // Per-subject encryption, on as in a deployed stack (docs/privacy.md); the stack makes the key.
         set("KEY_TABLE", &self.names.key_table);
         set("SUBJECT_KMS_KEY", &self.names.subject_key_alias);
-        default("SUBJECT_HASH_KEY", "local-stack-subject-hash-key-not-a-secret");
+        default("SUBJECT_HASH_KEY", event_store_emulator::resources::LOCAL_SUBJECT_HASH_KEY);
         default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
         default("AWS_REGION", "us-east-1");
         default("IP_SALT", "local-stack-salt-not-secret");

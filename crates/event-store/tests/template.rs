@@ -3,11 +3,11 @@
 //! stage calls (plus what the platform needs for it), on named resources only.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use event_store::config::{
-    ArchiveConfig, LoadConfig, PlaybackConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig,
-    Variables,
+    ArchiveConfig, LoadConfig, PlaybackConfig, PrivacyConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig,
+    SubscriptionConfig, Variables,
 };
 use serde_yaml::Value;
 
@@ -39,6 +39,7 @@ fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'stati
         ("SubscriptionsFunction", SubscriptionConfig::VARIABLES, event_store::subscription::AWS_ACTIONS, &[]),
         ("StreamsFunction", StreamsConfig::VARIABLES, event_store::entity::AWS_ACTIONS, &[]),
         ("ArchiveFunction", ArchiveConfig::VARIABLES, event_store::archiver::AWS_ACTIONS, &[]),
+        ("PrivacyFunction", PrivacyConfig::VARIABLES, event_store::privacy::manage::AWS_ACTIONS, &[]),
         (
             "RelayFunction",
             RelayConfig::VARIABLES,
@@ -107,6 +108,47 @@ fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
         let expected: BTreeSet<String> = actions.iter().chain(platform).map(|a| a.to_string()).collect();
         assert_eq!(granted, expected, "{name}");
     }
+}
+
+#[test]
+fn subjects_keys_are_read_by_readers_made_by_load_and_destroyed_by_the_privacy_function_alone() {
+    let template = template();
+    let mut on_keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut on_kms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, _, _, _) in functions() {
+        let policies = &template["Resources"][name]["Properties"]["Policies"];
+        for statement in policies.as_sequence().unwrap().iter().flat_map(|p| p["Statement"].as_sequence().unwrap()) {
+            let resource = format!("{:?}", statement["Resource"]);
+            for (holder, map) in [("KeyTable", &mut on_keys), ("SubjectKey", &mut on_kms)] {
+                if resource.contains(holder) {
+                    map.entry(name.to_owned()).or_default().extend(strings(&statement["Action"]));
+                }
+            }
+        }
+    }
+    let set = |actions: &[&str]| actions.iter().map(|a| a.to_string()).collect::<BTreeSet<_>>();
+    let expected_keys = BTreeMap::from([
+        ("LoadFunction".to_owned(), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])),
+        ("PlaybackFunction".to_owned(), set(&["dynamodb:GetItem"])),
+        ("PrivacyFunction".to_owned(), set(event_store::privacy::manage::AWS_ACTIONS)),
+        ("SubscriptionsFunction".to_owned(), set(&["dynamodb:GetItem"])),
+    ]);
+    assert_eq!(on_keys, expected_keys);
+    let expected_kms = BTreeMap::from([
+        ("LoadFunction".to_owned(), set(&["kms:GenerateDataKey", "kms:Decrypt"])),
+        ("PlaybackFunction".to_owned(), set(&["kms:Decrypt"])),
+        ("SubscriptionsFunction".to_owned(), set(&["kms:Decrypt"])),
+    ]);
+    assert_eq!(on_kms, expected_kms, "the privacy function never sees a key, it only destroys wrapped ones");
+    let table = &template["Resources"]["KeyTable"];
+    assert_eq!(table["DeletionPolicy"], Value::String("Retain".into()), "losing it loses every sealed event");
+    assert!(table["Properties"].get("PointInTimeRecoverySpecification").is_none(), "a backup would bring keys back");
+    let params = &template["Parameters"];
+    assert_eq!(
+        (&params["SubjectHashKey"]["NoEcho"], &params["SubjectHashKey"]["MinLength"]),
+        (&Value::Bool(true), &Value::from(32))
+    );
+    assert_eq!(params["IpMode"]["Default"], Value::String("none".into()), "data protection by default");
 }
 
 #[test]
@@ -409,7 +451,7 @@ fn every_function_and_every_queue_has_an_alarm_on_the_one_topic() {
             .collect()
     };
     let mut functions: BTreeSet<String> = of_type("AWS::Serverless::Function").into_iter().collect();
-    assert_eq!(functions.len(), 8);
+    assert_eq!(functions.len(), 9);
     assert_eq!(watched("AWS/Lambda", "Errors"), functions, "an errors alarm per function");
     // The archive exists only with HotRetentionDays > 0, so the one throttles alarm cannot name it;
     // it runs one at a time (reserved concurrency 1), and a throttled start is retried.

@@ -14,7 +14,7 @@ pub use load::{
     IpMode, LoadConfig, DEFAULT_MAX_EVENTS_PER_POST, DEFAULT_MAX_EVENT_BYTES, MAX_EVENTS_PER_POST,
     MAX_EVENT_BYTES_LIMIT,
 };
-pub use privacy::{SubjectsConfig, MIN_HASH_KEY_BYTES};
+pub use privacy::{PrivacyConfig, SubjectsConfig, MIN_HASH_KEY_BYTES};
 
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Env;
+use super::{Env, Variables};
 use crate::error::{Error, Result};
 use crate::privacy::keys::DEFAULT_CACHE;
 use crate::privacy::SubjectRule;
@@ -63,5 +63,25 @@ impl SubjectsConfig {
             Some(_) => Err(Error::Config(format!("SUBJECT_HASH_KEY: at least {MIN_HASH_KEY_BYTES} characters"))),
             None => Err(Error::Config("KEY_TABLE is set: SUBJECT_HASH_KEY is needed to hash subjects".into())),
         }
+    }
+}
+
+/// The `privacy` function's (`forget`): the key table, and the secret subjects are hashed with.
+#[derive(Debug, Clone)]
+pub struct PrivacyConfig {
+    pub key_table: String,
+    pub hash_key: String,
+}
+
+impl PrivacyConfig {
+    pub const VARIABLES: Variables = Variables { required: &["KEY_TABLE", "SUBJECT_HASH_KEY"], optional: &[] };
+
+    pub fn from_env() -> Result<Self> {
+        let env = Env(Self::VARIABLES);
+        let config = Self { key_table: env.var("KEY_TABLE")?, hash_key: env.var("SUBJECT_HASH_KEY")? };
+        if config.hash_key.len() < MIN_HASH_KEY_BYTES {
+            return Err(Error::Config(format!("SUBJECT_HASH_KEY: at least {MIN_HASH_KEY_BYTES} characters")));
+        }
+        Ok(config)
     }
 }

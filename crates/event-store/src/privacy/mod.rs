@@ -7,9 +7,11 @@
 //! - [`crypto`]: the subject's keyed hash and AES-256-GCM sealing (pure);
 //! - [`seal`]: which parts of a record are sealed, and the `forgotten` marker (pure);
 //! - [`keys`]: the data keys, wrapped by KMS in the key table, cached, forgotten.
+//! - [`manage`]: the `privacy` function's `forget` action.
 
 pub mod crypto;
 pub mod keys;
+pub mod manage;
 pub mod seal;
 
 use std::collections::BTreeMap;

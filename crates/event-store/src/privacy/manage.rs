@@ -1,0 +1,77 @@
+//! The `privacy` function's actions (`docs/privacy.md#forgetting`):
+//! `{"action": "forget", "subject": "<id>", "by": "<who asks>"}`. Only this
+//! function holds the right to destroy keys, so who may forget is who IAM
+//! lets invoke it (CloudTrail records each invocation and its caller).
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tracing::info;
+
+use super::crypto::subject_hash;
+use super::keys::{Forgot, Keys};
+use crate::config::PrivacyConfig;
+use crate::error::{Error, Result};
+
+/// The AWS actions this function calls, and so the only ones its IAM role grants.
+pub const AWS_ACTIONS: &[&str] = &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"];
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Destroys every key of `subject` (its plain id: hashed here, never stored).
+    Forget {
+        subject: String,
+        /// Who asks (the CLI sends the caller's ARN); recorded with the forget.
+        #[serde(default)]
+        by: Option<String>,
+    },
+}
+
+pub struct Privacy {
+    keys: Arc<Keys>,
+    hash_key: Vec<u8>,
+}
+
+impl Privacy {
+    pub fn new(keys: Arc<Keys>, config: &PrivacyConfig) -> Self {
+        Self { keys, hash_key: config.hash_key.as_bytes().to_vec() }
+    }
+
+    /// Answers one action: `{"subject": <hash>, "forgotten": "done" | "already" | "unknown", "generations": n}`.
+    pub async fn handle(&self, payload: Value) -> Result<Value> {
+        let request: Request = serde_json::from_value(payload)
+            .map_err(|e| Error::BadInput(format!("expected {{\"action\": \"forget\", \"subject\": ...}}: {e}")))?;
+        match request {
+            Request::Forget { subject, by } => {
+                if subject.trim().is_empty() {
+                    return Err(Error::BadInput("an empty subject".into()));
+                }
+                let hash = subject_hash(&self.hash_key, &subject);
+                let by = by.filter(|b| !b.trim().is_empty()).unwrap_or_else(|| "unnamed (see CloudTrail)".into());
+                let (outcome, generations) = match self.keys.forget(&hash, &by).await? {
+                    Forgot::Done { generations } => ("done", generations),
+                    Forgot::Already => ("already", 0),
+                    Forgot::Unknown => ("unknown", 0),
+                };
+                info!(subject = %hash, by = %by, outcome, generations, "forget");
+                Ok(json!({ "subject": hash, "forgotten": outcome, "generations": generations }))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_forget_with_a_subject_is_an_action() {
+        let forget: Request = serde_json::from_value(json!({"action": "forget", "subject": "u-1"})).unwrap();
+        assert!(matches!(forget, Request::Forget { subject, by: None } if subject == "u-1"));
+        for bad in [json!({"action": "forget"}), json!({"action": "erase", "subject": "u"}), json!({"subject": "u"})] {
+            assert!(serde_json::from_value::<Request>(bad.clone()).is_err(), "{bad}");
+        }
+    }
+}
