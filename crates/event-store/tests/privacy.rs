@@ -30,6 +30,7 @@ use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
 use event_store_emulator::resources::create_subject_key;
 use event_store_emulator::runs::{self, deadline_in, run_scan};
+use event_store_fault_proxy::{Config, FaultProxy};
 use lambda_http::http::StatusCode;
 use serde_json::{json, Value};
 
@@ -192,24 +193,28 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     assert_eq!((summary.status, summary.events), (Status::Complete, 4), "{summary:?}");
     let played_before = played(&env).await;
     assert_eq!(sorted_pages(&played_before, &alice), BEFORE);
-    let subscriptions = |invoker| {
-        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
-        Subscriptions::new(
-            env.dynamo.clone(),
-            env.kinesis.clone(),
-            lambda,
-            runs::subscription_config(&env.names),
-            invoker,
-        )
-        .with_archive(Some(bucket.clone()))
-        .with_keys(Some(keys(&env, &kms, Duration::ZERO)))
+    let subscriptions_with = |kms: &aws_sdk_kms::Client| {
+        let keys = keys(&env, kms, Duration::ZERO);
+        let (env, bucket) = (&env, bucket.clone());
+        move |invoker| {
+            let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+            let config = runs::subscription_config(&env.names);
+            Subscriptions::new(env.dynamo.clone(), env.kinesis.clone(), lambda, config, invoker)
+                .with_archive(Some(bucket))
+                .with_keys(Some(keys))
+        }
     };
     let target = json!({"kinesis": env.names.subscription_stream});
     let create = json!({"action": "create", "name": "audit", "start": format_ms(start), "target": target});
     let (invoker, _rx) = LocalInvoker::channel();
-    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    subscriptions_with(&kms)(Arc::new(invoker))
+        .handle(create, SystemTime::now() + Duration::from_secs(60))
+        .await
+        .unwrap();
     let tick = json!({"source": "aws.events"});
-    for answer in runs::run_subscriptions(subscriptions, tick.clone(), deadline_in(Duration::from_secs(300))).await {
+    for answer in
+        runs::run_subscriptions(subscriptions_with(&kms), tick.clone(), deadline_in(Duration::from_secs(300))).await
+    {
         answer.unwrap();
     }
     let delivered_before = delivered(&env).await;
@@ -255,18 +260,63 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let played_after: Vec<Value> = played(&env).await.split_off(4);
     assert_eq!(sorted_pages(&played_after, &alice), AFTER);
     // The subscription goes on with alice's new event; one made now reads the forgotten ones.
-    for answer in runs::run_subscriptions(subscriptions, tick.clone(), deadline_in(Duration::from_secs(300))).await {
+    for answer in
+        runs::run_subscriptions(subscriptions_with(&kms), tick.clone(), deadline_in(Duration::from_secs(300))).await
+    {
         answer.unwrap();
     }
     let create = json!({"action": "create", "name": "late", "start": format_ms(start), "target": {"kinesis": env.names.subscription_stream}});
     let (invoker, _rx) = LocalInvoker::channel();
-    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
-    for answer in runs::run_subscriptions(subscriptions, tick, deadline_in(Duration::from_secs(300))).await {
+    subscriptions_with(&kms)(Arc::new(invoker))
+        .handle(create, SystemTime::now() + Duration::from_secs(60))
+        .await
+        .unwrap();
+    for answer in
+        runs::run_subscriptions(subscriptions_with(&kms), tick.clone(), deadline_in(Duration::from_secs(300))).await
+    {
         answer.unwrap();
     }
     let delivered_all = delivered(&env).await;
     assert_eq!(pages(&delivered_all[4..5], &alice), ["/alice-secret/3"], "the first subscription: alice's new event");
     assert_eq!(sorted_pages(&delivered_all[5..], &alice), AFTER);
+
+    // The KMS key disabled (as KMS answers it: moto keeps using a disabled key): readers fail
+    // clearly, not skipping anything; a subscription stays where it was, and goes on once it is enabled.
+    let a4 = json!({"EntityId": "alice-42", "page": "/alice-secret/4"});
+    assert_eq!(load.handle(post(&json!([a4]))).await.status(), StatusCode::ACCEPTED);
+    let done = into_the_log(&env, &mut pumped).await;
+    let endpoint = env.sdk.endpoint_url().unwrap().to_owned();
+    let proxy = FaultProxy::start(&endpoint, Config { seed: 0, rate: 0.0, only: Some(&[]) }).await.unwrap();
+    let through_proxy = aws_sdk_kms::Client::from_conf(
+        aws_sdk_kms::config::Builder::from(&env.sdk).endpoint_url(&proxy.endpoint).build(),
+    );
+    proxy.disable_kms_keys(true);
+    let disabled = Tiers::new(Some(bucket.clone())).with_keys(Some(keys(&env, &through_proxy, Duration::ZERO)));
+    let failed = log(&env, &disabled, start, done).await.unwrap_err();
+    assert!(matches!(failed, event_store::Error::Kms { .. }) && !failed.is_unreadable(), "{failed:?}");
+    assert!(failed.to_string().contains("DisabledException"), "{failed}");
+    let delivered_so_far = delivered(&env).await.len();
+    let answers = runs::run_subscriptions(
+        subscriptions_with(&through_proxy),
+        tick.clone(),
+        deadline_in(Duration::from_secs(300)),
+    )
+    .await;
+    assert!(
+        answers.iter().any(|a| a.as_ref().is_err_and(|e| e.to_string().contains("DisabledException"))),
+        "{answers:?}"
+    );
+    assert_eq!(delivered(&env).await.len(), delivered_so_far, "nothing delivered, nothing skipped");
+    proxy.disable_kms_keys(false);
+    for answer in
+        runs::run_subscriptions(subscriptions_with(&through_proxy), tick, deadline_in(Duration::from_secs(300))).await
+    {
+        answer.unwrap();
+    }
+    let resumed = delivered(&env).await.split_off(delivered_so_far);
+    assert_eq!(pages(&resumed, &alice), ["/alice-secret/4", "/alice-secret/4"], "each subscription, once");
+    let read = log(&env, &disabled, start, done).await.unwrap();
+    assert_eq!(pages(&read, &alice).last().map(String::as_str), Some("/alice-secret/4"));
 
     // Nothing of alice rests in the clear: the stream, the tables, the bucket.
     for (_, record) in env.read_stream(&env.names.event_stream).await {

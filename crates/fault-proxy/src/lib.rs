@@ -71,6 +71,8 @@ impl Fault {
 pub enum Service {
     DynamoDb,
     Kinesis,
+    /// KMS (`TrentService.*`): only [`FaultProxy::disable_kms_keys`] touches it.
+    Kms,
     Other,
 }
 
@@ -83,6 +85,8 @@ pub fn target(header: Option<&str>) -> (Service, String) {
         Service::DynamoDb
     } else if prefix.starts_with("Kinesis") {
         Service::Kinesis
+    } else if prefix == "TrentService" {
+        Service::Kms
     } else {
         Service::Other
     };
@@ -102,7 +106,7 @@ pub fn applicable(service: Service, operation: &str) -> Vec<Fault> {
             AppliedThenInternalError,
         ],
         Service::Kinesis => vec![ProvisionedThroughputExceeded, Throttling, InternalServerError, ServiceUnavailable],
-        Service::Other => return vec![],
+        Service::Kms | Service::Other => return vec![],
     };
     faults.extend([ConnectionReset, Slow]);
     match operation {
@@ -158,6 +162,8 @@ struct State {
     transactions_alone: Option<tokio::sync::RwLock<()>>,
     /// Partition keys whose `PutRecords` entries are refused (a hot shard), whatever the rate.
     refused_keys: Mutex<HashSet<String>>,
+    /// Every KMS request answered as a disabled key is (moto's own disabled keys still work).
+    kms_disabled: std::sync::atomic::AtomicBool,
 }
 
 /// A request the proxy let through and then answered with a 500.
@@ -229,6 +235,7 @@ impl FaultProxy {
             one_at_a_time: (lane == Lane::OneAtATime).then(|| tokio::sync::Mutex::new(())),
             transactions_alone: (lane == Lane::TransactionsAlone).then(|| tokio::sync::RwLock::new(())),
             refused_keys: Mutex::default(),
+            kms_disabled: std::sync::atomic::AtomicBool::new(false),
         });
         let (stop, mut stopped) = watch::channel(false);
         let shared = state.clone();
@@ -268,6 +275,13 @@ impl FaultProxy {
         if let Ok(mut keys) = self.state.refused_keys.lock() {
             keys.remove(key);
         }
+    }
+
+    /// From now on (until called with `false`) every KMS request is answered
+    /// `DisabledException`, as KMS answers one that uses a disabled key. moto
+    /// 5.2 keeps encrypting and decrypting with a key `DisableKey` disabled.
+    pub fn disable_kms_keys(&self, disabled: bool) {
+        self.state.kms_disabled.store(disabled, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Requests seen and faults injected, by kind (`requests`, `faults`, then each fault's name).
@@ -359,6 +373,15 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Answer {
     let header = parts.headers.get("x-amz-target").and_then(|v| v.to_str().ok());
     let (service, operation) = target(header);
     state.count("requests");
+    if service == Service::Kms && state.kms_disabled.load(std::sync::atomic::Ordering::SeqCst) {
+        state.count("KmsDisabled");
+        let message = "arn:aws:kms:us-east-1:123456789012:key/injected is disabled.";
+        return Ok(json_response(
+            StatusCode::BAD_REQUEST,
+            None,
+            &json!({ "__type": "DisabledException", "message": message }),
+        ));
+    }
     if service == Service::Kinesis && operation == "PutRecords" {
         if let Some(held) = refused_entries(&state, &body) {
             state.count("RefusedKey");
@@ -410,6 +433,7 @@ fn describe(service: Service, operation: &str, body: &Bytes) -> Applied {
     let prefix = match service {
         Service::DynamoDb => "DynamoDB",
         Service::Kinesis => "Kinesis",
+        Service::Kms => "TrentService",
         Service::Other => "Other",
     };
     let named = |field: &str| request.get(field).and_then(Value::as_str).map(str::to_owned);
@@ -540,6 +564,8 @@ mod tests {
         assert_eq!(target(Some("DynamoDB_20120810.BatchWriteItem")), (Service::DynamoDb, "BatchWriteItem".into()));
         assert_eq!(target(Some("Kinesis_20131202.PutRecords")), (Service::Kinesis, "PutRecords".into()));
         assert_eq!(target(None).0, Service::Other);
+        assert_eq!(target(Some("TrentService.Decrypt")), (Service::Kms, "Decrypt".into()));
+        assert!(applicable(Service::Kms, "Decrypt").is_empty(), "KMS only answers as a disabled key, when told");
     }
 
     #[test]
