@@ -594,6 +594,7 @@ mod tests {
                 one_at_a_time: None,
                 transactions_alone: None,
                 refused_keys: Mutex::default(),
+                kms_disabled: std::sync::atomic::AtomicBool::new(false),
             };
             let faults = applicable(Service::DynamoDb, "BatchWriteItem");
             (0..200).map(|_| state.draw(&faults)).collect::<Vec<_>>()
