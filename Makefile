@@ -99,7 +99,7 @@ test: lint tools-moto tools tools-node tools-chromium tools-container build ## l
 	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
 	  END {printf "%d passed, %d failed, %d skipped\n", p, f, s}'
 
-build: tools ## arm64 bootstraps of the seven functions: target/lambda/<fn>/bootstrap
+build: tools ## arm64 bootstraps of the nine functions: target/lambda/<fn>/bootstrap
 	@echo "== cargo lambda build --release --arm64 (zig cross-linker from .venv)"
 	@command -v rustup >/dev/null && rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
 	PATH=$(BIN):$$PATH $(BIN)/cargo-lambda lambda build --release --arm64 --locked $(addprefix -p ,$(FUNCTIONS))
