@@ -14,9 +14,11 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use common::{sample_event, TestEnv};
+use event_store::archive::columns;
 use event_store::archive::object::Bucket;
+use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
-use event_store::config::{LoadConfig, ScanConfig, SubjectsConfig};
+use event_store::config::{ArchiveConfig, LoadConfig, ScanConfig, SubjectsConfig};
 use event_store::dedupe::RecentIds;
 use event_store::load::Load;
 use event_store::playback::reader::Reader;
@@ -317,6 +319,40 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     assert_eq!(pages(&resumed, &alice), ["/alice-secret/4", "/alice-secret/4"], "each subscription, once");
     let read = log(&env, &disabled, start, done).await.unwrap();
     assert_eq!(pages(&read, &alice).last().map(String::as_str), Some("/alice-secret/4"));
+
+    // Archived: the Parquet rows hold alice's events sealed, and every reader reads them from S3 as before.
+    let archiver = Archiver {
+        dynamo: env.dynamo.clone(),
+        bucket: bucket.clone(),
+        config: ArchiveConfig {
+            bucket: BUCKET.into(),
+            event_table: env.names.event_table.clone(),
+            prefix: "events/".into(),
+            hot_retention: Duration::ZERO,
+            object_bytes: 16 * 1024,
+            dedupe_window_ms: 0,
+            deadline_margin: Duration::from_secs(1),
+            lease: Duration::from_secs(60),
+            max_continuations: 0,
+        },
+    };
+    let archived = archiver.run(now_ms(), std::time::Instant::now() + Duration::from_secs(120)).await.unwrap();
+    assert_eq!(archived.events, 6, "{archived:?}");
+    assert!(common::stored_events(&env).await.is_empty(), "the table holds none of them now");
+    let objects = s3.list_objects_v2().bucket(BUCKET).prefix("events/").send().await.unwrap();
+    let mut rows = Vec::new();
+    for object in objects.contents() {
+        rows.extend(columns::read(bucket.get(object.key().unwrap()).await.unwrap()).unwrap());
+    }
+    assert_eq!(rows.len(), 6);
+    for row in &rows {
+        let text = row.payload.clone().unwrap_or_default();
+        assert_eq!(in_the_clear(text.as_bytes()), None, "the archive");
+        assert_eq!(text.contains("\"sealed"), !text.contains("/public"), "all but the anonymous hit, sealed");
+    }
+    let read = log(&env, &tiers, start, done).await.unwrap();
+    let expected = ["forgotten", "/bob/1", "/public", "forgotten", "/alice-secret/3", "/alice-secret/4"];
+    assert_eq!(pages(&read, &alice), expected, "from the archive, in place");
 
     // Nothing of alice rests in the clear: the stream, the tables, the bucket.
     for (_, record) in env.read_stream(&env.names.event_stream).await {
