@@ -9,6 +9,7 @@ use anyhow::Result;
 use event_store::archive::object::Bucket;
 use event_store::archiver::Archiver;
 use event_store::config::{ArchiveConfig, PlaybackConfig, PumpConfig, ScanConfig};
+use event_store::playback::tiers::Tiers;
 use event_store::playback::Playback;
 use event_store::pump::Pump;
 use event_store::time::format_ms;
@@ -112,7 +113,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
     };
     let hot = replay(None).await?;
     let (start, end) = (t0, t0 + events as i64 + 1);
-    let hot_read = read_all(&dynamo, &names.event_table, None, (start, end), events).await?;
+    let hot_read = read_all(&dynamo, &names.event_table, &|| Tiers::new(None), (start, end), events).await?;
 
     let mut archive = ArchiveConfig::for_names(names.event_table.clone(), bucket.name.clone())?;
     archive.hot_retention = Duration::from_millis(1);
@@ -122,7 +123,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
     let archive_eps = per_second(events, started.elapsed());
     anyhow::ensure!(summary.events == events as u64 && !summary.more, "archived {summary:?}");
     let cold = replay(Some(bucket.clone())).await?;
-    let cold_read = read_all(&dynamo, &names.event_table, Some(bucket), (start, end), events).await?;
+    let cold_read =
+        read_all(&dynamo, &names.event_table, &|| Tiers::new(Some(bucket.clone())), (start, end), events).await?;
 
     let per_event = |bytes: f64| bytes / events as f64;
     let (object_bytes, dynamo_bytes) = (per_event(summary.bytes as f64), per_event(dynamo_bytes as f64));
@@ -155,20 +157,19 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
 }
 
 /// Reads the window as every reader does (best of the rounds), without putting anything anywhere: events/s.
-async fn read_all(
+pub(crate) async fn read_all(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    archive: Option<Bucket>,
+    tiers: &dyn Fn() -> event_store::playback::tiers::Tiers,
     (start, end): (i64, i64),
     events: usize,
 ) -> Result<f64> {
     use event_store::playback::reader::Reader;
-    use event_store::playback::tiers::Tiers;
     let mut best = 0.0f64;
     for _ in 0..ROUNDS {
         let (slots, _) = event_store::bookkeeping::slot_index::read_index(dynamo, table, start, end).await?;
         let window = event_store::playback::Window { start, end };
-        let tiers = Tiers::new(archive.clone());
+        let tiers = tiers();
         let reader = Reader {
             dynamo,
             table,

@@ -34,6 +34,7 @@ mod archive;
 mod capacity;
 mod cold_start;
 mod entity;
+mod privacy;
 mod raw;
 
 /// In-flight requests for the raw loops and the stages alike.
@@ -728,6 +729,17 @@ async fn main() -> Result<()> {
     let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
     let dir = root.join("bench");
     std::fs::create_dir_all(&dir)?;
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("privacy") {
+        let (sealed, _) = bench_privacy(&root, &sdk, events, (&date, &machine)).await?;
+        let path = dir.join("results.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        json["encryption"] = encryption_json(&sealed, &date, &machine);
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+        println!(
+            "wrote bench/privacy.md and results.json's encryption (BENCH_ONLY=privacy: the other stages were not run)"
+        );
+        return Ok(());
+    }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("archive") {
         let (archived, _) = bench_archive(&root, &sdk, events, (&date, &machine)).await?;
         // The other figures stay as the last full run left them; `archive` is this run's.
@@ -754,6 +766,7 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     let (archived, archive_md) = bench_archive(&root, &sdk, events, (&date, &machine)).await?;
+    let (sealed, privacy_md) = bench_privacy(&root, &sdk, events, (&date, &machine)).await?;
     let node = root.join(".node/node_modules/.bin");
     let mut results = Vec::new();
     for size in [200, 1024, 3072, 4096] {
@@ -816,6 +829,7 @@ async fn main() -> Result<()> {
         "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps,
         "latency": latency, "subscription": subscription, "cold_starts": cold, "entity": entity,
         "archive": archive_json(&archived, &date, &machine),
+        "encryption": encryption_json(&sealed, &date, &machine),
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = markdown(&results, &machine, &date);
@@ -854,6 +868,7 @@ async fn main() -> Result<()> {
     md.push('\n');
     md.push_str(&entity_md);
     md.push_str(&archive_md);
+    md.push_str(&privacy_md);
     std::fs::write(dir.join("results.md"), md)?;
     println!("wrote bench/results.md and bench/results.json");
     write_capacity(&root)
@@ -874,6 +889,33 @@ async fn bench_archive(
     print!("{md}");
     std::fs::write(root.join("bench/archive.md"), &md)?;
     Ok((archived, md))
+}
+
+/// Per-subject encryption's figures on a moto of their own (bench/privacy.md, and its part of the results).
+async fn bench_privacy(
+    root: &std::path::Path,
+    sdk: &aws_config::SdkConfig,
+    events: usize,
+    (date, machine): (&str, &str),
+) -> Result<(privacy::PrivacyBench, String)> {
+    println!("== per-subject encryption: load, pump and playback with every event sealed and with none");
+    let emulator = Emulator::start_on_free_port(&moto_server(root))?;
+    let privacy_sdk = sdk.to_builder().endpoint_url(&emulator.endpoint).build();
+    let sealed = privacy::run(root, &privacy_sdk, events, 1024).await?;
+    let md = privacy::markdown(&sealed, date, machine);
+    print!("{md}");
+    std::fs::write(root.join("bench/privacy.md"), &md)?;
+    Ok((sealed, md))
+}
+
+/// `encryption` in results.json: the figures, and the target's ratio at its top.
+fn encryption_json(sealed: &privacy::PrivacyBench, date: &str, machine: &str) -> serde_json::Value {
+    serde_json::json!({
+        "date": date, "machine": machine, "figures": sealed,
+        "min_ratio_on_to_off": sealed.min_ratio_on_to_off,
+        "kms_requests_per_million_events": sealed.kms_requests_per_million_events,
+        "usd_per_million_events_added": sealed.usd_per_million_events_added,
+    })
 }
 
 /// `archive` in results.json: the figures, and the two targets at its top.

@@ -39,6 +39,11 @@ pub struct Sealed {
     pub n: String,
     /// Ciphertext and tag, base64.
     pub c: String,
+    /// `zstd` when the plaintext was compressed before sealing (ciphertext
+    /// does not compress: the store's own compression of chunks no longer
+    /// reaches sealed parts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub z: Option<String>,
 }
 
 /// Seals `plaintext` under `key` (generation `generation`), bound to `aad`
@@ -51,7 +56,7 @@ pub fn seal(key: &[u8; 32], generation: u64, aad: &[u8], plaintext: &[u8]) -> Re
         .encrypt(&nonce, Payload { msg: plaintext, aad })
         .map_err(|_| Error::Payload("sealing a payload failed".into()))?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    Ok(Sealed { v: SEALED_VERSION, g: generation, n: b64.encode(nonce.as_slice()), c: b64.encode(sealed) })
+    Ok(Sealed { v: SEALED_VERSION, g: generation, n: b64.encode(nonce.as_slice()), c: b64.encode(sealed), z: None })
 }
 
 /// Opens what [`seal`] made with the same key and associated data; fails if

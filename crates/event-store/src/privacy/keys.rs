@@ -83,6 +83,9 @@ pub struct Keys {
     opened: Mutex<HashMap<(String, u64), (Instant, Key)>>,
     /// subject → the generation writers seal under.
     current: Mutex<HashMap<String, (Instant, u64)>>,
+    /// One fetch at a time per key: concurrent misses of one key wait for the
+    /// first and find it cached, rather than each asking KMS (and racing to create it).
+    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     kms_requests: AtomicU64,
 }
 
@@ -96,6 +99,7 @@ impl Keys {
             ttl: DEFAULT_CACHE,
             opened: Mutex::default(),
             current: Mutex::default(),
+            flights: Mutex::default(),
             kms_requests: AtomicU64::new(0),
         }
     }
@@ -120,11 +124,12 @@ impl Keys {
     /// The generation and key to seal `subject`'s new events under: its
     /// current one, or a new one when it has none or was forgotten.
     pub async fn sealing_key(&self, subject: &str) -> Result<(u64, Arc<[u8; 32]>)> {
-        let cached = lock(&self.current).get(subject).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, g)| *g);
-        if let Some(generation) = cached {
-            if let Key::Active(key) = self.key(subject, generation).await? {
-                return Ok((generation, key));
-            }
+        if let Some(found) = self.current_key(subject).await? {
+            return Ok(found);
+        }
+        let _turn = self.flight(subject).await;
+        if let Some(found) = self.current_key(subject).await? {
+            return Ok(found);
         }
         for _ in 0..5 {
             let head = self.head(subject).await?;
@@ -145,13 +150,44 @@ impl Keys {
         Err(Error::Key(format!("subject {subject}: its key kept changing while read (forgotten over and over?)")))
     }
 
+    /// The cached current generation's key, if it is cached and active.
+    async fn current_key(&self, subject: &str) -> Result<Option<(u64, Arc<[u8; 32]>)>> {
+        let cached = lock(&self.current).get(subject).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, g)| *g);
+        let Some(generation) = cached else { return Ok(None) };
+        match self.key(subject, generation).await? {
+            Key::Active(key) => Ok(Some((generation, key))),
+            Key::Forgotten { .. } => Ok(None),
+        }
+    }
+
+    /// Waits for any fetch of `id` in flight, and holds the next one.
+    async fn flight(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = {
+            let mut flights = lock(&self.flights);
+            if flights.len() >= CACHE_ENTRIES {
+                flights.retain(|_, turn| Arc::strong_count(turn) > 1);
+            }
+            flights.entry(id.to_owned()).or_default().clone()
+        };
+        turn.lock_owned().await
+    }
+
+    /// The key of `id` from the cache, if it is there and still good.
+    fn cached(&self, id: &(String, u64)) -> Option<Key> {
+        let opened = lock(&self.opened);
+        let (at, key) = opened.get(id)?;
+        (matches!(key, Key::Forgotten { .. }) || at.elapsed() < self.ttl).then(|| key.clone())
+    }
+
     /// Generation `generation` of `subject`'s key, to open its events with.
     pub async fn key(&self, subject: &str, generation: u64) -> Result<Key> {
         let id = (subject.to_owned(), generation);
-        if let Some((at, key)) = lock(&self.opened).get(&id) {
-            if matches!(key, Key::Forgotten { .. }) || at.elapsed() < self.ttl {
-                return Ok(key.clone());
-            }
+        if let Some(key) = self.cached(&id) {
+            return Ok(key);
+        }
+        let _turn = self.flight(&format!("{subject}#{generation}")).await;
+        if let Some(key) = self.cached(&id) {
+            return Ok(key);
         }
         let item = self
             .dynamo

@@ -31,10 +31,13 @@ struct Personal {
     body: Option<Value>,
 }
 
-/// What a sealed block of an ingested event is bound to.
-fn aad(envelope_id: &str, subject: &str) -> Vec<u8> {
-    format!("es1|{envelope_id}|{subject}").into_bytes()
+/// What a sealed block of an ingested event is bound to (and how its plaintext is encoded).
+fn aad(envelope_id: &str, subject: &str, encoding: Option<&str>) -> Vec<u8> {
+    format!("es1|{envelope_id}|{subject}|{}", encoding.unwrap_or("")).into_bytes()
 }
+
+/// The most a sealed block's plaintext may inflate to: the largest event and then some.
+const MAX_PLAINTEXT_BYTES: usize = crate::payload::MAX_LARGE_EVENT_BYTES + 64 * 1024;
 
 /// Seals `envelope`'s personal parts under generation `generation` of its
 /// subject's key (`subject`: the keyed hash); they are emptied in the clear.
@@ -46,7 +49,11 @@ pub fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, 
         body: envelope.body.take(),
     };
     let plaintext = serde_json::to_vec(&personal).map_err(|e| Error::encode("personal parts", e))?;
-    envelope.sealed = Some(crypto::seal(key, generation, &aad(&envelope.id, &subject), &plaintext)?);
+    // Compressed first, where that saves: the chunk's own compression cannot shrink ciphertext.
+    let (plaintext, encoding) = crate::encoding::encode(&plaintext);
+    let mut sealed = crypto::seal(key, generation, &aad(&envelope.id, &subject, encoding.as_deref()), &plaintext)?;
+    sealed.z = encoding;
+    envelope.sealed = Some(sealed);
     envelope.subject = Some(subject);
     Ok(())
 }
@@ -85,7 +92,14 @@ impl SealedRecord {
         match key {
             Key::Active(key) => {
                 let id = self.record.get("id").and_then(Value::as_str).unwrap_or_default();
-                let plaintext = crypto::open(key, &aad(id, &self.subject), &self.sealed)?;
+                let encoding = self.sealed.z.as_deref();
+                let plaintext = crypto::open(key, &aad(id, &self.subject, encoding), &self.sealed)?;
+                let plaintext = match encoding {
+                    None => plaintext,
+                    Some(crate::encoding::ZSTD) => zstd::bulk::decompress(&plaintext, MAX_PLAINTEXT_BYTES)
+                        .map_err(|e| Error::Payload(format!("a sealed record's parts do not decompress: {e}")))?,
+                    Some(other) => return Err(Error::Payload(format!("a sealed record encoded {other:?}"))),
+                };
                 let personal: Personal = serde_json::from_slice(&plaintext)
                     .map_err(|e| Error::Payload(format!("a sealed record's parts do not parse: {e}")))?;
                 let encode = |e| Error::encode("personal parts", e);
