@@ -193,8 +193,12 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert env["playback"]["ARCHIVE_BUCKET"] == env["subscriptions"]["ARCHIVE_BUCKET"] == bucket, "readers read the archive"
     # Large payloads: load and streams offload to the same bucket.
     assert env["load"]["ARCHIVE_BUCKET"] == bucket and str(env["load"]["INLINE_MAX_BYTES"]) == "65536"
-    assert {k: str(v) for k, v in env["streams"].items()} == {
-        "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table", "ARCHIVE_BUCKET": bucket, "INLINE_MAX_BYTES": "65536"}
+    streams = {k: str(v) for k, v in env["streams"].items()}
+    assert streams.pop("SUBJECT_KMS_KEY").startswith("arn:aws:kms:"), "the stack's own KMS key"
+    assert streams == {
+        "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table", "ARCHIVE_BUCKET": bucket, "INLINE_MAX_BYTES": "65536",
+        "KEY_TABLE": f"{PREFIX}-key-table", "SUBJECT_HASH_KEY": PARAMETERS["SubjectHashKey"],
+        "STREAM_SUBJECTS": "all", "KEY_CACHE_SECONDS": "60"}
     # (The emulator's CloudFormation creates the bucket but not its settings: tests/template.rs checks those.)
     assert bucket in [b["Name"] for b in aws("s3").list_buckets()["Buckets"]]
 

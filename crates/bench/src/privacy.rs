@@ -15,7 +15,7 @@ use event_store::load::Load;
 use event_store::playback::tiers::Tiers;
 use event_store::playback::Playback;
 use event_store::privacy::keys::Keys;
-use event_store::privacy::{SubjectRule, Subjects};
+use event_store::privacy::{StreamSubjects, SubjectRule, Subjects};
 use event_store::pump::Pump;
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
@@ -166,6 +166,7 @@ async fn one(
             kms_key: Some(kms_key),
             hash_key: Some("bench-subject-hash-key-not-a-secret-at-all".into()),
             rule: SubjectRule::EntityId,
+            streams: StreamSubjects::None,
             cache: event_store::privacy::keys::DEFAULT_CACHE,
         };
         let writer = Arc::new(keys().sealing_with(config.kms_key.clone()));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use event_store::archiver::Archiver;
 use event_store::config::{ArchiveConfig, PumpConfig, ScanConfig};
-use event_store::privacy::crypto::subject_hash;
+use event_store::crypto::subject_hash;
 use event_store::privacy::keys::Keys;
 use event_store::pump::Pump;
 use event_store_emulator::resources::{create_subject_key, LOCAL_SUBJECT_HASH_KEY};

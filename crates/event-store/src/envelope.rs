@@ -8,9 +8,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::config::IpMode;
+use crate::crypto::Sealed;
 use crate::error::{Error, Result};
 use crate::payload::PayloadRef;
-use crate::privacy::crypto::Sealed;
 
 /// Query parameter or body field naming the entity an event belongs to; it
 /// becomes the Kinesis partition key, so one entity's events stay in order.

@@ -33,6 +33,7 @@ pub mod bookkeeping;
 pub mod buffer_item;
 pub mod chunk;
 pub mod config;
+pub mod crypto;
 pub mod dedupe;
 pub mod dynamo;
 pub mod encoding;

@@ -89,6 +89,8 @@ pub fn splice(record: &[u8], entity: bool, content: &[u8]) -> Result<Vec<u8>> {
     let parent = if entity { value.get_mut("body").ok_or_else(|| malformed("no body"))? } else { &mut value };
     let object = parent.as_object_mut().ok_or_else(|| malformed("not an object"))?;
     let (field, reference) = match (entity, object.contains_key("sealed_ref")) {
+        // An entity event with a subject has its sealed block offloaded, not its data.
+        (true, _) if object.contains_key("subject") => ("sealed", "data_ref"),
         (true, _) => ("data", "data_ref"),
         (false, true) => ("sealed", "sealed_ref"),
         (false, false) => ("body", "body_ref"),

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -18,20 +18,24 @@ use event_store::archive::columns;
 use event_store::archive::object::Bucket;
 use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
-use event_store::config::{ArchiveConfig, LoadConfig, ScanConfig, SubjectsConfig};
+use event_store::config::{ArchiveConfig, LoadConfig, RelayConfig, ScanConfig, SubjectsConfig};
+use event_store::crypto;
 use event_store::dedupe::RecentIds;
+use event_store::entity::relay::Relay;
+use event_store::entity::{Direction, EntityStore, Expected, NewEvent};
 use event_store::load::Load;
 use event_store::playback::reader::Reader;
 use event_store::playback::tiers::Tiers;
 use event_store::playback::{Playback, PlayedEvent, Status, Window};
 use event_store::position::Checkpoint;
 use event_store::privacy::keys::{Forgot, Keys};
-use event_store::privacy::{crypto, SubjectRule, Subjects};
+use event_store::privacy::{StreamSubjects, SubjectRule, Subjects};
 use event_store::subscription::Subscriptions;
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
 use event_store_emulator::resources::create_subject_key;
 use event_store_emulator::runs::{self, deadline_in, run_scan};
+use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use event_store_fault_proxy::{Config, FaultProxy};
 use lambda_http::http::StatusCode;
 use serde_json::{json, Value};
@@ -125,6 +129,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
         kms_key: Some(env.names.subject_key_alias.clone()),
         hash_key: Some(HASH_KEY.into()),
         rule: SubjectRule::EntityId,
+        streams: StreamSubjects::Prefixes(vec!["user-".into()]),
         cache: Duration::from_secs(60),
     };
     let writer_keys = Arc::new(
@@ -142,7 +147,9 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     // Alice's events (one large enough to be offloaded, sealed), bob's, and an anonymous hit (on the
     // stream alice's second comes last: each key's events are put in order, one per request).
     let a1 = json!({"EntityId": "alice-42", "page": "/alice-secret/1"});
-    let a2 = json!({"EntityId": "alice-42", "page": "/alice-secret/2", "pad": "p".repeat(100 * 1024)});
+    // Incompressible (sealed parts are compressed first), so that its sealed block is offloaded.
+    let noise: String = (0..6000).map(|_| uuid::Uuid::new_v4().simple().to_string()).collect();
+    let a2 = json!({"EntityId": "alice-42", "page": "/alice-secret/2", "pad": noise});
     let b1 = json!({"EntityId": "bob-7", "page": "/bob/1"});
     let anonymous = json!({"page": "/public"});
     let answer = load.handle(post(&json!([a1, b1, a2, anonymous]))).await;
@@ -415,4 +422,106 @@ async fn delivered(env: &TestEnv) -> Vec<Value> {
         }
     }
     out
+}
+
+/// An entity stream that is a data subject (`STREAM_SUBJECTS=prefix:user-`): its events' data and
+/// its snapshot are sealed in the entity table, on the stream and in the event table; reads open
+/// them; forgotten, every read shows `forgotten` and the snapshot is gone. Another stream is untouched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
+    let env = TestEnv::start(1).await;
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).build());
+    s3.create_bucket().bucket(BUCKET).send().await.unwrap();
+    let bucket = Bucket::new(&env.sdk, BUCKET.into());
+    let kms = aws_sdk_kms::Client::new(&env.sdk);
+    let kms_key = create_subject_key(&kms, &env.names.subject_key_alias).await.unwrap();
+    let config = SubjectsConfig {
+        key_table: env.names.key_table.clone(),
+        kms_key: Some(kms_key.clone()),
+        hash_key: Some(HASH_KEY.into()),
+        rule: SubjectRule::None,
+        streams: StreamSubjects::Prefixes(vec!["user-".into()]),
+        cache: Duration::from_secs(60),
+    };
+    let writer =
+        Arc::new(Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).sealing_with(Some(kms_key)));
+    let store = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
+        .with_bucket(Some(bucket.clone()), 64 * 1024)
+        .with_subjects(Some(Subjects::new(writer, &config).unwrap()));
+    let start = now_ms() - 1;
+    let small = json!({"note": "alice-secret/profile"});
+    let large = json!({"note": "alice-secret/history", "pad": "h".repeat(100 * 1024)});
+    let events = vec![NewEvent::new("Registered", small.clone()), NewEvent::new("Imported", large.clone())];
+    let state = json!({"seen": "alice-secret/state"});
+    store.append_with_snapshot("user-7", Expected::NoStream, events, &state).await.unwrap();
+    store.append("order-1", Expected::NoStream, vec![NewEvent::new("Placed", json!({"n": 1}))]).await.unwrap();
+    for item in env.scan_table(&env.names.entity_table).await {
+        assert_eq!(in_the_clear(format!("{item:?}").as_bytes()), None, "the entity table");
+    }
+    let read = store.read("user-7", None, 10, Direction::Forward).await.unwrap();
+    assert_eq!((read.events[0].data.clone(), read.events[1].data.clone()), (small.clone(), large.clone()));
+    assert_eq!(store.state("user-7").await.unwrap().snapshot.unwrap().state, state);
+
+    // Relayed, pumped and scanned: sealed on the stream and in the log; every log reader opens them.
+    let relay_config = RelayConfig {
+        event_stream: env.names.event_stream.clone(),
+        entity_table: env.names.entity_table.clone(),
+        dead_letter_queue: None,
+        hold_after: Duration::from_secs(300),
+    };
+    let relay = Relay::new(env.kinesis.clone(), env.dynamo.clone(), aws_sdk_sqs::Client::new(&env.sdk), relay_config);
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut table_stream =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    deliver_all(&mut table_stream, &mut VecDeque::new(), 10, 50, |event| relay.handle(event)).await.unwrap();
+    let records = env.read_stream(&env.names.event_stream).await;
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|(_, r)| in_the_clear(r.data().as_ref()).is_none()), "the event stream");
+    let done = into_the_log(&env, &mut 0).await;
+    let tiers = Tiers::new(Some(bucket.clone())).with_keys(Some(keys(&env, &kms, Duration::ZERO)));
+    let logged = log(&env, &tiers, start, done).await.unwrap();
+    let of = |logged: &[Value], stream: &str| -> Vec<Value> {
+        logged.iter().filter(|e| e["body"]["stream"] == stream).map(|e| e["body"].clone()).collect()
+    };
+    let user = of(&logged, "user-7");
+    assert_eq!((&user[0]["data"], &user[1]["data"]), (&small, &large), "opened, in version order");
+    assert_eq!(of(&logged, "order-1")[0]["data"], json!({"n": 1}));
+
+    // Forgotten by the stream's name: reads, the state and the log show it forgotten, in place.
+    let forgetting = keys(&env, &kms, Duration::ZERO);
+    let subject = crypto::subject_hash(HASH_KEY.as_bytes(), "user-7");
+    assert_eq!(forgetting.forget(&subject, "dpo").await.unwrap(), Forgot::Done { generations: 1 });
+    let reader = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
+        .with_bucket(Some(bucket.clone()), 64 * 1024)
+        .with_keys(Some(keys(&env, &kms, Duration::ZERO)));
+    let read = reader.read("user-7", None, 10, Direction::Forward).await.unwrap();
+    assert!(read.events.iter().all(|e| e.data.is_null() && e.forgotten.as_ref().is_some_and(|f| f["generation"] == 0)));
+    assert_eq!(read.events.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>(), ["Registered", "Imported"]);
+    let snapshot = reader.state("user-7").await.unwrap().snapshot.unwrap();
+    assert_eq!((snapshot.version, &snapshot.state["forgotten"]["generation"]), (1, &json!(0)), "the state is gone");
+    assert_eq!(reader.read("order-1", None, 10, Direction::Forward).await.unwrap().events[0].data, json!({"n": 1}));
+    let logged = log(&env, &tiers, start, done).await.unwrap();
+    let user = of(&logged, "user-7");
+    assert!(user.iter().all(|e| e["forgotten"]["at"].is_string() && e["data"].is_null()), "{user:?}");
+    assert_eq!(user.iter().map(|e| e["version"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(of(&logged, "order-1")[0]["data"], json!({"n": 1}), "another stream, untouched");
+
+    // A forget that raced a new key's making leaves the head on a destroyed generation: the next
+    // writer makes another one rather than failing for ever.
+    let fresh = Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
+        .sealing_with(Some(env.names.subject_key_alias.clone()));
+    assert_eq!(fresh.sealing_key(&subject).await.unwrap().0, 1);
+    let destroy = env
+        .dynamo
+        .update_item()
+        .table_name(&env.names.key_table)
+        .update_expression("REMOVE #w")
+        .expression_attribute_names("#w", "wrapped");
+    let destroy = destroy
+        .key("subject", AttributeValue::S(subject.clone()))
+        .key("item", AttributeValue::S("g#0000000001".into()));
+    destroy.send().await.unwrap();
+    let next = Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
+        .sealing_with(Some(env.names.subject_key_alias.clone()));
+    assert_eq!(next.sealing_key(&subject).await.unwrap().0, 2, "failed before: the same forgotten key five times");
 }

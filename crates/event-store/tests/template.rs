@@ -131,12 +131,14 @@ fn subjects_keys_are_read_by_readers_made_by_load_and_destroyed_by_the_privacy_f
         ("LoadFunction".to_owned(), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])),
         ("PlaybackFunction".to_owned(), set(&["dynamodb:GetItem"])),
         ("PrivacyFunction".to_owned(), set(event_store::privacy::manage::AWS_ACTIONS)),
+        ("StreamsFunction".to_owned(), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])),
         ("SubscriptionsFunction".to_owned(), set(&["dynamodb:GetItem"])),
     ]);
     assert_eq!(on_keys, expected_keys);
     let expected_kms = BTreeMap::from([
         ("LoadFunction".to_owned(), set(&["kms:GenerateDataKey", "kms:Decrypt"])),
         ("PlaybackFunction".to_owned(), set(&["kms:Decrypt"])),
+        ("StreamsFunction".to_owned(), set(&["kms:GenerateDataKey", "kms:Decrypt"])),
         ("SubscriptionsFunction".to_owned(), set(&["kms:Decrypt"])),
     ]);
     assert_eq!(on_kms, expected_kms, "the privacy function never sees a key, it only destroys wrapped ones");

@@ -113,7 +113,7 @@ impl LoadConfig {
             ip_mode,
             inline_max_bytes,
             archive_bucket,
-            subjects: SubjectsConfig::from_env(&env, true)?,
+            subjects: SubjectsConfig::from_env(&env, super::Role::Load)?,
         })
     }
 

@@ -14,7 +14,8 @@ pub use load::{
     IpMode, LoadConfig, DEFAULT_MAX_EVENTS_PER_POST, DEFAULT_MAX_EVENT_BYTES, MAX_EVENTS_PER_POST,
     MAX_EVENT_BYTES_LIMIT,
 };
-pub use privacy::{PrivacyConfig, SubjectsConfig, MIN_HASH_KEY_BYTES};
+use privacy::Role;
+pub use privacy::{PrivacyConfig, StreamSubjects, SubjectRule, SubjectsConfig, DEFAULT_KEY_CACHE, MIN_HASH_KEY_BYTES};
 
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;
@@ -266,7 +267,7 @@ impl PlaybackConfig {
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             lease: DEFAULT_PLAYBACK_LEASE,
             archive_bucket: env.optional("ARCHIVE_BUCKET")?,
-            subjects: SubjectsConfig::from_env(&env, false)?,
+            subjects: SubjectsConfig::from_env(&env, Role::Reader)?,
         })
     }
 }
@@ -337,7 +338,7 @@ impl SubscriptionConfig {
             lease_slack_ms: 30_000,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
             archive_bucket: env.optional("ARCHIVE_BUCKET")?,
-            subjects: SubjectsConfig::from_env(&env, false)?,
+            subjects: SubjectsConfig::from_env(&env, Role::Reader)?,
         })
     }
 }
@@ -351,11 +352,23 @@ pub struct StreamsConfig {
     /// The store's bucket (`ARCHIVE_BUCKET`), for large event data; without
     /// one an event is at most [`crate::entity::model::MAX_EVENT_BYTES`].
     pub archive_bucket: Option<String>,
+    /// Per-subject encryption (`KEY_TABLE` and the rest): the data of subjects' streams is sealed.
+    pub subjects: Option<SubjectsConfig>,
 }
 
 impl StreamsConfig {
-    pub const VARIABLES: Variables =
-        Variables { required: &["DYNAMO_ENTITY_TABLE"], optional: &["INLINE_MAX_BYTES", "ARCHIVE_BUCKET"] };
+    pub const VARIABLES: Variables = Variables {
+        required: &["DYNAMO_ENTITY_TABLE"],
+        optional: &[
+            "INLINE_MAX_BYTES",
+            "ARCHIVE_BUCKET",
+            "KEY_TABLE",
+            "SUBJECT_KMS_KEY",
+            "SUBJECT_HASH_KEY",
+            "STREAM_SUBJECTS",
+            "KEY_CACHE_SECONDS",
+        ],
+    };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
@@ -363,6 +376,7 @@ impl StreamsConfig {
             entity_table: env.var("DYNAMO_ENTITY_TABLE")?,
             inline_max_bytes: inline_max_bytes(&env)?,
             archive_bucket: env.raw("ARCHIVE_BUCKET"),
+            subjects: SubjectsConfig::from_env(&env, Role::Streams)?,
         })
     }
 }

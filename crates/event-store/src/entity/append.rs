@@ -264,8 +264,10 @@ impl EntityStore {
                 stream: stream.to_owned(),
                 item: SNAPSHOT.to_owned(),
                 version: last,
-                state: state.to_owned(),
+                state: state.state.clone(),
                 at: now,
+                subject: state.subject.clone(),
+                sealed: state.sealed.clone(),
             };
             let item = serde_dynamo::to_item(&snapshot)
                 .map_err(|e| AppendFailure::Store(Error::encode("snapshot item", e)))?;

@@ -247,6 +247,9 @@ mod tests {
             metadata,
             time: "2026-11-22T00:00:00.000Z".into(),
             data_ref: None,
+            subject: None,
+            sealed: None,
+            forgotten: None,
         }
     }
 

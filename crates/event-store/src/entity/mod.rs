@@ -19,6 +19,7 @@ pub mod model;
 mod payloads;
 pub mod redrive;
 pub mod relay;
+mod sealing;
 mod snapshot;
 
 use std::collections::HashMap;
@@ -49,6 +50,9 @@ pub const AWS_ACTIONS: &[&str] = &[
     // the bucket, and 403 (a failure retried for ever) to one that may not.
     "s3:ListBucket",
     "s3:PutObject",
+    // Sealing subjects' streams' data (`KEY_TABLE`).
+    "kms:GenerateDataKey",
+    "kms:Decrypt",
 ];
 
 /// Why an entity operation did not happen. Everything but `Store` is the
@@ -90,8 +94,8 @@ enum Also<'a> {
     Nothing,
     /// Marks the stream deleted (its events: the `StreamDeleted` event).
     Delete,
-    /// The snapshot (JSON text) folded up to the last appended event.
-    Snapshot(&'a str),
+    /// The snapshot (JSON text, or sealed) folded up to the last appended event.
+    Snapshot(&'a sealing::StoredState),
 }
 
 /// Which way a read goes.
@@ -140,6 +144,9 @@ pub struct EntityStore {
     backoff: Backoff,
     /// Where large event data goes ([`crate::payload`]); `None`: every event inline.
     payloads: Option<Payloads>,
+    /// Seals subjects' streams' data ([`crate::privacy`]); `keys` opens it.
+    subjects: Option<crate::privacy::Subjects>,
+    keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>,
 }
 
 fn s(value: impl Into<String>) -> AttributeValue {
@@ -158,7 +165,7 @@ impl EntityStore {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         // Transaction conflicts between writers of one stream clear in milliseconds.
         let backoff = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(500), max_attempts: 8 };
-        Self { dynamo, table: table.into(), backoff, payloads: None }
+        Self { dynamo, table: table.into(), backoff, payloads: None, subjects: None, keys: None }
     }
 
     pub fn table(&self) -> &str {
@@ -176,7 +183,7 @@ impl EntityStore {
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
         let keyed = Keyed::by_client(&events);
-        let events = self.prepare(events).await?;
+        let events = self.prepare(stream, events).await?;
         self.append_stored(stream, expected, events, Also::Nothing, keyed).await
     }
 
@@ -192,9 +199,9 @@ impl EntityStore {
         state: &serde_json::Value,
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
-        let state = snapshot_text(state)?;
+        let state = self.seal_state(stream, snapshot_text(state)?).await?;
         let keyed = Keyed::by_client(&events);
-        let events = self.prepare(events).await?;
+        let events = self.prepare(stream, events).await?;
         self.append_stored(stream, expected, events, Also::Snapshot(&state), keyed).await
     }
 
@@ -399,7 +406,10 @@ impl EntityStore {
             .into());
         }
         self.resolve(&mut events).await?;
-        let snapshot = snapshot.map(Snapshot::from);
+        let snapshot = match snapshot {
+            Some(item) => Some(self.open_snapshot(item).await?),
+            None => None,
+        };
         Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests })
     }
 

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::crypto::Sealed;
 use crate::payload::PayloadRef;
 use crate::time::format_ms;
 
@@ -157,12 +158,24 @@ pub struct StoredEventItem {
     /// `INLINE_MAX_BYTES`: where the data is stored ([`crate::payload`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_ref: Option<PayloadRef>,
+    /// The stream's data subject, as a keyed hash, when its data is sealed ([`crate::privacy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// In place of `data` (then `null`): the data sealed under the subject's key. An offloaded
+    /// sealed event has its sealed block in S3 (`data_ref`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Sealed>,
 }
 
 impl StoredEventItem {
     /// Its size as the limits count it.
     pub fn size(&self) -> usize {
-        self.id.len() + self.event_type.len() + self.data.len() + self.metadata.as_ref().map_or(0, String::len)
+        self.id.len() + self.event_type.len() + self.payload_len() + self.metadata.as_ref().map_or(0, String::len)
+    }
+
+    /// What offloading moves to S3: its data, or its sealed block.
+    pub fn payload_len(&self) -> usize {
+        self.data.len() + self.sealed.as_ref().map_or(0, |s| s.c.len() + s.n.len() + 16)
     }
 }
 
@@ -200,7 +213,6 @@ pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventI
         return Err(Invalid::TooLarge(format!("{} events; at most {MAX_EVENTS_PER_APPEND} per append", events.len())));
     }
     let mut ids = HashSet::new();
-    let mut total = 0;
     let mut stored = Vec::with_capacity(events.len());
     for (i, event) in events.into_iter().enumerate() {
         if event.event_type.is_empty() || event.event_type.len() > MAX_TYPE_BYTES {
@@ -210,33 +222,44 @@ pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventI
         if !ids.insert(id.clone()) {
             return Err(Invalid::BadRequest(format!("event {i}: id {id} appears twice")));
         }
-        let item = StoredEventItem {
+        stored.push(StoredEventItem {
             id,
             event_type: event.event_type,
             data: event.data.to_string(),
             metadata: event.metadata.map(|m| m.to_string()),
             data_ref: None,
-        };
+            subject: None,
+            sealed: None,
+        });
+    }
+    check(&stored, limits)?;
+    Ok(stored)
+}
+
+/// Checks what an append stores against `limits` (again once its data is sealed: sealed data is
+/// another size).
+pub fn check(stored: &[StoredEventItem], limits: Limits) -> Result<(), Invalid> {
+    let mut total = 0;
+    for (i, item) in stored.iter().enumerate() {
         let size = item.size();
         if size > limits.event {
             return Err(Invalid::TooLarge(format!("event {i} is {size} bytes; the limit is {}", limits.event)));
         }
         // An offloaded event keeps its id, type and metadata in the item, and a reference for its data.
-        let inline = if limits.offloads(size) { size - item.data.len() + REF_BYTES } else { size };
+        let inline = if limits.offloads(size) { size - item.payload_len() + REF_BYTES } else { size };
         if inline > MAX_EVENT_BYTES {
             return Err(Invalid::TooLarge(format!(
                 "event {i}: its id, type and metadata are {inline} bytes; the limit is {MAX_EVENT_BYTES}"
             )));
         }
         total += inline;
-        stored.push(item);
     }
     if total > MAX_APPEND_BYTES {
         return Err(Invalid::TooLarge(format!(
             "the events are {total} bytes together; the limit is {MAX_APPEND_BYTES}"
         )));
     }
-    Ok(stored)
+    Ok(())
 }
 
 /// The key of a request for idempotency: a hash of its event ids, in order.
@@ -283,6 +306,8 @@ pub fn deleted_event(stream: &str) -> StoredEventItem {
         data: "{}".into(),
         metadata: None,
         data_ref: None,
+        subject: None,
+        sealed: None,
     }
 }
 
@@ -372,9 +397,14 @@ pub struct SnapshotItem {
     pub item: String,
     /// The version the state was folded up to (included).
     pub version: u64,
-    /// The state, JSON text.
+    /// The state, JSON text (`null` when sealed).
     pub state: String,
     pub at: i64,
+    /// The state sealed under the stream's subject's key, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Sealed>,
 }
 
 /// An event read back from a stream.
@@ -394,6 +424,15 @@ pub struct RecordedEvent {
     /// until a reader puts it back; the log carries the reference).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_ref: Option<PayloadRef>,
+    /// The stream's data subject (a keyed hash), when its data is sealed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// The data, sealed (`data` is `null` until a reader opens it; the log carries it sealed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Sealed>,
+    /// In place of `data` once the subject is forgotten: when, and the key's generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forgotten: Option<Value>,
 }
 
 impl RecordedEvent {
@@ -409,6 +448,9 @@ impl RecordedEvent {
             metadata: e.metadata.as_deref().map(parse),
             time: format_ms(at),
             data_ref: e.data_ref.clone(),
+            subject: e.subject.clone(),
+            sealed: e.sealed.clone(),
+            forgotten: None,
         }
     }
 }

@@ -24,31 +24,49 @@ impl EntityStore {
         }
     }
 
-    /// Checks an append and stores the data of its large events in S3.
-    pub(super) async fn prepare(&self, events: Vec<NewEvent>) -> Result<Vec<StoredEventItem>, EntityError> {
+    /// Checks an append, seals its data when `stream` is a data subject's,
+    /// and stores the data (or sealed block) of its large events in S3.
+    pub(super) async fn prepare(
+        &self,
+        stream: &str,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<StoredEventItem>, EntityError> {
         let limits = self.limits();
         let mut stored = prepare(events, limits)?;
+        self.seal_events(stream, &mut stored, limits).await?;
         if let Some(payloads) = &self.payloads {
             for event in stored.iter_mut().filter(|e| limits.offloads(e.size())) {
-                let data = std::mem::replace(&mut event.data, "null".to_owned());
-                event.data_ref = Some(payloads.store(data.into_bytes()).await?);
+                let content = match event.sealed.take() {
+                    Some(sealed) => serde_json::to_vec(&sealed).map_err(|e| Error::encode("sealed data", e))?,
+                    None => std::mem::replace(&mut event.data, "null".to_owned()).into_bytes(),
+                };
+                event.data_ref = Some(payloads.store(content).await?);
             }
         }
         Ok(stored)
     }
 
-    /// Puts offloaded data back into `events`.
+    /// Puts offloaded data back into `events`, and opens sealed data.
     pub(super) async fn resolve(&self, events: &mut [RecordedEvent]) -> Result<(), Error> {
-        for event in events.iter_mut().filter(|e| e.data_ref.is_some()) {
-            let Some(bucket) = self.payloads.as_ref().map(|p| &p.bucket) else {
-                return Err(Error::Config(format!(
-                    "{} event {} has its data in S3, and this function has no ARCHIVE_BUCKET",
-                    event.stream, event.version
-                )));
-            };
+        for event in events.iter_mut() {
             if let Some(reference) = event.data_ref.take() {
-                event.data = payload::parse(&payload::fetch(bucket, &reference).await?);
+                let Some(bucket) = self.payloads.as_ref().map(|p| &p.bucket) else {
+                    return Err(Error::Config(format!(
+                        "{} event {} has its data in S3, and this function has no ARCHIVE_BUCKET",
+                        event.stream, event.version
+                    )));
+                };
+                let content = payload::fetch(bucket, &reference).await?;
+                if event.subject.is_some() {
+                    // A subject's event has its sealed block there.
+                    let sealed = serde_json::from_slice(&content)
+                        .map_err(|e| Error::Payload(format!("{}: not a sealed block: {e}", reference.location())))?;
+                    event.sealed = Some(sealed);
+                } else {
+                    event.data = payload::parse(&content);
+                }
             }
+            self.open_event(event).await?;
         }
         Ok(())
     }

@@ -48,14 +48,16 @@ impl EntityStore {
         state: &serde_json::Value,
     ) -> Result<(), EntityError> {
         check_name(stream)?;
-        let text = snapshot_text(state)?;
+        let stored = self.seal_state(stream, snapshot_text(state)?).await?;
         for attempt in 0..self.backoff.max_attempts {
             let snapshot = SnapshotItem {
                 stream: stream.to_owned(),
                 item: SNAPSHOT.to_owned(),
                 version,
-                state: text.clone(),
+                state: stored.state.clone(),
                 at: now_ms(),
+                subject: stored.subject.clone(),
+                sealed: stored.sealed.clone(),
             };
             let item = serde_dynamo::to_item(&snapshot).map_err(|e| Error::encode("snapshot item", e))?;
             let check = ConditionCheck::builder()
@@ -108,7 +110,10 @@ impl EntityStore {
     /// The stream's latest snapshot, if it has one (one `GetItem`).
     pub async fn latest_snapshot(&self, stream: &str) -> Result<Option<Snapshot>, EntityError> {
         check_name(stream)?;
-        Ok(self.snapshot(stream).await?.map(Snapshot::from))
+        match self.snapshot(stream).await? {
+            Some(item) => Ok(Some(self.open_snapshot(item).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn snapshot(&self, stream: &str) -> Result<Option<SnapshotItem>, Error> {

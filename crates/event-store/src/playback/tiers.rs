@@ -131,7 +131,8 @@ impl Tiers {
 
     /// `bytes` with their sealed parts opened with the subject's key, if sealed.
     async fn open(&self, event: &EventItem, bytes: Vec<u8>) -> Result<Vec<u8>> {
-        let Some(sealed) = SealedRecord::find(&bytes)? else { return Ok(bytes) };
+        let entity = entity_stream(&event.partition_key).is_some();
+        let Some(sealed) = SealedRecord::find(&bytes, entity)? else { return Ok(bytes) };
         let Some(keys) = &self.keys else {
             return Err(Error::Config(format!(
                 "event {} is sealed under its subject's key, and this reader has no KEY_TABLE",

@@ -32,7 +32,7 @@ pub const HASH_KEY: &str = "subject";
 pub const RANGE_KEY: &str = "item";
 const HEAD: &str = "head";
 /// Default `KEY_CACHE_SECONDS`.
-pub const DEFAULT_CACHE: Duration = Duration::from_secs(60);
+pub use crate::config::DEFAULT_KEY_CACHE as DEFAULT_CACHE;
 /// Keys kept in memory at most; past it the expired ones go, then all.
 const CACHE_ENTRIES: usize = 10_000;
 
@@ -143,8 +143,11 @@ impl Keys {
                     remember(&self.current, self.ttl, subject.to_owned(), (Instant::now(), generation));
                     return Ok((generation, key));
                 }
-                // Forgotten between the read and now: read the head again.
-                Key::Forgotten { .. } => continue,
+                // Destroyed while the head says active: a forget ran as this generation was made (it
+                // destroys every generation it finds). The next one is new: make it, and read again.
+                Key::Forgotten { .. } => {
+                    self.create(subject, generation + 1).await?;
+                }
             }
         }
         Err(Error::Key(format!("subject {subject}: its key kept changing while read (forgotten over and over?)")))

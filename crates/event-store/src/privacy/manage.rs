@@ -9,9 +9,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::info;
 
-use super::crypto::subject_hash;
 use super::keys::{Forgot, Keys};
 use crate::config::PrivacyConfig;
+use crate::crypto::subject_hash;
 use crate::error::{Error, Result};
 
 /// The AWS actions this function calls, and so the only ones its IAM role grants.

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::crypto::{self, Sealed};
 use super::keys::Key;
+use crate::crypto::{self, Sealed};
 use crate::envelope::{Envelope, Headers};
 use crate::error::{Error, Result};
 
@@ -34,6 +34,46 @@ struct Personal {
 /// What a sealed block of an ingested event is bound to (and how its plaintext is encoded).
 fn aad(envelope_id: &str, subject: &str, encoding: Option<&str>) -> Vec<u8> {
     format!("es1|{envelope_id}|{subject}|{}", encoding.unwrap_or("")).into_bytes()
+}
+
+/// What an entity event's sealed data is bound to: its stream, its id and its subject.
+pub fn entity_place(stream: &str, event_id: &str, subject: &str) -> String {
+    format!("es1|entity|{stream}|{event_id}|{subject}")
+}
+
+/// What a stream's sealed snapshot is bound to.
+pub fn snapshot_place(stream: &str, subject: &str) -> String {
+    format!("es1|snapshot|{stream}|{subject}")
+}
+
+/// Seals `plaintext` (compressed first where that saves) under `key`, bound to `place`.
+pub fn seal_bytes(plaintext: &[u8], generation: u64, key: &[u8; 32], place: &str) -> Result<Sealed> {
+    let (plaintext, encoding) = crate::encoding::encode(plaintext);
+    let aad = format!("{place}|{}", encoding.as_deref().unwrap_or(""));
+    let mut sealed = crypto::seal(key, generation, aad.as_bytes(), &plaintext)?;
+    sealed.z = encoding;
+    Ok(sealed)
+}
+
+/// Opens what [`seal_bytes`] sealed for `place`.
+pub fn open_bytes(sealed: &Sealed, key: &[u8; 32], place: &str) -> Result<Vec<u8>> {
+    let encoding = sealed.z.as_deref();
+    let aad = format!("{place}|{}", encoding.unwrap_or(""));
+    decompress(crypto::open(key, aad.as_bytes(), sealed)?, encoding)
+}
+
+fn decompress(plaintext: Vec<u8>, encoding: Option<&str>) -> Result<Vec<u8>> {
+    match encoding {
+        None => Ok(plaintext),
+        Some(crate::encoding::ZSTD) => zstd::bulk::decompress(&plaintext, MAX_PLAINTEXT_BYTES)
+            .map_err(|e| Error::Payload(format!("sealed parts that do not decompress: {e}"))),
+        Some(other) => Err(Error::Payload(format!("sealed parts encoded {other:?}"))),
+    }
+}
+
+/// The `forgotten` marker of a generation destroyed at `at`.
+pub fn forgotten(at: &str, generation: u64) -> Value {
+    json!({ "at": at, "generation": generation })
 }
 
 /// The most a sealed block's plaintext may inflate to: the largest event and then some.
@@ -58,48 +98,61 @@ pub fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, 
     Ok(())
 }
 
-/// A log record whose personal parts are sealed.
+/// A log record whose personal parts are sealed: an ingested event's
+/// (`sealed` beside the envelope's clear fields), or an entity event's
+/// (`body.sealed` in place of `body.data`).
 #[derive(Debug)]
 pub struct SealedRecord {
     record: serde_json::Map<String, Value>,
     pub subject: String,
     pub sealed: Sealed,
+    entity: bool,
 }
 
 impl SealedRecord {
     /// The record's sealed block, if it has one (an offloaded one already
-    /// spliced back). Records without one are not parsed.
-    pub fn find(record: &[u8]) -> Result<Option<Self>> {
+    /// spliced back; `entity`: the record's partition key is an entity
+    /// stream's). Records without one are not parsed.
+    pub fn find(record: &[u8], entity: bool) -> Result<Option<Self>> {
         if memchr::memmem::find(record, b"\"sealed\":").is_none() {
             return Ok(None);
         }
         let malformed = |what: &str| Error::Payload(format!("a sealed record {what}"));
         let Ok(Value::Object(mut record)) = serde_json::from_slice(record) else { return Ok(None) };
-        let Some(sealed) = record.remove("sealed") else { return Ok(None) };
+        let holder = if entity { record.get_mut("body").and_then(Value::as_object_mut) } else { Some(&mut record) };
+        let Some(holder) = holder else { return Ok(None) };
+        let Some(sealed) = holder.remove("sealed") else { return Ok(None) };
         let sealed: Sealed =
             serde_json::from_value(sealed).map_err(|e| malformed(&format!("that does not parse: {e}")))?;
-        let subject = match record.get("subject") {
+        let subject = match holder.get("subject") {
             Some(Value::String(subject)) => subject.clone(),
             _ => return Err(malformed("with no subject")),
         };
-        Ok(Some(Self { record, subject, sealed }))
+        Ok(Some(Self { record, subject, sealed, entity }))
     }
 
     /// The record as its consumers get it: opened with `key`, or with the
     /// `forgotten` marker when the key is gone. Fails ([unreadable](Error::is_unreadable))
     /// when the block does not open: altered, or moved from another event.
     pub fn open(mut self, key: &Key) -> Result<Vec<u8>> {
+        if self.entity {
+            let body = self.record.get_mut("body").and_then(Value::as_object_mut);
+            let body = body.ok_or_else(|| Error::Payload("a sealed entity record with no body".into()))?;
+            let text = |name: &str| body.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let place = entity_place(&text("stream"), &text("id"), &self.subject);
+            let (field, value) = match key {
+                Key::Active(key) => ("data", crate::payload::parse(&open_bytes(&self.sealed, key, &place)?)),
+                Key::Forgotten { at } => ("forgotten", forgotten(at, self.sealed.g)),
+            };
+            body.insert(field.to_owned(), value);
+            return serde_json::to_vec(&self.record).map_err(|e| Error::encode("record", e));
+        }
         match key {
             Key::Active(key) => {
                 let id = self.record.get("id").and_then(Value::as_str).unwrap_or_default();
                 let encoding = self.sealed.z.as_deref();
                 let plaintext = crypto::open(key, &aad(id, &self.subject, encoding), &self.sealed)?;
-                let plaintext = match encoding {
-                    None => plaintext,
-                    Some(crate::encoding::ZSTD) => zstd::bulk::decompress(&plaintext, MAX_PLAINTEXT_BYTES)
-                        .map_err(|e| Error::Payload(format!("a sealed record's parts do not decompress: {e}")))?,
-                    Some(other) => return Err(Error::Payload(format!("a sealed record encoded {other:?}"))),
-                };
+                let plaintext = decompress(plaintext, encoding)?;
                 let personal: Personal = serde_json::from_slice(&plaintext)
                     .map_err(|e| Error::Payload(format!("a sealed record's parts do not parse: {e}")))?;
                 let encode = |e| Error::encode("personal parts", e);
@@ -113,7 +166,7 @@ impl SealedRecord {
                 }
             }
             Key::Forgotten { at } => {
-                self.record.insert("forgotten".into(), json!({ "at": at, "generation": self.sealed.g }));
+                self.record.insert("forgotten".into(), forgotten(at, self.sealed.g));
             }
         }
         serde_json::to_vec(&self.record).map_err(|e| Error::encode("record", e))
@@ -154,14 +207,15 @@ mod tests {
         for secret in ["alice", "203.0.113", "private"] {
             assert!(!String::from_utf8_lossy(&record).contains(secret), "{secret} in the clear");
         }
-        let found = SealedRecord::find(&record).unwrap().unwrap();
+        let found = SealedRecord::find(&record, false).unwrap().unwrap();
         assert_eq!((found.subject.as_str(), found.sealed.g), ("h".repeat(64).as_str(), 2));
         let opened: Value = serde_json::from_slice(&found.open(&Key::Active(key.clone())).unwrap()).unwrap();
         let mut expected = plain.as_object().unwrap().clone();
         expected.insert("subject".into(), json!("h".repeat(64)));
         assert_eq!(opened, Value::Object(expected));
 
-        let forgotten = SealedRecord::find(&record).unwrap().unwrap().open(&Key::Forgotten { at: "T".into() }).unwrap();
+        let forgotten =
+            SealedRecord::find(&record, false).unwrap().unwrap().open(&Key::Forgotten { at: "T".into() }).unwrap();
         let forgotten: Value = serde_json::from_slice(&forgotten).unwrap();
         assert_eq!(forgotten["forgotten"], json!({"at": "T", "generation": 2}));
         assert_eq!((forgotten["id"].as_str(), forgotten["path"].as_str()), (Some("e-1"), Some("/track.gif")));
@@ -170,11 +224,11 @@ mod tests {
         // Moved into another event, it does not open: unreadable, not a key problem.
         let mut moved: Value = serde_json::from_slice(&record).unwrap();
         moved["id"] = json!("e-2");
-        let moved = SealedRecord::find(&serde_json::to_vec(&moved).unwrap()).unwrap().unwrap();
+        let moved = SealedRecord::find(&serde_json::to_vec(&moved).unwrap(), false).unwrap().unwrap();
         assert!(moved.open(&Key::Active(key)).unwrap_err().is_unreadable());
         // Unsealed records are not touched; a client body holding "sealed" is not a sealed record.
-        assert!(SealedRecord::find(&serde_json::to_vec(&envelope()).unwrap()).unwrap().is_none());
+        assert!(SealedRecord::find(&serde_json::to_vec(&envelope()).unwrap(), false).unwrap().is_none());
         let client = json!({"id": "x", "body": {"sealed": {"v": 1}}});
-        assert!(SealedRecord::find(&serde_json::to_vec(&client).unwrap()).unwrap().is_none());
+        assert!(SealedRecord::find(&serde_json::to_vec(&client).unwrap(), false).unwrap().is_none());
     }
 }

@@ -97,6 +97,8 @@ fn request_keys_follow_the_ids_and_delete_has_a_fixed_id() {
                 data: "1".into(),
                 metadata: None,
                 data_ref: None,
+                subject: None,
+                sealed: None,
             })
             .collect()
     };

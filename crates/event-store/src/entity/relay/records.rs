@@ -99,6 +99,8 @@ mod tests {
                 data: "{\"n\":1}".into(),
                 metadata: None,
                 data_ref: None,
+                subject: None,
+                sealed: None,
             })
             .collect();
         let batch = Batch { stream: stream.into(), item: batch_key(first), first, at: 1_700_000_000_000, events };

@@ -1,8 +1,8 @@
-//! Per-subject encryption, the pure part (issue 31, first step): a data
+//! Per-subject encryption, the pure part ([`crate::privacy`]): a data
 //! subject's id as a keyed hash (what the log may keep in the clear), and
 //! AES-256-GCM sealing of a payload under the subject's data key, bound by
-//! associated data to where it is stored. Keys, KMS and the read paths come
-//! in the next steps; nothing calls this yet.
+//! associated data to where it is stored. Below every shape that carries a
+//! sealed block (the envelope, entity items); keys and KMS are in `privacy`.
 
 use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
