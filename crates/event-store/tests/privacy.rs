@@ -43,11 +43,19 @@ use serde_json::{json, Value};
 const BUCKET: &str = "event-store-privacy";
 const HASH_KEY: &str = "a test secret of at least 32 bytes, not for use";
 /// What must never rest in the clear: alice's id and what she did.
-const SECRETS: [&str; 2] = ["alice-42", "alice-secret"];
+const SECRETS: [&str; 3] = ["alice-42", "alice-secret", ALICE_IP];
+/// The address alice's events come from (the anonymous hit comes from the sample's).
+const ALICE_IP: &str = "198.51.100.42";
 
 fn post(events: &Value) -> lambda_http::Request {
+    post_from(events, "203.0.113.10")
+}
+
+fn post_from(events: &Value, ip: &str) -> lambda_http::Request {
     let mut request: Value = serde_json::from_str(&sample_event("load-post-events.json")).unwrap();
     request["body"] = json!(events.to_string());
+    request["requestContext"]["http"]["sourceIp"] = json!(ip);
+    request["headers"]["x-forwarded-for"] = json!(ip);
     lambda_http::request::from_str(&request.to_string()).unwrap()
 }
 
@@ -144,16 +152,17 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
         .with_subjects(Some(subjects));
     let start = now_ms() - 1;
 
-    // Alice's events (one large enough to be offloaded, sealed), bob's, and an anonymous hit (on the
-    // stream alice's second comes last: each key's events are put in order, one per request).
+    // Alice's events (one large enough to be offloaded, sealed) and bob's from alice's address, then an
+    // anonymous hit (alice's second comes after bob's: each key's events are put in order, one a round).
     let a1 = json!({"EntityId": "alice-42", "page": "/alice-secret/1"});
     // Incompressible (sealed parts are compressed first), so that its sealed block is offloaded.
     let noise: String = (0..6000).map(|_| uuid::Uuid::new_v4().simple().to_string()).collect();
     let a2 = json!({"EntityId": "alice-42", "page": "/alice-secret/2", "pad": noise});
     let b1 = json!({"EntityId": "bob-7", "page": "/bob/1"});
     let anonymous = json!({"page": "/public"});
-    let answer = load.handle(post(&json!([a1, b1, a2, anonymous]))).await;
+    let answer = load.handle(post_from(&json!([a1, b1, a2]), ALICE_IP)).await;
     assert_eq!(answer.status(), StatusCode::ACCEPTED);
+    assert_eq!(load.handle(post(&json!([anonymous]))).await.status(), StatusCode::ACCEPTED);
     assert_eq!(writer_keys.kms_requests(), 2, "one data key per subject, not one per event");
 
     // On the stream: sealed, alice's partition key her hash, nothing of her in the clear.
@@ -167,9 +176,9 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let sealed: Value = serde_json::from_slice(records[0].1.data().as_ref()).unwrap();
     assert_eq!((sealed["subject"].as_str(), sealed["sealed"]["g"].as_u64()), (Some(alice.as_str()), Some(0)));
     assert!(sealed.get("body").is_none() && sealed["query"] == json!({}));
-    let offloaded: Value = serde_json::from_slice(records[3].1.data().as_ref()).unwrap();
+    let offloaded: Value = serde_json::from_slice(records[2].1.data().as_ref()).unwrap();
     assert!(offloaded["sealed_ref"]["key"].is_string() && offloaded.get("sealed").is_none(), "{offloaded}");
-    let anonymous_record: Value = serde_json::from_slice(records[2].1.data().as_ref()).unwrap();
+    let anonymous_record: Value = serde_json::from_slice(records[3].1.data().as_ref()).unwrap();
     assert_eq!(anonymous_record["body"], anonymous, "no subject, nothing sealed");
 
     let mut pumped = 0;
@@ -179,7 +188,8 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let reader_keys = keys(&env, &kms, Duration::ZERO);
     let tiers = Tiers::new(Some(bucket.clone())).with_keys(Some(reader_keys.clone()));
     let read = log(&env, &tiers, start, done).await.unwrap();
-    assert_eq!(read.iter().map(|e| &e["body"]).collect::<Vec<_>>(), [&a1, &b1, &anonymous, &a2], "as sent, in order");
+    assert_eq!(read.iter().map(|e| &e["body"]).collect::<Vec<_>>(), [&a1, &b1, &a2, &anonymous], "as sent, in order");
+    assert_eq!(read[0]["source_ip"], ALICE_IP, "the address too, sealed and put back");
     assert_eq!(read[0]["subject"], alice.as_str());
     let failed = log(&env, &Tiers::new(Some(bucket.clone())), start, done).await.unwrap_err();
     assert!(failed.to_string().contains("KEY_TABLE"), "{failed}");
@@ -263,7 +273,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
 
     // Every reader now: alice's old events as `forgotten`, in place; the rest as sent.
     let read = log(&env, &tiers, start, done).await.unwrap();
-    assert_eq!(pages(&read, &alice), ["forgotten", "/bob/1", "/public", "forgotten", "/alice-secret/3"], "in place");
+    assert_eq!(pages(&read, &alice), ["forgotten", "/bob/1", "forgotten", "/public", "/alice-secret/3"], "in place");
     let summary = playback("after", done).await;
     assert_eq!((summary.status, summary.events, summary.unreadable), (Status::Complete, 5, 0), "{summary:?}");
     let played_after: Vec<Value> = played(&env).await.split_off(4);
@@ -304,6 +314,15 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let failed = log(&env, &disabled, start, done).await.unwrap_err();
     assert!(matches!(failed, event_store::Error::Kms { .. }) && !failed.is_unreadable(), "{failed:?}");
     assert!(failed.to_string().contains("DisabledException"), "{failed}");
+    // load, without a key for a new subject, stores nothing and says to retry.
+    let blocked = Keys::new(env.dynamo.clone(), through_proxy.clone(), env.names.key_table.clone())
+        .sealing_with(Some(env.names.subject_key_alias.clone()));
+    let blocked = Load::new(env.kinesis.clone(), LoadConfig::new(env.names.event_stream.clone()))
+        .with_subjects(Some(Subjects::new(Arc::new(blocked), &subjects_config).unwrap()));
+    let on_stream = env.read_stream(&env.names.event_stream).await.len();
+    let carol = json!({"EntityId": "carol-1", "page": "/carol"});
+    assert_eq!(blocked.handle(post(&json!([carol]))).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(env.read_stream(&env.names.event_stream).await.len(), on_stream, "nothing stored unsealed");
     let delivered_so_far = delivered(&env).await.len();
     let answers = runs::run_subscriptions(
         subscriptions_with(&through_proxy),
@@ -355,10 +374,11 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     for row in &rows {
         let text = row.payload.clone().unwrap_or_default();
         assert_eq!(in_the_clear(text.as_bytes()), None, "the archive");
+        assert_eq!(row.payload_bytes.as_deref().and_then(in_the_clear), None, "the archive");
         assert_eq!(text.contains("\"sealed"), !text.contains("/public"), "all but the anonymous hit, sealed");
     }
     let read = log(&env, &tiers, start, done).await.unwrap();
-    let expected = ["forgotten", "/bob/1", "/public", "forgotten", "/alice-secret/3", "/alice-secret/4"];
+    let expected = ["forgotten", "/bob/1", "forgotten", "/public", "/alice-secret/3", "/alice-secret/4"];
     assert_eq!(pages(&read, &alice), expected, "from the archive, in place");
 
     // Nothing of alice rests in the clear: the stream, the tables, the bucket.

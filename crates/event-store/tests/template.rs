@@ -111,7 +111,9 @@ fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
 }
 
 #[test]
-fn subjects_keys_are_read_by_readers_made_by_load_and_destroyed_by_the_privacy_function_alone() {
+fn subjects_keys_are_read_by_readers_made_by_writers_and_forgotten_by_the_privacy_function() {
+    // Writers may put and update key items (IAM cannot require their conditions): only the privacy
+    // function is meant to destroy keys, and only it may query a subject's generations.
     let template = template();
     let mut on_keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut on_kms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
