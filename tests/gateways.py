@@ -54,6 +54,8 @@ class LambdaService(_Server):
     def __init__(self, watch_port, prefix):
         self.invocations = []  # (function, invocation type), in order
         self.finished = []  # asynchronous invocations done: (function, status)
+        # (access key id, function) pairs IAM would not allow to invoke: answered as Lambda does.
+        self.denied = set()
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,6 +70,12 @@ class LambdaService(_Server):
                 if function is None:
                     return self._answer(404, {"Type": "User", "message": f"Function not found: {name}"},
                                         {"x-amzn-errortype": "ResourceNotFoundException"})
+                caller = self.headers.get("authorization", "").partition("Credential=")[2].split("/")[0]
+                if (caller, function) in service.denied:
+                    message = (f"User: arn:aws:iam::123456789012:user/{caller} is not authorized to perform: "
+                               f"lambda:InvokeFunction on resource: {name}")
+                    return self._answer(403, {"Type": "User", "Message": message},
+                                        {"x-amzn-errortype": "AccessDeniedException"})
                 kind = self.headers.get("x-amz-invocation-type", "RequestResponse")
                 service.invocations.append((function, kind))
                 url = f"http://127.0.0.1:{watch_port}{INVOKE}{function}/invocations"

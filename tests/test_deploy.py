@@ -6,6 +6,8 @@ against the deployed resources with the sample events of events/."""
 import ast
 import base64
 import copy
+import hashlib
+import hmac
 import io
 import json
 import os
@@ -526,6 +528,32 @@ def drive_the_deployed_stack(lam, api, env, kinesis, dynamo, sqs, outputs, moto_
     # AWS-shaped, beyond moto's, so the pump's saved position lies past every record here and the
     # shard's probe sees none after it: `pump behind on <shard>` is checked on the local stack,
     # crates/cli/tests/status.rs.)
+    # forget: the privacy function, invoked with the caller's ARN. A caller IAM does not let invoke it
+    # is refused and nothing is forgotten; a second forget says so; an unknown subject is bad usage.
+    user_42 = hmac.new(PARAMETERS["SubjectHashKey"].encode(), b"user-42", hashlib.sha256).hexdigest()
+
+    def user_42_keys():
+        items = dynamo.query(TableName=f"{PREFIX}-key-table", KeyConditionExpression="subject = :s",
+                             ExpressionAttributeValues={":s": {"S": user_42}})["Items"]
+        return {i["item"]["S"]: i for i in items}
+
+    assert "wrapped" in user_42_keys()["g#0000000000"], "load sealed the pixel hit of user-42 under its key"
+    lam.denied.add(("intruder", "privacy"))
+    code, out, err = event_store(["forget", "user-42"], {**env, "AWS_ACCESS_KEY_ID": "intruder"})
+    assert code == 4 and "AccessDeniedException" in err, (code, out, err)
+    assert "wrapped" in user_42_keys()["g#0000000000"], "nothing forgotten"
+    code, out, err = event_store(["forget", "user-42"], env)
+    assert code == 0 and "1 key generation(s) destroyed" in out, out + err
+    assert lam.invocations[-1] == ("privacy", "RequestResponse")
+    keys = user_42_keys()
+    assert "wrapped" not in keys["g#0000000000"] and keys["head"]["state"]["S"] == "forgotten", keys
+    [record] = [i for name, i in keys.items() if name.startswith("forgot#")]
+    assert record["by"]["S"].startswith("arn:aws:"), "the caller, from STS"
+    code, out, err = event_store(["--json", "forget", "user-42"], env)
+    assert code == 0 and json.loads(out) == {"subject": user_42, "forgotten": "already", "generations": 0}, out
+    code, out, err = event_store(["forget", "nobody"], env)
+    assert code == 2 and "nothing to forget" in out, out + err
+
     time.sleep(2)
     code, out, err = event_store(["--json", "status", "--stall-after", "1"], env)
     problems = json.loads(out)["verdict"]["problems"]

@@ -3,6 +3,11 @@
 //! subject's key and once with nothing sealed, in one run on one moto; the
 //! KMS and key-table requests the sealed run made, the bytes it added, and
 //! what that costs per million events.
+//!
+//! The stages' events/s are a warm function's, whose keys are cached (what a
+//! subject sending more than one event per `KEY_CACHE_SECONDS` meets); making
+//! the subjects' keys (cold) is timed on its own beforehand, and a playback's
+//! first round, with a cold key cache, is reported beside its best.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -63,6 +68,10 @@ pub struct PrivacyBench {
     pub read: Pair,
     /// Target >= 0.8: the lowest of load's, the pump's and playback's.
     pub min_ratio_on_to_off: f64,
+    /// Subjects' keys made per second, 16 at once (a new subject: a key-table read, `GenerateDataKey`, two writes).
+    pub keys_made_per_second: f64,
+    /// The first playback, every key unwrapped on the way (cold cache), events/s.
+    pub playback_cold_cache: f64,
     pub record_bytes_off: f64,
     pub record_bytes_on: f64,
     /// Event-table write units per event (items rounded up to KB, as DynamoDB bills them).
@@ -78,6 +87,8 @@ pub struct PrivacyBench {
 
 /// What one run (sealed or not) measured.
 struct Run {
+    keys_made: f64,
+    playback_cold: f64,
     load: f64,
     pump: f64,
     playback: f64,
@@ -120,6 +131,8 @@ pub async fn run(
         playback,
         read: Pair::of(off.read, on.read),
         min_ratio_on_to_off: min_ratio,
+        keys_made_per_second: on.keys_made,
+        playback_cold_cache: on.playback_cold,
         record_bytes_off: off.record_bytes,
         record_bytes_on: on.record_bytes,
         write_units_per_event_off: off.write_units,
@@ -136,7 +149,7 @@ async fn one(
     sdk: &aws_config::SdkConfig,
     events: usize,
     size: usize,
-    subjects: usize,
+    subjects_count: usize,
     sealed: bool,
 ) -> Result<Run> {
     let dynamo = aws_sdk_dynamodb::Client::new(sdk);
@@ -160,6 +173,7 @@ async fn one(
         kinesis.clone(),
         LoadConfig { max_event_bytes: 4 * size, ..LoadConfig::new(names.event_stream.clone()) },
     );
+    let mut keys_made = 0.0;
     if sealed {
         let config = SubjectsConfig {
             key_table: names.key_table.clone(),
@@ -170,7 +184,20 @@ async fn one(
             cache: event_store::privacy::keys::DEFAULT_CACHE,
         };
         let writer = Arc::new(keys().sealing_with(config.kms_key.clone()));
-        load = load.with_subjects(Some(Subjects::new(writer, &config)?));
+        let subjects = Subjects::new(writer.clone(), &config)?;
+        // The subjects' keys, made before the timed run (as the first events of each made them).
+        let started = Instant::now();
+        let made = futures::stream::iter((0..subjects_count).map(|s| subjects.hash(&format!("user-{s}"))))
+            .map(|hash| {
+                let writer = writer.clone();
+                async move { writer.sealing_key(&hash).await.map(drop) }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        made.into_iter().collect::<event_store::Result<()>>()?;
+        keys_made = per_second(subjects_count, started.elapsed());
+        load = load.with_subjects(Some(subjects));
     }
 
     // load: POST /events of 100 events each, 8 in flight.
@@ -184,7 +211,7 @@ async fn one(
                 .iter()
                 .map(|i| {
                     let mut body: serde_json::Value = serde_json::from_slice(&payload(*i, size)).unwrap_or_default();
-                    body["EntityId"] = serde_json::json!(format!("user-{}", i % subjects));
+                    body["EntityId"] = serde_json::json!(format!("user-{}", i % subjects_count));
                     body
                 })
                 .collect();
@@ -248,11 +275,13 @@ async fn one(
     // playback: the window onto the playback stream (best of the rounds), each round with a cold key cache.
     let window = serde_json::json!({"start": format_ms(start), "end": format_ms(end + 1), "restart": true});
     let config = PlaybackConfig { deadline_margin: Duration::from_secs(30), ..runs::playback_config(&names) };
-    let mut playback_eps = 0.0f64;
+    let (mut playback_eps, mut playback_cold) = (0.0f64, 0.0f64);
     let mut keys_used = BTreeMap::new();
+    // One reader's keys for every round: the first round unwraps them (cold), the next finds them cached.
+    let reader_keys = sealed.then(|| Arc::new(keys()));
     for round in 0..ROUNDS {
         let (invoker, _rx) = LocalInvoker::channel();
-        let reader = sealed.then(|| Arc::new(keys()));
+        let reader = reader_keys.clone();
         let playback =
             Playback::new(dynamo.clone(), kinesis.clone(), config.clone(), Arc::new(invoker)).with_keys(reader);
         let started = Instant::now();
@@ -260,14 +289,16 @@ async fn one(
         anyhow::ensure!(summary.events == events, "played {} of {events}", summary.events);
         playback_eps = playback_eps.max(per_second(events, started.elapsed()));
         if round == 0 {
+            playback_cold = per_second(events, started.elapsed());
             // The writer's requests and one reader's: the other rounds read the same keys again.
             keys_used = counter.snapshot();
         }
     }
-    let tiers = || Tiers::new(None).with_keys(sealed.then(|| Arc::new(keys())));
+    let tiers = || Tiers::new(None).with_keys(reader_keys.clone());
     // From the slot that holds `start` (the index is read by slot).
     let read = read_all(&dynamo, &names.event_table, &tiers, (start - start.rem_euclid(1000), end + 1), events).await?;
-    Ok(Run { load: load_eps, pump: pump_eps, playback: playback_eps, read, record_bytes, write_units, keys: keys_used })
+    let (load, pump, playback) = (load_eps, pump_eps, playback_eps);
+    Ok(Run { keys_made, playback_cold, load, pump, playback, read, record_bytes, write_units, keys: keys_used })
 }
 
 /// The event table's write units: its items rounded up to KB each (the bookkeeping partition left out).
@@ -297,7 +328,9 @@ pub fn markdown(bench: &PrivacyBench, date: &str, machine: &str) -> String {
          {} events of {} B from {} subjects (each its own key), the same events with nothing sealed and with \
          every event sealed, in one run:\n\n\
          | stage | events/s off | events/s on | on / off |\n|---|---|---|---|\n{}{}{}{}\n\
-         Lowest of load, pump and playback: **{:.2}** (target >= 0.8).\n\n\
+         Lowest of load, pump and playback: **{:.2}** (target >= 0.8), keys cached as in a warm function. \
+         Cold: {:.0} subjects' keys made per second (16 at once); the first playback, every key unwrapped \
+         on the way, {:.0} events/s.\n\n\
          | figure | value |\n|---|---|\n\
          | Kinesis record bytes per event, off / on | {:.0} / {:.0} |\n\
          | event-table write units per event, off / on | {:.3} / {:.3} |\n\
@@ -312,6 +345,8 @@ pub fn markdown(bench: &PrivacyBench, date: &str, machine: &str) -> String {
         row("playback", &bench.playback),
         row("the window read alone (no puts)", &bench.read),
         bench.min_ratio_on_to_off,
+        bench.keys_made_per_second,
+        bench.playback_cold_cache,
         bench.record_bytes_off,
         bench.record_bytes_on,
         bench.write_units_per_event_off,
