@@ -45,7 +45,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-privacy build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -129,6 +129,10 @@ bench-entity: tools-moto ## the entity-stream figures only (requests per append 
 bench-archive: tools-moto ## the cold tier's figures only (replay from each tier, archiving, storage cost) -> bench/archive.md, results.json's archive, docs/capacity.md
 	$(CARGO) build --release --locked -p event-store-bench
 	BENCH_ONLY=archive ./target/release/event-store-bench
+
+bench-privacy: tools-moto ## per-subject encryption's figures only (load, pump, playback sealed vs not, KMS requests, $) -> bench/privacy.md, results.json's encryption
+	$(CARGO) build --release --locked -p event-store-bench
+	BENCH_ONLY=privacy ./target/release/event-store-bench
 
 FUZZ_SECONDS ?= 30
 fuzz: ## run each fuzz target for FUZZ_SECONDS (cargo fuzz on nightly; not part of make test)
