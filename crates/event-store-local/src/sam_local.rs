@@ -620,7 +620,7 @@ mod tests {
         let playback = local.function("playback").unwrap();
         assert_eq!(playback.logical_id, "PlaybackFunction");
         assert!(playback.variables.contains(&"DYNAMO_EVENT_TABLE".to_owned()), "{:?}", playback.variables);
-        assert_eq!(local.functions.len(), 8, "{:?}", local.functions);
+        assert_eq!(local.functions.len(), 9, "{:?}", local.functions);
 
         let mut original: Yaml = serde_yaml::from_str(&template()).unwrap();
         let mut changed: Yaml =
