@@ -436,8 +436,12 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
                 e
             })
         });
+    // Opened as every reader opens them (pixel hits have a subject: their parts are sealed).
+    let tiers =
+        event_store::playback::tiers::Tiers::new(Some(stack.archive.clone())).with_keys(Some(stack.keys.clone()));
     for event in events {
-        let Some(envelope) = event.json().and_then(|p| serde_json::from_value::<Envelope>(p).ok()) else {
+        let bytes = tiers.bytes(&event).await?.bytes;
+        let Ok(envelope) = serde_json::from_slice::<Envelope>(&bytes) else {
             continue;
         };
         if run_of(&envelope) != Some(run_id) {

@@ -70,23 +70,30 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     let sdk = sdk_config(&emulator.endpoint).await;
     let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
     let started = Instant::now();
-    let envelopes = loop {
+    let stored = loop {
         let out = dynamo.scan().table_name("event-store-browsertest-event-table").send().await.unwrap();
-        let envelopes: Vec<Envelope> = out
+        let stored: Vec<EventItem> = out
             .items()
             .iter()
             // Events are stored in chunks: decode each item of a time slot into its events.
             .filter(|i| i.get("slot").and_then(|v| v.as_n().ok()).is_some_and(|n| !n.starts_with('-')))
             .filter_map(|i| event_store::chunk::decode_item(0, i).events.ok())
             .flatten()
-            .filter_map(|e: EventItem| e.json())
-            .filter_map(|p| serde_json::from_value(p).ok())
             .collect();
-        if envelopes.len() >= 2 || started.elapsed() > Duration::from_secs(30) {
-            break envelopes;
+        if stored.len() >= 2 || started.elapsed() > Duration::from_secs(30) {
+            break stored;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    // The pixel hit has a subject (its EntityId): stored sealed, opened with the stack's keys.
+    let raw: Vec<Vec<u8>> = stored.iter().map(|e| e.bytes().unwrap()).collect();
+    assert!(raw.iter().all(|r| !String::from_utf8_lossy(r).contains("demo-visitor")), "sealed in the table");
+    let keys = event_store::privacy::table_keys(&sdk, "event-store-browsertest-key-table".into());
+    let tiers = event_store::playback::tiers::Tiers::new(None).with_keys(Some(keys));
+    let mut envelopes: Vec<Envelope> = Vec::new();
+    for event in &stored {
+        envelopes.push(serde_json::from_slice(&tiers.bytes(event).await.unwrap().bytes).unwrap());
+    }
     assert_eq!(envelopes.len(), 2, "{envelopes:#?}");
     let pixel = envelopes.iter().find(|e| e.path == "/track.gif").expect("the pixel event");
     let click = envelopes.iter().find(|e| e.path == "/events").expect("the button event");
