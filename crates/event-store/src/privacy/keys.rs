@@ -192,21 +192,10 @@ impl Keys {
         if let Some(key) = self.cached(&id) {
             return Ok(key);
         }
-        let item = self
-            .dynamo
-            .get_item()
-            .table_name(&self.table)
-            .key(HASH_KEY, AttributeValue::S(subject.to_owned()))
-            .key(RANGE_KEY, AttributeValue::S(generation_item(generation)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("GetItem", e))?
-            .item
-            .ok_or_else(|| {
-                // Not "unreadable": a reader pointed at the wrong table must fail, not skip every event.
-                Error::Key(format!("subject {subject} has no key generation {generation} in {}", self.table))
-            })?;
+        let item = self.get(subject, &generation_item(generation)).await?.ok_or_else(|| {
+            // Not "unreadable": a reader pointed at the wrong table must fail, not skip every event.
+            Error::Key(format!("subject {subject} has no key generation {generation} in {}", self.table))
+        })?;
         let key = match item.get("wrapped") {
             Some(AttributeValue::B(wrapped)) => {
                 let plain = self.unwrap(subject, generation, wrapped.as_ref().to_vec(), &item).await?;
@@ -242,8 +231,7 @@ impl Keys {
             self.dynamo
                 .update_item()
                 .table_name(&self.table)
-                .key(HASH_KEY, AttributeValue::S(subject.to_owned()))
-                .key(RANGE_KEY, AttributeValue::S(HEAD.to_owned()))
+                .set_key(Some(item_key(subject, HEAD)))
                 .update_expression("SET #state = :forgotten, forgotten_at = :at, forgotten_by = :by")
                 .condition_expression("attribute_exists(#item)")
                 .expression_attribute_names("#state", "state")
@@ -267,8 +255,7 @@ impl Keys {
             self.dynamo
                 .update_item()
                 .table_name(&self.table)
-                .key(HASH_KEY, AttributeValue::S(subject.to_owned()))
-                .key(RANGE_KEY, AttributeValue::S(name.clone()))
+                .set_key(Some(item_key(subject, &name)))
                 .update_expression("REMOVE #wrapped SET forgotten_at = :at")
                 .expression_attribute_names("#wrapped", "wrapped")
                 .expression_attribute_values(":at", AttributeValue::S(at.clone()))
@@ -282,19 +269,22 @@ impl Keys {
         Ok(if first { Forgot::Done { generations: destroyed } } else { Forgot::Already })
     }
 
-    async fn head(&self, subject: &str) -> Result<Option<Head>> {
-        let item = self
+    /// One item of `subject`'s partition, read strongly consistent.
+    async fn get(&self, subject: &str, item: &str) -> Result<Option<HashMap<String, AttributeValue>>> {
+        let out = self
             .dynamo
             .get_item()
             .table_name(&self.table)
-            .key(HASH_KEY, AttributeValue::S(subject.to_owned()))
-            .key(RANGE_KEY, AttributeValue::S(HEAD.to_owned()))
+            .set_key(Some(item_key(subject, item)))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| Error::dynamo("GetItem", e))?
-            .item;
-        let Some(item) = item else { return Ok(None) };
+            .map_err(|e| Error::dynamo("GetItem", e))?;
+        Ok(out.item)
+    }
+
+    async fn head(&self, subject: &str) -> Result<Option<Head>> {
+        let Some(item) = self.get(subject, HEAD).await? else { return Ok(None) };
         let generation = match item.get("gen") {
             Some(AttributeValue::N(n)) => n.parse().ok(),
             _ => None,
@@ -350,8 +340,7 @@ impl Keys {
             .dynamo
             .update_item()
             .table_name(&self.table)
-            .key(HASH_KEY, AttributeValue::S(subject.to_owned()))
-            .key(RANGE_KEY, AttributeValue::S(HEAD.to_owned()))
+            .set_key(Some(item_key(subject, HEAD)))
             .update_expression("SET #gen = :gen, #state = :active REMOVE forgotten_at, forgotten_by")
             .condition_expression("attribute_not_exists(#gen) OR #gen < :gen")
             .expression_attribute_names("#gen", "gen")
@@ -395,6 +384,14 @@ impl Keys {
 struct Head {
     generation: u64,
     forgotten: bool,
+}
+
+/// The key of item `item` of `subject`'s partition.
+fn item_key(subject: &str, item: &str) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (HASH_KEY.to_owned(), AttributeValue::S(subject.to_owned())),
+        (RANGE_KEY.to_owned(), AttributeValue::S(item.to_owned())),
+    ])
 }
 
 /// The KMS encryption context of a subject's key: bound to the subject and generation.
