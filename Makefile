@@ -15,7 +15,7 @@ MOTO_PIN    := moto[server]==5.2.5
 TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1
 # The stricter second pair of emulators (npm), installed into .node.
 NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3
-FUNCTIONS   := load pump scan playback subscriptions streams relay archive privacy
+FUNCTIONS   := load pump scan playback subscriptions streams relay archive privacy keys
 STACK       ?= event-store-prod
 CARGO       ?= cargo
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -99,7 +99,7 @@ test: lint tools-moto tools tools-node tools-chromium tools-container build ## l
 	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
 	  END {printf "%d passed, %d failed, %d skipped\n", p, f, s}'
 
-build: tools ## arm64 bootstraps of the nine functions: target/lambda/<fn>/bootstrap
+build: tools ## arm64 bootstraps of the ten functions: target/lambda/<fn>/bootstrap
 	@echo "== cargo lambda build --release --arm64 (zig cross-linker from .venv)"
 	@command -v rustup >/dev/null && rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
 	PATH=$(BIN):$$PATH $(BIN)/cargo-lambda lambda build --release --arm64 --locked $(addprefix -p ,$(FUNCTIONS))

@@ -177,6 +177,7 @@ async fn one(
     if sealed {
         let config = SubjectsConfig {
             key_table: names.key_table.clone(),
+            key_function: None,
             kms_key: Some(kms_key),
             hash_key: Some("bench-subject-hash-key-not-a-secret-at-all".into()),
             rule: SubjectRule::EntityId,

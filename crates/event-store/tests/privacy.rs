@@ -134,6 +134,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let kms_key = create_subject_key(&kms, &env.names.subject_key_alias).await.unwrap();
     let subjects_config = SubjectsConfig {
         key_table: env.names.key_table.clone(),
+        key_function: None,
         kms_key: Some(env.names.subject_key_alias.clone()),
         hash_key: Some(HASH_KEY.into()),
         rule: SubjectRule::EntityId,
@@ -163,7 +164,8 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let answer = load.handle(post_from(&json!([a1, b1, a2]), ALICE_IP)).await;
     assert_eq!(answer.status(), StatusCode::ACCEPTED);
     assert_eq!(load.handle(post(&json!([anonymous]))).await.status(), StatusCode::ACCEPTED);
-    assert_eq!(writer_keys.kms_requests(), 2, "one data key per subject, not one per event");
+    // A new subject's key is made wrapped (its maker never sees it), then unwrapped to seal with.
+    assert_eq!(writer_keys.kms_requests(), 4, "two KMS requests per subject's new key, not one per event");
 
     // On the stream: sealed, alice's partition key her hash, nothing of her in the clear.
     let records = env.read_stream(&env.names.event_stream).await;
@@ -457,6 +459,7 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     let kms_key = create_subject_key(&kms, &env.names.subject_key_alias).await.unwrap();
     let config = SubjectsConfig {
         key_table: env.names.key_table.clone(),
+        key_function: None,
         kms_key: Some(kms_key.clone()),
         hash_key: Some(HASH_KEY.into()),
         rule: SubjectRule::None,

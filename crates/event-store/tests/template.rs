@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use event_store::config::{
-    ArchiveConfig, LoadConfig, PlaybackConfig, PrivacyConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig,
-    SubscriptionConfig, Variables,
+    ArchiveConfig, KeysConfig, LoadConfig, PlaybackConfig, PrivacyConfig, PumpConfig, RelayConfig, ScanConfig,
+    StreamsConfig, SubscriptionConfig, Variables,
 };
 use serde_yaml::Value;
 
@@ -40,6 +40,7 @@ fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'stati
         ("StreamsFunction", StreamsConfig::VARIABLES, event_store::entity::AWS_ACTIONS, &[]),
         ("ArchiveFunction", ArchiveConfig::VARIABLES, event_store::archiver::AWS_ACTIONS, &[]),
         ("PrivacyFunction", PrivacyConfig::VARIABLES, event_store::privacy::manage::AWS_ACTIONS, &[]),
+        ("KeysFunction", KeysConfig::VARIABLES, event_store::privacy::manage::KEYS_AWS_ACTIONS, &[]),
         (
             "RelayFunction",
             RelayConfig::VARIABLES,
@@ -111,17 +112,21 @@ fn each_role_grants_exactly_what_its_function_calls_on_its_own_resources() {
 }
 
 #[test]
-fn subjects_keys_are_read_by_readers_made_by_writers_and_forgotten_by_the_privacy_function() {
-    // Writers may put and update key items (IAM cannot require their conditions): only the privacy
-    // function is meant to destroy keys, and only it may query a subject's generations.
+fn subjects_keys_are_read_by_readers_and_writers_made_by_the_keys_function_and_forgotten_by_the_privacy_function() {
+    // IAM cannot require a write's condition: a role that may put a key item may overwrite one (and
+    // lose every event sealed under it). So writers only read keys and ask the keys function for a
+    // new one (its code only ever adds a generation); only the privacy function destroys them.
     let template = template();
     let mut on_keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut on_kms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut invoking: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (name, _, _, _) in functions() {
         let policies = &template["Resources"][name]["Properties"]["Policies"];
         for statement in policies.as_sequence().unwrap().iter().flat_map(|p| p["Statement"].as_sequence().unwrap()) {
             let resource = format!("{:?}", statement["Resource"]);
-            for (holder, map) in [("KeyTable", &mut on_keys), ("SubjectKey", &mut on_kms)] {
+            for (holder, map) in
+                [("KeyTable", &mut on_keys), ("SubjectKey", &mut on_kms), ("KeysFunction", &mut invoking)]
+            {
                 if resource.contains(holder) {
                     map.entry(name.to_owned()).or_default().extend(strings(&statement["Action"]));
                 }
@@ -130,20 +135,39 @@ fn subjects_keys_are_read_by_readers_made_by_writers_and_forgotten_by_the_privac
     }
     let set = |actions: &[&str]| actions.iter().map(|a| a.to_string()).collect::<BTreeSet<_>>();
     let expected_keys = BTreeMap::from([
-        ("LoadFunction".to_owned(), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])),
+        ("KeysFunction".to_owned(), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])),
+        ("LoadFunction".to_owned(), set(&["dynamodb:GetItem"])),
         ("PlaybackFunction".to_owned(), set(&["dynamodb:GetItem"])),
         ("PrivacyFunction".to_owned(), set(event_store::privacy::manage::AWS_ACTIONS)),
-        ("StreamsFunction".to_owned(), set(&["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"])),
+        ("StreamsFunction".to_owned(), set(&["dynamodb:GetItem"])),
         ("SubscriptionsFunction".to_owned(), set(&["dynamodb:GetItem"])),
     ]);
     assert_eq!(on_keys, expected_keys);
     let expected_kms = BTreeMap::from([
-        ("LoadFunction".to_owned(), set(&["kms:GenerateDataKey", "kms:Decrypt"])),
+        ("KeysFunction".to_owned(), set(&["kms:GenerateDataKeyWithoutPlaintext"])),
+        ("LoadFunction".to_owned(), set(&["kms:Decrypt"])),
         ("PlaybackFunction".to_owned(), set(&["kms:Decrypt"])),
-        ("StreamsFunction".to_owned(), set(&["kms:GenerateDataKey", "kms:Decrypt"])),
+        ("StreamsFunction".to_owned(), set(&["kms:Decrypt"])),
         ("SubscriptionsFunction".to_owned(), set(&["kms:Decrypt"])),
     ]);
-    assert_eq!(on_kms, expected_kms, "the privacy function never sees a key, it only destroys wrapped ones");
+    assert_eq!(on_kms, expected_kms, "the keys and privacy functions never see a key, only wrapped ones");
+    let expected_invoking = BTreeMap::from([
+        ("LoadFunction".to_owned(), set(&["lambda:InvokeFunction"])),
+        ("StreamsFunction".to_owned(), set(&["lambda:InvokeFunction"])),
+    ]);
+    assert_eq!(invoking, expected_invoking, "the writers ask the keys function for new keys");
+    // The KMS key disabled or its deletion scheduled stops every reader: said on the alarm topic,
+    // which lets that rule publish.
+    let rule = &template["Resources"]["SubjectKeyChangeRule"]["Properties"];
+    let calls = strings(&rule["EventPattern"]["detail"]["eventName"]);
+    assert!(calls.contains(&"DisableKey".into()) && calls.contains(&"ScheduleKeyDeletion".into()), "{calls:?}");
+    let on = format!("{:?}", rule["EventPattern"]["detail"]["resources"]["ARN"]);
+    assert!(on.contains("SubjectKey.Arn"), "{on}");
+    assert_eq!(referenced(&rule["Targets"][0]["Arn"]).as_deref(), Some("AlarmTopic"));
+    let policy = &template["Resources"]["AlarmTopicPolicy"]["Properties"];
+    let allowed = &policy["PolicyDocument"]["Statement"][0];
+    assert_eq!(allowed["Principal"]["Service"], Value::String("events.amazonaws.com".into()));
+    assert!(format!("{:?}", allowed["Condition"]).contains("SubjectKeyChangeRule.Arn"));
     let table = &template["Resources"]["KeyTable"];
     assert_eq!(table["DeletionPolicy"], Value::String("Retain".into()), "losing it loses every sealed event");
     assert!(table["Properties"].get("PointInTimeRecoverySpecification").is_none(), "a backup would bring keys back");
@@ -455,7 +479,7 @@ fn every_function_and_every_queue_has_an_alarm_on_the_one_topic() {
             .collect()
     };
     let mut functions: BTreeSet<String> = of_type("AWS::Serverless::Function").into_iter().collect();
-    assert_eq!(functions.len(), 9);
+    assert_eq!(functions.len(), 10);
     assert_eq!(watched("AWS/Lambda", "Errors"), functions, "an errors alarm per function");
     // The archive exists only with HotRetentionDays > 0, so the one throttles alarm cannot name it;
     // it runs one at a time (reserved concurrency 1), and a throttled start is retried.

@@ -59,6 +59,7 @@ impl LoadConfig {
             "INLINE_MAX_BYTES",
             "ARCHIVE_BUCKET",
             "KEY_TABLE",
+            "KEY_FUNCTION",
             "SUBJECT_KMS_KEY",
             "SUBJECT_HASH_KEY",
             "SUBJECT_FROM",

@@ -15,7 +15,9 @@ pub use load::{
     MAX_EVENT_BYTES_LIMIT,
 };
 use privacy::Role;
-pub use privacy::{PrivacyConfig, StreamSubjects, SubjectRule, SubjectsConfig, DEFAULT_KEY_CACHE, MIN_HASH_KEY_BYTES};
+pub use privacy::{
+    KeysConfig, PrivacyConfig, StreamSubjects, SubjectRule, SubjectsConfig, DEFAULT_KEY_CACHE, MIN_HASH_KEY_BYTES,
+};
 
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;
@@ -363,6 +365,7 @@ impl StreamsConfig {
             "INLINE_MAX_BYTES",
             "ARCHIVE_BUCKET",
             "KEY_TABLE",
+            "KEY_FUNCTION",
             "SUBJECT_KMS_KEY",
             "SUBJECT_HASH_KEY",
             "STREAM_SUBJECTS",

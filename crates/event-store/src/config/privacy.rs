@@ -23,7 +23,11 @@ pub const MIN_HASH_KEY_BYTES: usize = 32;
 #[derive(Debug, Clone)]
 pub struct SubjectsConfig {
     pub key_table: String,
-    /// The KMS key new data keys are made under (writers).
+    /// The keys function writers ask for a subject's new key (`KEY_FUNCTION`): in a stack, writers
+    /// may only read the key table.
+    pub key_function: Option<String>,
+    /// The KMS key new data keys are made under, by the writer itself when no keys function is
+    /// named (local runs).
     pub kms_key: Option<String>,
     /// The secret the subject's id is hashed with (writers, and `forget`).
     pub hash_key: Option<String>,
@@ -37,9 +41,10 @@ pub struct SubjectsConfig {
 
 impl SubjectsConfig {
     /// `None` when `KEY_TABLE` is unset. A reader reads `KEY_TABLE` and
-    /// `KEY_CACHE_SECONDS`; a writer (it seals) also `SUBJECT_KMS_KEY`,
-    /// `SUBJECT_HASH_KEY`, and `SUBJECT_FROM` (load) or `STREAM_SUBJECTS`
-    /// (streams), and needs the first two unless its rule names no subject.
+    /// `KEY_CACHE_SECONDS`; a writer (it seals) also `KEY_FUNCTION` (else
+    /// `SUBJECT_KMS_KEY`), `SUBJECT_HASH_KEY`, and `SUBJECT_FROM` (load) or
+    /// `STREAM_SUBJECTS` (streams), and needs a maker and the hash key unless
+    /// its rule names no subject.
     pub(super) fn from_env(env: &Env, role: Role) -> Result<Option<Self>> {
         let Some(key_table) = env.raw("KEY_TABLE") else { return Ok(None) };
         let seconds: u64 = env.var_or("KEY_CACHE_SECONDS", DEFAULT_KEY_CACHE.as_secs())?;
@@ -57,12 +62,17 @@ impl SubjectsConfig {
             }
         };
         let writer = rule != SubjectRule::None || streams != StreamSubjects::None;
-        let (kms_key, hash_key) =
-            if role == Role::Reader { (None, None) } else { (env.raw("SUBJECT_KMS_KEY"), env.raw("SUBJECT_HASH_KEY")) };
-        let config = Self { key_table, kms_key, hash_key, rule, streams, cache };
+        let (key_function, kms_key, hash_key) = if role == Role::Reader {
+            (None, None, None)
+        } else {
+            (env.raw("KEY_FUNCTION"), env.raw("SUBJECT_KMS_KEY"), env.raw("SUBJECT_HASH_KEY"))
+        };
+        let config = Self { key_table, key_function, kms_key, hash_key, rule, streams, cache };
         if writer {
-            if config.kms_key.is_none() {
-                return Err(Error::Config("KEY_TABLE is set: sealing needs SUBJECT_KMS_KEY too".into()));
+            if config.key_function.is_none() && config.kms_key.is_none() {
+                return Err(Error::Config(
+                    "KEY_TABLE is set: sealing needs KEY_FUNCTION (or SUBJECT_KMS_KEY to make keys itself)".into(),
+                ));
             }
             config.hash_key()?;
         }
@@ -154,6 +164,22 @@ impl PrivacyConfig {
             return Err(Error::Config(format!("SUBJECT_HASH_KEY: at least {MIN_HASH_KEY_BYTES} characters")));
         }
         Ok(config)
+    }
+}
+
+/// The `keys` function's: the key table, and the KMS key new data keys are made under.
+#[derive(Debug, Clone)]
+pub struct KeysConfig {
+    pub key_table: String,
+    pub kms_key: String,
+}
+
+impl KeysConfig {
+    pub const VARIABLES: Variables = Variables { required: &["KEY_TABLE", "SUBJECT_KMS_KEY"], optional: &[] };
+
+    pub fn from_env() -> Result<Self> {
+        let env = Env(Self::VARIABLES);
+        Ok(Self { key_table: env.var("KEY_TABLE")?, kms_key: env.var("SUBJECT_KMS_KEY")? })
     }
 }
 

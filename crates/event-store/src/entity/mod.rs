@@ -50,9 +50,10 @@ pub const AWS_ACTIONS: &[&str] = &[
     // the bucket, and 403 (a failure retried for ever) to one that may not.
     "s3:ListBucket",
     "s3:PutObject",
-    // Sealing subjects' streams' data (`KEY_TABLE`).
-    "kms:GenerateDataKey",
+    // Sealing subjects' streams' data (`KEY_TABLE`): keys read and unwrapped, new ones asked of
+    // the keys function.
     "kms:Decrypt",
+    "lambda:InvokeFunction",
 ];
 
 /// Why an entity operation did not happen. Everything but `Store` is the

@@ -10,6 +10,11 @@
 //! - `g#<gen>`: that generation's `wrapped` key, gone once forgotten (then `forgotten_at`);
 //! - `forgot#<time>`: who forgot the subject and when (never the plain id).
 //!
+//! Keys are made by one role only ([`Maker`]): in a stack the `keys` function
+//! (`GenerateDataKeyWithoutPlaintext`, conditional writes that only ever add
+//! a generation), so writers' roles can read the key table but never
+//! overwrite a key. Writers unwrap the new key as any reader does.
+//!
 //! Unwrapped keys are kept in memory for `KEY_CACHE_SECONDS` (default 60), so
 //! KMS sees about one request per subject and minute per warm function, not
 //! one per event; a forgotten generation is remembered for good. The price is
@@ -70,14 +75,22 @@ pub enum Forgot {
     Unknown,
 }
 
+/// Who makes a subject's new key generation (writers only: readers unwrap
+/// with whatever key wrapped a generation).
+#[derive(Clone)]
+pub enum Maker {
+    /// This process, under this KMS key (a key id, ARN or alias): the `keys` function, and local runs.
+    Kms(String),
+    /// The `keys` function, invoked by name (`KEY_FUNCTION`): writers in a stack.
+    Function { lambda: aws_sdk_lambda::Client, name: String },
+}
+
 /// The key table and KMS, with the unwrapped keys this function has used.
 pub struct Keys {
     dynamo: aws_sdk_dynamodb::Client,
     kms: aws_sdk_kms::Client,
     table: String,
-    /// The KMS key new data keys are made under (writers only; readers
-    /// unwrap with whatever key wrapped them).
-    kms_key: Option<String>,
+    maker: Option<Maker>,
     ttl: Duration,
     /// (subject, generation) → key, and when it was unwrapped.
     opened: Mutex<HashMap<(String, u64), (Instant, Key)>>,
@@ -95,7 +108,7 @@ impl Keys {
             dynamo,
             kms,
             table,
-            kms_key: None,
+            maker: None,
             ttl: DEFAULT_CACHE,
             opened: Mutex::default(),
             current: Mutex::default(),
@@ -105,8 +118,13 @@ impl Keys {
     }
 
     /// Makes new data keys under `kms_key` (a key id, ARN or alias).
-    pub fn sealing_with(mut self, kms_key: Option<String>) -> Self {
-        self.kms_key = kms_key;
+    pub fn sealing_with(self, kms_key: Option<String>) -> Self {
+        self.made_by(kms_key.map(Maker::Kms))
+    }
+
+    /// Has new data keys made by `maker`.
+    pub fn made_by(mut self, maker: Option<Maker>) -> Self {
+        self.maker = maker;
         self
     }
 
@@ -132,11 +150,9 @@ impl Keys {
             return Ok(found);
         }
         for _ in 0..5 {
-            let head = self.head(subject).await?;
-            let generation = match head {
+            let generation = match self.head(subject).await? {
                 Some(Head { generation, forgotten: false }) => generation,
-                Some(Head { generation, forgotten: true }) => self.create(subject, generation + 1).await?,
-                None => self.create(subject, 0).await?,
+                _ => self.made(subject).await?,
             };
             match self.key(subject, generation).await? {
                 Key::Active(key) => {
@@ -144,13 +160,45 @@ impl Keys {
                     return Ok((generation, key));
                 }
                 // Destroyed while the head says active: a forget ran as this generation was made (it
-                // destroys every generation it finds). The next one is new: make it, and read again.
+                // destroys every generation it finds). The maker makes the next one.
                 Key::Forgotten { .. } => {
-                    self.create(subject, generation + 1).await?;
+                    self.made(subject).await?;
                 }
             }
         }
         Err(Error::Key(format!("subject {subject}: its key kept changing while read (forgotten over and over?)")))
+    }
+
+    /// Has [`Keys::make`] run, by the maker, and says the generation it made current.
+    async fn made(&self, subject: &str) -> Result<u64> {
+        match &self.maker {
+            Some(Maker::Kms(_)) => self.make(subject).await,
+            Some(Maker::Function { lambda, name }) => invoke_maker(lambda, name, subject).await,
+            None => {
+                Err(Error::Config("sealing needs KEY_FUNCTION or SUBJECT_KMS_KEY (who makes subjects' keys)".into()))
+            }
+        }
+    }
+
+    /// The generation `subject`'s new events are sealed under, made here when
+    /// it has none, was forgotten, or its current one was destroyed (what the
+    /// `keys` function runs). Never opens a key, never overwrites an item.
+    pub async fn make(&self, subject: &str) -> Result<u64> {
+        for _ in 0..5 {
+            let generation = match self.head(subject).await? {
+                None => self.create(subject, 0).await?,
+                Some(Head { generation, forgotten: true }) => self.create(subject, generation + 1).await?,
+                Some(Head { generation, forgotten: false }) => generation,
+            };
+            let item = self.get(subject, &generation_item(generation)).await?;
+            if item.is_some_and(|item| item.contains_key("wrapped")) {
+                return Ok(generation);
+            }
+            // Destroyed while the head says active: a forget ran as it was made (it destroys every
+            // generation it finds). The next one is new.
+            self.create(subject, generation + 1).await?;
+        }
+        Err(Error::Key(format!("subject {subject}: its key kept changing while made (forgotten over and over?)")))
     }
 
     /// The cached current generation's key, if it is cached and active.
@@ -294,22 +342,23 @@ impl Keys {
     }
 
     /// Makes generation `generation` of `subject`'s key (or finds the one a
-    /// concurrent writer made) and makes it the current one.
+    /// concurrent maker made) and makes it the current one. The key is made
+    /// wrapped only: whoever seals under it unwraps it as a reader does.
     async fn create(&self, subject: &str, generation: u64) -> Result<u64> {
-        let kms_key = self.kms_key.as_deref().ok_or_else(|| {
-            Error::Config("sealing needs SUBJECT_KMS_KEY (the KMS key data keys are made under)".into())
-        })?;
+        let Some(Maker::Kms(kms_key)) = &self.maker else {
+            return Err(Error::Config("only a maker with SUBJECT_KMS_KEY makes keys".into()));
+        };
         self.kms_requests.fetch_add(1, Ordering::Relaxed);
         let made = self
             .kms
-            .generate_data_key()
+            .generate_data_key_without_plaintext()
             .key_id(kms_key)
             .key_spec(DataKeySpec::Aes256)
             .set_encryption_context(Some(context(subject, generation)))
             .send()
             .await
-            .map_err(|e| Error::kms("GenerateDataKey", e))?;
-        let wrapped = made.ciphertext_blob().ok_or_else(|| Error::Key("GenerateDataKey sent no wrapped key".into()))?;
+            .map_err(|e| Error::kms("GenerateDataKeyWithoutPlaintext", e))?;
+        let wrapped = made.ciphertext_blob().ok_or_else(|| Error::Key("KMS sent no wrapped key".into()))?;
         let put = self
             .dynamo
             .put_item()
@@ -324,15 +373,8 @@ impl Keys {
             .send()
             .await;
         match put {
-            Ok(_) => {
-                // Ours is the key: no need to unwrap it again.
-                let plain = made.plaintext().map(|p| p.as_ref()).unwrap_or_default();
-                let plain: [u8; 32] =
-                    plain.try_into().map_err(|_| Error::Key(format!("KMS made a {}-byte data key", plain.len())))?;
-                let key = Key::Active(Arc::new(plain));
-                remember(&self.opened, self.ttl, (subject.to_owned(), generation), (Instant::now(), key));
-            }
-            // Another writer made this generation first: theirs is the one.
+            Ok(_) => {}
+            // Another maker made this generation first: theirs is the one.
             Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => {}
             Err(e) => return Err(Error::dynamo("PutItem", e)),
         }
@@ -384,6 +426,42 @@ impl Keys {
 struct Head {
     generation: u64,
     forgotten: bool,
+}
+
+/// What a writer sends the `keys` function, and what it answers.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MakeRequest {
+    pub subject: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct MadeAnswer {
+    pub subject: String,
+    pub generation: u64,
+}
+
+/// Asks the `keys` function to make `subject`'s key; its generation.
+async fn invoke_maker(lambda: &aws_sdk_lambda::Client, name: &str, subject: &str) -> Result<u64> {
+    let payload = serde_json::to_vec(&MakeRequest { subject: subject.to_owned() })
+        .map_err(|e| Error::Key(format!("encoding a key request: {e}")))?;
+    let out = lambda
+        .invoke()
+        .function_name(name)
+        .payload(aws_sdk_lambda::primitives::Blob::new(payload))
+        .send()
+        .await
+        .map_err(Error::invoke)?;
+    let body = out.payload().map(|p| p.as_ref()).unwrap_or_default();
+    if let Some(kind) = out.function_error() {
+        return Err(Error::Key(format!("{name} failed ({kind}): {}", String::from_utf8_lossy(body))));
+    }
+    let answer: MadeAnswer = serde_json::from_slice(body)
+        .map_err(|e| Error::Key(format!("{name} answered {:?}: {e}", String::from_utf8_lossy(body))))?;
+    if answer.subject != subject {
+        return Err(Error::Key(format!("{name} made a key for {}, not {subject}", answer.subject)));
+    }
+    Ok(answer.generation)
 }
 
 /// The key of item `item` of `subject`'s partition.

@@ -1,7 +1,10 @@
-//! The `privacy` function's actions (`docs/privacy.md#forgetting`):
-//! `{"action": "forget", "subject": "<id>", "by": "<who asks>"}`. Only this
-//! function holds the right to destroy keys, so who may forget is who IAM
-//! lets invoke it (CloudTrail records each invocation and its caller).
+//! The functions that write the key table (`docs/privacy.md`):
+//! - `privacy`: `{"action": "forget", "subject": "<id>", "by": "<who asks>"}`.
+//!   Only it holds the right to destroy keys, so who may forget is who IAM
+//!   lets invoke it (CloudTrail records each invocation and its caller).
+//! - `keys`: `{"subject": "<hash>"}` makes the subject's current key if it
+//!   needs one ([`Keys::make`]). Writers invoke it instead of writing the
+//!   table: its code only adds generations, so a writer cannot lose a key.
 
 use std::sync::Arc;
 
@@ -9,13 +12,16 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::info;
 
-use super::keys::{Forgot, Keys};
+use super::keys::{Forgot, Keys, MadeAnswer, MakeRequest};
 use crate::config::PrivacyConfig;
 use crate::crypto::subject_hash;
 use crate::error::{Error, Result};
 
 /// The AWS actions this function calls, and so the only ones its IAM role grants.
 pub const AWS_ACTIONS: &[&str] = &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"];
+/// The `keys` function's.
+pub const KEYS_AWS_ACTIONS: &[&str] =
+    &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "kms:GenerateDataKeyWithoutPlaintext"];
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
@@ -62,6 +68,20 @@ impl Privacy {
     }
 }
 
+/// The `keys` function: makes a subject's key when it needs one, and says
+/// which generation to seal under (the writer unwraps it as readers do).
+pub async fn make_key(keys: &Keys, payload: Value) -> Result<Value> {
+    let MakeRequest { subject } = serde_json::from_value(payload)
+        .map_err(|e| Error::BadInput(format!("expected {{\"subject\": \"<the subject's hash>\"}}: {e}")))?;
+    // Hashes only: a plain id has no business here (nor in this function's logs).
+    if subject.len() != 64 || !subject.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(Error::BadInput("subject: a subject's hash (64 lowercase hex digits)".into()));
+    }
+    let generation = keys.make(&subject).await?;
+    info!(subject = %subject, generation, "key");
+    serde_json::to_value(MadeAnswer { subject, generation }).map_err(|e| Error::encode("the key's answer", e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +92,22 @@ mod tests {
         assert!(matches!(forget, Request::Forget { subject, by: None } if subject == "u-1"));
         for bad in [json!({"action": "forget"}), json!({"action": "erase", "subject": "u"}), json!({"subject": "u"})] {
             assert!(serde_json::from_value::<Request>(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_keys_function_takes_a_subject_s_hash_and_nothing_else() {
+        let aws = aws_config::SdkConfig::builder().behavior_version(aws_config::BehaviorVersion::latest()).build();
+        let keys = Keys::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kms::Client::new(&aws), "t".into());
+        let hash = "ab".repeat(32);
+        for bad in [
+            json!({"subject": "user-42"}),
+            json!({"subject": hash.to_uppercase()}),
+            json!({"subject": &hash[1..]}),
+            json!({"subject": hash, "action": "forget"}),
+            json!({}),
+        ] {
+            assert!(matches!(make_key(&keys, bad.clone()).await, Err(Error::BadInput(_))), "{bad}");
         }
     }
 }

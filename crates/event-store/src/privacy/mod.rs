@@ -7,7 +7,7 @@
 //! - [`crate::crypto`]: the subject's keyed hash and AES-256-GCM sealing (pure, below the shapes that carry it);
 //! - [`seal`]: which parts of a record are sealed, and the `forgotten` marker (pure);
 //! - [`keys`]: the data keys, wrapped by KMS in the key table, cached, forgotten.
-//! - [`manage`]: the `privacy` function's `forget` action.
+//! - [`manage`]: the `privacy` function's `forget`, and the `keys` function that makes keys.
 
 pub mod keys;
 pub mod manage;
@@ -19,7 +19,7 @@ use crate::config::SubjectsConfig;
 pub use crate::config::{StreamSubjects, SubjectRule};
 use crate::crypto;
 use crate::error::Result;
-use keys::Keys;
+use keys::{Keys, Maker};
 
 /// What a writer seals with: the keys, and how it finds and hashes subjects.
 #[derive(Clone)]
@@ -63,10 +63,21 @@ pub fn table_keys(aws: &aws_config::SdkConfig, table: String) -> Arc<Keys> {
     Arc::new(Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), table))
 }
 
-/// The key store `config` names, with clients made from `aws`.
+/// The keys in `table`, made here under `kms_key` (the `keys` function's).
+pub fn making_keys(aws: &aws_config::SdkConfig, table: String, kms_key: String) -> Arc<Keys> {
+    let keys = Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), table);
+    Arc::new(keys.made_by(Some(Maker::Kms(kms_key))))
+}
+
+/// The key store `config` names, with clients made from `aws`; new keys are
+/// made by the keys function it names, else here under its KMS key.
 pub fn keys(aws: &aws_config::SdkConfig, config: &SubjectsConfig) -> Arc<Keys> {
+    let maker = match (&config.key_function, &config.kms_key) {
+        (Some(name), _) => Some(Maker::Function { lambda: aws_sdk_lambda::Client::new(aws), name: name.clone() }),
+        (None, kms_key) => kms_key.clone().map(Maker::Kms),
+    };
     let keys = Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), config.key_table.clone())
-        .sealing_with(config.kms_key.clone())
+        .made_by(maker)
         .cached_for(config.cache);
     Arc::new(keys)
 }

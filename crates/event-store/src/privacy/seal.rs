@@ -48,7 +48,7 @@ pub fn snapshot_place(stream: &str, subject: &str) -> String {
 
 /// Seals `plaintext` (compressed first where that saves) under `key`, bound to `place`.
 pub fn seal_bytes(plaintext: &[u8], generation: u64, key: &[u8; 32], place: &str) -> Result<Sealed> {
-    let (plaintext, encoding) = crate::encoding::encode(plaintext);
+    let (plaintext, encoding) = crate::encoding::encode_alone(plaintext);
     let aad = format!("{place}|{}", encoding.as_deref().unwrap_or(""));
     let mut sealed = crypto::seal(key, generation, aad.as_bytes(), &plaintext)?;
     sealed.z = encoding;
@@ -65,9 +65,8 @@ pub fn open_bytes(sealed: &Sealed, key: &[u8; 32], place: &str) -> Result<Vec<u8
 fn decompress(plaintext: Vec<u8>, encoding: Option<&str>) -> Result<Vec<u8>> {
     match encoding {
         None => Ok(plaintext),
-        Some(crate::encoding::ZSTD) => zstd::bulk::decompress(&plaintext, MAX_PLAINTEXT_BYTES)
+        encoding => crate::encoding::decode_up_to(&plaintext, encoding, MAX_PLAINTEXT_BYTES)
             .map_err(|e| Error::Payload(format!("sealed parts that do not decompress: {e}"))),
-        Some(other) => Err(Error::Payload(format!("sealed parts encoded {other:?}"))),
     }
 }
 
@@ -90,7 +89,7 @@ pub fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, 
     };
     let plaintext = serde_json::to_vec(&personal).map_err(|e| Error::encode("personal parts", e))?;
     // Compressed first, where that saves: the chunk's own compression cannot shrink ciphertext.
-    let (plaintext, encoding) = crate::encoding::encode(&plaintext);
+    let (plaintext, encoding) = crate::encoding::encode_alone(&plaintext);
     let mut sealed = crypto::seal(key, generation, &aad(&envelope.id, &subject, encoding.as_deref()), &plaintext)?;
     sealed.z = encoding;
     envelope.sealed = Some(sealed);
