@@ -66,9 +66,12 @@ pub struct PrivacyBench {
     pub playback: Pair,
     /// The window read alone (no puts): where decrypting shows, unhidden by the stream's pace.
     pub read: Pair,
+    /// The same by a reader with no key cached: every subject's key unwrapped on the way
+    /// (`Tiers::OPEN_AT_ONCE` events opened at a time).
+    pub read_cold_keys: Pair,
     /// Target >= 0.8: the lowest of load's, the pump's and playback's.
     pub min_ratio_on_to_off: f64,
-    /// Subjects' keys made per second, 16 at once (a new subject: a key-table read, `GenerateDataKey`, two writes).
+    /// Subjects' keys made per second, 16 at once (a new subject: `GenerateDataKeyWithoutPlaintext`, its `Decrypt`, key-table reads and two writes).
     pub keys_made_per_second: f64,
     /// The first playback, every key unwrapped on the way (cold cache), events/s.
     pub playback_cold_cache: f64,
@@ -77,7 +80,7 @@ pub struct PrivacyBench {
     /// Event-table write units per event (items rounded up to KB, as DynamoDB bills them).
     pub write_units_per_event_off: f64,
     pub write_units_per_event_on: f64,
-    /// Writers' `GenerateDataKey` and readers' `Decrypt`, per million events (one playback).
+    /// The maker's `GenerateDataKeyWithoutPlaintext`, the writer's and readers' `Decrypt`, per million events (one playback).
     pub kms_requests_per_million_events: f64,
     pub key_table_reads_per_million_events: f64,
     pub key_table_writes_per_million_events: f64,
@@ -93,6 +96,7 @@ struct Run {
     pump: f64,
     playback: f64,
     read: f64,
+    read_cold: f64,
     record_bytes: f64,
     write_units: f64,
     /// The key table's and KMS's requests by operation: the writer's and the first playback's.
@@ -112,7 +116,7 @@ pub async fn run(
     let count = |counts: &BTreeMap<String, u64>, ops: &[&str]| {
         counts.iter().filter(|(op, _)| ops.iter().any(|o| op.ends_with(o))).map(|(_, n)| *n).sum::<u64>()
     };
-    let kms = per_million(count(&on.keys, &[".GenerateDataKey", ".Decrypt"]));
+    let kms = per_million(count(&on.keys, &[".GenerateDataKeyWithoutPlaintext", ".GenerateDataKey", ".Decrypt"]));
     let reads = per_million(count(&on.keys, &[".GetItem", ".Query"]));
     let writes = per_million(count(&on.keys, &[".PutItem", ".UpdateItem"]));
     let (load, pump, playback) =
@@ -130,6 +134,7 @@ pub async fn run(
         pump,
         playback,
         read: Pair::of(off.read, on.read),
+        read_cold_keys: Pair::of(off.read, on.read_cold),
         min_ratio_on_to_off: min_ratio,
         keys_made_per_second: on.keys_made,
         playback_cold_cache: on.playback_cold,
@@ -297,9 +302,24 @@ async fn one(
     }
     let tiers = || Tiers::new(None).with_keys(reader_keys.clone());
     // From the slot that holds `start` (the index is read by slot).
-    let read = read_all(&dynamo, &names.event_table, &tiers, (start - start.rem_euclid(1000), end + 1), events).await?;
+    let slots = (start - start.rem_euclid(1000), end + 1);
+    let read = read_all(&dynamo, &names.event_table, &tiers, slots, events).await?;
+    // Each round a reader of its own, its key cache empty.
+    let cold_tiers = || Tiers::new(None).with_keys(sealed.then(|| Arc::new(keys())));
+    let read_cold = read_all(&dynamo, &names.event_table, &cold_tiers, slots, events).await?;
     let (load, pump, playback) = (load_eps, pump_eps, playback_eps);
-    Ok(Run { keys_made, playback_cold, load, pump, playback, read, record_bytes, write_units, keys: keys_used })
+    Ok(Run {
+        keys_made,
+        playback_cold,
+        load,
+        pump,
+        playback,
+        read,
+        read_cold,
+        record_bytes,
+        write_units,
+        keys: keys_used,
+    })
 }
 
 /// The event table's write units: its items rounded up to KB each (the bookkeeping partition left out).
@@ -328,7 +348,7 @@ pub fn markdown(bench: &PrivacyBench, date: &str, machine: &str) -> String {
         "\n## Per-subject encryption ({date}, {machine}, `make bench`; moto's DynamoDB, Kinesis and KMS)\n\n\
          {} events of {} B from {} subjects (each its own key), the same events with nothing sealed and with \
          every event sealed, in one run:\n\n\
-         | stage | events/s off | events/s on | on / off |\n|---|---|---|---|\n{}{}{}{}\n\
+         | stage | events/s off | events/s on | on / off |\n|---|---|---|---|\n{}{}{}{}{}\n\
          Lowest of load, pump and playback: **{:.2}** (target >= 0.8), keys cached as in a warm function. \
          Cold: {:.0} subjects' keys made per second (16 at once); the first playback, every key unwrapped \
          on the way, {:.0} events/s.\n\n\
@@ -345,6 +365,7 @@ pub fn markdown(bench: &PrivacyBench, date: &str, machine: &str) -> String {
         row("pump", &bench.pump),
         row("playback", &bench.playback),
         row("the window read alone (no puts)", &bench.read),
+        row("the same, no key cached (each unwrapped on the way)", &bench.read_cold_keys),
         bench.min_ratio_on_to_off,
         bench.keys_made_per_second,
         bench.playback_cold_cache,

@@ -75,6 +75,8 @@ impl Settings {
         // Per-subject encryption, on as in a deployed stack (docs/privacy.md); the stack makes the key.
         set("KEY_TABLE", &self.names.key_table);
         set("SUBJECT_KMS_KEY", &self.names.subject_key_alias);
+        // The local writers make keys themselves: a stack's keys function left in the shell would win.
+        std::env::remove_var("KEY_FUNCTION");
         default("SUBJECT_HASH_KEY", event_store_emulator::resources::LOCAL_SUBJECT_HASH_KEY);
         default("AWS_ENDPOINT_URL", &self.emulator_endpoint());
         default("AWS_REGION", "us-east-1");

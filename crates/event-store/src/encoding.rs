@@ -95,6 +95,18 @@ mod tests {
     }
 
     #[test]
+    fn the_dictionary_behind_its_name_never_changes() {
+        // Raw-content frames carry no dictionary id: other bytes would open every sealed block compressed
+        // with it to an error, or to something else. A new dictionary is a new encoding name.
+        use sha2::{Digest, Sha256};
+        assert_eq!(
+            hex::encode(Sha256::digest(DICTIONARY)),
+            "10f89fbc52faf3f842eeb45c271974274b8d73c900baaf7be7c4e419034c71b6",
+            "{ZSTD_DICTIONARY_1}'s dictionary changed"
+        );
+    }
+
+    #[test]
     fn a_pixel_hit_alone_compresses_further_with_the_dictionary_and_comes_back_exactly() {
         let hit = br#"{"query":{"EntityId":["u-81"],"page":["/pricing"]},"headers":{"user_agent":"Mozilla/5.0 (iPhone; CPU iPhone OS 18_1 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.1 Mobile/15E148 Safari/604.1","referer":"https://www.google.com/","accept_language":"de-DE,de;q=0.9,en-US;q=0.8,en;q=0.7"}}"#;
         let (plain, _) = encode(hit);

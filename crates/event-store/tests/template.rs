@@ -164,10 +164,17 @@ fn subjects_keys_are_read_by_readers_and_writers_made_by_the_keys_function_and_f
     let on = format!("{:?}", rule["EventPattern"]["detail"]["resources"]["ARN"]);
     assert!(on.contains("SubjectKey.Arn"), "{on}");
     assert_eq!(referenced(&rule["Targets"][0]["Arn"]).as_deref(), Some("AlarmTopic"));
-    let policy = &template["Resources"]["AlarmTopicPolicy"]["Properties"];
-    let allowed = &policy["PolicyDocument"]["Statement"][0];
-    assert_eq!(allowed["Principal"]["Service"], Value::String("events.amazonaws.com".into()));
-    assert!(format!("{:?}", allowed["Condition"]).contains("SubjectKeyChangeRule.Arn"));
+    // A topic policy replaces the default one: the alarms must still be let publish.
+    let policy = &template["Resources"]["AlarmTopicPolicy"]["Properties"]["PolicyDocument"]["Statement"];
+    let publishers: Vec<(String, String)> = policy
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| (strings(&s["Principal"]["Service"]).concat(), format!("{:?}", s["Condition"])))
+        .collect();
+    assert_eq!(publishers.len(), 2, "{publishers:?}");
+    assert!(publishers[0].0 == "cloudwatch.amazonaws.com" && publishers[0].1.contains("aws:SourceAccount"));
+    assert!(publishers[1].0 == "events.amazonaws.com" && publishers[1].1.contains("SubjectKeyChangeRule.Arn"));
     let table = &template["Resources"]["KeyTable"];
     assert_eq!(table["DeletionPolicy"], Value::String("Retain".into()), "losing it loses every sealed event");
     assert!(table["Properties"].get("PointInTimeRecoverySpecification").is_none(), "a backup would bring keys back");

@@ -116,8 +116,9 @@ impl Reader<'_> {
             // Owned here: leaving early (stop, or an error) drops it, which stops the reader.
             let mut rx = rx;
             while let Some(page) = rx.recv().await {
-                for event in page?.events {
-                    let bytes = match self.tiers.bytes(&event).await {
+                let mut opened = self.tiers.opened(page?.events);
+                while let Some((event, readable)) = opened.next().await {
+                    let bytes = match readable {
                         Ok(readable) => readable.bytes,
                         Err(err) if err.is_unreadable() => continue,
                         Err(err) => return Err(err),

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::StreamExt;
 use serde_json::Value;
 use tracing::{info, warn};
 
@@ -131,8 +132,8 @@ impl<'a> Run<'a> {
     pub async fn accept(&mut self, page: Page) -> Result<Flow> {
         self.summary.queries += page.queries;
         self.summary.unreadable += page.unreadable;
-        for event in page.events {
-            let readable = self.playback.tiers.bytes(&event).await;
+        let mut opened = self.playback.tiers.opened(page.events);
+        while let Some((event, readable)) = opened.next().await {
             self.queue(page.slot, event, readable)?;
             // Large events (payloads put back from S3) go out before more are held.
             if pending_bytes(&self.pending) >= PENDING_BYTES {

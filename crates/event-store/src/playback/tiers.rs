@@ -42,6 +42,11 @@ use crate::privacy::seal::SealedRecord;
 
 /// Objects kept decoded: the one being read and the one before or after it.
 const OBJECTS_KEPT: usize = 2;
+/// Events of a page opened at once by [`Tiers::opened`]: their keys and
+/// offloaded payloads are fetched concurrently, so a reader of many subjects
+/// with cold keys waits for a round trip per 16 of them, not per subject.
+/// Bounds what is held besides the page: 16 events, each at most the largest one.
+pub const OPEN_AT_ONCE: usize = 16;
 /// How long a fetched object (with its slots' late marks) is reused: a
 /// reader that lives long (a warm function's) sees late events marked since.
 const OBJECT_TTL: Duration = Duration::from_secs(60);
@@ -127,6 +132,24 @@ impl Tiers {
         let content = payload::fetch(bucket, &reference).await?;
         let bytes = self.open(event, payload::splice(&bytes, entity, &content)?).await?;
         Ok(Readable { bytes, offloaded: Some(reference) })
+    }
+
+    /// `events` with what [`Tiers::bytes`] says of each, [`OPEN_AT_ONCE`] of
+    /// them opened at a time, handed out in their order.
+    pub fn opened(
+        &self,
+        events: Vec<EventItem>,
+    ) -> impl futures::Stream<Item = (EventItem, Result<Readable>)> + Unpin + '_ {
+        use futures::StreamExt;
+        futures::stream::iter(events)
+            .map(move |event| {
+                async move {
+                    let readable = self.bytes(&event).await;
+                    (event, readable)
+                }
+                .boxed()
+            })
+            .buffered(OPEN_AT_ONCE)
     }
 
     /// `bytes` with their sealed parts opened with the subject's key, if sealed.

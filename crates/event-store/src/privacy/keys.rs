@@ -1,5 +1,5 @@
 //! Subjects' data keys (`docs/privacy.md`): one AES-256 key per subject and
-//! generation, made by KMS (`GenerateDataKey`) and kept in the key table only
+//! generation, made by KMS (`GenerateDataKeyWithoutPlaintext`) and kept in the key table only
 //! wrapped by the store's KMS key, with the subject's hash and the generation
 //! as encryption context (a wrapped key moved to another subject does not
 //! unwrap). Forgetting a subject removes its wrapped keys: nothing can open

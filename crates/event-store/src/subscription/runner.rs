@@ -11,6 +11,7 @@
 
 use std::time::{Instant, SystemTime};
 
+use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -222,13 +223,14 @@ impl Runner<'_> {
                 let page = page?;
                 self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
-                for event in page.events {
-                    if partition_of(&event.partition_key, self.sub.partitions) != self.partition {
-                        self.summary.other_partitions += 1;
-                        continue;
-                    }
-                    // Read whole (a payload fetched from S3) only in its partition's runner.
-                    let readable = subs.tiers.bytes(&event).await;
+                // Read whole (a payload fetched from S3, sealed parts opened) only in its partition's runner.
+                let (mine, others): (Vec<EventItem>, Vec<EventItem>) = page
+                    .events
+                    .into_iter()
+                    .partition(|event| partition_of(&event.partition_key, self.sub.partitions) == self.partition);
+                self.summary.other_partitions += others.len();
+                let mut opened = subs.tiers.opened(mine);
+                while let Some((event, readable)) = opened.next().await {
                     self.queue(event, readable)?;
                     if self.pending.iter().map(|d| d.data.len()).sum::<usize>() >= PENDING_BYTES {
                         if let Some(end) = self.deliver_pending().await? {
