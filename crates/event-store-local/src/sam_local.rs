@@ -65,8 +65,8 @@ pub struct Invocation {
 
 /// The template as `sam local` should see it locally: every `CodeUri` made
 /// absolute (the copy lives elsewhere), and, once [`LocalTemplate::render`]ed,
-/// `AWS_ENDPOINT_URL` declared for all functions. Everything else,
-/// CloudFormation tags included, is kept as it is.
+/// `AWS_ENDPOINT_URL` and `SUBJECT_KMS_KEY` declared for all functions.
+/// Everything else, CloudFormation tags included, is kept as it is.
 #[derive(Debug)]
 pub struct LocalTemplate {
     doc: Yaml,
@@ -93,18 +93,27 @@ impl LocalTemplate {
         })
     }
 
-    /// The YAML to run, with `AWS_ENDPOINT_URL = endpoint` declared in the globals.
+    /// The YAML to run, with `AWS_ENDPOINT_URL = endpoint` and `SUBJECT_KMS_KEY` declared in the globals.
     pub fn render(&self, endpoint: &str) -> Result<String> {
         let mut doc = self.doc.clone();
         if let Some(root) = doc.as_mapping_mut() {
             let globals = entry(root, "Globals");
             let function_globals = entry(globals, "Function");
             let environment = entry(function_globals, "Environment");
-            entry(environment, "Variables").insert("AWS_ENDPOINT_URL".into(), endpoint.into());
+            let variables = entry(environment, "Variables");
+            variables.insert("AWS_ENDPOINT_URL".into(), endpoint.into());
+            variables.insert(KMS_KEY.into(), "".into());
         }
         Ok(serde_yaml::to_string(&doc)?)
     }
 }
+
+/// Declares who makes subjects' keys in a stack (its keys function); locally
+/// there is none, and a writer given an empty one makes them itself...
+const KEY_FUNCTION: &str = "KEY_FUNCTION";
+/// ...under the local stack's KMS key (declared for the local run: SAM passes
+/// only declared variables on).
+const KMS_KEY: &str = "SUBJECT_KMS_KEY";
 
 /// template.yaml's text, with its functions' code under `root`.
 pub fn local_template(template: &str, root: &Path) -> Result<LocalTemplate> {
@@ -121,6 +130,9 @@ pub fn local_template(template: &str, root: &Path) -> Result<LocalTemplate> {
         let Some(path) = code_uri.as_str().map(str::to_owned) else { continue };
         *code_uri = Yaml::String(format!("{}/", root.join(path.trim_end_matches('/')).display()));
         variables.extend(globals.iter().cloned());
+        if variables.iter().any(|v| v == KEY_FUNCTION) {
+            variables.push(KMS_KEY.to_owned());
+        }
         variables.sort();
         variables.dedup();
         functions.push(LocalFunction {
@@ -167,6 +179,10 @@ pub fn env_vars(template: &LocalTemplate, endpoint: &str, lookup: impl Fn(&str) 
             .filter_map(|name| lookup(name).filter(|v| !v.trim().is_empty()).map(|v| (name.clone(), Value::String(v))))
             .collect();
         values.insert("AWS_ENDPOINT_URL".into(), endpoint.into());
+        if function.variables.iter().any(|v| v == KEY_FUNCTION) {
+            // Set, and empty (as unset to the function): else SAM would pass the template's !Ref on.
+            values.insert(KEY_FUNCTION.into(), "".into());
+        }
         (function.logical_id.clone(), Value::Object(values))
     });
     Value::Object(functions.collect())
@@ -620,7 +636,7 @@ mod tests {
         let playback = local.function("playback").unwrap();
         assert_eq!(playback.logical_id, "PlaybackFunction");
         assert!(playback.variables.contains(&"DYNAMO_EVENT_TABLE".to_owned()), "{:?}", playback.variables);
-        assert_eq!(local.functions.len(), 9, "{:?}", local.functions);
+        assert_eq!(local.functions.len(), 10, "{:?}", local.functions);
 
         let mut original: Yaml = serde_yaml::from_str(&template()).unwrap();
         let mut changed: Yaml =
@@ -661,8 +677,30 @@ mod tests {
             _ => None,
         });
         // The load function does not declare the event table; the pump does not declare the stream.
-        assert_eq!(vars["LoadFunction"], json!({ "EVENT_STREAM": "s", "AWS_ENDPOINT_URL": "http://h:1" }));
+        assert_eq!(
+            vars["LoadFunction"],
+            json!({ "EVENT_STREAM": "s", "AWS_ENDPOINT_URL": "http://h:1", "KEY_FUNCTION": "" })
+        );
         assert_eq!(vars["PumpFunction"], json!({ "DYNAMO_EVENT_TABLE": "t", "AWS_ENDPOINT_URL": "http://h:1" }));
+    }
+
+    #[test]
+    fn local_writers_make_subjects_keys_themselves_under_the_local_kms_key() {
+        let local = local_template(&template(), Path::new("/x")).unwrap();
+        let vars = env_vars(&local, "http://h:1", |name| match name {
+            "KEY_TABLE" => Some("keys".into()),
+            "SUBJECT_KMS_KEY" => Some("alias/local".into()),
+            _ => None,
+        });
+        for writer in ["LoadFunction", "StreamsFunction"] {
+            // The stack's keys function is not there: an empty KEY_FUNCTION, and the local KMS key.
+            assert_eq!(vars[writer]["KEY_FUNCTION"], json!(""), "{writer}");
+            assert_eq!(vars[writer]["SUBJECT_KMS_KEY"], json!("alias/local"), "{writer}");
+        }
+        assert_eq!(vars["KeysFunction"]["SUBJECT_KMS_KEY"], json!("alias/local"));
+        assert!(vars["PlaybackFunction"].get("SUBJECT_KMS_KEY").is_none(), "a reader makes no key");
+        let rendered: Yaml = serde_yaml::from_str(&local.render("http://h:1").unwrap()).unwrap();
+        assert!(rendered["Globals"]["Function"]["Environment"]["Variables"].get("SUBJECT_KMS_KEY").is_some());
     }
 
     #[test]
