@@ -50,8 +50,7 @@ pub const AWS_ACTIONS: &[&str] = &[
     // the bucket, and 403 (a failure retried for ever) to one that may not.
     "s3:ListBucket",
     "s3:PutObject",
-    // Sealing subjects' streams' data (`KEY_TABLE`): keys read and unwrapped, new ones asked of
-    // the keys function.
+    // Sealing subjects' streams' data (`KEY_TABLE`): keys unwrapped, new ones asked of `keys`.
     "kms:Decrypt",
     "lambda:InvokeFunction",
 ];

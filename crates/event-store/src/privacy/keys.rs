@@ -30,6 +30,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
 
+pub use super::maker::Maker;
 use crate::error::{Error, Result};
 use crate::time::{format_ms, now_ms};
 
@@ -73,16 +74,6 @@ pub enum Forgot {
     Already,
     /// No key was ever made for it: nothing written, nothing to forget.
     Unknown,
-}
-
-/// Who makes a subject's new key generation (writers only: readers unwrap
-/// with whatever key wrapped a generation).
-#[derive(Clone)]
-pub enum Maker {
-    /// This process, under this KMS key (a key id, ARN or alias): the `keys` function, and local runs.
-    Kms(String),
-    /// The `keys` function, invoked by name (`KEY_FUNCTION`): writers in a stack.
-    Function { lambda: aws_sdk_lambda::Client, name: String },
 }
 
 /// The key table and KMS, with the unwrapped keys this function has used.
@@ -173,7 +164,7 @@ impl Keys {
     async fn made(&self, subject: &str) -> Result<u64> {
         match &self.maker {
             Some(Maker::Kms(_)) => self.make(subject).await,
-            Some(Maker::Function { lambda, name }) => invoke_maker(lambda, name, subject).await,
+            Some(Maker::Function { lambda, name }) => super::maker::invoke(lambda, name, subject).await,
             None => {
                 Err(Error::Config("sealing needs KEY_FUNCTION or SUBJECT_KMS_KEY (who makes subjects' keys)".into()))
             }
@@ -426,42 +417,6 @@ impl Keys {
 struct Head {
     generation: u64,
     forgotten: bool,
-}
-
-/// What a writer sends the `keys` function, and what it answers.
-#[derive(serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MakeRequest {
-    pub subject: String,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-pub struct MadeAnswer {
-    pub subject: String,
-    pub generation: u64,
-}
-
-/// Asks the `keys` function to make `subject`'s key; its generation.
-async fn invoke_maker(lambda: &aws_sdk_lambda::Client, name: &str, subject: &str) -> Result<u64> {
-    let payload = serde_json::to_vec(&MakeRequest { subject: subject.to_owned() })
-        .map_err(|e| Error::Key(format!("encoding a key request: {e}")))?;
-    let out = lambda
-        .invoke()
-        .function_name(name)
-        .payload(aws_sdk_lambda::primitives::Blob::new(payload))
-        .send()
-        .await
-        .map_err(Error::invoke)?;
-    let body = out.payload().map(|p| p.as_ref()).unwrap_or_default();
-    if let Some(kind) = out.function_error() {
-        return Err(Error::Key(format!("{name} failed ({kind}): {}", String::from_utf8_lossy(body))));
-    }
-    let answer: MadeAnswer = serde_json::from_slice(body)
-        .map_err(|e| Error::Key(format!("{name} answered {:?}: {e}", String::from_utf8_lossy(body))))?;
-    if answer.subject != subject {
-        return Err(Error::Key(format!("{name} made a key for {}, not {subject}", answer.subject)));
-    }
-    Ok(answer.generation)
 }
 
 /// The key of item `item` of `subject`'s partition.

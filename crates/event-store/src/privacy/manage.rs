@@ -12,7 +12,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::info;
 
-use super::keys::{Forgot, Keys, MadeAnswer, MakeRequest};
+use super::keys::{Forgot, Keys};
+use super::maker::{MadeAnswer, MakeRequest};
 use crate::config::PrivacyConfig;
 use crate::crypto::subject_hash;
 use crate::error::{Error, Result};

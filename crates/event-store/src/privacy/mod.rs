@@ -6,10 +6,12 @@
 //!
 //! - [`crate::crypto`]: the subject's keyed hash and AES-256-GCM sealing (pure, below the shapes that carry it);
 //! - [`seal`]: which parts of a record are sealed, and the `forgotten` marker (pure);
-//! - [`keys`]: the data keys, wrapped by KMS in the key table, cached, forgotten.
+//! - [`keys`]: the data keys, wrapped by KMS in the key table, cached, forgotten;
+//! - [`maker`]: who makes new keys, and how a writer asks the `keys` function.
 //! - [`manage`]: the `privacy` function's `forget`, and the `keys` function that makes keys.
 
 pub mod keys;
+pub mod maker;
 pub mod manage;
 pub mod seal;
 
@@ -19,7 +21,8 @@ use crate::config::SubjectsConfig;
 pub use crate::config::{StreamSubjects, SubjectRule};
 use crate::crypto;
 use crate::error::Result;
-use keys::{Keys, Maker};
+use keys::Keys;
+use maker::Maker;
 
 /// What a writer seals with: the keys, and how it finds and hashes subjects.
 #[derive(Clone)]

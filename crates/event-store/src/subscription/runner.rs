@@ -11,7 +11,6 @@
 
 use std::time::{Instant, SystemTime};
 
-use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -224,13 +223,12 @@ impl Runner<'_> {
                 self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
                 // Read whole (a payload fetched from S3, sealed parts opened) only in its partition's runner.
-                let (mine, others): (Vec<EventItem>, Vec<EventItem>) = page
-                    .events
-                    .into_iter()
-                    .partition(|event| partition_of(&event.partition_key, self.sub.partitions) == self.partition);
+                let (n, partition) = (self.sub.partitions, self.partition);
+                let (mine, others): (Vec<_>, Vec<_>) =
+                    page.events.into_iter().partition(|e: &EventItem| partition_of(&e.partition_key, n) == partition);
                 self.summary.other_partitions += others.len();
                 let mut opened = subs.tiers.opened(mine);
-                while let Some((event, readable)) = opened.next().await {
+                while let Some((event, readable)) = futures::StreamExt::next(&mut opened).await {
                     self.queue(event, readable)?;
                     if self.pending.iter().map(|d| d.data.len()).sum::<usize>() >= PENDING_BYTES {
                         if let Some(end) = self.deliver_pending().await? {
