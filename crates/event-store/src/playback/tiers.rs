@@ -42,10 +42,11 @@ use crate::privacy::seal::SealedRecord;
 
 /// Objects kept decoded: the one being read and the one before or after it.
 const OBJECTS_KEPT: usize = 2;
-/// Events of a page opened at once by [`Tiers::opened`]: their keys and
-/// offloaded payloads are fetched concurrently, so a reader of many subjects
-/// with cold keys waits for a round trip per 16 of them, not per subject.
-/// Bounds what is held besides the page: 16 events, each at most the largest one.
+/// Events of a page opened at once by [`Tiers::opened`]: their keys are
+/// fetched concurrently, so a reader of many subjects with cold keys waits for
+/// a round trip per 16 of them, not per subject. Offloaded payloads (up to
+/// 4 MiB each) are fetched one at a time: at most 16 opened events are held
+/// besides the page, and one payload is being put back.
 pub const OPEN_AT_ONCE: usize = 16;
 /// How long a fetched object (with its slots' late marks) is reused: a
 /// reader that lives long (a warm function's) sees late events marked since.
@@ -117,6 +118,11 @@ impl Tiers {
     /// or its payload is missing or altered. A key that cannot be had is
     /// another error ([`Error::Key`], [`Error::Kms`]): try again later.
     pub async fn bytes(&self, event: &EventItem) -> Result<Readable> {
+        self.bytes_in_turn(event, None).await
+    }
+
+    /// [`Tiers::bytes`], fetching an offloaded payload only with `large`'s permit.
+    async fn bytes_in_turn(&self, event: &EventItem, large: Option<&tokio::sync::Semaphore>) -> Result<Readable> {
         let bytes = event.bytes()?;
         let entity = entity_stream(&event.partition_key).is_some();
         let Some(reference) = payload::reference(&bytes, entity) else {
@@ -128,6 +134,11 @@ impl Tiers {
                 event.event_id,
                 reference.location()
             )));
+        };
+        // Released once this event is opened (the permit is the stream's own: holding it waits on nothing else).
+        let _turn = match large {
+            Some(large) => Some(large.acquire().await.map_err(|_| Error::Config("a closed semaphore".into()))?),
+            None => None,
         };
         let content = payload::fetch(bucket, &reference).await?;
         let bytes = self.open(event, payload::splice(&bytes, entity, &content)?).await?;
@@ -141,10 +152,12 @@ impl Tiers {
         events: Vec<EventItem>,
     ) -> impl futures::Stream<Item = (EventItem, Result<Readable>)> + Unpin + '_ {
         use futures::StreamExt;
+        let large = Arc::new(tokio::sync::Semaphore::new(1));
         futures::stream::iter(events)
             .map(move |event| {
+                let large = large.clone();
                 async move {
-                    let readable = self.bytes(&event).await;
+                    let readable = self.bytes_in_turn(&event, Some(&large)).await;
                     (event, readable)
                 }
                 .boxed()
