@@ -39,7 +39,10 @@ pub const ZSTD_DICTIONARY_1: &str = "zstd-d1";
 const DICTIONARY: &[u8] = include_bytes!("pixel-dictionary.txt");
 
 thread_local! {
+    // Made once per thread: loading the dictionary for every event would cost more than the event.
     static WITH_DICTIONARY: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static OPENING_WITH_DICTIONARY: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -64,9 +67,14 @@ pub fn decode_up_to(stored: &[u8], encoding: Option<&str>, max: usize) -> Result
     match encoding {
         None => Ok(stored.to_vec()),
         Some(ZSTD) => zstd::bulk::decompress(stored, max).map_err(bad),
-        Some(ZSTD_DICTIONARY_1) => zstd::bulk::Decompressor::with_dictionary(DICTIONARY)
-            .and_then(|mut d| d.decompress(stored, max))
-            .map_err(bad),
+        Some(ZSTD_DICTIONARY_1) => OPENING_WITH_DICTIONARY.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            if cell.is_none() {
+                *cell = Some(zstd::bulk::Decompressor::with_dictionary(DICTIONARY).map_err(bad)?);
+            }
+            let decompressor = cell.as_mut().ok_or_else(|| Error::Malformed("no zstd decompressor".into()))?;
+            decompressor.decompress(stored, max).map_err(bad)
+        }),
         Some(other) => Err(Error::Malformed(format!("unknown encoding {other:?}"))),
     }
 }

@@ -63,13 +63,16 @@ pub fn reader_keys(aws: &aws_config::SdkConfig, config: Option<&SubjectsConfig>)
 
 /// The keys in `table`, for a reader (the CLI's, named by the stack).
 pub fn table_keys(aws: &aws_config::SdkConfig, table: String) -> Arc<Keys> {
-    Arc::new(Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), table))
+    Arc::new(new_keys(aws, table))
+}
+
+fn new_keys(aws: &aws_config::SdkConfig, table: String) -> Keys {
+    Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), table)
 }
 
 /// The keys in `table`, made here under `kms_key` (the `keys` function's).
 pub fn making_keys(aws: &aws_config::SdkConfig, table: String, kms_key: String) -> Arc<Keys> {
-    let keys = Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), table);
-    Arc::new(keys.made_by(Some(Maker::Kms(kms_key))))
+    Arc::new(new_keys(aws, table).made_by(Some(Maker::Kms(kms_key))))
 }
 
 /// The key store `config` names, with clients made from `aws`; new keys are
@@ -79,8 +82,5 @@ pub fn keys(aws: &aws_config::SdkConfig, config: &SubjectsConfig) -> Arc<Keys> {
         (Some(name), _) => Some(Maker::Function { lambda: aws_sdk_lambda::Client::new(aws), name: name.clone() }),
         (None, kms_key) => kms_key.clone().map(Maker::Kms),
     };
-    let keys = Keys::new(aws_sdk_dynamodb::Client::new(aws), aws_sdk_kms::Client::new(aws), config.key_table.clone())
-        .made_by(maker)
-        .cached_for(config.cache);
-    Arc::new(keys)
+    Arc::new(new_keys(aws, config.key_table.clone()).made_by(maker).cached_for(config.cache))
 }
