@@ -131,7 +131,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Exit {
     // Arguments are checked before any store is asked, so a bad one changes nothing.
-    let verb = match Verb::of(cli.command) {
+    let verb = match Verb::of(cli.command, event_store::time::now_ms()) {
         Ok(verb) => verb,
         Err(err) => return fail(&err, Exit::BadUsage),
     };
@@ -182,22 +182,21 @@ enum Verb {
 }
 
 impl Verb {
-    fn of(command: Command) -> anyhow::Result<Self> {
+    fn of(command: Command, now_ms: i64) -> anyhow::Result<Self> {
         Ok(match command {
             Command::Status { stall_after } => Verb::Status { stall_after },
-            Command::Playback(args) => Verb::Playback(args.request()?),
+            Command::Playback(args) => Verb::Playback(args.request(now_ms, playback::max_window()?)?),
             Command::Redrive(args) => Verb::Redrive(args.choice()?),
             Command::Subscription { action } => {
                 settings_from_env()?;
-                Verb::Subscription(action.request()?)
+                Verb::Subscription(action.request(now_ms)?)
             }
             Command::Streams { url, action } => {
                 Verb::Streams { url: url.as_deref().map(streams::base_url).transpose()?, call: action.call()? }
             }
             Command::Verify { from, to } => {
-                let now = event_store::time::now_ms();
                 let time = |name: &str, value: &str| {
-                    event_store::subscription::spec::parse_start(value, now)
+                    event_store::subscription::spec::parse_start(value, now_ms)
                         .map_err(|e| anyhow::anyhow!("--{name} {value:?}: {e}"))
                 };
                 let (from, to) = (time("from", &from)?, time("to", &to)?);
@@ -210,7 +209,7 @@ impl Verb {
             Command::Forget { subject } => Verb::Forget { subject },
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
-                from: event_store::subscription::spec::parse_start(&from, event_store::time::now_ms())
+                from: event_store::subscription::spec::parse_start(&from, now_ms)
                     .map_err(|e| anyhow::anyhow!("--from {from:?}: {e}"))?,
                 filters: filters.iter().map(|f| f.parse()).collect::<event_store::Result<_>>()?,
             },

@@ -56,8 +56,10 @@ pub struct Args {
 
 impl Args {
     /// The request the function takes; bad arguments are refused here, by
-    /// the function's own rules, before anything is sent.
-    pub fn request(self) -> Result<PlaybackRequest> {
+    /// the function's own rules, before anything is sent. `now` (epoch ms)
+    /// stands in for the sealed end: a start after it, or a window longer
+    /// than `max` (the stack's `PLAYBACK_MAX_HOURS`), is refused.
+    pub fn request(self, now: i64, max: Duration) -> Result<PlaybackRequest> {
         for (name, time) in [("--start", &self.start), ("--end", &self.end)] {
             if let Some(time) = time {
                 parse_time(time).map_err(|e| anyhow!("{name} {time:?}: {e}"))?;
@@ -65,7 +67,7 @@ impl Args {
         }
         // An end in the future is waited for (--wait); a start there has nothing to play yet.
         if let Some(start) = &self.start {
-            if parse_time(start)? > now_ms() {
+            if parse_time(start)? > now {
                 return Err(anyhow!("--start {start} is in the future: nothing is stored there yet"));
             }
         }
@@ -79,13 +81,14 @@ impl Args {
             id: self.id,
             ..Default::default()
         };
-        // The window's own checks (end before start, too long), with now standing in for the sealed end.
-        Window::parse(&request, now_ms(), max_window()?)?;
+        // The window's own checks (end before start, too long).
+        Window::parse(&request, now, max)?;
         Ok(request)
     }
 }
 
-fn max_window() -> Result<Duration> {
+/// The longest window a request may ask for (`PLAYBACK_MAX_HOURS`).
+pub fn max_window() -> Result<Duration> {
     Ok(PlaybackConfig::for_names(String::new(), String::new())?.max_window)
 }
 
@@ -464,18 +467,24 @@ mod tests {
             restart: false,
             id: None,
         };
-        let request = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request().unwrap();
+        // The time the arguments are checked against: noon of 2026-11-27, whatever the clock says.
+        let now = parse_time("2026-11-27T12:00:00Z").unwrap();
+        let day = Duration::from_secs(24 * 3600);
+        let request = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(now, day).unwrap();
         assert_eq!((request.filter.len(), request.wait_seconds), (1, Some(0)));
-        assert!(args(Some("someday"), None, "/a=1").request().unwrap_err().to_string().contains("--start"));
-        let backwards = args(Some("2026-11-27T00:00:00Z"), Some("2026-11-26T00:00:00Z"), "/a=1").request();
+        let day_later = now + 24 * 3_600_000;
+        let open_ended = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(day_later, day);
+        assert!(open_ended.unwrap_err().to_string().contains("36 hours long"), "a window without an end ends at now");
+        assert!(args(Some("someday"), None, "/a=1").request(now, day).unwrap_err().to_string().contains("--start"));
+        let backwards = args(Some("2026-11-27T00:00:00Z"), Some("2026-11-26T00:00:00Z"), "/a=1").request(now, day);
         assert!(backwards.unwrap_err().to_string().contains("before start"));
-        let long = args(Some("2026-11-01T00:00:00Z"), Some("2026-11-27T00:00:00Z"), "/a=1").request();
+        let long = args(Some("2026-11-01T00:00:00Z"), Some("2026-11-27T00:00:00Z"), "/a=1").request(now, day);
         assert!(long.unwrap_err().to_string().contains("at most 24"));
-        assert!(args(None, None, "kind").request().is_err(), "a filter needs its pointer");
-        let future = args(Some("2999-01-01T00:00:00Z"), Some("2999-01-01T01:00:00Z"), "/a=1").request();
+        assert!(args(None, None, "kind").request(now, day).is_err(), "a filter needs its pointer");
+        let future = args(Some("2026-11-28T00:00:00Z"), Some("2026-11-28T01:00:00Z"), "/a=1").request(now, day);
         assert_eq!(
             future.unwrap_err().to_string(),
-            "--start 2999-01-01T00:00:00Z is in the future: nothing is stored there yet"
+            "--start 2026-11-28T00:00:00Z is in the future: nothing is stored there yet"
         );
     }
 }

@@ -91,8 +91,8 @@ impl Action {
     /// The request the function takes; bad arguments are refused here, by the
     /// function's own rules, before anything is sent (the store still checks
     /// what only it knows: a name taken, a target that cannot be reached).
-    pub fn request(self) -> Result<Manage> {
-        let now = event_store::time::now_ms();
+    /// `now` (epoch ms) is what `now` and every time are checked against.
+    pub fn request(self, now: i64) -> Result<Manage> {
         Ok(match self {
             Action::Create { name, start, target, partitions, filters, on_poison, batch_size, record_format } => {
                 let on_poison = match on_poison.as_str() {
@@ -208,17 +208,20 @@ mod tests {
             batch_size: None,
             record_format: "plain".into(),
         };
-        let Manage::Create(new) = create("stop", "/path=/track.gif").request().unwrap() else { panic!("not a create") };
+        let now = event_store::time::parse_time("2026-11-27T12:00:00Z").unwrap();
+        let Manage::Create(new) = create("stop", "/path=/track.gif").request(now).unwrap() else {
+            panic!("not a create")
+        };
         assert_eq!((new.on_poison, new.partitions, new.filter.len()), (OnPoison::Stop, Some(2), 1));
         assert_eq!(new.record_format, RecordFormat::Plain);
-        assert!(create("skip", "/path=/x").request().is_err());
-        assert!(create("park", "path").request().is_err());
+        assert!(create("skip", "/path=/x").request(now).is_err());
+        assert!(create("park", "path").request(now).is_err());
         let mut too_many = create("park", "/a=1");
         if let Action::Create { partitions, .. } = &mut too_many {
             *partitions = 65;
         }
-        assert!(too_many.request().unwrap_err().to_string().contains("partitions must be 1 to 64"));
-        let reset = |to: &str| Action::Reset { name: "s".into(), to: to.into() }.request();
+        assert!(too_many.request(now).unwrap_err().to_string().contains("partitions must be 1 to 64"));
+        let reset = |to: &str| Action::Reset { name: "s".into(), to: to.into() }.request(now);
         assert!(reset("beginning").is_ok() && reset("someday").is_err());
     }
 }
