@@ -25,7 +25,7 @@ APT_INSTALL := $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninte
 N           ?= 1000
 C           ?= 10
 PORT        ?= 3000
-# The local tools' own profile (Cargo.toml says why): optimized, without fat LTO.
+# The local tools' own profile (Cargo.toml says why): built as the tests are, without debug info.
 LOCAL_BIN   := target/tools/event-store-local
 CLI_BIN     := target/tools/event-store
 export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
@@ -46,7 +46,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-privacy build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime build-test
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-privacy build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -89,45 +89,46 @@ check: ## the edit-compile-test loop: clippy -D warnings and the unit tests (no 
 # Every suite runs even when one fails (cargo's --no-fail-fast; a failed suite is remembered in
 # target/failed-suites, not fatal); the last lines count the tests and name what failed.
 TEST_CARGO  := $(if $(CI),CARGO_INCREMENTAL=0 )$(CARGO)
-HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
-# The unit tests once more under a clock ten years ahead (libfaketime in front of each test binary,
-# as cargo's runner): a test that reads the wall clock where it should pin its "now" fails here.
+# The unit tests once more under a clock ten years ahead (libfaketime as cargo's runner, in front of
+# each unit-test binary; monotonic clocks left alone): a test that reads the wall clock where it
+# should take its "now" as an argument fails here, years before it would in CI.
 FUTURE      := +10y
-FUTURE_RUNNER := CARGO_TARGET_$(shell echo '$(HOST_TRIPLE)' | tr a-z- A-Z_)_RUNNER='faketime -f $(FUTURE)' FAKETIME_DONT_FAKE_MONOTONIC=1
+FUTURE_RUN  := FAKETIME_DONT_FAKE_MONOTONIC=1 $(TEST_CARGO) --config "target.'cfg(all())'.runner = ['faketime', '-f', '$(FUTURE)']"
 suite = set -o pipefail; { $(2); } 2>&1 | tee -a $(3) || { echo '$(1)' >> target/failed-suites; echo "== FAILED: $(1)"; }
+# The counts of cargo's `test result:` lines and pytest's summary in the logs $(2), after the words $(1).
+count = cat $(2) 2>/dev/null | awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} \
+	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
+	  END {printf "$(1)%d passed, %d failed, %d skipped\n", p, f, s}'
 
-test: lint tools-moto tools tools-node tools-chromium tools-container tools-faketime build-test ## lints, then all tests: unit (also under a clock 10 years ahead), integration (moto and dynalite/kinesalite), faults, end to end, browser, template
-	@mkdir -p target && rm -f target/failed-suites target/test.log target/pytest.log
+test: lint tools-moto tools tools-node tools-chromium tools-container tools-faketime ## lints, then all tests: unit (also under a clock 10 years ahead), integration (moto and dynalite/kinesalite), faults, end to end, browser, container, template
+	@mkdir -p target && rm -f target/failed-suites target/build-test.log target/test.log target/future.log target/pytest.log
+	@echo "== cargo lambda build --profile tools --arm64: the bootstraps the tests deploy (all ten) and run in a container (playback's)"
+	@$(call suite,arm64 bootstraps,$(call lambda_build,--profile tools),target/build-test.log)
 	@df -Ph . | awk 'NR == 2 {print "   disk free before the test build: " $$4}'
-	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo and browser tests"
+	@echo "== cargo test: unit tests, integration tests against moto_server, faults, demo, browser and container tests"
 	@$(call suite,cargo test --workspace,$(TEST_CARGO) test --workspace --locked --no-fail-fast,target/test.log)
 	@df -Ph . | awk 'NR == 2 {print "   disk free after it: " $$4}'
-	@echo "== the unit tests again (every crate's: the core crate, the CLI, the local stack) under a clock $(FUTURE) ahead: $$(faketime -f $(FUTURE) date -u +%F)"
-	@$(call suite,unit tests $(FUTURE),$(FUTURE_RUNNER) $(TEST_CARGO) test --workspace --locked --no-fail-fast --lib --bins,target/test.log)
+	@echo "== the unit tests of every crate again under a clock $(FUTURE) ahead: $$(faketime -f $(FUTURE) date -u +%F)"
+	@$(call suite,unit tests at $(FUTURE),$(FUTURE_RUN) test --workspace --locked --no-fail-fast --lib --bins,target/future.log)
 	@echo "== the integration suite again, against dynalite + kinesalite (strict about AWS limits)"
 	@$(call suite,strict emulators,EMULATOR=strict $(TEST_CARGO) test --locked --no-fail-fast -p event-store --test load --test pump --test scan --test playback,target/test.log)
 	@echo "== pytest: template translated, linted, deployed into moto's CloudFormation, functions under cargo lambda watch"
 	@$(call suite,pytest,PATH=$(BIN):$$PATH $(BIN)/pytest -q tests,target/pytest.log)
-	@cat target/test.log target/pytest.log | awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} \
-	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
-	  END {printf "%d passed, %d failed, %d skipped\n", p, f, s}'
+	@$(call count,,target/test.log target/pytest.log)
+	@$(call count,unit tests again at $(FUTURE): ,target/future.log)
 	@if [ -s target/failed-suites ]; then echo "FAILED suites: $$(paste -sd, target/failed-suites)"; \
-	  grep -h -E '^test .* FAILED$$|^FAILED ' target/test.log target/pytest.log | sort -u; exit 1; fi
+	  grep -h -E '^test .* FAILED$$|^FAILED |^ERROR |^error: [0-9]+ targets? failed|^    `-p ' \
+	    target/build-test.log target/test.log target/future.log target/pytest.log | sort -u; exit 1; fi
 
 # cargo lambda build for arm64 (zig cross-linker from .venv) of the ten functions, in the profile $(1).
-lambda_build = command -v rustup >/dev/null && rustup target list --installed | grep -q aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu; \
+lambda_build = { command -v rustup >/dev/null && rustup target list --installed | grep -q aarch64-unknown-linux-gnu \
+	  || rustup target add aarch64-unknown-linux-gnu; } && \
 	PATH=$(BIN):$$PATH $(BIN)/cargo-lambda lambda build $(1) --arm64 --locked $(addprefix -p ,$(FUNCTIONS)) && \
 	for f in $(FUNCTIONS); do ls -l target/lambda/$$f/bootstrap | awk '{printf "   %-13s %6.1f MB\n", "'$$f'", $$5 / 1048576}'; done
 
 build: tools ## arm64 bootstraps of the ten functions, fully optimized (fat LTO): target/lambda/<fn>/bootstrap
 	@echo "== cargo lambda build --release --arm64 (zig cross-linker from .venv)"
 	@$(call lambda_build,--release)
-
-# What make test deploys and runs in a container: the same bootstraps in the tools profile (no fat LTO).
-# make build, deploy, invoke, api and bench build release over them.
-build-test: tools
-	@echo "== cargo lambda build --profile tools --arm64 (the bootstraps the tests deploy and run)"
-	@$(call lambda_build,--profile tools)
 
 lint: tools ## rustfmt, clippy -D warnings, cfn-lint and sam validate --lint on template.yaml
 	@echo "== cargo fmt --check"

@@ -64,7 +64,7 @@ def packaged(template):
 
 def bootstrap_zip(name):
     path = ROOT / "target" / "lambda" / name / "bootstrap"
-    assert path.exists(), f"{path} missing: run `make build`"
+    assert path.exists(), f"{path} missing: run `make build` (make test builds them itself)"
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         info = zipfile.ZipInfo("bootstrap")

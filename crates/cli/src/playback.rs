@@ -58,7 +58,7 @@ impl Args {
     /// The request the function takes; bad arguments are refused here, by
     /// the function's own rules, before anything is sent. `now` (epoch ms)
     /// stands in for the sealed end: a start after it, or a window longer
-    /// than `max` (the stack's `PLAYBACK_MAX_HOURS`), is refused.
+    /// than `max` ([`max_window`]), is refused.
     pub fn request(self, now: i64, max: Duration) -> Result<PlaybackRequest> {
         for (name, time) in [("--start", &self.start), ("--end", &self.end)] {
             if let Some(time) = time {
@@ -87,7 +87,8 @@ impl Args {
     }
 }
 
-/// The longest window a request may ask for (`PLAYBACK_MAX_HOURS`).
+/// The longest window a request may ask for: `PLAYBACK_MAX_HOURS` in this
+/// command's environment, as the function reads it in its own (default 24).
 pub fn max_window() -> Result<Duration> {
     Ok(PlaybackConfig::for_names(String::new(), String::new())?.max_window)
 }

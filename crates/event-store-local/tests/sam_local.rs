@@ -5,7 +5,8 @@
 //!
 //! Needs what `make test` installs first: the SAM CLI in .venv, podman and the
 //! locally built Lambda base image (`make tools-container`), and the arm64
-//! bootstraps (`make build`). With `DOCKER_HOST` set, that engine runs the
+//! bootstraps (`make test` builds them in the tools profile, `make build` in
+//! release; either will do). With `DOCKER_HOST` set, that engine runs the
 //! containers instead of podman, as with `make invoke`.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -72,7 +73,7 @@ async fn sam_local_invoke_plays_back_every_pixel_hit_in_order_from_a_container()
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     println!("sam local invoke PlaybackFunction took {:.1} s\n{stderr}", took.as_secs_f64());
     assert!(output.status.success(), "invoke failed:\nstdout: {stdout}\nstderr: {stderr}");
-    // The artefact `make build` made for Lambda, mounted as the function's code.
+    // The artefact built for Lambda (arm64, target/lambda), mounted as the function's code.
     assert!(stderr.contains("target/lambda/playback/ as /var/task"), "{stderr}");
     let answer: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(answer["status"], "complete", "{answer}");
