@@ -1,7 +1,7 @@
 //! The whole pipeline in one process: emulator, resources, the HTTP server
 //! (`load` and the `/streams` API), the entity table's stream feeding
-//! `relay`, the event source feeding `pump`, the scan schedule with its
-//! forks run in-process, the subscriptions tick and its runners, and a
+//! `relay`, the event source feeding `pump` (which wakes the scan), the scan
+//! schedule with its forks run in-process, the subscriptions tick and its runners, and a
 //! counter on the playback stream.
 
 use std::sync::Arc;
@@ -176,7 +176,12 @@ impl Stack {
         let relay = Relay::new(self.kinesis.clone(), self.dynamo.clone(), sqs, RelayConfig::from_env()?);
         tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
 
-        let pump = Arc::new(Pump::new(self.dynamo.clone(), self.kinesis.clone(), PumpConfig::from_env()?));
+        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes.
+        let (scan_invoker, scan_invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
+        let pump = Arc::new(
+            Pump::new(self.dynamo.clone(), self.kinesis.clone(), PumpConfig::from_env()?)
+                .with_scan(Some(Arc::new(scan_invoker.clone()))),
+        );
         let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
         for shard in shard_ids(&self.kinesis, &names.event_stream).await? {
             let reader = ShardReader::new(self.kinesis.clone(), &names.event_stream, &shard);
@@ -195,15 +200,14 @@ impl Stack {
             tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
         }
 
-        let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
         let scan = Arc::new(Scan::new(
             self.dynamo.clone(),
             self.kinesis.clone(),
             ScanConfig::from_env()?,
-            Arc::new(invoker.clone()),
+            Arc::new(scan_invoker.clone()),
         ));
         let stats = self.stats.clone();
-        tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
+        tasks.spawn(run_invocations(scan_invocations, shutdown.clone(), move |payload| {
             let (scan, stats) = (scan.clone(), stats.clone());
             async move {
                 match scan.handle(payload, SystemTime::now() + SCAN_TIMEOUT).await {
@@ -212,7 +216,7 @@ impl Stack {
                 }
             }
         }));
-        tasks.spawn(schedule(invoker, self.settings.scan_interval, shutdown.clone()));
+        tasks.spawn(schedule(scan_invoker, self.settings.scan_interval, shutdown.clone()));
 
         // Subscriptions: a tick on the same schedule; runners (follow 0) deliver what is sealed and end.
         let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));

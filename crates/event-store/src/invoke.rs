@@ -1,7 +1,9 @@
-//! "Invoke myself asynchronously": the one port with two implementations.
-//! In Lambda, `Invoke` with `InvocationType::Event` on the function's own
-//! name ([`LambdaInvoker`]); locally (stack, tests, bench), a message to an
-//! in-process runner (in the `event-store-emulator` crate).
+//! "Invoke a function asynchronously": the one port with two
+//! implementations. In Lambda, `Invoke` with `InvocationType::Event`
+//! ([`LambdaInvoker`]: on the function's own name for forks and
+//! continuations, on the scan's for the pump's wake); locally (stack,
+//! tests, bench), a message to an in-process runner (in the
+//! `event-store-emulator` crate).
 
 use aws_sdk_lambda::primitives::Blob;
 use aws_sdk_lambda::types::InvocationType;
@@ -12,7 +14,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub trait Invoker: Send + Sync {
-    /// Starts another run of this function with `payload`, without waiting for it.
+    /// Starts a run of the function with `payload`, without waiting for it.
     fn invoke_async(&self, payload: Value) -> BoxFuture<'_, Result<()>>;
 }
 
@@ -22,14 +24,14 @@ pub async fn continue_with(invoker: &dyn Invoker, payload: &impl Serialize) -> R
     invoker.invoke_async(payload).await
 }
 
-/// Asynchronous self-invocation through the Lambda API.
+/// Asynchronous invocation through the Lambda API.
 pub struct LambdaInvoker {
     client: aws_sdk_lambda::Client,
     function_name: String,
 }
 
 impl LambdaInvoker {
-    /// `function_name` is the function's own name (`AWS_LAMBDA_FUNCTION_NAME` in Lambda).
+    /// `function_name`: the function's own (`AWS_LAMBDA_FUNCTION_NAME` in Lambda), or the one it wakes.
     pub fn new(client: aws_sdk_lambda::Client, function_name: impl Into<String>) -> Self {
         Self { client, function_name: function_name.into() }
     }

@@ -13,7 +13,7 @@ use event_store::config::ScanConfig;
 use event_store::event_item::EventItem;
 use event_store::scan::{Scan, ScanSummary};
 use event_store::time::now_ms;
-use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::invoke::{recursive_loop, LocalInvoker};
 use event_store_emulator::runs::{self, run_scan};
 
 const T0: i64 = 1_795_327_124_000;
@@ -506,4 +506,70 @@ async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
     assert_eq!(summaries.iter().map(|s| s.moved).sum::<usize>(), 40);
     let (slots, _) = slot_index::read_index(&env.dynamo, &env.names.event_table, base, base + 3000).await.unwrap();
     assert_eq!(slots.iter().map(|s| s.slot).collect::<Vec<_>>(), vec![base, base + 1000, base + 2000]);
+}
+
+/// Sealing in seconds without the schedule (docs/http-api.md, the completeness
+/// watermark): a pump batch that buffered records wakes the scan, whose awake
+/// run passes until the records' slot is sealed, then gives its lease up and
+/// ends; the next batch wakes a new run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pump_batch_wakes_the_scan_which_seals_it_without_the_schedule_then_stops() {
+    let env = TestEnv::start(1).await;
+    let (invoker, mut invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
+    let pump = common::pump(&env).with_scan(Some(Arc::new(invoker.clone())));
+    let scan =
+        Arc::new(Scan::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker.clone())));
+    let arrival = now_ms();
+    let records: Vec<_> = (0..30).map(|i| (format!("user-{}", i % 3), b"{}".to_vec(), arrival + i)).collect();
+    assert!(pump.handle(common::kinesis_event(common::TEST_ARN, &records)).await.batch_item_failures.is_empty());
+
+    let woken = match drain(&mut invocations).as_slice() {
+        [(woken, _)] => woken.clone(),
+        other => panic!("one wake, not {other:?}"),
+    };
+    assert!(woken["awake"]["owner"].is_string(), "{woken}");
+    // The wake, its forks and anything they start, each run as Lambda runs it: concurrently.
+    invoker.send(woken).unwrap();
+    let runs = event_store_emulator::invoke::run_until_idle(&mut invocations, |payload| {
+        let scan = scan.clone();
+        async move { scan.handle(payload, plenty_of_time()).await.expect("scan run") }
+    })
+    .await;
+    let awake: Vec<&ScanSummary> = runs.iter().filter(|run| run.forked > 0 && run.pages == 0).collect();
+    assert_eq!(awake.len(), 1, "one awake run (no continuation in its time): {runs:?}");
+    assert_eq!(runs.iter().map(|run| run.moved).sum::<usize>(), 30);
+    assert_eq!(event_items(&env).await.len(), 30);
+    let sealed = watermark::read(&env.dynamo, &env.names.event_table).await.unwrap().time.unwrap();
+    assert!(sealed >= arrival + 29 - (arrival + 29).rem_euclid(1000) + 1000, "the records' slot sealed: {sealed}");
+
+    // The run gave its lease up: the next batch wakes a run of its own.
+    let later: Vec<_> = (0..3).map(|i| (format!("user-{i}"), b"{}".to_vec(), now_ms() + i)).collect();
+    assert!(pump.handle(common::kinesis_event(common::TEST_ARN, &later)).await.batch_item_failures.is_empty());
+    assert_eq!(drain(&mut invocations).len(), 1, "woken again");
+}
+
+/// The wake protocol (`bookkeeping::awake`): a want while a run holds the
+/// lease starts no second run and is seen by the run when it gives the lease
+/// up; after that, a want finds the lease free.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_want_while_a_run_is_awake_is_seen_by_that_run_and_starts_no_second_one() {
+    use event_store::bookkeeping::awake::{self, Held};
+    let env = TestEnv::start(1).await;
+    let (dynamo, table, now) = (&env.dynamo, env.names.event_table.as_str(), now_ms());
+    assert!(!awake::want(dynamo, table, awake::SCAN, now).await.unwrap(), "nothing awake: start a run");
+    assert!(awake::claim(dynamo, table, awake::SCAN, "a", now + 30_000, now).await.unwrap());
+    assert!(!awake::claim(dynamo, table, awake::SCAN, "b", now + 30_000, now).await.unwrap(), "one run at a time");
+    assert!(awake::want(dynamo, table, awake::SCAN, now + 5).await.unwrap(), "a run holds it: no second run");
+    let held = awake::hold(dynamo, table, awake::SCAN, "a", 0).await.unwrap();
+    assert_eq!(held, Held::Mine { wanted_at: Some(now + 5) }, "giving up, the run sees the last want");
+    assert!(!awake::want(dynamo, table, awake::SCAN, now + 6).await.unwrap(), "given up: the next want starts a run");
+    assert!(awake::claim(dynamo, table, awake::SCAN, "b", now + 30_000, now + 6).await.unwrap());
+    assert_eq!(awake::hold(dynamo, table, awake::SCAN, "a", now + 30_000).await.unwrap(), Held::Lost);
+}
+
+/// The queued invocations, taken off the queue.
+fn drain(
+    queue: &mut tokio::sync::mpsc::UnboundedReceiver<event_store_emulator::invoke::Queued>,
+) -> Vec<(serde_json::Value, u32)> {
+    std::iter::from_fn(|| queue.try_recv().ok()).collect()
 }

@@ -206,6 +206,20 @@ fn self_invocation_is_granted_on_the_function_itself_only() {
 }
 
 #[test]
+fn the_pump_may_invoke_the_scan_and_nothing_else() {
+    let template = template();
+    let pump = &template["Resources"]["PumpFunction"]["Properties"];
+    let scan_name = format!("{:?}", template["Resources"]["ScanFunction"]["Properties"]["FunctionName"]);
+    assert_eq!(format!("{:?}", pump["Environment"]["Variables"]["SCAN_FUNCTION"]), scan_name, "the scan it wakes");
+    let statements = pump["Policies"][0]["Statement"].as_sequence().unwrap();
+    let invokes: Vec<_> =
+        statements.iter().filter(|s| strings(&s["Action"]).contains(&"lambda:InvokeFunction".into())).collect();
+    assert_eq!(invokes.len(), 1);
+    let resource = format!("{:?}", invokes[0]["Resource"]);
+    assert!(resource.contains(":function:${Service}-${Stage}-scan\")"), "{resource}");
+}
+
+#[test]
 fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     let template = template();
     let mapping = &template["Resources"]["PumpEventSource"]["Properties"];

@@ -8,6 +8,7 @@
 //! | `watermark#<segments, 4 digits>#<segment, 4 digits>` | [`watermark`] | scan, forward only; `late` by `ADD` |
 //! | `shard#<shard id>` | [`shard_position`] | pump, after its buffer writes, forward only |
 //! | `pass#<segments, 4 digits>#<segment, 4 digits>` | [`segment_pass`] | scan: claimed by the schedule, then its chain (token-fenced) |
+//! | `awake#scan` | [`awake`] | pump: the time it last left work; scan: the awake run's lease (owner-fenced) |
 //! | `playback#<id>` | [`crate::playback::checkpoint`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
 //! | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…` | [`crate::subscription::store`] | management; a partition's lease holder (lease-fenced) |
 //! | `settings` | [`settings`] | scan, playback and subscriptions, at first use (`TIME_UNIT`) |
@@ -21,6 +22,7 @@
 //! log never read negative slots, so neither this partition nor the
 //! quarantine (`slot = -1`) is ever played back.
 
+pub mod awake;
 pub mod ingest;
 pub mod late_slots;
 pub mod lease;

@@ -93,12 +93,15 @@ pub struct PumpConfig {
     /// version to drop copies of entity events (`entity::log`); without it,
     /// copies from the relay's retries reach the log.
     pub entity_table: Option<String>,
+    /// The scan function (`SCAN_FUNCTION`), woken when records are buffered
+    /// (`bookkeeping::awake`); without it, they wait for the scan's schedule.
+    pub scan_function: Option<String>,
 }
 
 impl PumpConfig {
     pub const VARIABLES: Variables = Variables {
         required: &["DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"],
-        optional: &["TIME_UNIT", "DYNAMO_ENTITY_TABLE"],
+        optional: &["TIME_UNIT", "DYNAMO_ENTITY_TABLE", "SCAN_FUNCTION"],
     };
 
     /// The tables, with the default slot size and no entity table.
@@ -108,6 +111,7 @@ impl PumpConfig {
             event_table: event_table.into(),
             time_unit_ms: DEFAULT_TIME_UNIT_MS,
             entity_table: None,
+            scan_function: None,
         }
     }
 
@@ -118,6 +122,7 @@ impl PumpConfig {
             event_table: env.var("DYNAMO_EVENT_TABLE")?,
             time_unit_ms: env.time_unit()?,
             entity_table: env.optional("DYNAMO_ENTITY_TABLE")?,
+            scan_function: env.optional("SCAN_FUNCTION")?,
         })
     }
 }

@@ -11,6 +11,7 @@ use aws_lambda_events::event::streams::{KinesisBatchItemFailure, KinesisEventRes
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -22,6 +23,7 @@ mod copies;
 use copies::{client_copies, entity_copies, Copies};
 
 use crate::batch::Backoff;
+use crate::bookkeeping::awake::{self, Waker};
 use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
 use crate::buffer_item::BufferItem;
 use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
@@ -30,6 +32,7 @@ use crate::dynamo::{keyed_puts, write_all, Table};
 use crate::entity::log::Positions;
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
+use crate::invoke::Invoker;
 use crate::time::slot_of;
 
 /// Parses the Lambda Kinesis event, reading `approximateArrivalTimestamp`
@@ -72,6 +75,8 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:PutItem",
     "dynamodb:BatchGetItem",
     "kinesis:ListShards",
+    // Wakes the scan when it buffered records (`SCAN_FUNCTION`, see `bookkeeping::awake`).
+    "lambda:InvokeFunction",
 ];
 
 /// Bytes an event-table item may need beyond its buffer item (slot, sort key, reason...).
@@ -85,12 +90,21 @@ pub struct Pump {
     backoff: Backoff,
     /// The entity streams' logged versions, to drop copies of entity events.
     entity_log: Option<Positions>,
+    /// Wakes the scan after records are buffered; without it, they wait for the schedule.
+    scan: Option<Waker>,
 }
 
 impl Pump {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, kinesis: aws_sdk_kinesis::Client, config: PumpConfig) -> Self {
         let entity_log = config.entity_table.as_ref().map(|table| Positions::new(dynamo.clone(), table.clone()));
-        Self { dynamo, kinesis, config, backoff: Backoff::default(), entity_log }
+        Self { dynamo, kinesis, config, backoff: Backoff::default(), entity_log, scan: None }
+    }
+
+    /// Wakes the scan whenever a batch buffered records (an invoker of the scan function).
+    pub fn with_scan(mut self, invoker: Option<Arc<dyn Invoker>>) -> Self {
+        let table = self.config.event_table.clone();
+        self.scan = invoker.map(|invoker| Waker::new(self.dynamo.clone(), table, awake::SCAN, invoker));
+        self
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).
@@ -105,6 +119,15 @@ impl Pump {
         let mut failed: Vec<String> = Vec::new();
         for (shard_id, records) in by_shard(&event.records) {
             failed.extend(self.buffer_shard(&shard_id, &records).await);
+        }
+        // Something new is in the buffer: the scan passes within a second, not at its schedule.
+        if failed.len() < event.records.len() {
+            if let Some(scan) = &self.scan {
+                match scan.wake(crate::time::now_ms()).await {
+                    Ok(started) => info!(started, "scan woken"),
+                    Err(err) => warn!(error = %err, "scan not woken: the buffered records wait for its schedule"),
+                }
+            }
         }
         let mut response = KinesisEventResponse::default();
         response.batch_item_failures = failed

@@ -1,0 +1,215 @@
+//! Waking a function on work instead of looping (`awake#<function>`): a
+//! writer that leaves work (the pump, after it buffers records) records
+//! *when* it wanted the function, and starts a run of it unless one is
+//! already awake; the awake run passes again and again while the last want
+//! is recent, holding the item's lease, and stops once it is not. At idle
+//! nothing runs but the schedule.
+//!
+//! No want is lost between the two: the writer records its want *before*
+//! it looks at the lease, and the run gives its lease up and reads the
+//! want in *one* request before it stops. So either the writer sees the
+//! lease still held (and the run, which looks at the want again after,
+//! sees the new want), or the run sees the want when it gives up its lease
+//! (and takes the lease again), or the writer sees the lease free and
+//! starts a run itself. Both are single-item writes, so DynamoDB orders them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
+use serde::{Deserialize, Serialize};
+
+use super::lease::{n, s};
+use super::{key, unless_condition_failed};
+use crate::error::{Error, Result};
+use crate::invoke::{continue_with, Invoker};
+
+/// The scan's item: the pump wants it, the awake scan holds it.
+pub const SCAN: &str = "awake#scan";
+
+/// How long a lease lasts past its last renewal: an awake run renews it
+/// about once a second, so a crashed one holds it (and new wakes wait for
+/// the schedule) at most this long.
+pub const LEASE_MS: i64 = 30_000;
+
+/// The payload of an awake run: `{"awake": {"owner": …, "hop": …}}`. The
+/// owner is only a name to hold the stored lease under: a run whose owner
+/// does not hold it does nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AwakeRun {
+    pub owner: String,
+    /// Continuations so far in this chain (bounded by `MAX_CONTINUATIONS`).
+    #[serde(default)]
+    pub hop: u32,
+}
+
+impl AwakeRun {
+    /// The function's payload: the run under `awake`.
+    pub fn payload(&self) -> HashMap<&'static str, &AwakeRun> {
+        HashMap::from([("awake", self)])
+    }
+}
+
+/// What a writer holds to wake a function on work: the item, and how to
+/// start a run of the function (`Invoke`, asynchronously).
+#[derive(Clone)]
+pub struct Waker {
+    dynamo: aws_sdk_dynamodb::Client,
+    table: String,
+    which: &'static str,
+    invoker: Arc<dyn Invoker>,
+}
+
+impl Waker {
+    pub fn new(
+        dynamo: aws_sdk_dynamodb::Client,
+        table: String,
+        which: &'static str,
+        invoker: Arc<dyn Invoker>,
+    ) -> Self {
+        Self { dynamo, table, which, invoker }
+    }
+
+    /// Records a want at `now` and starts an awake run unless one holds the
+    /// lease. True when this call started one.
+    pub async fn wake(&self, now: i64) -> Result<bool> {
+        let (dynamo, table, which) = (&self.dynamo, self.table.as_str(), self.which);
+        if want(dynamo, table, which, now).await? {
+            return Ok(false);
+        }
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        if !claim(dynamo, table, which, &owner, now + LEASE_MS, now).await? {
+            return Ok(false);
+        }
+        let run = AwakeRun { owner, hop: 0 };
+        if let Err(err) = continue_with(self.invoker.as_ref(), &run.payload()).await {
+            // Given back, so the next want starts a run rather than waiting for the lease.
+            let _ = hold(dynamo, table, which, &run.owner, 0).await;
+            return Err(err);
+        }
+        Ok(true)
+    }
+}
+
+fn number(item: Option<&HashMap<String, AttributeValue>>, name: &str) -> Option<i64> {
+    item?.get(name)?.as_n().ok()?.parse().ok()
+}
+
+/// Whether the lease `until` (absent: never taken) is held by a run at `now`.
+pub fn held(until: Option<i64>, now: i64) -> bool {
+    until.is_some_and(|until| until >= now)
+}
+
+/// Whether an awake run passes again at `now`: the last want is at most
+/// `linger_ms` old (long enough for the wanted work's slots to be sealed).
+pub fn keep_going(wanted_at: Option<i64>, now: i64, linger_ms: i64) -> bool {
+    wanted_at.is_some_and(|wanted| now - wanted <= linger_ms)
+}
+
+/// Records a want at `now` and answers whether a run holds the lease
+/// (then the want is that run's to see; otherwise the caller should
+/// [`claim`] the lease and start one).
+pub async fn want(dynamo: &aws_sdk_dynamodb::Client, table: &str, which: &str, now: i64) -> Result<bool> {
+    let out = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(which.to_owned())))
+        .update_expression("SET wanted_at = :now")
+        .expression_attribute_values(":now", n(now))
+        .return_values(ReturnValue::AllNew)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("UpdateItem", e))?;
+    Ok(held(number(out.attributes(), "lease_until"), now))
+}
+
+/// Takes the lease for `owner` until `until`, if no run holds it at `now`
+/// (or `owner` already does: the SDK's retry of an applied claim). True when taken.
+pub async fn claim(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    which: &str,
+    owner: &str,
+    until: i64,
+    now: i64,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(which.to_owned())))
+        .update_expression("SET lease_owner = :me, lease_until = :until")
+        .condition_expression("attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :me")
+        .expression_attribute_values(":me", s(owner))
+        .expression_attribute_values(":until", n(until))
+        .expression_attribute_values(":now", n(now))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(unless_condition_failed(result)?.is_some())
+}
+
+/// What the item says after a write of the lease holder's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// The caller holds (or gave up) the lease; the last want, if any.
+    Mine { wanted_at: Option<i64> },
+    /// Another run holds the lease (or none did): nothing was written.
+    Lost,
+}
+
+/// Extends `owner`'s lease to `until` (0: gives it up) and reads the last
+/// want in the same request.
+pub async fn hold(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    which: &str,
+    owner: &str,
+    until: i64,
+) -> Result<Held> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key(which.to_owned())))
+        .update_expression("SET lease_until = :until")
+        .condition_expression("lease_owner = :me")
+        .expression_attribute_values(":me", s(owner))
+        .expression_attribute_values(":until", n(until))
+        .return_values(ReturnValue::AllNew)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(match unless_condition_failed(result)? {
+        Some(out) => Held::Mine { wanted_at: number(out.attributes(), "wanted_at") },
+        None => Held::Lost,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_held_until_its_end_and_never_when_never_taken() {
+        assert!(!held(None, 1_000));
+        assert!(held(Some(1_000), 1_000));
+        assert!(!held(Some(999), 1_000));
+        assert!(!held(Some(0), 1_000), "given up");
+    }
+
+    #[test]
+    fn an_awake_run_is_its_owner_and_hop_and_nothing_else() {
+        let run: AwakeRun = serde_json::from_value(serde_json::json!({"owner": "5f0c"})).unwrap();
+        assert_eq!(run, AwakeRun { owner: "5f0c".into(), hop: 0 });
+        assert!(serde_json::from_value::<AwakeRun>(serde_json::json!({"owner": "5f0c", "until": 1})).is_err());
+    }
+
+    #[test]
+    fn a_run_keeps_going_while_the_last_want_is_recent() {
+        assert!(!keep_going(None, 10_000, 5_000), "never wanted");
+        assert!(keep_going(Some(5_000), 10_000, 5_000));
+        assert!(!keep_going(Some(4_999), 10_000, 5_000));
+        assert!(keep_going(Some(12_000), 10_000, 5_000), "a want from a clock ahead of ours");
+    }
+}
