@@ -11,20 +11,23 @@
 //! index entries, and when a segment finishes a pass it moves its part of the
 //! completeness watermark forward (the rule: [`crate::bookkeeping::watermark`]).
 
+mod awake;
 pub mod plan;
 pub mod stream;
 mod task;
 
+pub use awake::AWAKE_INTERVAL;
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::batch::Backoff;
-use crate::bookkeeping::awake::{self, AwakeRun, Held};
+use crate::bookkeeping::awake::AwakeRun;
 use crate::bookkeeping::segment_pass::{self, PassState};
 use crate::bookkeeping::settings;
 use crate::bookkeeping::watermark::{self, Pass};
@@ -60,16 +63,13 @@ fn new_token() -> String {
 /// How long a lease outlasts the run that holds it (clock differences, the invoke of a continuation).
 const LEASE_SLACK_MS: i64 = 60_000;
 
-/// How often an awake run starts a pass. Each pass asks each shard once
-/// (`GetRecords`): with the event source mapping's read a second, two of
-/// the five reads a shard allows each second.
-pub const AWAKE_INTERVAL: Duration = Duration::from_secs(1);
-
 pub struct Scan {
     dynamo: aws_sdk_dynamodb::Client,
     kinesis: aws_sdk_kinesis::Client,
     config: ScanConfig,
     invoker: Arc<dyn Invoker>,
+    /// The subscriptions function: an awake run starts its tick when the watermark moved.
+    subscriptions: Option<Arc<dyn Invoker>>,
     backoff: Backoff,
     /// Set once this process has checked `TIME_UNIT` against the table.
     time_unit_checked: tokio::sync::OnceCell<()>,
@@ -82,7 +82,22 @@ impl Scan {
         config: ScanConfig,
         invoker: Arc<dyn Invoker>,
     ) -> Self {
-        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default(), time_unit_checked: Default::default() }
+        Self {
+            dynamo,
+            kinesis,
+            config,
+            invoker,
+            subscriptions: None,
+            backoff: Backoff::default(),
+            time_unit_checked: Default::default(),
+        }
+    }
+
+    /// Starts the subscriptions tick from awake runs whenever the watermark moved
+    /// (an invoker of the subscriptions function); without it, idle partitions wait for its schedule.
+    pub fn with_subscriptions(mut self, invoker: Option<Arc<dyn Invoker>>) -> Self {
+        self.subscriptions = invoker;
+        self
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).
@@ -173,85 +188,6 @@ impl Scan {
             Some(err) => Err(err),
             None => Ok(summary),
         }
-    }
-
-    /// How long after the last want an awake run keeps passing: until a
-    /// pass starts late enough to seal the wanted events' slot (a caught-up
-    /// shard holds the watermark `WATERMARK_LAG_MS` behind a pass's start),
-    /// and a slot more for the passes in flight.
-    fn linger_ms(&self) -> i64 {
-        (self.config.watermark_lag_ms + 2 * self.config.time_unit_ms) as i64 + AWAKE_INTERVAL.as_millis() as i64
-    }
-
-    /// An awake run: starts passes about once a second (the segments whose
-    /// last pass is over) while the last want is recent, renewing its lease
-    /// before each; then gives the lease up and stops, unless a want came
-    /// meanwhile (see [`awake`]). Near its deadline it hands the lease to a
-    /// continuation of itself.
-    async fn stay_awake(&self, run: AwakeRun, deadline: SystemTime, lease_ms: i64) -> Result<ScanSummary> {
-        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        let linger = self.linger_ms();
-        let mut summary = ScanSummary::default();
-        let mut passes = 0u32;
-        loop {
-            let started = Instant::now();
-            let now = now_ms();
-            let Held::Mine { wanted_at } =
-                awake::hold(dynamo, table, awake::SCAN, &run.owner, now + awake::LEASE_MS).await?
-            else {
-                info!(passes, "another run holds the awake lease: this one stops");
-                return Ok(summary);
-            };
-            if !awake::keep_going(wanted_at, now, linger) {
-                // Given up and the want read in one request: a want that came since goes on here.
-                let latest = match awake::hold(dynamo, table, awake::SCAN, &run.owner, 0).await? {
-                    Held::Mine { wanted_at } => wanted_at,
-                    Held::Lost => None,
-                };
-                let now = now_ms();
-                let again = awake::keep_going(latest, now, linger)
-                    && awake::claim(dynamo, table, awake::SCAN, &run.owner, now + awake::LEASE_MS, now).await?;
-                if !again {
-                    info!(passes, "nothing wanted lately: the awake scan stops");
-                    return Ok(summary);
-                }
-            }
-            match self.start_passes(lease_ms).await {
-                Ok(pass) => {
-                    summary.watermark_at_start = summary.watermark_at_start.or(pass.watermark_at_start);
-                    summary.forked += pass.forked;
-                    summary.busy += pass.busy;
-                }
-                // The next pass tries again; the lease, renewed, keeps wakes from starting a second run.
-                Err(err) => warn!(error = %err, "awake pass not started"),
-            }
-            passes += 1;
-            if remaining(deadline) < self.config.deadline_margin + AWAKE_INTERVAL {
-                return self.hand_over_awake(run, summary).await;
-            }
-            tokio::time::sleep(AWAKE_INTERVAL.saturating_sub(started.elapsed())).await;
-        }
-    }
-
-    /// Near the deadline: a continuation of the awake run goes on under the
-    /// same lease, unless the chain reached `MAX_CONTINUATIONS` (then the
-    /// lease is given up, and the pump's next want starts a new run).
-    async fn hand_over_awake(&self, run: AwakeRun, mut summary: ScanSummary) -> Result<ScanSummary> {
-        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        if run.hop >= self.config.max_continuations {
-            warn!(hops = run.hop, "the awake chain reached MAX_CONTINUATIONS: its lease is given up");
-            awake::hold(dynamo, table, awake::SCAN, &run.owner, 0).await?;
-            summary.stopped = true;
-            return Ok(summary);
-        }
-        let next = AwakeRun { hop: run.hop + 1, ..run };
-        if let Err(err) = continue_with(self.invoker.as_ref(), &next.payload()).await {
-            // Given up, so the next want starts a run at once.
-            let _ = awake::hold(dynamo, table, awake::SCAN, &next.owner, 0).await;
-            return Err(err);
-        }
-        summary.forked += 1;
-        Ok(summary)
     }
 
     /// Ends a pass that failed, without a watermark, so the next schedule
