@@ -176,10 +176,8 @@ impl Stack {
         let relay = Relay::new(self.kinesis.clone(), self.dynamo.clone(), sqs, RelayConfig::from_env()?);
         tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
 
-        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes;
-        // the subscriptions': their schedule, runners and continuations, and the awake scan's ticks.
+        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes.
         let (scan_invoker, scan_invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
-        let (subs_invoker, subs_invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
         let pump = Arc::new(
             Pump::new(self.dynamo.clone(), self.kinesis.clone(), PumpConfig::from_env()?)
                 .with_scan(Some(Arc::new(scan_invoker.clone()))),
@@ -202,15 +200,12 @@ impl Stack {
             tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
         }
 
-        let scan = Arc::new(
-            Scan::new(
-                self.dynamo.clone(),
-                self.kinesis.clone(),
-                ScanConfig::from_env()?,
-                Arc::new(scan_invoker.clone()),
-            )
-            .with_subscriptions(Some(Arc::new(subs_invoker.clone()))),
-        );
+        let scan = Arc::new(Scan::new(
+            self.dynamo.clone(),
+            self.kinesis.clone(),
+            ScanConfig::from_env()?,
+            Arc::new(scan_invoker.clone()),
+        ));
         let stats = self.stats.clone();
         tasks.spawn(run_invocations(scan_invocations, shutdown.clone(), move |payload| {
             let (scan, stats) = (scan.clone(), stats.clone());
@@ -223,20 +218,21 @@ impl Stack {
         }));
         tasks.spawn(schedule(scan_invoker, self.settings.scan_interval, shutdown.clone()));
 
-        // Subscriptions: a tick on the same schedule, and whenever the awake scan moved the watermark.
+        // Subscriptions: a tick on the same schedule; runners (follow 0) deliver what is sealed and end.
+        let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
         let subscriptions = Arc::new(
             Subscriptions::new(
                 self.dynamo.clone(),
                 self.kinesis.clone(),
                 self.lambda.clone(),
                 SubscriptionConfig::from_env()?,
-                Arc::new(subs_invoker.clone()),
+                Arc::new(invoker.clone()),
             )
             .with_archive(Some(self.archive.clone()))
             .with_keys(Some(self.keys.clone())),
         );
         let stats = self.stats.clone();
-        tasks.spawn(run_invocations(subs_invocations, shutdown.clone(), move |payload| {
+        tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
             let (subscriptions, stats) = (subscriptions.clone(), stats.clone());
             async move {
                 match subscriptions.handle(payload, SystemTime::now() + SUBSCRIPTIONS_TIMEOUT).await {
@@ -246,7 +242,7 @@ impl Stack {
                 }
             }
         }));
-        tasks.spawn(schedule(subs_invoker, self.settings.scan_interval, shutdown.clone()));
+        tasks.spawn(schedule(invoker, self.settings.scan_interval, shutdown.clone()));
         Ok(tasks)
     }
 }

@@ -220,24 +220,6 @@ fn the_pump_may_invoke_the_scan_and_nothing_else() {
 }
 
 #[test]
-fn the_scan_may_invoke_itself_and_the_subscriptions_tick_and_nothing_else() {
-    let template = template();
-    let scan = &template["Resources"]["ScanFunction"]["Properties"];
-    let subscriptions = format!("{:?}", template["Resources"]["SubscriptionsFunction"]["Properties"]["FunctionName"]);
-    assert_eq!(format!("{:?}", scan["Environment"]["Variables"]["SUBSCRIPTIONS_FUNCTION"]), subscriptions);
-    let statements = scan["Policies"][0]["Statement"].as_sequence().unwrap();
-    let mut invoked: Vec<String> = statements
-        .iter()
-        .filter(|s| strings(&s["Action"]).contains(&"lambda:InvokeFunction".into()))
-        .map(|s| format!("{:?}", s["Resource"]))
-        .collect();
-    invoked.sort();
-    assert_eq!(invoked.len(), 2, "{invoked:?}");
-    assert!(invoked[0].contains(":function:${Service}-${Stage}-scan\")"), "{invoked:?}");
-    assert!(invoked[1].contains(":function:${Service}-${Stage}-subscriptions\")"), "{invoked:?}");
-}
-
-#[test]
 fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     let template = template();
     let mapping = &template["Resources"]["PumpEventSource"]["Properties"];

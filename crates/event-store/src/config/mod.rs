@@ -152,9 +152,6 @@ pub struct ScanConfig {
     pub slot_subkeys: u32,
     /// The CloudWatch namespace of the watermark-lag metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
-    /// The subscriptions function (`SUBSCRIPTIONS_FUNCTION`), whose tick an awake scan
-    /// starts when the watermark moved, so idle partitions get a runner within a second.
-    pub subscriptions_function: Option<String>,
 }
 
 /// The most `SLOT_SUBKEYS` may be.
@@ -176,7 +173,6 @@ impl ScanConfig {
             "MAX_CONTINUATIONS",
             "SLOT_SUBKEYS",
             "METRICS_NAMESPACE",
-            "SUBSCRIPTIONS_FUNCTION",
         ],
     };
 
@@ -207,7 +203,6 @@ impl ScanConfig {
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             slot_subkeys,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
-            subscriptions_function: env.optional("SUBSCRIPTIONS_FUNCTION")?,
         })
     }
 }
