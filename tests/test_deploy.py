@@ -32,7 +32,7 @@ PREFIX = "event-store-ci"
 # Resource types the emulator's CloudFormation does not create (it skips them
 # with a warning); docs/testing.md lists the same.
 UNSUPPORTED = {"AWS::ApiGatewayV2::Api", "AWS::ApiGatewayV2::Stage", "AWS::CloudWatch::Alarm",
-               "AWS::Lambda::EventInvokeConfig", "AWS::S3::BucketPolicy", "AWS::Glue::Database", "AWS::Glue::Table",
+               "AWS::Lambda::EventInvokeConfig", "AWS::Lambda::Alias", "AWS::S3::BucketPolicy", "AWS::Glue::Database", "AWS::Glue::Table",
                "AWS::SNS::TopicPolicy"}
 
 
@@ -296,8 +296,9 @@ def watch(stack, aws, moto_endpoint):
     env["AWS_ENDPOINT_URL_LAMBDA"] = f"http://127.0.0.1:{port}"
     env["KEY_FUNCTION"] = "keys"
     # The sample events take each step by hand (the pump's batch, then a scheduled scan): the pump
-    # wakes no scan here (tests/scan.rs covers the wake against the emulator).
+    # wakes no scan here, nor the scan the subscriptions (tests/scan.rs covers both against the emulator).
     env.pop("SCAN_FUNCTION")
+    env.pop("SUBSCRIPTIONS_TICK")
     env_vars = ",".join(f"{k}={v}" for k, v in env.items() if v != "")
     process = subprocess.Popen(
         [cargo_lambda(), "lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", str(port),

@@ -33,6 +33,7 @@ pub fn scan_config(names: &Names) -> ScanConfig {
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
         slot_subkeys: 1,
         metrics_namespace: "EventStore".into(),
+        subscriptions_tick: None,
     }
 }
 

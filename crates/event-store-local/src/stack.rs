@@ -176,8 +176,12 @@ impl Stack {
         let relay = Relay::new(self.kinesis.clone(), self.dynamo.clone(), sqs, RelayConfig::from_env()?);
         tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
 
-        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes.
+        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes;
+        // the subscriptions': their schedule, runners and continuations, and, through the tick alias,
+        // the awake scan's ticks.
         let (scan_invoker, scan_invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
+        let (subs_invoker, subs_invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
+        let (tick_invoker, tick_invocations) = LocalInvoker::channel();
         let pump = Arc::new(
             Pump::new(self.dynamo.clone(), self.kinesis.clone(), PumpConfig::from_env()?)
                 .with_scan(Some(Arc::new(scan_invoker.clone()))),
@@ -200,12 +204,15 @@ impl Stack {
             tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
         }
 
-        let scan = Arc::new(Scan::new(
-            self.dynamo.clone(),
-            self.kinesis.clone(),
-            ScanConfig::from_env()?,
-            Arc::new(scan_invoker.clone()),
-        ));
+        let scan = Arc::new(
+            Scan::new(
+                self.dynamo.clone(),
+                self.kinesis.clone(),
+                ScanConfig::from_env()?,
+                Arc::new(scan_invoker.clone()),
+            )
+            .with_subscriptions(Some(Arc::new(tick_invoker))),
+        );
         let stats = self.stats.clone();
         tasks.spawn(run_invocations(scan_invocations, shutdown.clone(), move |payload| {
             let (scan, stats) = (scan.clone(), stats.clone());
@@ -218,31 +225,36 @@ impl Stack {
         }));
         tasks.spawn(schedule(scan_invoker, self.settings.scan_interval, shutdown.clone()));
 
-        // Subscriptions: a tick on the same schedule; runners (follow 0) deliver what is sealed and end.
-        let (invoker, invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
+        // Subscriptions: a tick on the same schedule, and whenever the awake scan moved the watermark.
         let subscriptions = Arc::new(
             Subscriptions::new(
                 self.dynamo.clone(),
                 self.kinesis.clone(),
                 self.lambda.clone(),
                 SubscriptionConfig::from_env()?,
-                Arc::new(invoker.clone()),
+                Arc::new(subs_invoker.clone()),
             )
             .with_archive(Some(self.archive.clone()))
             .with_keys(Some(self.keys.clone())),
         );
-        let stats = self.stats.clone();
-        tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
-            let (subscriptions, stats) = (subscriptions.clone(), stats.clone());
-            async move {
-                match subscriptions.handle(payload, SystemTime::now() + SUBSCRIPTIONS_TIMEOUT).await {
-                    Ok(Answer::Ran(run)) => stats.add_delivered(run.delivered as u64),
-                    Ok(_) => {}
-                    Err(err) => error!(error = %err, "subscriptions invocation failed"),
+        // The function's own ARN and its tick alias's, as Lambda's context gives them (the alias decides).
+        let function = format!("arn:aws:lambda:{}:000000000000:function:subscriptions", self.region);
+        let alias = format!("{function}:{}", event_store::subscription::TICK_ALIAS);
+        for (invocations, invoked) in [(subs_invocations, function), (tick_invocations, alias)] {
+            let (subscriptions, stats) = (subscriptions.clone(), self.stats.clone());
+            tasks.spawn(run_invocations(invocations, shutdown.clone(), move |payload| {
+                let (subscriptions, stats, invoked) = (subscriptions.clone(), stats.clone(), invoked.clone());
+                async move {
+                    let deadline = SystemTime::now() + SUBSCRIPTIONS_TIMEOUT;
+                    match subscriptions.handle_invoked(&invoked, payload, deadline).await {
+                        Ok(Answer::Ran(run)) => stats.add_delivered(run.delivered as u64),
+                        Ok(_) => {}
+                        Err(err) => error!(error = %err, "subscriptions invocation failed"),
+                    }
                 }
-            }
-        }));
-        tasks.spawn(schedule(invoker, self.settings.scan_interval, shutdown.clone()));
+            }));
+        }
+        tasks.spawn(schedule(subs_invoker, self.settings.scan_interval, shutdown.clone()));
         Ok(tasks)
     }
 }

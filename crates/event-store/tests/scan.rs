@@ -508,17 +508,21 @@ async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
     assert_eq!(slots.iter().map(|s| s.slot).collect::<Vec<_>>(), vec![base, base + 1000, base + 2000]);
 }
 
-/// Sealing in seconds without the schedule (docs/http-api.md, the completeness
-/// watermark): a pump batch that buffered records wakes the scan, whose awake
-/// run passes until the records' slot is sealed, then gives its lease up and
-/// ends; the next batch wakes a new run.
+/// Sealing in seconds without the schedule (docs/http-api.md, the awake
+/// scan): a pump batch that buffered records wakes the scan, whose awake run
+/// passes until the records' slot is sealed, telling the subscriptions each
+/// time the watermark moved, then gives its lease up and ends; the next
+/// batch wakes a new run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pump_batch_wakes_the_scan_which_seals_it_without_the_schedule_then_stops() {
     let env = TestEnv::start(1).await;
     let (invoker, mut invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
     let pump = common::pump(&env).with_scan(Some(Arc::new(invoker.clone())));
-    let scan =
-        Arc::new(Scan::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker.clone())));
+    let (subscriptions, mut ticks) = LocalInvoker::channel();
+    let scan = Arc::new(
+        Scan::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker.clone()))
+            .with_subscriptions(Some(Arc::new(subscriptions))),
+    );
     let arrival = now_ms();
     let records: Vec<_> = (0..30).map(|i| (format!("user-{}", i % 3), b"{}".to_vec(), arrival + i)).collect();
     assert!(pump.handle(common::kinesis_event(common::TEST_ARN, &records)).await.batch_item_failures.is_empty());
@@ -541,6 +545,10 @@ async fn a_pump_batch_wakes_the_scan_which_seals_it_without_the_schedule_then_st
     assert_eq!(event_items(&env).await.len(), 30);
     let sealed = watermark::read(&env.dynamo, &env.names.event_table).await.unwrap().time.unwrap();
     assert!(sealed >= arrival + 29 - (arrival + 29).rem_euclid(1000) + 1000, "the records' slot sealed: {sealed}");
+    // The subscriptions' tick, each time the watermark had moved: the last one told of the records' slot.
+    let told: Vec<i64> = drain(&mut ticks).iter().filter_map(|(tick, _)| tick["sealed"].as_i64()).collect();
+    assert!(told.windows(2).all(|w| w[0] < w[1]), "only when it moved: {told:?}");
+    assert!(told.last().is_some_and(|last| *last > arrival + 29), "{told:?} vs {arrival}");
 
     // The run gave its lease up: the next batch wakes a run of its own.
     let later: Vec<_> = (0..3).map(|i| (format!("user-{i}"), b"{}".to_vec(), now_ms() + i)).collect();

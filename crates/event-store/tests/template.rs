@@ -220,6 +220,33 @@ fn the_pump_may_invoke_the_scan_and_nothing_else() {
 }
 
 #[test]
+fn the_scan_may_invoke_itself_and_the_subscriptions_tick_alias_and_nothing_else() {
+    let template = template();
+    let scan = &template["Resources"]["ScanFunction"]["Properties"];
+    // The alias only ticks (subscription::TICK_ALIAS) and points at the function's code.
+    let alias = &template["Resources"]["SubscriptionsTickAlias"];
+    assert_eq!(alias["Type"].as_str(), Some("AWS::Lambda::Alias"));
+    assert_eq!(alias["Properties"]["Name"].as_str(), Some(event_store::subscription::TICK_ALIAS));
+    assert_eq!(alias["Properties"]["FunctionVersion"].as_str(), Some("$LATEST"));
+    let aliased = format!("{:?}", alias["Properties"]["FunctionName"]);
+    assert!(aliased.contains("Ref") && aliased.contains("\"SubscriptionsFunction\""), "{aliased}");
+    let function = template["Resources"]["SubscriptionsFunction"]["Properties"]["FunctionName"].clone();
+    let tick = format!("{:?}", function).replace("-subscriptions\"", "-subscriptions:tick\"");
+    assert_eq!(format!("{:?}", scan["Environment"]["Variables"]["SUBSCRIPTIONS_TICK"]), tick);
+    let statements = scan["Policies"][0]["Statement"].as_sequence().unwrap();
+    let mut invoked: Vec<String> = statements
+        .iter()
+        .filter(|s| strings(&s["Action"]).contains(&"lambda:InvokeFunction".into()))
+        .map(|s| format!("{:?}", s["Resource"]))
+        .collect();
+    invoked.sort();
+    assert_eq!(invoked.len(), 2, "{invoked:?}");
+    assert!(invoked[0].contains(":function:${Service}-${Stage}-scan\")"), "{invoked:?}");
+    // The alias's ARN alone: the unqualified function also takes management actions.
+    assert!(invoked[1].contains(":function:${Service}-${Stage}-subscriptions:tick\")"), "{invoked:?}");
+}
+
+#[test]
 fn the_event_source_mapping_reports_failures_and_keeps_what_it_gives_up_on() {
     let template = template();
     let mapping = &template["Resources"]["PumpEventSource"]["Properties"];

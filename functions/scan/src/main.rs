@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use event_store::config::ScanConfig;
-use event_store::invoke::LambdaInvoker;
+use event_store::invoke::{Invoker, LambdaInvoker};
 use event_store::metrics;
 use event_store::scan::Scan;
 use event_store::time::now_ms;
@@ -17,9 +17,16 @@ async fn main() -> Result<(), Error> {
     let config = ScanConfig::from_env()?;
     let namespace = config.metrics_namespace.clone();
     let aws = event_store::aws_config().await;
+    let lambda = aws_sdk_lambda::Client::new(&aws);
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
-    let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
-    let scan = Scan::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker);
+    let invoker = Arc::new(LambdaInvoker::new(lambda.clone(), myself));
+    // The subscriptions' tick, started by awake runs when the watermark moved (SUBSCRIPTIONS_TICK, a tick-only alias).
+    let subscriptions = config
+        .subscriptions_tick
+        .clone()
+        .map(|function| Arc::new(LambdaInvoker::new(lambda, function)) as Arc<dyn Invoker>);
+    let scan = Scan::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker)
+        .with_subscriptions(subscriptions);
     let (scan, namespace) = (&scan, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         let summary = scan.handle(event.payload, event.context.deadline()).await?;

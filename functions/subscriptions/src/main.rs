@@ -1,6 +1,6 @@
 //! `subscriptions` Lambda: on its schedule, the tick (lag metrics, a runner
 //! for every idle partition); `{"run": ...}`, a partition's runner;
-//! `{"action": ...}`, management. All logic is in `event_store::subscription`;
+//! `{"action": ...}`, management; through its `tick` alias, the tick alone. All logic is in `event_store::subscription`;
 //! runners and continuations go through the Lambda `Invoke` API, as do Lambda targets.
 
 use std::sync::Arc;
@@ -35,7 +35,8 @@ async fn main() -> Result<(), Error> {
     .with_keys(keys);
     let (subscriptions, namespace) = (&subscriptions, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let answer = subscriptions.handle(event.payload, event.context.deadline()).await?;
+        let (arn, deadline) = (&event.context.invoked_function_arn, event.context.deadline());
+        let answer = subscriptions.handle_invoked(arn, event.payload, deadline).await?;
         if let Answer::Ticked(tick) = &answer {
             // Embedded metric format: CloudWatch reads the lag metrics from these log lines.
             for line in metrics::lag_lines(namespace, tick, now_ms()) {

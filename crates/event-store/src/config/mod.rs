@@ -152,6 +152,10 @@ pub struct ScanConfig {
     pub slot_subkeys: u32,
     /// The CloudWatch namespace of the watermark-lag metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
+    /// The subscriptions function's tick-only alias (`SUBSCRIPTIONS_TICK`, `<function>:tick`),
+    /// which an awake scan invokes when the watermark moved, so idle partitions get a runner
+    /// within a second; through it the scan can start nothing but a tick.
+    pub subscriptions_tick: Option<String>,
 }
 
 /// The most `SLOT_SUBKEYS` may be.
@@ -173,6 +177,7 @@ impl ScanConfig {
             "MAX_CONTINUATIONS",
             "SLOT_SUBKEYS",
             "METRICS_NAMESPACE",
+            "SUBSCRIPTIONS_TICK",
         ],
     };
 
@@ -203,6 +208,7 @@ impl ScanConfig {
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             slot_subkeys,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
+            subscriptions_tick: env.optional("SUBSCRIPTIONS_TICK")?,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The scan's awake run (woken by the pump, [`crate::bookkeeping::awake`]):
 //! a pass of every free segment about once a second while records keep
-//! being buffered, and the lease handed to a continuation near the deadline.
+//! being buffered, the subscriptions' tick whenever the watermark moved, and
+//! the lease handed to a continuation near the deadline.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -36,6 +37,8 @@ impl Scan {
         let linger = self.linger_ms();
         let mut summary = ScanSummary::default();
         let mut passes = 0u32;
+        // The watermark the subscriptions were last told of.
+        let mut told = None;
         loop {
             let started = Instant::now();
             let now = now_ms();
@@ -65,6 +68,10 @@ impl Scan {
                     summary.watermark_at_start = pass.watermark_at_start.or(summary.watermark_at_start);
                     summary.forked += pass.forked;
                     summary.busy += pass.busy;
+                    if pass.watermark_at_start > told {
+                        told = pass.watermark_at_start;
+                        self.tell_subscriptions(told).await;
+                    }
                 }
                 // The next pass tries again; the lease, renewed, keeps wakes from starting a second run.
                 Err(err) => warn!(error = %err, "awake pass not started"),
@@ -74,6 +81,19 @@ impl Scan {
                 return self.hand_over_awake(run, summary).await;
             }
             tokio::time::sleep(AWAKE_INTERVAL.saturating_sub(started.elapsed())).await;
+        }
+    }
+
+    /// Starts the subscriptions' tick (through its tick-only alias, so this
+    /// role can start nothing else there), which starts a runner for every
+    /// partition that has none; runners following the log see the new
+    /// watermark themselves. Best effort: without it, idle partitions wait
+    /// for the tick's schedule.
+    async fn tell_subscriptions(&self, watermark: Option<i64>) {
+        let Some(subscriptions) = &self.subscriptions else { return };
+        let tick = serde_json::json!({ "sealed": watermark });
+        if let Err(err) = subscriptions.invoke_async(tick).await {
+            warn!(error = %err, "subscriptions not told of the watermark: idle partitions wait for their tick");
         }
     }
 

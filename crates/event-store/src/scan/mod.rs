@@ -68,6 +68,8 @@ pub struct Scan {
     kinesis: aws_sdk_kinesis::Client,
     config: ScanConfig,
     invoker: Arc<dyn Invoker>,
+    /// The subscriptions function: an awake run starts its tick when the watermark moved.
+    subscriptions: Option<Arc<dyn Invoker>>,
     backoff: Backoff,
     /// Set once this process has checked `TIME_UNIT` against the table.
     time_unit_checked: tokio::sync::OnceCell<()>,
@@ -80,7 +82,22 @@ impl Scan {
         config: ScanConfig,
         invoker: Arc<dyn Invoker>,
     ) -> Self {
-        Self { dynamo, kinesis, config, invoker, backoff: Backoff::default(), time_unit_checked: Default::default() }
+        Self {
+            dynamo,
+            kinesis,
+            config,
+            invoker,
+            subscriptions: None,
+            backoff: Backoff::default(),
+            time_unit_checked: Default::default(),
+        }
+    }
+
+    /// Starts the subscriptions tick from awake runs whenever the watermark moved
+    /// (an invoker of the subscriptions function); without it, idle partitions wait for its schedule.
+    pub fn with_subscriptions(mut self, invoker: Option<Arc<dyn Invoker>>) -> Self {
+        self.subscriptions = invoker;
+        self
     }
 
     /// Retries of unprocessed items with another schedule (tests shorten it).

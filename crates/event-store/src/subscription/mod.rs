@@ -17,6 +17,10 @@
 //!   it starts comes from the stored checkpoint, never from the payload;
 //! - `{"action": ...}`: management ([`manage`]): create, list, pause,
 //!   resume, reset, delete, parked, redrive.
+//!
+//! Invoked through its `tick` alias ([`TICK_ALIAS`]), it ticks whatever the
+//! payload: the awake scan may invoke that alias alone, so it can start a
+//! tick and nothing else.
 
 pub mod manage;
 pub mod metrics;
@@ -229,6 +233,15 @@ impl Subscriptions {
         &self.config
     }
 
+    /// One invocation through `invoked_arn` (the context's `invoked_function_arn`):
+    /// through the tick alias a tick, whatever the payload; otherwise as [`Self::handle`].
+    pub async fn handle_invoked(&self, invoked_arn: &str, payload: Value, deadline: SystemTime) -> Result<Answer> {
+        if through_tick_alias(invoked_arn) {
+            return Ok(Answer::Ticked(self.tick().await?));
+        }
+        self.handle(payload, deadline).await
+    }
+
     /// One invocation: a tick, a partition run, or a management action (see the module doc).
     pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<Answer> {
         Ok(if payload.get("action").is_some() {
@@ -293,6 +306,16 @@ impl Subscriptions {
     }
 }
 
+/// The alias of the subscriptions function that only ticks (`SubscriptionsTickAlias` in the template).
+pub const TICK_ALIAS: &str = "tick";
+
+/// Whether a function ARN is qualified with [`TICK_ALIAS`]
+/// (`arn:aws:lambda:<region>:<account>:function:<name>:tick`).
+pub fn through_tick_alias(invoked_arn: &str) -> bool {
+    let parts: Vec<&str> = invoked_arn.split(':').collect();
+    parts.len() == 8 && parts[5] == "function" && parts[7] == TICK_ALIAS
+}
+
 /// What an invocation answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
@@ -305,5 +328,22 @@ pub enum Answer {
 impl Answer {
     pub fn to_json(&self) -> Result<Value> {
         serde_json::to_value(self).map_err(|e| Error::encode("answer", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::through_tick_alias;
+
+    #[test]
+    fn only_an_arn_qualified_with_the_tick_alias_is_tick_only() {
+        let function = "arn:aws:lambda:eu-west-1:123456789012:function:events-prod-subscriptions";
+        assert!(through_tick_alias(&format!("{function}:tick")));
+        // Unqualified, $LATEST, another alias, a function itself named "tick": the payload decides.
+        assert!(!through_tick_alias(function));
+        assert!(!through_tick_alias(&format!("{function}:$LATEST")));
+        assert!(!through_tick_alias(&format!("{function}:ticked")));
+        assert!(!through_tick_alias("arn:aws:lambda:eu-west-1:123456789012:function:tick"));
+        assert!(!through_tick_alias(""));
     }
 }
