@@ -20,6 +20,7 @@ mod source;
 mod stack;
 mod stats;
 mod subscriptions;
+mod template;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,13 +1,14 @@
 //! Reading streams the way Lambda's Kinesis event source mapping does:
-//! every shard polled, batches of the template's batch size delivered to
-//! `pump`, records named in `batch_item_failures` delivered again, a
+//! every shard polled once a second, batches of the template's batch size
+//! delivered to `pump` once full or once the template's batching window has
+//! passed, records named in `batch_item_failures` delivered again, a
 //! checkpoint per shard (in memory: a restarted stack re-reads from the
 //! start of the stream, which the idempotent pump absorbs).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use aws_sdk_kinesis::types::{Record, ShardIteratorType};
@@ -19,8 +20,8 @@ use tracing::warn;
 
 use crate::stats::Stats;
 
-/// How long an idle shard waits before polling again.
-const IDLE_POLL: Duration = Duration::from_millis(200);
+/// How often Lambda's event source mapping polls a shard (its base rate: once a second).
+const POLL: Duration = Duration::from_secs(1);
 
 /// One shard, read from its start, surviving expired iterators and throttling.
 pub struct ShardReader {
@@ -81,45 +82,69 @@ pub async fn stream_arn(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Resu
     Ok(out.stream_description_summary().context("no stream summary")?.stream_arn().to_owned())
 }
 
-/// Feeds one shard of the event stream to `pump` until shutdown.
+/// How the event source mapping batches: the template's `BatchSize` and `MaximumBatchingWindowInSeconds`.
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    pub size: usize,
+    pub window: Duration,
+}
+
+/// Feeds one shard of the event stream to `pump` until shutdown: a read a
+/// second; the pump invoked with a full batch at once, or with what there is
+/// once the batching window has passed since the first of it was read; a
+/// full batch is followed by the next read at once (a shard behind catches up).
 pub async fn feed_pump(
     mut reader: ShardReader,
     arn: String,
     region: String,
     pump: Arc<Pump>,
-    batch_size: usize,
+    batching: Batching,
     stats: Arc<Stats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let backoff = Backoff::default();
     let mut pending: VecDeque<Record> = VecDeque::new();
+    // When the oldest pending record was read: the batching window runs from it.
+    let mut gathering_since: Option<Instant> = None;
     let mut retry = 0;
     while !*shutdown.borrow() {
-        if pending.len() < batch_size {
+        let polled = Instant::now();
+        if pending.len() < batching.size {
             match reader.next().await {
                 Ok(records) => pending.extend(records),
                 Err(err) => warn!(error = format!("{err:#}"), "event stream read failed; retrying"),
             }
         }
-        if pending.is_empty() {
+        if !pending.is_empty() {
+            gathering_since.get_or_insert(polled);
+        }
+        let due = pending.len() >= batching.size || gathering_since.is_some_and(|t| t.elapsed() >= batching.window);
+        if !due {
             tokio::select! {
-                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = tokio::time::sleep(POLL.saturating_sub(polled.elapsed())) => {}
                 _ = shutdown.changed() => {}
             }
             continue;
         }
-        let batch: Vec<Record> = pending.iter().take(batch_size).cloned().collect();
+        let batch: Vec<Record> = pending.iter().take(batching.size).cloned().collect();
         let response = pump.handle(kinesis_event(&arn, &reader.shard_id, &region, &batch)).await;
         let sequences: Vec<&str> = batch.iter().map(|r| r.sequence_number()).collect();
         let done = done_before_first_failure(&sequences, &response);
         pending.drain(..done);
+        gathering_since = (!pending.is_empty()).then_some(polled);
         stats.add_buffered(done as u64);
         if done < batch.len() {
             warn!(shard = reader.shard_id, failed = batch.len() - done, "redelivering from the first failed record");
             backoff.wait(retry).await;
             retry += 1;
-        } else {
-            retry = 0;
+            continue;
+        }
+        retry = 0;
+        if batch.len() < batching.size {
+            tokio::select! {
+                _ = tokio::time::sleep(POLL.saturating_sub(polled.elapsed())) => {}
+                _ = shutdown.changed() => {}
+            }
         }
     }
 }
@@ -137,7 +162,7 @@ pub async fn count_records(mut reader: ShardReader, stats: Arc<Stats>, mut shutd
         stats.played_back.fetch_add(n as u64, Ordering::Relaxed);
         if n == 0 {
             tokio::select! {
-                _ = tokio::time::sleep(IDLE_POLL * 5) => {}
+                _ = tokio::time::sleep(POLL) => {}
                 _ = shutdown.changed() => {}
             }
         }

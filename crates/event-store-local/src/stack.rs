@@ -12,7 +12,10 @@ use std::collections::HashMap;
 use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
 use event_store::archive::object::Bucket;
-use event_store::config::{LoadConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig};
+use event_store::archiver::Archiver;
+use event_store::config::{
+    ArchiveConfig, LoadConfig, PumpConfig, RelayConfig, ScanConfig, StreamsConfig, SubscriptionConfig,
+};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
 use event_store::entity::EntityStore;
@@ -35,13 +38,14 @@ use tokio::task::JoinSet;
 use tracing::{error, warn};
 
 use crate::settings::Settings;
-use crate::source::{count_records, feed_pump, shard_ids, stream_arn, ShardReader};
+use crate::source::{count_records, feed_pump, shard_ids, stream_arn, Batching, ShardReader};
 use crate::stats::Stats;
 
 /// Local invocations get the deadlines the template's timeouts give them in Lambda.
 pub const SCAN_TIMEOUT: Duration = Duration::from_secs(120);
 pub const PLAYBACK_TIMEOUT: Duration = Duration::from_secs(900);
 pub const SUBSCRIPTIONS_TIMEOUT: Duration = Duration::from_secs(900);
+pub const ARCHIVE_TIMEOUT: Duration = Duration::from_secs(900);
 
 pub struct Stack {
     pub settings: Settings,
@@ -194,7 +198,7 @@ impl Stack {
                 arn.clone(),
                 self.region.clone(),
                 pump.clone(),
-                self.settings.batch_size,
+                Batching { size: self.settings.batch_size, window: self.settings.batching_window },
                 self.stats.clone(),
                 shutdown.clone(),
             ));
@@ -254,7 +258,28 @@ impl Stack {
                 }
             }));
         }
-        tasks.spawn(schedule(subs_invoker, self.settings.scan_interval, shutdown.clone()));
+        tasks.spawn(schedule(subs_invoker, self.settings.tick_interval, shutdown.clone()));
+
+        // The archiver on its schedule (`ArchiveRate`, or ARCHIVE_INTERVAL), and its continuations.
+        let (archive_invoker, archive_invocations) = LocalInvoker::with_recursion(recursive_loop("ArchiveFunction"));
+        let archiver = Arc::new(Archiver {
+            dynamo: self.dynamo.clone(),
+            bucket: self.archive.clone(),
+            config: ArchiveConfig::from_env()?,
+        });
+        let continuations = archive_invoker.clone();
+        tasks.spawn(run_invocations(archive_invocations, shutdown.clone(), move |payload| {
+            let (archiver, invoker) = (archiver.clone(), continuations.clone());
+            async move {
+                // The archiver logs its own summary.
+                if let Err(err) = archiver.handle(payload, SystemTime::now() + ARCHIVE_TIMEOUT, &invoker).await {
+                    error!(error = %err, "archiver invocation failed");
+                }
+            }
+        }));
+        // EventBridge's first event comes one rate after the rule is made: the local stack's
+        // start does not archive at once (a restart would otherwise archive on every start).
+        tasks.spawn(schedule_from(archive_invoker, self.settings.archive_interval, false, shutdown.clone()));
         Ok(tasks)
     }
 }
@@ -297,9 +322,15 @@ async fn feed_relay(mut reader: TableStreamReader, relay: Relay, mut shutdown: w
 /// How often the local relay polls the entity table's stream (Lambda polls a DynamoDB stream 4 times a second).
 const RELAY_POLL: Duration = Duration::from_millis(250);
 
-/// The schedule: like EventBridge, it fires whether or not the last run has finished.
-async fn schedule(invoker: LocalInvoker, interval: Duration, mut shutdown: watch::Receiver<bool>) {
-    let mut ticks = tokio::time::interval(interval);
+/// The schedule: like EventBridge, it fires whether or not the last run has finished. The
+/// first event comes at once (so a fresh local stack has a watermark without waiting a rate).
+async fn schedule(invoker: LocalInvoker, interval: Duration, shutdown: watch::Receiver<bool>) {
+    schedule_from(invoker, interval, true, shutdown).await
+}
+
+async fn schedule_from(invoker: LocalInvoker, interval: Duration, at_once: bool, mut shutdown: watch::Receiver<bool>) {
+    let first = tokio::time::Instant::now() + if at_once { Duration::ZERO } else { interval };
+    let mut ticks = tokio::time::interval_at(first, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -16,7 +16,7 @@ use crate::time::{now_ms, remaining};
 /// How often an awake run starts a pass. Each pass asks each shard once
 /// (`GetRecords`): with the event source mapping's read a second, two of
 /// the five reads a shard allows each second.
-pub const AWAKE_INTERVAL: Duration = Duration::from_secs(1);
+pub const AWAKE_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Scan {
     /// How long after the last want an awake run keeps passing: until a
