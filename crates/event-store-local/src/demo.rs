@@ -26,6 +26,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::watch;
 
+use crate::probes::Probes;
 use crate::settings::Settings;
 use crate::source::{shard_ids, ShardReader};
 use crate::stack::Stack;
@@ -129,6 +130,8 @@ pub struct SubscriptionReport {
     pub sealing_p99_ms: Option<i64>,
     pub delivering_p50_ms: Option<i64>,
     pub delivering_p99_ms: Option<i64>,
+    /// Idle probes' arrival to delivery, ms, in the order sent (`--idle-probes`).
+    pub idle_latencies_ms: Vec<i64>,
     pub delivered: usize,
     pub duplicates: usize,
     pub lost: usize,
@@ -150,7 +153,13 @@ impl Report {
 }
 
 /// `rate`: pixel hits a second at most (none: as fast as `concurrency` allows).
-pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Option<f64>) -> Result<Report> {
+pub async fn run(
+    settings: Settings,
+    events: usize,
+    concurrency: usize,
+    rate: Option<f64>,
+    probes: Probes,
+) -> Result<Report> {
     let started = Instant::now();
     println!("== starting the local stack (emulator on 127.0.0.1:{})", settings.emulator_port);
     let stack = Stack::start(settings).await?;
@@ -251,6 +260,12 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
     let (subscribed, delivered_at) = wait_until_delivered(&stack, &run_id, &stored).await?;
     let seals = sealed.lock().map(|s| s.clone()).unwrap_or_default();
     watching.abort();
+    let idle_latencies = if probes.count > 0 {
+        println!("== {} idle probes: single hits after {} s without traffic each", probes.count, probes.idle.as_secs());
+        crate::probes::run(&stack, &run_id, probes).await?
+    } else {
+        Vec::new()
+    };
     subscriptions.manage(Manage::Delete { name: subscription }).await?;
     let _ = stop.send(true);
     while services.join_next().await.is_some() {}
@@ -270,6 +285,7 @@ pub async fn run(settings: Settings, events: usize, concurrency: usize, rate: Op
         sealing_p99_ms: quantile(&sealing, 0.99),
         delivering_p50_ms: quantile(&delivering, 0.5),
         delivering_p99_ms: quantile(&delivering, 0.99),
+        idle_latencies_ms: idle_latencies,
         delivered: subscription_check.played_back,
         duplicates: subscription_check.duplicates,
         lost: subscription_check.lost,
@@ -369,7 +385,7 @@ async fn archive_first_half(
     Ok(summary)
 }
 
-async fn send_hits(
+pub(crate) async fn send_hits(
     port: u16,
     run_id: &str,
     events: usize,
@@ -411,7 +427,7 @@ async fn send_hits(
 }
 
 /// The run an event belongs to: a pixel hit's `run` parameter, an entity event's `metadata.run`.
-fn run_of(envelope: &Envelope) -> Option<&str> {
+pub(crate) fn run_of(envelope: &Envelope) -> Option<&str> {
     let entity = || envelope.body.as_ref()?.get("metadata")?.get("run")?.as_str();
     envelope.query.get("run").and_then(|v| v.first()).map(String::as_str).or_else(entity)
 }
@@ -657,6 +673,15 @@ pub fn print(report: &Report) {
         ms(sub.delivering_p50_ms),
         ms(sub.delivering_p99_ms)
     );
+    if !sub.idle_latencies_ms.is_empty() {
+        println!(
+            "  after idling        {} probes: arrival to delivery p50 {} ms, p99 {} ms ({:?})",
+            sub.idle_latencies_ms.len(),
+            ms(quantile(&sub.idle_latencies_ms, 0.5)),
+            ms(quantile(&sub.idle_latencies_ms, 0.99)),
+            sub.idle_latencies_ms
+        );
+    }
     for id in &report.duplicate_ids {
         println!("duplicate delivery   {id}");
     }
@@ -700,6 +725,8 @@ impl Report {
             "subscription_sealing_p99_ms": self.subscribed.sealing_p99_ms,
             "subscription_delivering_p50_ms": self.subscribed.delivering_p50_ms,
             "subscription_delivering_p99_ms": self.subscribed.delivering_p99_ms,
+            "subscription_idle_latencies_ms": self.subscribed.idle_latencies_ms,
+            "subscription_idle_latency_p99_ms": quantile(&self.subscribed.idle_latencies_ms, 0.99),
             "wall_seconds": self.wall.as_secs_f64(), "scan_interval_seconds": self.scan_interval.as_secs_f64(),
             "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
             "archived": self.archive.events, "archive_objects": self.archive.objects,

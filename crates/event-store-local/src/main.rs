@@ -14,6 +14,7 @@ mod entities;
 mod glance;
 mod http;
 mod lost;
+mod probes;
 mod sam_local;
 mod settings;
 mod source;
@@ -57,6 +58,12 @@ enum Command {
         /// Also write the report as JSON to this file (the benchmark reads it).
         #[arg(long)]
         report_json: Option<std::path::PathBuf>,
+        /// After the demo, single hits each sent after `--idle-seconds` without traffic, timed to delivery.
+        #[arg(long, default_value_t = 0)]
+        idle_probes: usize,
+        /// Seconds without traffic before each idle probe.
+        #[arg(long, default_value_t = 65)]
+        idle_seconds: u64,
     },
     /// Run a function's deployed artefact (target/lambda/<FUNCTION>/bootstrap, from `make build`)
     /// in a container under `sam local invoke`, against the running local stack; prints its answer.
@@ -122,8 +129,9 @@ fn main() -> ExitCode {
 async fn run(command: Command, settings: Settings) -> Result<bool> {
     match command {
         Command::Local => local(settings).await.map(|_| true),
-        Command::Demo { events, concurrency, rate, report_json } => {
-            let report = demo::run(settings, events, concurrency, rate).await?;
+        Command::Demo { events, concurrency, rate, report_json, idle_probes, idle_seconds } => {
+            let probes = probes::Probes { count: idle_probes, idle: Duration::from_secs(idle_seconds) };
+            let report = demo::run(settings, events, concurrency, rate, probes).await?;
             demo::print(&report);
             if let Some(path) = report_json {
                 std::fs::write(&path, serde_json::to_vec_pretty(&report.to_json())?)

@@ -9,7 +9,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::{buffer_through_pump, TestEnv};
 use event_store::batch::Backoff;
@@ -256,12 +256,14 @@ async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..700, 7), 0);
 }
 
-/// A runner that delivered while it followed hands the partition straight to
-/// a successor at the end of its follow (no wait for the next tick, which
-/// would add up to a tick's interval to the next delivery); one that found
-/// nothing new while it followed ends and leaves the partition to the tick.
+/// A runner follows the sealed log while it brings events and ends once none
+/// came for `follow`; one the tick starts when nothing came ends after its
+/// first look (at idle a tick's runner costs a request or two, not a Lambda
+/// following for most of the minute). Near its deadline, with events lately,
+/// it hands the partition straight to a successor (no wait for the next
+/// tick, which would add up to a tick's interval to the next delivery).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_runner_that_delivered_while_following_hands_over_and_an_idle_one_ends() {
+async fn a_runner_follows_while_events_come_an_idle_one_ends_at_once_and_a_busy_one_hands_over() {
     let env = TestEnv::start(1).await;
     let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
     let start = now_ms() - 60_000;
@@ -270,24 +272,37 @@ async fn a_runner_that_delivered_while_following_hands_over_and_an_idle_one_ends
     }))
     .await
     .unwrap();
-    let config = SubscriptionConfig {
-        follow: Duration::from_secs(4),
-        poll: Duration::from_millis(100),
-        ..runs::subscription_config(&env.names)
-    };
-    // Events sealed while the tick's runner follows (the scan pass seals them within the follow).
+    let follow = Duration::from_secs(3);
+    let config =
+        SubscriptionConfig { follow, poll: Duration::from_millis(100), ..runs::subscription_config(&env.names) };
+    // Nothing sealed since the start: the tick's runner looks once and ends.
+    let looked = Instant::now();
+    let runs = tick(&env, &target, config.clone()).await;
+    assert_eq!(runs.iter().map(|r| (r.status, r.delivered)).collect::<Vec<_>>(), vec![(RunStatus::CaughtUp, 0)]);
+    assert!(looked.elapsed() < follow, "an idle runner does not follow: {:?}", looked.elapsed());
+
+    // Events: the runner delivers them, then follows, delivering what the next pass seals
+    // within `follow` of them, and ends `follow` after the last.
+    stored_events(&env, 0..50, 5, now_ms() - 2_000, 1_000).await;
     let later = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        stored_events(&env, 0..50, 5, now_ms() - 2_000, 1_000).await;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        stored_events(&env, 50..80, 5, now_ms() - 1_000, 500).await;
+        Instant::now()
     };
-    let (runs, ()) = tokio::join!(tick(&env, &target, config), later);
+    let ((runs, ended), last) =
+        tokio::join!(async { (tick(&env, &target, config.clone()).await, Instant::now()) }, later);
+    assert_eq!(runs.iter().map(|r| (r.status, r.delivered)).collect::<Vec<_>>(), vec![(RunStatus::CaughtUp, 80)]);
+    assert!(ended >= last + follow - Duration::from_millis(500), "it followed {follow:?} past the last events");
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..80, 5), 0);
+
+    // Near its deadline (a margin that leaves it two seconds), with events lately: a successor
+    // goes on under the lease, and ends after its first look (nothing new).
+    stored_events(&env, 80..100, 5, now_ms() - 1_000, 500).await;
+    let short = SubscriptionConfig { deadline_margin: Duration::from_secs(898), ..config };
+    let runs = tick(&env, &target, short).await;
     let statuses: Vec<(RunStatus, usize)> = runs.iter().map(|r| (r.status, r.delivered)).collect();
-    assert_eq!(
-        statuses,
-        vec![(RunStatus::Continued, 50), (RunStatus::CaughtUp, 0)],
-        "the runner that delivered while following hands over; its successor, with nothing new, ends"
-    );
-    assert_eq!(assert_all_in_key_order(&target.taken(), 0..50, 5), 0);
+    assert_eq!(statuses, vec![(RunStatus::Continued, 20), (RunStatus::CaughtUp, 0)], "hand-over near the deadline");
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..100, 5), 0);
 
     // A successor handed the lease of a subscription paused meanwhile gives the lease up, so a
     // resume is not kept waiting for it to expire (minutes).

@@ -30,8 +30,10 @@ async fn main() -> Result<(), Error> {
     let (scan, namespace) = (&scan, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         let summary = scan.handle(event.payload, event.context.deadline()).await?;
-        // Embedded metric format: CloudWatch reads the watermark's lag from this log line.
-        if let Some(watermark) = summary.watermark_at_start {
+        // Embedded metric format: CloudWatch reads the watermark's lag from this log line, written
+        // by each segment's pass as it moves its part: how far behind now a pass leaves the
+        // watermark (seconds while it works; a stalled pump or a stuck item makes it grow).
+        if let Some(watermark) = summary.watermark {
             println!("{}", metrics::watermark_lag_line(namespace, watermark, now_ms()));
         }
         Ok::<_, event_store::Error>(summary)

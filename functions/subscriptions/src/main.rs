@@ -32,7 +32,8 @@ async fn main() -> Result<(), Error> {
         invoker,
     )
     .with_archive(archive)
-    .with_keys(keys);
+    .with_keys(keys)
+    .with_metrics();
     let (subscriptions, namespace) = (&subscriptions, namespace.as_str());
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         let (arn, deadline) = (&event.context.invoked_function_arn, event.context.deadline());

@@ -300,8 +300,9 @@ pub struct SubscriptionConfig {
     pub dedupe_window_ms: u64,
     /// Continuations one partition run may chain (`MAX_CONTINUATIONS`); the next tick goes on.
     pub max_continuations: u32,
-    /// How long a caught-up runner keeps following the sealed log (`SUBSCRIPTION_FOLLOW_SECONDS`, default
-    /// 50: just under the tick's minute, so consecutive ticks' runners do not overlap, and the gap is seconds).
+    /// How long a caught-up runner keeps following the sealed log after it last brought events
+    /// (`SUBSCRIPTION_FOLLOW_SECONDS`, default 10): past a gap in traffic this long the runner ends,
+    /// and the awake scan's tick starts one again when events come; one that found none ends at once.
     pub follow: Duration,
     /// How often a caught-up runner reads the watermark (`SUBSCRIPTION_POLL_MS`,
     /// default 250): one `Query` each, only while a runner follows; the awake scan
@@ -350,7 +351,7 @@ impl SubscriptionConfig {
             page_items: env.optional("QUERY_PAGE_ITEMS")?,
             dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
-            follow: Duration::from_secs(env.var_or("SUBSCRIPTION_FOLLOW_SECONDS", 50u64)?),
+            follow: Duration::from_secs(env.var_or("SUBSCRIPTION_FOLLOW_SECONDS", 10u64)?),
             poll: Duration::from_millis(env.var_or("SUBSCRIPTION_POLL_MS", 250u64)?.max(50)),
             lease_slack_ms: 30_000,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,

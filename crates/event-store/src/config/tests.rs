@@ -57,7 +57,7 @@ fn configurations_read_only_their_declared_variables() {
     assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));
     assert_eq!(PlaybackConfig::from_env().unwrap().playback_stream, "value-of-PLAYBACK_STREAM");
     let subscriptions = SubscriptionConfig::from_env().unwrap();
-    assert_eq!((subscriptions.follow.as_secs(), subscriptions.metrics_namespace.as_str()), (50, "EventStore"));
+    assert_eq!((subscriptions.follow.as_secs(), subscriptions.metrics_namespace.as_str()), (10, "EventStore"));
 
     let archive = ArchiveConfig::from_env().unwrap();
     assert_eq!((archive.hot_retention.as_secs(), archive.object_bytes), (30 * 86_400, 16 << 20));

@@ -12,6 +12,18 @@ use crate::metrics::seconds_line;
 
 pub const LAG_METRIC: &str = "SubscriptionLagSeconds";
 
+/// Arrival to delivery of the oldest event of a runner's round, per
+/// subscription (dimension `Subscription`), written by runners as they
+/// deliver: what a consumer waits, beside the lag (which is how far behind
+/// the log a subscription is, also when nothing arrives).
+pub const DELIVERY_LATENCY_METRIC: &str = "DeliveryLatencySeconds";
+
+/// The EMF line for one round's arrival-to-delivery time.
+pub fn delivery_latency_line(namespace: &str, subscription: &str, latency_ms: i64, now_ms: i64) -> String {
+    let seconds = latency_ms as f64 / 1000.0;
+    seconds_line(namespace, DELIVERY_LATENCY_METRIC, seconds, &[("Subscription", subscription)], now_ms)
+}
+
 /// The EMF lines for a tick's lags, at `now_ms`.
 pub fn lag_lines(namespace: &str, tick: &TickSummary, now_ms: i64) -> Vec<String> {
     let seconds = |ms: i64| ms as f64 / 1000.0;
@@ -58,6 +70,12 @@ mod tests {
         assert_eq!(lines[2][LAG_METRIC], 90.0, "the alarm's metric: the largest lag");
         assert_eq!(lines[2]["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([[]]));
         assert_eq!(lines[2]["_aws"]["Timestamp"], 7);
+        let delivered: Value = serde_json::from_str(&delivery_latency_line("EventStore/test", "a", 1_250, 9)).unwrap();
+        assert_eq!(
+            (delivered[DELIVERY_LATENCY_METRIC].as_f64(), delivered["Subscription"].as_str()),
+            (Some(1.25), Some("a"))
+        );
+        assert_eq!(delivered["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["Subscription"]]));
         let idle = lag_lines("n", &TickSummary::default(), 7);
         assert_eq!(idle.len(), 1, "no subscription: still a 0, so a silent tick is what alarms");
     }

@@ -90,6 +90,8 @@ pub struct Subscriptions {
     time_unit_checked: tokio::sync::OnceCell<()>,
     /// Where slots are read from (see `Playback`).
     tiers: crate::playback::tiers::Tiers,
+    /// The CloudWatch namespace runners write their delivery latency to (EMF on stdout), if any.
+    pub(crate) metrics: Option<String>,
 }
 
 /// A partition's place and lag, as the tick and `list` report it.
@@ -209,7 +211,15 @@ impl Subscriptions {
             backoff: Backoff::default(),
             time_unit_checked: Default::default(),
             tiers: crate::playback::tiers::Tiers::new(None),
+            metrics: None,
         }
+    }
+
+    /// Runners write `DeliveryLatencySeconds` lines (embedded metric format, on stdout) to
+    /// the configured `METRICS_NAMESPACE`: in Lambda, where CloudWatch reads them from the log.
+    pub fn with_metrics(mut self) -> Self {
+        self.metrics = Some(self.config.metrics_namespace.clone());
+        self
     }
 
     /// Reads archived slots from `bucket` (`ARCHIVE_BUCKET`).

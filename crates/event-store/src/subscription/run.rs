@@ -66,6 +66,9 @@ pub struct RunSummary {
     pub unreadable: usize,
     /// `Query` requests (slot index and events).
     pub queries: usize,
+    /// The longest arrival-to-delivery of the run's rounds (ms): each round's oldest event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_max_ms: Option<i64>,
     /// Requests to the target (`PutRecords`, `Invoke`).
     pub target_requests: usize,
     /// Where the partition stands at the end of the run (ISO 8601).

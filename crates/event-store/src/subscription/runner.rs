@@ -1,15 +1,17 @@
 //! One partition's runner: takes the partition's lease, then delivers the
 //! partition's newly sealed events from its checkpoint, in rounds (each up
 //! to the sealed end the watermark gives), saving the checkpoint after every
-//! delivery while it holds the lease. Caught up, it keeps following for
-//! `SUBSCRIPTION_FOLLOW_SECONDS` (a look at the watermark every
-//! `SUBSCRIPTION_POLL_MS`), then gives the lease up, and the next tick
-//! starts a runner again; if events came while it followed, it hands the
-//! lease straight to a continuation instead, so a busy partition has no gap
-//! between runners. Near its deadline with more to deliver, it hands over
-//! to a continuation, like playback.
+//! delivery while it holds the lease. Caught up, it keeps following (a look
+//! at the watermark every `SUBSCRIPTION_POLL_MS`) while the sealed log
+//! brings events, its partition's or others', and gives the lease up once
+//! none came for `SUBSCRIPTION_FOLLOW_SECONDS`; a runner that found none at
+//! all gives it up after its first look, so at idle a tick's runner costs a
+//! request or two, not a Lambda following for most of the minute. When
+//! events come again, the awake scan's tick starts a runner within a pass.
+//! Near its deadline, with more to deliver or events lately, it hands the
+//! lease straight to a continuation (no gap between runners), like playback.
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -100,8 +102,8 @@ impl Subscriptions {
             position,
             pending: Vec::new(),
             unreadable: Vec::new(),
+            oldest_queued: None,
             deadline,
-            started: Instant::now(),
             summary,
         };
         let result = runner.run(&task).await;
@@ -131,8 +133,9 @@ struct Runner<'a> {
     pending: Vec<Delivery>,
     /// Events that could not be decoded, parked at the next save.
     unreadable: Vec<Parked>,
+    /// The arrival (ms) of the oldest event queued for delivery in the current round.
+    oldest_queued: Option<i64>,
     deadline: SystemTime,
-    started: Instant,
     summary: RunSummary,
 }
 
@@ -141,36 +144,40 @@ impl Runner<'_> {
         self.recent = self.recent_ids().await?;
         // Everything before this (ms) is delivered: a round runs once the watermark is past it.
         let mut delivered_to = super::position_ms(&self.position);
-        // What the run had delivered when it first caught up: more since means the log moved while it followed.
-        let mut caught_up_with: Option<usize> = None;
+        // Events the rounds met (delivered, parked, or other partitions'), and when that last grew.
+        let (mut met, mut active_at) = (0, None::<Instant>);
         let mut state_checked = Instant::now();
         loop {
             if let Some(end) = self.subs.sealed_to().await?.filter(|end| delivered_to < *end) {
                 match self.round(end).await? {
-                    Round::Done => delivered_to = end,
+                    Round::Done => {
+                        delivered_to = end;
+                        self.record_latency();
+                    }
                     Round::HandOver => return self.hand_over(task).await,
                     Round::Ended(status) => return self.end(status).await,
                 }
             }
-            let delivered = self.summary.delivered + self.summary.parked;
-            let caught_up_with = *caught_up_with.get_or_insert(delivered);
-            // Caught up with the sealed log: follow it a while, then give the partition up, or,
-            // if events came while it followed, hand it straight to a successor (waiting for the
-            // tick would add up to a tick's interval to the delivery of what comes next).
-            let follow_left = self.subs.config.follow.saturating_sub(self.started.elapsed());
-            if follow_left.is_zero()
-                || remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll
-            {
-                if delivered > caught_up_with {
-                    // Not to a successor of a subscription paused or deleted meanwhile (it would
-                    // find it paused and leave the handed-over lease to expire).
-                    return match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
-                        None => self.end(RunStatus::Gone).await,
-                        Some(sub) if sub.state == State::Paused => self.end(RunStatus::Paused).await,
-                        Some(_) => self.hand_over(task).await,
-                    };
-                }
+            let now_met = self.summary.delivered + self.summary.parked + self.summary.other_partitions;
+            if now_met > met {
+                (met, active_at) = (now_met, Some(Instant::now()));
+            }
+            // Caught up with the sealed log: follow it while events come, then give the partition up.
+            let follow_left =
+                active_at.map_or(Duration::ZERO, |at| self.subs.config.follow.saturating_sub(at.elapsed()));
+            if follow_left.is_zero() {
                 return self.end(RunStatus::CaughtUp).await;
+            }
+            // Near the deadline with events lately: hand the partition straight to a successor
+            // (waiting for a tick would add up to a tick's interval to what comes next).
+            if remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll {
+                // Not to a successor of a subscription paused or deleted meanwhile (it would
+                // find it paused and leave the handed-over lease to expire).
+                return match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
+                    None => self.end(RunStatus::Gone).await,
+                    Some(sub) if sub.state == State::Paused => self.end(RunStatus::Paused).await,
+                    Some(_) => self.hand_over(task).await,
+                };
             }
             tokio::time::sleep(self.subs.config.poll.min(follow_left)).await;
             // Paused or deleted meanwhile? Asked once a second at most, whatever the poll
@@ -306,6 +313,7 @@ impl Runner<'_> {
             event: PlayedEvent::new(&event, json, &bytes, self.seq),
         };
         let data = delivered.record(&event, &self.sub.target, offloaded.as_ref())?;
+        self.oldest_queued = Some(self.oldest_queued.map_or(event.arrival, |oldest| oldest.min(event.arrival)));
         self.pending.push(Delivery {
             seq: self.seq,
             slot: event.slot,
@@ -316,6 +324,17 @@ impl Runner<'_> {
         });
         self.seq += 1;
         Ok(())
+    }
+
+    /// After a round: how long its oldest event took from arrival to delivery, in the
+    /// summary and, where metrics are on, as `DeliveryLatencySeconds` for the subscription.
+    fn record_latency(&mut self) {
+        let Some(oldest) = self.oldest_queued.take() else { return };
+        let (now, latency) = (now_ms(), (now_ms() - oldest).max(0));
+        self.summary.latency_max_ms = self.summary.latency_max_ms.max(Some(latency));
+        if let Some(namespace) = &self.subs.metrics {
+            println!("{}", super::metrics::delivery_latency_line(namespace, &self.sub.name, latency, now));
+        }
     }
 
     async fn deliver_pending(&mut self) -> Result<Option<Round>> {
