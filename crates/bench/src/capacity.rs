@@ -82,6 +82,9 @@ pub struct Measured {
     pub pack_mb_per_second: f64,
     /// The cold tier's figures (`archive` in bench/results.json), once measured.
     pub archive: Option<serde_json::Value>,
+    /// The local stack's own DynamoDB and Kinesis requests per minute while idle, by
+    /// operation (`subscription.idle_requests_per_minute`), once measured.
+    pub idle_requests_per_minute: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 impl Measured {
@@ -101,6 +104,10 @@ impl Measured {
             stored_bytes_per_event: figure("stored_bytes_per_event")?,
             pack_mb_per_second: figure("pack_mb_per_second")?,
             archive: results.get("archive").cloned(),
+            idle_requests_per_minute: serde_json::from_value(
+                results["subscription"]["idle_requests_per_minute"].clone(),
+            )
+            .ok(),
         })
     }
 }
@@ -331,7 +338,7 @@ pub fn render(m: &Measured) -> String {
     md.push_str(&row("event stream shards (`EventShardCount`; 1,000 records and 1 MiB a second each)", &|p| {
         thousands(p.shards as u64)
     }));
-    md.push_str(&row("pump invocations per shard a second (batch of 500 or the 1 s window)", &|p| {
+    md.push_str(&row("pump invocations per shard a second (a batch of 500, or what the poll a second finds)", &|p| {
         format!("{:.2}", p.pump_invocations_per_shard_s)
     }));
     md.push_str(&row("pump busy share of each shard's time (128 MB; ParallelizationFactor 1)", &|p| {
@@ -339,7 +346,7 @@ pub fn render(m: &Measured) -> String {
     }));
     md.push_str(&row("chunk size (a batch's events of one slot)", &|p| format!("{:.0} KB", p.chunk_bytes / 1024.0)));
     md.push_str(&row(
-        "scan segments (`ScanSegments`; a pass in half the 60 s cycle, *assumed* 5 MB/s a segment)",
+        "scan segments (`ScanSegments`; a minute's pass, the schedule's when no awake run passes, in half the minute, *assumed* 5 MB/s a segment)",
         &|p| thousands(p.scan_segments as u64),
     ));
     md.push_str(&row("scan pass", &|p| format!("{:.1} s", p.scan_pass_s)));
@@ -403,11 +410,112 @@ pub fn render(m: &Measured) -> String {
                 .join(" | ")
         ));
     }
+    if let Some(idle) = &m.idle_requests_per_minute {
+        md.push_str(&in_seconds(idle, &m.date));
+    }
     if let Some(archive) = &m.archive {
         md.push_str(&cold_tier(archive));
     }
     md.push_str(NOTES);
     md
+}
+
+/// Seconds in a month (730 hours, as AWS prices a month).
+const MONTH_S: f64 = 730.0 * 3600.0;
+/// The template's memory for the scan (the global default) and the subscriptions function.
+const SCAN_MEMORY_MB: f64 = 128.0;
+const SUBSCRIPTIONS_MEMORY_MB: f64 = 256.0;
+/// The demo's subscription, which the idle figures were measured with.
+const PARTITIONS: f64 = 4.0;
+/// Awake passes a second (`scan::AWAKE_INTERVAL`, 500 ms) and runner polls a second (`SUBSCRIPTION_POLL_MS`, 250).
+const PASSES_PER_S: f64 = 2.0;
+const POLLS_PER_S: f64 = 4.0;
+/// *Assumed* billed duration of a scheduled or forked invocation with little to do
+/// (a segment pass, a tick, an idle runner's look): a few sequential requests.
+const SHORT_INVOCATION_S: f64 = 0.3;
+/// DynamoDB requests of one awake pass besides the events it moves, counted from the code
+/// (scan/awake.rs, scan/mod.rs): writes (the lease renewal, the segment's claim, its end,
+/// its part of the watermark), reads (the watermark, the passes, the shard positions, the
+/// buffer's page); and a tick's reads (the definitions and partitions, the watermark).
+const PASS_WRITES: f64 = 4.0;
+const PASS_READS: f64 = 4.0;
+const TICK_READS: f64 = 2.0;
+
+fn is_write(operation: &str) -> bool {
+    ["PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"]
+        .iter()
+        .any(|w| operation.ends_with(w))
+}
+
+/// What keeping sealing and delivery in seconds costs a month: at idle (the
+/// stack's requests measured while idle, the schedules' invocations), and the
+/// fixed part while events come (the awake scan, its ticks, followers).
+fn in_seconds(idle_per_minute: &std::collections::BTreeMap<String, f64>, date: &str) -> String {
+    let gb_s = |seconds: f64, mb: f64| seconds * mb / 1024.0 * LAMBDA_ARM_PER_GB_SECOND;
+    let requests = |n: f64| n / 1e6 * LAMBDA_PER_MILLION_REQUESTS;
+    let minutes = MONTH_S / 60.0;
+    // DynamoDB: small bookkeeping items, a unit a request (Kinesis reads are not billed per request).
+    let dynamo_per_minute =
+        |writes: f64, reads: f64| writes * DYNAMO_PER_MILLION_WRU / 1e6 + reads * DYNAMO_PER_MILLION_RRU / 1e6;
+    let (writes, reads) = idle_per_minute
+        .iter()
+        .filter(|(op, _)| op.starts_with("DynamoDB."))
+        .fold((0.0, 0.0), |(w, r), (op, n)| if is_write(op) { (w + n, r) } else { (w, r + n) });
+    // Each minute: the scan's schedule and its segment's fork (128 MB), the tick and a runner's
+    // look per partition (256 MB), each a short invocation.
+    let (scan_invocations, subs_invocations) = (2.0, 1.0 + PARTITIONS);
+    let idle = [
+        requests((scan_invocations + subs_invocations) * minutes),
+        minutes
+            * (scan_invocations * gb_s(SHORT_INVOCATION_S, SCAN_MEMORY_MB)
+                + subs_invocations * gb_s(SHORT_INVOCATION_S, SUBSCRIPTIONS_MEMORY_MB)),
+        minutes * dynamo_per_minute(writes, reads),
+    ];
+    // While events come: one awake run (128 MB, all the time), a segment fork and a tick per pass,
+    // a runner per partition following (256 MB, all the time), their requests.
+    let per_s = |n: f64| n * MONTH_S;
+    let busy = [
+        requests(per_s(2.0 * PASSES_PER_S)),
+        gb_s(MONTH_S, SCAN_MEMORY_MB)
+            + per_s(PASSES_PER_S)
+                * (gb_s(SHORT_INVOCATION_S, SCAN_MEMORY_MB) + gb_s(SHORT_INVOCATION_S, SUBSCRIPTIONS_MEMORY_MB))
+            + PARTITIONS * gb_s(MONTH_S, SUBSCRIPTIONS_MEMORY_MB),
+        per_s(1.0 / 60.0)
+            * dynamo_per_minute(
+                60.0 * PASSES_PER_S * PASS_WRITES,
+                60.0 * (PASSES_PER_S * (PASS_READS + TICK_READS) + PARTITIONS * POLLS_PER_S),
+            ),
+    ];
+    let total = |parts: &[f64; 3]| parts.iter().sum::<f64>();
+    format!(
+        "\n## Seconds, not a minute: what it costs\n\n\
+         A deployed stack seals and delivers within seconds ([subscriptions.md](subscriptions.md#latency)): \
+         the pump wakes the scan, which passes every half second while events come and starts the \
+         subscriptions' tick; runners follow while events come. At idle nothing runs but the schedules: the \
+         scan's and the tick's minute, whose runners look once and end. A month (730 h), one subscription of \
+         {PARTITIONS} partitions, arm64:\n\n\
+         | $ a month | idle | while events come (fixed, beside the per-event costs above) |\n|---|---|---|\n\
+         | Lambda requests (idle: {idle_invocations:.0} a minute; busy: a segment pass and a tick per pass) | {:.2} | {:.2} |\n\
+         | Lambda duration (idle: *assumed* {SHORT_INVOCATION_S} s each; busy: the awake run and {PARTITIONS} runners all the time) | {:.2} | {:.2} |\n\
+         | DynamoDB bookkeeping requests (idle: measured, {writes:.1} writes and {reads:.1} reads a minute; busy: counted per pass, tick and poll) | {:.2} | {:.2} |\n\
+         | **total** (idle target: <= $5) | **{:.2}** | **{:.2}** |\n\n\
+         Idle requests measured by `make bench` on {date} (the local stack with the template's settings, \
+         between the idle probes; a unit a request, as bookkeeping items are small); Kinesis reads are not \
+         billed per request. Not included: the stack's standing costs, unchanged by any of this (each \
+         provisioned shard ${shard:.2} a month, the alarms). While events come, the runners following (a \
+         Lambda each, all the time) are most of the fixed part; a runner ends `SUBSCRIPTION_FOLLOW_SECONDS` \
+         after the last event, so traffic with longer gaps pays a runner start per event instead.\n",
+        idle[0],
+        busy[0],
+        idle[1],
+        busy[1],
+        idle[2],
+        busy[2],
+        total(&idle),
+        total(&busy),
+        idle_invocations = scan_invocations + subs_invocations,
+        shard = KINESIS_SHARD_HOUR * 730.0,
+    )
 }
 
 /// The cold tier's section: what keeping events costs once they move to S3.
@@ -515,6 +623,7 @@ mod tests {
     fn measured() -> Measured {
         Measured {
             archive: None,
+            idle_requests_per_minute: None,
             date: "test".into(),
             write_units_per_event: 0.5,
             read_units_per_event: 0.1,

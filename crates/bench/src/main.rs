@@ -34,6 +34,7 @@ mod archive;
 mod capacity;
 mod cold_start;
 mod entity;
+mod latency;
 mod privacy;
 mod raw;
 
@@ -568,42 +569,8 @@ fn bootstrap_sizes() -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// Pixel hits a second in the latency run: a pace the emulator keeps up
-/// with (moto serves every request on one Python core; saturated, it would
-/// measure its own queue, not the pipeline's latency).
-const DEMO_RATE: f64 = 40.0;
-/// Arrival to delivery through a subscription at that steady rate, with the
-/// template's defaults (issue 43's targets).
-const SUBSCRIPTION_LATENCY_P50_TARGET_MS: i64 = 1_500;
-const SUBSCRIPTION_LATENCY_TARGET_MS: i64 = 3_000;
-/// Single events after idling: probes, the quiet time before each (longer
-/// than the subscriptions' and the scan's minute), and the p99 target.
-const IDLE_PROBES: usize = 10;
-const IDLE_SECONDS: u64 = 65;
-const IDLE_LATENCY_TARGET_MS: i64 = 5_000;
 /// Cold starts per function (the median is reported).
 const COLD_STARTS: usize = 5;
-
-/// Runs the real local stack (`event-store-local demo`, release) against the
-/// bench's emulator and returns its report, pixel-to-table latency included.
-async fn demo_latency(root: &std::path::Path, emulator: &Emulator) -> Result<serde_json::Value> {
-    let report = root.join("target/bench-demo.json");
-    let status = tokio::process::Command::new(root.join("target/release/event-store-local"))
-        .args(["demo", "--events", "1200", "--concurrency", "4", "--rate", &DEMO_RATE.to_string(), "--report-json"])
-        .arg(&report)
-        .args(["--idle-probes", &IDLE_PROBES.to_string(), "--idle-seconds", &IDLE_SECONDS.to_string()])
-        // What a deployment runs: the template's settings, no local override.
-        .env_remove("SCAN_INTERVAL")
-        .env("EMULATOR_PORT", emulator.port.to_string())
-        .env("PORT", event_store_emulator::free_port().to_string())
-        .env("STAGE", "bench-demo")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .await
-        .context("running target/release/event-store-local (cargo build --release first)")?;
-    anyhow::ensure!(status.success(), "the demo failed");
-    Ok(serde_json::from_slice(&std::fs::read(&report)?)?)
-}
 
 /// A function's own environment variables.
 type Env<'a> = Vec<(&'a str, &'a str)>;
@@ -746,6 +713,18 @@ async fn main() -> Result<()> {
         );
         return Ok(());
     }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("latency") {
+        let (latency, subscription, md) = latency::run(&root, &emulator, (&date, &machine)).await?;
+        std::fs::write(dir.join("latency.md"), &md)?;
+        // The other figures stay as the last full run left them; these are this run's.
+        let path = dir.join("results.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        json["latency"] = latency;
+        json["subscription"] = subscription;
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+        println!("wrote bench/latency.md and results.json's latency and subscription (BENCH_ONLY=latency)");
+        return write_capacity(&root);
+    }
     if std::env::var("BENCH_ONLY").as_deref() == Ok("archive") {
         let (archived, _) = bench_archive(&root, &sdk, events, (&date, &machine)).await?;
         // The other figures stay as the last full run left them; `archive` is this run's.
@@ -810,11 +789,8 @@ async fn main() -> Result<()> {
         }
         results.push(result);
     }
-    println!(
-        "== latency: `event-store-local demo` at {DEMO_RATE} hits/s with the template's settings, then {IDLE_PROBES} probes after {IDLE_SECONDS} s idle each"
-    );
-    let latency = demo_latency(&root, &emulator).await?;
-    println!("   {latency}");
+    let (latency, subscription, latency_md) = latency::run(&root, &emulator, (&date, &machine)).await?;
+    std::fs::write(dir.join("latency.md"), &latency_md)?;
     println!("== cold starts of the x86_64 release binaries under a Lambda runtime API ({COLD_STARTS} each)");
     let cold = cold_starts(&root, &sdk, &emulator.endpoint).await?;
     for (name, c) in &cold {
@@ -824,19 +800,6 @@ async fn main() -> Result<()> {
         );
     }
     let bootstraps: BTreeMap<&str, u64> = bootstrap_sizes().into_iter().collect();
-    let subscription = serde_json::json!({
-        "latency_p50_ms": latency["subscription_latency_p50_ms"],
-        "latency_p99_ms": latency["subscription_latency_p99_ms"],
-        "latency_target_ms": SUBSCRIPTION_LATENCY_TARGET_MS,
-        "sealing_p50_ms": latency["subscription_sealing_p50_ms"],
-        "sealing_p99_ms": latency["subscription_sealing_p99_ms"],
-        "delivering_p50_ms": latency["subscription_delivering_p50_ms"],
-        "delivering_p99_ms": latency["subscription_delivering_p99_ms"],
-        "idle_latencies_ms": latency["subscription_idle_latencies_ms"],
-        "idle_latency_p99_ms": latency["subscription_idle_latency_p99_ms"],
-        "idle_latency_target_ms": IDLE_LATENCY_TARGET_MS,
-        "latency_p50_target_ms": SUBSCRIPTION_LATENCY_P50_TARGET_MS,
-    });
     let json = serde_json::json!({
         "date": date, "machine": machine, "results": results, "arm64_bootstrap_bytes": bootstraps,
         "latency": latency, "subscription": subscription, "cold_starts": cold, "entity": entity,
@@ -845,36 +808,7 @@ async fn main() -> Result<()> {
     });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = markdown(&results, &machine, &date);
-    md.push_str(&format!(
-        "\nPixel hit to event-table item (`event-store-local demo`, {} hits at {DEMO_RATE}/s, scan every {} s): p50 {} ms, p99 {} ms.\n",
-        latency["sent"], latency["scan_interval_seconds"], latency["latency_p50_ms"], latency["latency_p99_ms"]
-    ));
-    let within = |key: &str, target: i64| subscription[key].as_i64().is_some_and(|v| v <= target);
-    let met = within("latency_p50_ms", SUBSCRIPTION_LATENCY_P50_TARGET_MS)
-        && within("latency_p99_ms", SUBSCRIPTION_LATENCY_TARGET_MS);
-    let idle_met = within("idle_latency_p99_ms", IDLE_LATENCY_TARGET_MS);
-    md.push_str(&format!(
-        "\nArrival (Kinesis arrival of the event) to delivery (Kinesis arrival on the subscription's target stream), \
-         the demo's subscription (4 partitions) at a steady {DEMO_RATE} hits/s with the template's settings (no \
-         local override: the scan on its minute schedule, woken by the pump; `WATERMARK_LAG_MS`, \
-         `SUBSCRIPTION_POLL_MS` and the rest at their defaults): p50 {} ms, p99 {} ms (targets: p50 <= \
-         {SUBSCRIPTION_LATENCY_P50_TARGET_MS} ms, p99 <= {SUBSCRIPTION_LATENCY_TARGET_MS} ms: {}).\n\n\
-         Single hits after idling ({IDLE_PROBES} probes, each after {IDLE_SECONDS} s without traffic): p99 {} ms \
-         (target: <= {IDLE_LATENCY_TARGET_MS} ms: {}); each: {}.\n\nWhere the steady figure goes, split where the \
-         watermark (read every 100 ms) first passed each event:\n\n| part | what waits | p50 ms | p99 ms |\n|---|---|---|---|\n\
-         | arrival to sealed | the pump's poll, the awake scan's next pass and its length | {} | {} |\n\
-         | sealed to delivered | the runner's poll, its read of the slot, the put | {} | {} |\n",
-        subscription["latency_p50_ms"],
-        subscription["latency_p99_ms"],
-        if met { "met" } else { "missed" },
-        subscription["idle_latency_p99_ms"],
-        if idle_met { "met" } else { "missed" },
-        subscription["idle_latencies_ms"],
-        subscription["sealing_p50_ms"],
-        subscription["sealing_p99_ms"],
-        subscription["delivering_p50_ms"],
-        subscription["delivering_p99_ms"],
-    ));
+    md.push_str(&latency_md);
     md.push_str(&format!(
         "\nCold start of each x86_64 release binary under a minimal Lambda runtime API (median of {COLD_STARTS}; \
          absolute times, so noisy on a shared machine):\n\n| function | init ms | first response ms | peak RSS MB | outcome |\n|---|---|---|---|---|\n"

@@ -132,6 +132,8 @@ pub struct SubscriptionReport {
     pub delivering_p99_ms: Option<i64>,
     /// Idle probes' arrival to delivery, ms, in the order sent (`--idle-probes`).
     pub idle_latencies_ms: Vec<i64>,
+    /// The stack's AWS requests per minute while it idled before the probes, by operation.
+    pub idle_requests_per_minute: std::collections::BTreeMap<String, f64>,
     pub delivered: usize,
     pub duplicates: usize,
     pub lost: usize,
@@ -260,11 +262,11 @@ pub async fn run(
     let (subscribed, delivered_at) = wait_until_delivered(&stack, &run_id, &stored).await?;
     let seals = sealed.lock().map(|s| s.clone()).unwrap_or_default();
     watching.abort();
-    let idle_latencies = if probes.count > 0 {
+    let idle = if probes.count > 0 {
         println!("== {} idle probes: single hits after {} s without traffic each", probes.count, probes.idle.as_secs());
         crate::probes::run(&stack, &run_id, probes).await?
     } else {
-        Vec::new()
+        crate::probes::Measured::default()
     };
     subscriptions.manage(Manage::Delete { name: subscription }).await?;
     let _ = stop.send(true);
@@ -285,7 +287,8 @@ pub async fn run(
         sealing_p99_ms: quantile(&sealing, 0.99),
         delivering_p50_ms: quantile(&delivering, 0.5),
         delivering_p99_ms: quantile(&delivering, 0.99),
-        idle_latencies_ms: idle_latencies,
+        idle_latencies_ms: idle.latencies_ms,
+        idle_requests_per_minute: idle.idle_requests_per_minute,
         delivered: subscription_check.played_back,
         duplicates: subscription_check.duplicates,
         lost: subscription_check.lost,
@@ -727,6 +730,7 @@ impl Report {
             "subscription_delivering_p99_ms": self.subscribed.delivering_p99_ms,
             "subscription_idle_latencies_ms": self.subscribed.idle_latencies_ms,
             "subscription_idle_latency_p99_ms": quantile(&self.subscribed.idle_latencies_ms, 0.99),
+            "idle_requests_per_minute": self.subscribed.idle_requests_per_minute,
             "wall_seconds": self.wall.as_secs_f64(), "scan_interval_seconds": self.scan_interval.as_secs_f64(),
             "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
             "archived": self.archive.events, "archive_objects": self.archive.objects,

@@ -6,6 +6,7 @@
 //! shard with nothing new holds the watermark that far behind a pass), the
 //! subscriptions' tick started by the scan and a runner's start.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -27,9 +28,20 @@ pub struct Probes {
     pub idle: Duration,
 }
 
+/// What the probes measured.
+#[derive(Debug, Default)]
+pub struct Measured {
+    /// Each probe's arrival to delivery (ms), in the order sent.
+    pub latencies_ms: Vec<i64>,
+    /// The stack's own AWS requests while it idled (the schedules, the scan's and the
+    /// subscriptions' minute), per operation, per minute.
+    pub idle_requests_per_minute: BTreeMap<String, f64>,
+}
+
 /// Sends `probes.count` hits of run `run_id`, each after `probes.idle` without traffic
-/// (the last delivery before it), and returns each one's arrival-to-delivery time (ms).
-pub async fn run(stack: &Stack, run_id: &str, probes: Probes) -> Result<Vec<i64>> {
+/// (the last delivery before it), timing each to its delivery, and counts the requests
+/// the stack makes while it idles.
+pub async fn run(stack: &Stack, run_id: &str, probes: Probes) -> Result<Measured> {
     let stream = stack.settings.names.subscription_stream.clone();
     // Readers at the stream's end: the probes' records are the next ones.
     let mut readers = Vec::new();
@@ -38,10 +50,17 @@ pub async fn run(stack: &Stack, run_id: &str, probes: Probes) -> Result<Vec<i64>
         while !reader.next().await?.is_empty() {}
         readers.push(reader);
     }
-    let mut latencies = Vec::new();
+    let mut out = Measured::default();
+    let mut idled = Duration::ZERO;
     for i in 0..probes.count {
         println!("   probe {}/{}: {} s without traffic first", i + 1, probes.count, probes.idle.as_secs());
+        let before = stack.counter.snapshot();
         tokio::time::sleep(probes.idle).await;
+        for (operation, after) in stack.counter.snapshot() {
+            let made = after.saturating_sub(before.get(&operation).copied().unwrap_or(0));
+            *out.idle_requests_per_minute.entry(operation).or_default() += made as f64;
+        }
+        idled += probes.idle;
         let probe = format!("{run_id}-probe-{i}");
         let (accepted, _) = crate::demo::send_hits(stack.settings.port, &probe, 1, (1, None)).await;
         if accepted != 1 {
@@ -58,9 +77,12 @@ pub async fn run(stack: &Stack, run_id: &str, probes: Probes) -> Result<Vec<i64>
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         println!("   probe {}/{}: delivered {latency} ms after its arrival", i + 1, probes.count);
-        latencies.push(latency);
+        out.latencies_ms.push(latency);
     }
-    Ok(latencies)
+    let minutes = idled.as_secs_f64() / 60.0;
+    out.idle_requests_per_minute.retain(|_, made| *made > 0.0);
+    out.idle_requests_per_minute.values_mut().for_each(|made| *made /= minutes.max(1e-9));
+    Ok(out)
 }
 
 /// The probe's arrival-to-delivery time, if its record is among those the readers read now.
