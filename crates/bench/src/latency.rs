@@ -90,7 +90,7 @@ fn markdown(latency: &Value, subscription: &Value, date: &str, machine: &str) ->
          | part | what waits | p50 ms | p99 ms |\n|---|---|---|---|\n\
          | arrival to sealed | the pump's poll, the awake scan's next pass and its length | {} | {} |\n\
          | sealed to delivered | the runner's poll, its read of the slot, the put | {} | {} |\n\n\
-         The stack's own requests per minute while idle (the schedules alone): {}.\n",
+         The stack's own requests per minute while idle (from 15 s after a delivery: the schedules alone): {}.\n",
         latency["sent"],
         latency["latency_p50_ms"],
         latency["latency_p99_ms"],

@@ -68,6 +68,8 @@ pub fn subscription_config(names: &Names) -> SubscriptionConfig {
         follow: Duration::ZERO,
         poll: Duration::from_millis(250),
         lease_slack_ms: 1_000,
+        // Tests retry an unavailable target at once (one test checks the backoff itself).
+        unavailable_backoff: Duration::ZERO,
         metrics_namespace: "EventStore/local".into(),
         archive_bucket: None,
         subjects: None,

@@ -17,6 +17,10 @@ use event_store::playback::PlayedEvent;
 use crate::source::{shard_ids, ShardReader};
 use crate::stack::Stack;
 
+/// How long after the last delivery idle requests start to be counted (longer than
+/// `SUBSCRIPTION_FOLLOW_SECONDS` and the awake scan's linger).
+const SETTLE: Duration = Duration::from_secs(15);
+
 /// How long a probe may take to be delivered before the demo gives up on it.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -54,13 +58,16 @@ pub async fn run(stack: &Stack, run_id: &str, probes: Probes) -> Result<Measured
     let mut idled = Duration::ZERO;
     for i in 0..probes.count {
         println!("   probe {}/{}: {} s without traffic first", i + 1, probes.count, probes.idle.as_secs());
+        // The runners' follow and the awake scan's linger end first: then only the schedules run.
+        let settle = SETTLE.min(probes.idle);
+        tokio::time::sleep(settle).await;
         let before = stack.counter.snapshot();
-        tokio::time::sleep(probes.idle).await;
+        tokio::time::sleep(probes.idle - settle).await;
         for (operation, after) in stack.counter.snapshot() {
             let made = after.saturating_sub(before.get(&operation).copied().unwrap_or(0));
             *out.idle_requests_per_minute.entry(operation).or_default() += made as f64;
         }
-        idled += probes.idle;
+        idled += probes.idle - settle;
         let probe = format!("{run_id}-probe-{i}");
         let (accepted, _) = crate::demo::send_hits(stack.settings.port, &probe, 1, (1, None)).await;
         if accepted != 1 {

@@ -77,6 +77,10 @@ impl Settings {
             None => template.rate(Scheduled::Subscriptions)?,
         };
         let (batch_size, batching_window) = template.pump_batching()?;
+        let batch_size: usize = var_or(lookup, "PUMP_BATCH_SIZE", batch_size)?;
+        if !(1..=10_000).contains(&batch_size) {
+            bail!("PUMP_BATCH_SIZE must be 1 to 10000 (a Kinesis event source mapping's range)");
+        }
         let shards = template.parameter_default("EventShardCount").and_then(|s| s.parse().ok()).unwrap_or(1);
         Ok(Self {
             emulator_port: var_or(lookup, "EMULATOR_PORT", 4566)?,
@@ -85,7 +89,7 @@ impl Settings {
             scan_interval,
             tick_interval,
             archive_interval: seconds_or(lookup, "ARCHIVE_INTERVAL", template.rate(Scheduled::Archive)?)?,
-            batch_size: var_or(lookup, "PUMP_BATCH_SIZE", batch_size)?,
+            batch_size,
             batching_window,
             shards: var_or(lookup, "SHARDS", shards)?,
             moto_server: event_store_emulator::moto_server(Path::new(".")),
@@ -212,5 +216,6 @@ mod tests {
         assert!(!environment.contains_key("SCAN_SEGMENTS"), "the shell's value stays");
         assert_eq!(environment.get("TIME_UNIT"), settings.function_defaults.get("TIME_UNIT"));
         assert!(Settings::from_lookup(&|name: &str| (name == "SCAN_INTERVAL").then(|| "0".to_owned())).is_err());
+        assert!(Settings::from_lookup(&|name: &str| (name == "PUMP_BATCH_SIZE").then(|| "0".to_owned())).is_err());
     }
 }

@@ -321,19 +321,26 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let marks: Vec<i64> = summaries.iter().filter_map(|s| s.watermark).collect();
     assert_eq!(marks.len(), 4, "each of the 4 segments finished its pass");
-    assert!(summaries.iter().all(|s| s.watermark_at_start.is_none()), "no watermark yet: no lag metric");
+    assert!(summaries.iter().all(|s| s.watermark_at_start.is_none()), "no watermark when the run started");
     let (slots, _) = slot_index::read_index(&env.dynamo, table, T0 - 60_000, T0 + 120_000).await.unwrap();
     assert_eq!(slots.iter().map(|s| s.slot).collect::<Vec<_>>(), vec![T0, T0 + 5_000, T0 + 61_000]);
     let first = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
     assert!(first >= before - 1 && first <= now_ms(), "pass start, no lag allowed in this config: {first} vs {before}");
+    // The lag metric's watermark, read as each segment's pass ends: none until all four have
+    // a part (nothing is sealed before), then the watermark itself.
+    let ends: Vec<i64> = summaries.iter().filter_map(|s| s.sealed_to).collect();
+    assert!(ends.contains(&first) && ends.iter().all(|w| *w <= first), "{ends:?} vs {first}");
 
     env.counter.reset();
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let second = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
     assert!(second > first, "a later pass moves it on");
-    // The scheduled run reports the watermark it found, for the lag metric its function writes.
+    // The scheduled run reports the watermark it found (the awake run tells the subscriptions
+    // when it moved); each segment's end the watermark then, for the lag metric.
     let found: Vec<i64> = summaries.iter().filter_map(|s| s.watermark_at_start).collect();
-    assert_eq!(found, vec![first], "the scheduled run, and only it, reads the watermark");
+    assert_eq!(found, vec![first], "the scheduled run, and only it, reads the watermark at its start");
+    let ends: Vec<i64> = summaries.iter().filter_map(|s| s.sealed_to).collect();
+    assert!(ends.contains(&second) && ends.iter().all(|w| (first..=second).contains(w)), "{ends:?}");
     common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
 }
 

@@ -272,7 +272,7 @@ async fn a_runner_follows_while_events_come_an_idle_one_ends_at_once_and_a_busy_
     }))
     .await
     .unwrap();
-    let follow = Duration::from_secs(3);
+    let follow = Duration::from_secs(5);
     let config =
         SubscriptionConfig { follow, poll: Duration::from_millis(100), ..runs::subscription_config(&env.names) };
     // Nothing sealed since the start: the tick's runner looks once and ends.
@@ -295,10 +295,11 @@ async fn a_runner_follows_while_events_come_an_idle_one_ends_at_once_and_a_busy_
     assert!(ended >= last + follow - Duration::from_millis(500), "it followed {follow:?} past the last events");
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..80, 5), 0);
 
-    // Near its deadline (a margin that leaves it two seconds), with events lately: a successor
-    // goes on under the lease, and ends after its first look (nothing new).
+    // Near its deadline (a margin that leaves it five seconds), with events lately: a successor
+    // goes on under the lease, follows (it was handed the partition because events came), and
+    // ends `follow` later with nothing new.
     stored_events(&env, 80..100, 5, now_ms() - 1_000, 500).await;
-    let short = SubscriptionConfig { deadline_margin: Duration::from_secs(898), ..config };
+    let short = SubscriptionConfig { deadline_margin: Duration::from_secs(895), ..config };
     let runs = tick(&env, &target, short).await;
     let statuses: Vec<(RunStatus, usize)> = runs.iter().map(|r| (r.status, r.delivered)).collect();
     assert_eq!(statuses, vec![(RunStatus::Continued, 20), (RunStatus::CaughtUp, 0)], "hand-over near the deadline");
@@ -488,6 +489,32 @@ async fn an_unavailable_target_holds_the_partition_and_nothing_is_skipped() {
     assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..300, 5), 0);
     assert_eq!(assert_all_in_key_order(&on_stream(&env, gone_stream).await, 0..300, 5), 0);
+}
+
+/// A partition whose target was unavailable keeps its lease for the backoff:
+/// the ticks the awake scan starts twice a second while events come do not
+/// retry the target at that pace; after the backoff the next tick does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_whose_target_was_unavailable_is_left_alone_for_the_backoff() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    stored_events(&env, 0..50, 5, T0, 1_000).await;
+    let create = json!({"action": "create", "name": "later", "start": format_ms(T0), "target": {"lambda": CONSUMER}});
+    manage(&env, &target, create).await.unwrap();
+    let backoff = Duration::from_secs(3);
+    let config = SubscriptionConfig { unavailable_backoff: backoff, ..runs::subscription_config(&env.names) };
+    target.consume_with(|_| Answer::Throttled);
+    let runs = tick(&env, &target, config.clone()).await;
+    // The lease is kept until at most the backoff from now (the run ended before the tick returned).
+    let refused = Instant::now();
+    assert_eq!(runs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![RunStatus::Unavailable]);
+    target.consume_with(|_| Answer::Ok(Value::Null));
+    let runs = tick(&env, &target, config.clone()).await;
+    assert!(runs.is_empty() || refused.elapsed() >= backoff, "no runner within the backoff: {runs:?}");
+    tokio::time::sleep(backoff.saturating_sub(refused.elapsed()) + Duration::from_millis(500)).await;
+    let runs = tick(&env, &target, config).await;
+    assert_eq!(runs.iter().map(|r| (r.status, r.delivered)).collect::<Vec<_>>(), vec![(RunStatus::CaughtUp, 50)]);
+    assert_eq!(assert_all_in_key_order(&target.taken(), 0..50, 5), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

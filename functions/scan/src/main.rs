@@ -31,9 +31,9 @@ async fn main() -> Result<(), Error> {
     run(service_fn(move |event: LambdaEvent<Value>| async move {
         let summary = scan.handle(event.payload, event.context.deadline()).await?;
         // Embedded metric format: CloudWatch reads the watermark's lag from this log line, written
-        // by each segment's pass as it moves its part: how far behind now a pass leaves the
-        // watermark (seconds while it works; a stalled pump or a stuck item makes it grow).
-        if let Some(watermark) = summary.watermark {
+        // by each segment's pass as it ends: how far behind now the watermark (all segments) is
+        // then (seconds while it works; a stalled pump, a stuck item or a failing segment grows it).
+        if let Some(watermark) = summary.sealed_to {
             println!("{}", metrics::watermark_lag_line(namespace, watermark, now_ms()));
         }
         Ok::<_, event_store::Error>(summary)

@@ -187,7 +187,7 @@ impl ScanConfig {
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        let segments: u32 = env.var_or("SCAN_SEGMENTS", 4)?;
+        let segments: u32 = env.var_or("SCAN_SEGMENTS", 1)?;
         if segments == 0 {
             return Err(Error::Config("SCAN_SEGMENTS must be at least 1".into()));
         }
@@ -311,6 +311,8 @@ pub struct SubscriptionConfig {
     pub poll: Duration,
     /// How long a runner's lease outlasts its deadline (clock differences between runners).
     pub lease_slack_ms: i64,
+    /// How long a partition whose target was unavailable is left alone ([`UNAVAILABLE_BACKOFF`]).
+    pub unavailable_backoff: Duration,
     /// The CloudWatch namespace of the lag metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
     /// The archive's bucket (`ARCHIVE_BUCKET`), as for playback.
@@ -354,12 +356,18 @@ impl SubscriptionConfig {
             follow: Duration::from_secs(env.var_or("SUBSCRIPTION_FOLLOW_SECONDS", 10u64)?),
             poll: Duration::from_millis(env.var_or("SUBSCRIPTION_POLL_MS", 250u64)?.max(50)),
             lease_slack_ms: 30_000,
+            unavailable_backoff: UNAVAILABLE_BACKOFF,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
             archive_bucket: env.optional("ARCHIVE_BUCKET")?,
             subjects: SubjectsConfig::from_env(&env, Role::Reader)?,
         })
     }
 }
+
+/// A partition whose target was unavailable (throttled, gone) keeps its lease this long, so
+/// that the ticks the awake scan starts twice a second while events come do not retry the
+/// target at that pace: it is tried again about a minute later, as the tick's schedule did.
+pub const UNAVAILABLE_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The `/streams` API (`streams` function): the entity table.
 #[derive(Debug, Clone)]

@@ -54,7 +54,7 @@ fn configurations_read_only_their_declared_variables() {
     std::env::remove_var("MAX_EVENTS_PER_POST");
     assert_eq!(PumpConfig::from_env().unwrap().buffer_table, "value-of-DYNAMO_BUFFER_TABLE");
     let scan = ScanConfig::from_env().unwrap();
-    assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 4));
+    assert_eq!((scan.time_unit_ms, scan.segments), (DEFAULT_TIME_UNIT_MS, 1));
     assert_eq!(PlaybackConfig::from_env().unwrap().playback_stream, "value-of-PLAYBACK_STREAM");
     let subscriptions = SubscriptionConfig::from_env().unwrap();
     assert_eq!((subscriptions.follow.as_secs(), subscriptions.metrics_namespace.as_str()), (10, "EventStore"));

@@ -271,6 +271,11 @@ impl Scan {
                 match next_step(last_key, remaining(deadline), self.config.deadline_margin) {
                     SegmentStep::PassDone => {
                         summary.watermark = self.finish_pass(task, &state.pass).await?;
+                        if summary.watermark.is_some() {
+                            // The watermark of all segments now, for the lag metric (best effort).
+                            let table = &self.config.event_table;
+                            summary.sealed_to = watermark::read(&self.dynamo, table).await.ok().and_then(|w| w.time);
+                        }
                         return Ok(());
                     }
                     SegmentStep::NextPage(key) => start_key = Some(key),

@@ -54,8 +54,12 @@ pub struct ScanSummary {
     /// The watermark this run moved its segment's part to, when it finished a pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<i64>,
-    /// A scheduled run: the watermark when it started the segments (ms), for the
-    /// watermark-lag metric (absent until every segment has finished a pass).
+    /// The watermark (the lowest of all segments' parts) once this run's pass ended and moved
+    /// its part: the watermark-lag metric is now less this (a segment that stalls holds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_to: Option<i64>,
+    /// A starting run: the watermark when it started the segments (ms); the awake run tells
+    /// the subscriptions when it moved (absent until every segment has finished a pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_at_start: Option<i64>,
     /// Moved events by the minute of their arrival (written to the ingest count at the run's end).

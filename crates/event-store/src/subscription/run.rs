@@ -43,7 +43,8 @@ pub enum RunStatus {
     Paused,
     /// No such subscription (deleted).
     Gone,
-    /// The target could not be reached (`error`): nothing skipped; the next tick tries again.
+    /// The target could not be reached (`error`): nothing skipped; a tick after the backoff
+    /// (`UNAVAILABLE_BACKOFF`, the partition's lease kept until then) tries again.
     Unavailable,
     /// The chain reached `MAX_CONTINUATIONS`; the next tick starts a new one.
     ChainStopped,

@@ -144,8 +144,9 @@ impl Runner<'_> {
         self.recent = self.recent_ids().await?;
         // Everything before this (ms) is delivered: a round runs once the watermark is past it.
         let mut delivered_to = super::position_ms(&self.position);
-        // Events the rounds met (delivered, parked, or other partitions'), and when that last grew.
-        let (mut met, mut active_at) = (0, None::<Instant>);
+        // Events the rounds met (delivered, parked, filtered out, copies, other partitions'), and
+        // when that last grew; a continuation was handed the partition because events came lately.
+        let (mut met, mut active_at) = (0, task.lease.is_some().then(Instant::now));
         let mut state_checked = Instant::now();
         loop {
             if let Some(end) = self.subs.sealed_to().await?.filter(|end| delivered_to < *end) {
@@ -158,7 +159,8 @@ impl Runner<'_> {
                     Round::Ended(status) => return self.end(status).await,
                 }
             }
-            let now_met = self.summary.delivered + self.summary.parked + self.summary.other_partitions;
+            let s = &self.summary;
+            let now_met = s.delivered + s.parked + s.filtered_out + s.duplicates_dropped + s.other_partitions;
             if now_met > met {
                 (met, active_at) = (now_met, Some(Instant::now()));
             }
@@ -169,8 +171,12 @@ impl Runner<'_> {
                 return self.end(RunStatus::CaughtUp).await;
             }
             // Near the deadline with events lately: hand the partition straight to a successor
-            // (waiting for a tick would add up to a tick's interval to what comes next).
+            // (waiting for a tick would add up to a tick's interval to what comes next); one that
+            // met none itself (a continuation that only followed) ends, so no chain outlives traffic.
             if remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll {
+                if met == 0 {
+                    return self.end(RunStatus::CaughtUp).await;
+                }
                 // Not to a successor of a subscription paused or deleted meanwhile (it would
                 // find it paused and leave the handed-over lease to expire).
                 return match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
@@ -369,7 +375,7 @@ impl Runner<'_> {
         };
         self.record(&batch, &outcome).await?;
         if let Some(error) = outcome.unavailable {
-            warn!(subscription = %self.sub.name, partition = self.partition, error, "target unavailable: the partition waits for the next tick");
+            warn!(subscription = %self.sub.name, partition = self.partition, error, "target unavailable: the partition is tried again after the backoff");
             self.summary.error = Some(error);
             return Ok(Some(Round::Ended(RunStatus::Unavailable)));
         }
@@ -472,10 +478,16 @@ impl Runner<'_> {
         Ok(())
     }
 
-    /// Ends the run: the lease is given up (a stopped partition gave it up already).
+    /// Ends the run: the lease is given up (a stopped partition gave it up already); after an
+    /// unavailable target it is kept for the backoff instead, so the next ticks leave it alone.
     async fn end(mut self, status: RunStatus) -> Result<RunSummary> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
-        if status != RunStatus::Stopped {
+        let backoff = self.subs.config.unavailable_backoff;
+        if status == RunStatus::Unavailable && !backoff.is_zero() {
+            let until = now_ms() + backoff.as_millis() as i64;
+            store::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &self.position, Some(until))
+                .await?;
+        } else if status != RunStatus::Stopped {
             // Unreadable events before the saved position are parked already; later ones are met again.
             store::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
         }
