@@ -21,14 +21,17 @@ CARGO       ?= cargo
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-# Local runs: N hits at concurrency C; the stack's settings pass through the environment.
+# Local runs: N hits at concurrency C (make demo: at RATE hits a second, a steady pace whose
+# latency is the one a deployment gets; RATE= for as fast as C allows); the stack's settings
+# pass through the environment.
 N           ?= 1000
 C           ?= 10
+RATE        ?= 40
 PORT        ?= 3000
 # The local tools' own profile (Cargo.toml says why): built as the tests are, without debug info.
 LOCAL_BIN   := target/tools/event-store-local
 CLI_BIN     := target/tools/event-store
-export PORT EMULATOR_PORT STAGE SCAN_INTERVAL TIME_UNIT IP_MODE
+export PORT EMULATOR_PORT STAGE SCAN_INTERVAL ARCHIVE_INTERVAL HOT_RETENTION_SECONDS TIME_UNIT IP_MODE
 export MOTO_SERVER ?= $(BIN)/moto-server
 export SAM_CLI_TELEMETRY := 0
 
@@ -51,8 +54,8 @@ export SAM
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-demo: tools-moto local-bin ## the main job end to end: stack, N pixel hits, playback, check (N=1000 C=10)
-	$(LOCAL_BIN) demo --events $(N) --concurrency $(C)
+demo: tools-moto local-bin ## the main job end to end: stack, N pixel hits at RATE a second, playback, check (N=1000 C=10 RATE=40)
+	$(LOCAL_BIN) demo --events $(N) --concurrency $(C) $(if $(RATE),--rate $(RATE))
 
 local: tools-moto local-bin ## run the whole pipeline locally until Ctrl-C (pixel on 127.0.0.1:$(PORT))
 	$(LOCAL_BIN) local
