@@ -84,7 +84,7 @@ pub struct Measured {
     pub archive: Option<serde_json::Value>,
     /// The local stack's own DynamoDB and Kinesis requests per minute while idle, by
     /// operation (`subscription.idle_requests_per_minute`), once measured.
-    pub idle_requests_per_minute: Option<std::collections::BTreeMap<String, f64>>,
+    pub idle_requests_per_minute: Option<(std::collections::BTreeMap<String, f64>, String)>,
 }
 
 impl Measured {
@@ -107,7 +107,11 @@ impl Measured {
             idle_requests_per_minute: serde_json::from_value(
                 results["subscription"]["idle_requests_per_minute"].clone(),
             )
-            .ok(),
+            .ok()
+            .map(|idle| {
+                let date = results["subscription"]["date"].as_str().or(results["date"].as_str()).unwrap_or("?");
+                (idle, date.to_string())
+            }),
         })
     }
 }
@@ -410,8 +414,8 @@ pub fn render(m: &Measured) -> String {
                 .join(" | ")
         ));
     }
-    if let Some(idle) = &m.idle_requests_per_minute {
-        md.push_str(&in_seconds(idle, &m.date));
+    if let Some((idle, date)) = &m.idle_requests_per_minute {
+        md.push_str(&in_seconds(idle, date));
     }
     if let Some(archive) = &m.archive {
         md.push_str(&cold_tier(archive));

@@ -51,6 +51,7 @@ pub async fn run(
     let latency: Value = serde_json::from_slice(&std::fs::read(&report)?)?;
     println!("   {latency}");
     let subscription = json!({
+        "date": date,
         "latency_p50_ms": latency["subscription_latency_p50_ms"],
         "latency_p99_ms": latency["subscription_latency_p99_ms"],
         "latency_p50_target_ms": P50_TARGET_MS,
@@ -90,7 +91,8 @@ fn markdown(latency: &Value, subscription: &Value, date: &str, machine: &str) ->
          | part | what waits | p50 ms | p99 ms |\n|---|---|---|---|\n\
          | arrival to sealed | the pump's poll, the awake scan's next pass and its length | {} | {} |\n\
          | sealed to delivered | the runner's poll, its read of the slot, the put | {} | {} |\n\n\
-         The stack's own requests per minute while idle (from 15 s after a delivery: the schedules alone): {}.\n",
+         The stack's own requests per minute while idle (from 15 s after a delivery: the schedules alone, \
+         and the local event source's polls of the event and playback streams, a second each): {}.\n",
         latency["sent"],
         latency["latency_p50_ms"],
         latency["latency_p99_ms"],
@@ -104,6 +106,13 @@ fn markdown(latency: &Value, subscription: &Value, date: &str, machine: &str) ->
         subscription["sealing_p99_ms"],
         subscription["delivering_p50_ms"],
         subscription["delivering_p99_ms"],
-        subscription["idle_requests_per_minute"],
+        subscription["idle_requests_per_minute"]
+            .as_object()
+            .map(|ops| ops
+                .iter()
+                .map(|(op, n)| format!("{op} {:.1}", n.as_f64().unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
     )
 }

@@ -8,6 +8,9 @@ use std::time::Duration;
 use common::{figure, run_demo};
 use event_store_emulator::{answers, free_port};
 
+/// With no override: the template's settings, as a deployment runs them (the
+/// scan on its minute schedule, sealing because the pump wakes it; the
+/// subscription's runners started by the ticks the awake scan starts).
 #[test]
 fn a_small_demo_stores_and_plays_back_every_event_in_order() {
     let (emulator_port, http_port) = (free_port(), free_port());
@@ -15,7 +18,6 @@ fn a_small_demo_stores_and_plays_back_every_event_in_order() {
         &[
             ("N", "200".into()),
             ("C", "10".into()),
-            ("SCAN_INTERVAL", "1".into()),
             ("EMULATOR_PORT", emulator_port.to_string()),
             ("PORT", http_port.to_string()),
             ("STAGE", "demotest".into()),
@@ -30,6 +32,12 @@ fn a_small_demo_stores_and_plays_back_every_event_in_order() {
     assert!(entity_events > 0, "the demo appends to entity streams:\n{out}");
     assert_eq!(figure(&out, "events stored"), 200 + entity_events);
     assert_eq!(figure(&out, "events played back"), 200 + entity_events);
+    assert_eq!(figure(&out, "events subscribed"), 200 + entity_events, "the subscription, woken by the scan");
+    assert!(
+        out.contains("scan every 60.0 s"),
+        "the template's ScanRate, no override:
+{out}"
+    );
     assert_eq!(figure(&out, "lost"), 0);
     assert_eq!(figure(&out, "out of order"), 0);
     // The first half went to S3 before the playback, which read across both tiers, and the chain verifies.

@@ -68,6 +68,9 @@ pub fn run_demo(env: &[(&str, String)], limit: Duration) -> (ExitStatus, String)
         .arg("demo")
         .env("MOTO_SERVER", event_store_emulator::moto_server(&repo_root()))
         .env_remove("AWS_ENDPOINT_URL")
+        // The template's schedules unless the test says otherwise (not the shell's).
+        .env_remove("SCAN_INTERVAL")
+        .env_remove("ARCHIVE_INTERVAL")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (name, value) in env {
