@@ -22,6 +22,7 @@
 //! payload: the awake scan may invoke that alias alone, so it can start a
 //! tick and nothing else.
 
+pub mod follow;
 pub mod manage;
 pub mod metrics;
 pub mod run;

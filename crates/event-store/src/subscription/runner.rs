@@ -1,22 +1,18 @@
 //! One partition's runner: takes the partition's lease, then delivers the
 //! partition's newly sealed events from its checkpoint, in rounds (each up
 //! to the sealed end the watermark gives), saving the checkpoint after every
-//! delivery while it holds the lease. Caught up, it keeps following (a look
-//! at the watermark every `SUBSCRIPTION_POLL_MS`) while the sealed log
-//! brings events, its partition's or others', and gives the lease up once
-//! none came for `SUBSCRIPTION_FOLLOW_SECONDS`; a runner that found none at
-//! all gives it up after its first look, so at idle a tick's runner costs a
-//! request or two, not a Lambda following for most of the minute. When
-//! events come again, the awake scan's tick starts a runner within a pass.
-//! Near its deadline, with more to deliver or events lately, it hands the
-//! lease straight to a continuation (no gap between runners), like playback.
+//! delivery while it holds the lease. Caught up, it follows the sealed log
+//! (a look at the watermark every `SUBSCRIPTION_POLL_MS`) as [`super::follow`]
+//! decides; near its deadline with more to deliver, it hands the lease to a
+//! continuation, like playback.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use super::follow::{Follow, Next};
 use super::run::{PartitionTask, RunStatus, RunSummary};
 use super::spec::{partition_of, OnPoison, State, Subscription, Target};
 use super::store::{self, Parked, Taken};
@@ -144,9 +140,8 @@ impl Runner<'_> {
         self.recent = self.recent_ids().await?;
         // Everything before this (ms) is delivered: a round runs once the watermark is past it.
         let mut delivered_to = super::position_ms(&self.position);
-        // Events the rounds met (delivered, parked, filtered out, copies, other partitions'), and
-        // when that last grew; a continuation was handed the partition because events came lately.
-        let (mut met, mut active_at) = (0, task.lease.is_some().then(Instant::now));
+        let config = &self.subs.config;
+        let mut follow = Follow::new(config.follow, task.lease.is_some(), Instant::now());
         let mut state_checked = Instant::now();
         loop {
             if let Some(end) = self.subs.sealed_to().await?.filter(|end| delivered_to < *end) {
@@ -160,37 +155,26 @@ impl Runner<'_> {
                 }
             }
             let s = &self.summary;
-            let now_met = s.delivered + s.parked + s.filtered_out + s.duplicates_dropped + s.other_partitions;
-            if now_met > met {
-                (met, active_at) = (now_met, Some(Instant::now()));
-            }
-            // Caught up with the sealed log: follow it while events come, then give the partition up.
-            let follow_left =
-                active_at.map_or(Duration::ZERO, |at| self.subs.config.follow.saturating_sub(at.elapsed()));
-            if follow_left.is_zero() {
-                return self.end(RunStatus::CaughtUp).await;
-            }
-            // Near the deadline with events lately: hand the partition straight to a successor
-            // (waiting for a tick would add up to a tick's interval to what comes next); one that
-            // met none itself (a continuation that only followed) ends, so no chain outlives traffic.
-            if remaining(self.deadline) <= self.subs.config.deadline_margin + self.subs.config.poll {
-                if met == 0 {
-                    return self.end(RunStatus::CaughtUp).await;
-                }
+            let met = s.delivered + s.parked + s.filtered_out + s.duplicates_dropped + s.other_partitions;
+            let near_deadline = remaining(self.deadline) <= config.deadline_margin + config.poll;
+            match follow.next(met, near_deadline, config.poll, Instant::now()) {
+                Next::Look(wait) => tokio::time::sleep(wait).await,
+                Next::End => return self.end(RunStatus::CaughtUp).await,
                 // Not to a successor of a subscription paused or deleted meanwhile (it would
                 // find it paused and leave the handed-over lease to expire).
-                return match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
-                    None => self.end(RunStatus::Gone).await,
-                    Some(sub) if sub.state == State::Paused => self.end(RunStatus::Paused).await,
-                    Some(_) => self.hand_over(task).await,
-                };
+                Next::HandOver => {
+                    return match store::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
+                        None => self.end(RunStatus::Gone).await,
+                        Some(sub) if sub.state == State::Paused => self.end(RunStatus::Paused).await,
+                        Some(_) => self.hand_over(task).await,
+                    };
+                }
             }
-            tokio::time::sleep(self.subs.config.poll.min(follow_left)).await;
             // Paused or deleted meanwhile? Asked once a second at most, whatever the poll
             // (a reset takes the lease away: the next save fails).
             if state_checked.elapsed() >= STATE_CHECK {
                 state_checked = Instant::now();
-                match store::get(&self.subs.dynamo, &self.subs.config.event_table, &self.sub.name).await? {
+                match store::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
                     None => return self.end(RunStatus::Gone).await,
                     Some(sub) if sub.state == State::Paused => return self.end(RunStatus::Paused).await,
                     Some(_) => {}
@@ -297,7 +281,7 @@ impl Runner<'_> {
                     partition_key: event.partition_key.clone(),
                     data: Vec::new(),
                 };
-                self.unreadable.push(self.parked(&place, format!("unreadable: {err}")));
+                self.unreadable.push(place.parked(&self.sub.id, self.partition, format!("unreadable: {err}")));
                 return Ok(());
             }
         };
@@ -338,9 +322,7 @@ impl Runner<'_> {
         let Some(oldest) = self.oldest_queued.take() else { return };
         let (now, latency) = (now_ms(), (now_ms() - oldest).max(0));
         self.summary.latency_max_ms = self.summary.latency_max_ms.max(Some(latency));
-        if let Some(namespace) = &self.subs.metrics {
-            println!("{}", super::metrics::delivery_latency_line(namespace, &self.sub.name, latency, now));
-        }
+        super::metrics::write_delivery_latency(self.subs.metrics.as_deref(), &self.sub.name, latency, now);
     }
 
     async fn deliver_pending(&mut self) -> Result<Option<Round>> {
@@ -397,7 +379,8 @@ impl Runner<'_> {
         for (index, error) in &outcome.poison {
             let event = &batch[*index];
             warn!(subscription = %self.sub.name, partition = self.partition, event_id = %event.event_id, error, "event parked");
-            store::park(dynamo, table, &self.sub.name, &self.parked(event, error.clone())).await?;
+            let parked = event.parked(&self.sub.id, self.partition, error.clone());
+            store::park(dynamo, table, &self.sub.name, &parked).await?;
         }
         self.summary.parked += outcome.poison.len();
         self.summary.delivered += outcome.done - outcome.poison.len();
@@ -432,21 +415,6 @@ impl Runner<'_> {
     /// The position with every queued delivery done: nothing is stored ahead of it.
     fn delivered_through(&self) -> Checkpoint {
         Checkpoint { ahead_since: None, ..self.position.clone() }
-    }
-
-    /// The parked-list entry of `event`, with why.
-    fn parked(&self, event: &Delivery, error: String) -> Parked {
-        Parked {
-            sub_id: self.sub.id.clone(),
-            partition: self.partition,
-            slot: event.slot,
-            event_sort_key: event.sort_key.clone(),
-            event_id: event.event_id.clone(),
-            partition_key: event.partition_key.clone(),
-            seq: event.seq,
-            error,
-            parked_at: format_ms(now_ms()),
-        }
     }
 
     /// Parks the unreadable events met before `checkpoint`: every checkpoint

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::spec::Target;
+use super::store::Parked;
 use crate::batch::Backoff;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
@@ -97,6 +98,23 @@ pub struct Delivery {
     pub partition_key: String,
     /// The delivered event's JSON.
     pub data: Vec<u8>,
+}
+
+impl Delivery {
+    /// The parked-list entry of this event for subscription `sub_id`'s `partition`, with why.
+    pub(crate) fn parked(&self, sub_id: &str, partition: u32, error: String) -> Parked {
+        Parked {
+            sub_id: sub_id.to_owned(),
+            partition,
+            slot: self.slot,
+            event_sort_key: self.sort_key.clone(),
+            event_id: self.event_id.clone(),
+            partition_key: self.partition_key.clone(),
+            seq: self.seq,
+            error,
+            parked_at: crate::time::format_ms(now_ms()),
+        }
+    }
 }
 
 /// What one delivery attempt at a batch got.
