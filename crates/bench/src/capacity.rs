@@ -479,15 +479,16 @@ fn in_seconds(idle_per_minute: &std::collections::BTreeMap<String, f64>, date: &
     // look per partition (256 MB), each a short invocation.
     let (scan_invocations, subs_invocations) = (2.0, 1.0 + PARTITIONS);
     // Custom metrics: the watermark's lag, the largest subscription lag, and per subscription its
-    // lag and its delivery latency (standing, busy or idle).
-    let metrics = (2.0 + 2.0) * CLOUDWATCH_METRIC_MONTH;
+    // lag (written busy or idle) and its delivery latency (written only while events come).
+    let idle_metrics = 3.0 * CLOUDWATCH_METRIC_MONTH;
+    let metrics = 4.0 * CLOUDWATCH_METRIC_MONTH;
     let idle = [
         requests((scan_invocations + subs_invocations) * minutes),
         minutes
             * (scan_invocations * gb_s(SHORT_INVOCATION_S, SCAN_MEMORY_MB)
                 + subs_invocations * gb_s(SHORT_INVOCATION_S, SUBSCRIPTIONS_MEMORY_MB)),
         minutes * dynamo_per_minute(writes, reads),
-        metrics,
+        idle_metrics,
     ];
     // While events come: one awake run (128 MB, all the time), a segment fork and a tick per pass,
     // a runner per partition following (256 MB, all the time), their requests.
@@ -519,7 +520,7 @@ fn in_seconds(idle_per_minute: &std::collections::BTreeMap<String, f64>, date: &
          | Lambda requests (idle: {idle_invocations:.0} a minute; busy: a segment pass and a tick per pass) | {:.2} | {:.2} |\n\
          | Lambda duration (idle: *assumed* {SHORT_INVOCATION_S} s each; busy: the awake run and {PARTITIONS} runners all the time) | {:.2} | {:.2} |\n\
          | DynamoDB bookkeeping requests (idle: measured, {writes:.1} writes and {reads:.1} reads a minute; busy: counted per pass, tick, round and poll) | {:.2} | {:.2} |\n\
-         | CloudWatch (4 custom metrics; busy: the embedded-metric lines, *assumed* {EMF_LINE_BYTES} bytes each) | {:.2} | {:.2} |\n\
+         | CloudWatch (custom metrics: 3 idle, 4 busy; busy: the embedded-metric lines, *assumed* {EMF_LINE_BYTES} bytes each) | {:.2} | {:.2} |\n\
          | **total** (idle target: <= $5) | **{:.2}** | **{:.2}** |\n\n\
          Idle requests measured by `make bench` on {date} (the local stack with the template's settings, \
          between the idle probes, from 15 s after the last delivery; a unit a request, as bookkeeping items \

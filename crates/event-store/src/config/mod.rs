@@ -366,8 +366,10 @@ impl SubscriptionConfig {
 
 /// A partition whose target was unavailable (throttled, gone) keeps its lease this long, so
 /// that the ticks the awake scan starts twice a second while events come do not retry the
-/// target at that pace: it is tried again about a minute later, as the tick's schedule did.
-pub const UNAVAILABLE_BACKOFF: Duration = Duration::from_secs(60);
+/// target at that pace: a tick after it tries again (while events come, within a pass of it;
+/// at idle, the schedule's next minute). Short, because a target throttled for a moment
+/// holds its partition's deliveries this long.
+pub const UNAVAILABLE_BACKOFF: Duration = Duration::from_secs(10);
 
 /// The `/streams` API (`streams` function): the entity table.
 #[derive(Debug, Clone)]

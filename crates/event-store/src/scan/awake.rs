@@ -1,5 +1,5 @@
 //! The scan's awake run (woken by the pump, [`crate::bookkeeping::awake`]):
-//! a pass of every free segment about once a second while records keep
+//! a pass of every free segment every half second while records keep
 //! being buffered, the subscriptions' tick whenever the watermark moved, and
 //! the lease handed to a continuation near the deadline.
 
@@ -13,9 +13,9 @@ use crate::error::Result;
 use crate::invoke::continue_with;
 use crate::time::{now_ms, remaining};
 
-/// How often an awake run starts a pass. Each pass asks each shard once
-/// (`GetRecords`): with the event source mapping's read a second, two of
-/// the five reads a shard allows each second.
+/// How often an awake run starts a pass. Each pass normally asks each shard
+/// once (`GetRecords`): with the event source mapping's read a second, three
+/// of the five reads a shard allows each second.
 pub const AWAKE_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Scan {
@@ -27,7 +27,7 @@ impl Scan {
         (self.config.watermark_lag_ms + 2 * self.config.time_unit_ms) as i64 + AWAKE_INTERVAL.as_millis() as i64
     }
 
-    /// An awake run: starts passes about once a second (the segments whose
+    /// An awake run: starts passes every half second (the segments whose
     /// last pass is over) while the last want is recent, renewing its lease
     /// before each; then gives the lease up and stops, unless a want came
     /// meanwhile (see [`awake`]). Near its deadline it hands the lease to a

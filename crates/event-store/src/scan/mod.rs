@@ -107,7 +107,7 @@ impl Scan {
     }
 
     /// A payload with `segment` runs that segment; one with `awake` is an
-    /// awake run (woken by the pump: passes about once a second while work
+    /// awake run (woken by the pump: passes every half second while work
     /// comes, see [`awake`]); anything else (the schedule's event) starts a
     /// pass of every segment whose last pass is over.
     pub async fn handle(&self, payload: Value, deadline: SystemTime) -> Result<ScanSummary> {

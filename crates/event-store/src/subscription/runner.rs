@@ -452,9 +452,10 @@ impl Runner<'_> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
         let backoff = self.subs.config.unavailable_backoff;
         if status == RunStatus::Unavailable && !backoff.is_zero() {
-            let until = now_ms() + backoff.as_millis() as i64;
-            store::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &self.position, Some(until))
-                .await?;
+            let (place, until) = ((self.sub.name.as_str(), self.partition), now_ms() + backoff.as_millis() as i64);
+            let kept = store::save(dynamo, table, place, &self.owner, &self.position, Some(until)).await;
+            // Reset or deleted meanwhile (the lease fenced): nothing of this run's to keep.
+            kept.or_else(|err| if matches!(err, Error::LeaseLost(_)) { Ok(()) } else { Err(err) })?;
         } else if status != RunStatus::Stopped {
             // Unreadable events before the saved position are parked already; later ones are met again.
             store::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
