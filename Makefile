@@ -49,7 +49,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-privacy build lint fuzz deploy destroy fmt clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-privacy build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -142,6 +142,9 @@ lint: tools ## rustfmt, clippy -D warnings, cfn-lint and sam validate --lint on 
 	$(BIN)/cfn-lint template.yaml
 	@echo "== sam validate --lint"
 	AWS_DEFAULT_REGION=us-east-1 $(BIN)/sam validate --lint --template template.yaml
+
+template: ## regenerate template.yaml from template/
+	python3 template/generate.py
 
 BENCH_EVENTS ?= 20000
 export BENCH_EVENTS

@@ -9,7 +9,7 @@ use anyhow::Result;
 use event_store::archive::object::Bucket;
 use event_store::archiver::Archiver;
 use event_store::config::{ArchiveConfig, PlaybackConfig, PumpConfig, ScanConfig};
-use event_store::playback::tiers::Tiers;
+use event_store::log::tiers::Tiers;
 use event_store::playback::Playback;
 use event_store::pump::Pump;
 use event_store::time::format_ms;
@@ -160,15 +160,15 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
 pub(crate) async fn read_all(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    tiers: &dyn Fn() -> event_store::playback::tiers::Tiers,
+    tiers: &dyn Fn() -> event_store::log::tiers::Tiers,
     (start, end): (i64, i64),
     events: usize,
 ) -> Result<f64> {
-    use event_store::playback::reader::Reader;
+    use event_store::log::reader::Reader;
     let mut best = 0.0f64;
     for _ in 0..ROUNDS {
         let (slots, _) = event_store::bookkeeping::slot_index::read_index(dynamo, table, start, end).await?;
-        let window = event_store::playback::Window { start, end };
+        let window = event_store::log::Window { start, end };
         let tiers = tiers();
         let reader = Reader {
             dynamo,
@@ -181,7 +181,7 @@ pub(crate) async fn read_all(
         };
         let mut read = 0usize;
         let started = Instant::now();
-        let mut recent = event_store::dedupe::RecentIds::new(0);
+        let mut recent = event_store::log::copies::RecentIds::new(0);
         let from = event_store::position::Checkpoint::at_slot(start / 1000 * 1000);
         reader
             .each_event(slots, from, &mut recent, |_, _, _| {

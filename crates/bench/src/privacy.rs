@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use event_store::config::{LoadConfig, PlaybackConfig, PumpConfig, ScanConfig, SubjectsConfig};
 use event_store::load::Load;
-use event_store::playback::tiers::Tiers;
+use event_store::log::tiers::Tiers;
 use event_store::playback::Playback;
 use event_store::privacy::keys::Keys;
 use event_store::privacy::{StreamSubjects, SubjectRule, Subjects};

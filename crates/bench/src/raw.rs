@@ -16,7 +16,7 @@ use event_store::chunk::decode_item;
 use event_store::dynamo::send_batch_write;
 use event_store::event_item;
 use event_store::kinesis::{send_put_records, OutgoingRecord, RecordResult};
-use event_store::playback::PlayedEvent;
+use event_store::log::PlayedEvent;
 use event_store::scan::plan::{event_chunks, Moving};
 use futures::StreamExt;
 

@@ -175,7 +175,7 @@ enum Verb {
     Playback(event_store::playback::PlaybackRequest),
     Redrive(redrive::Choice),
     Subscription(event_store::subscription::Manage),
-    Tail { from: i64, filters: Vec<event_store::playback::Filter>, count: Option<u64> },
+    Tail { from: i64, filters: Vec<event_store::log::Filter>, count: Option<u64> },
     Streams { url: Option<reqwest::Url>, call: streams::Call },
     Verify { from: i64, to: i64 },
     Forget { subject: String },
@@ -196,7 +196,7 @@ impl Verb {
             }
             Command::Verify { from, to } => {
                 let time = |name: &str, value: &str| {
-                    event_store::subscription::spec::parse_start(value, now_ms)
+                    event_store::readers::subscriptions::spec::parse_start(value, now_ms)
                         .map_err(|e| anyhow::anyhow!("--{name} {value:?}: {e}"))
                 };
                 let (from, to) = (time("from", &from)?, time("to", &to)?);
@@ -209,7 +209,7 @@ impl Verb {
             Command::Forget { subject } => Verb::Forget { subject },
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
-                from: event_store::subscription::spec::parse_start(&from, now_ms)
+                from: event_store::readers::subscriptions::spec::parse_start(&from, now_ms)
                     .map_err(|e| anyhow::anyhow!("--from {from:?}: {e}"))?,
                 filters: filters.iter().map(|f| f.parse()).collect::<event_store::Result<_>>()?,
             },
@@ -257,7 +257,7 @@ async fn play(target: &Target, request: event_store::playback::PlaybackRequest, 
     }
 }
 
-async fn tail(target: &Target, from: i64, filters: &[event_store::playback::Filter], count: Option<u64>) -> Exit {
+async fn tail(target: &Target, from: i64, filters: &[event_store::log::Filter], count: Option<u64>) -> Exit {
     let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
     eprintln!(
         "following the sealed log of {} from {} (Ctrl-C stops)",

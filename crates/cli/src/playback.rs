@@ -16,11 +16,11 @@ use aws_sdk_lambda::primitives::Blob;
 use aws_sdk_lambda::types::InvocationType;
 use event_store::bookkeeping::{settings, watermark};
 use event_store::config::PlaybackConfig;
-use event_store::playback::checkpoint::{self, Stored};
+use event_store::log::{Filter, Window};
 use event_store::playback::{
-    bound_window, open_ended_id, run_id, Filter, Playback, PlaybackRequest, PlaybackSummary, Progress,
-    ProgressObserver, Status, Window,
+    bound_window, open_ended_id, run_id, Playback, PlaybackRequest, PlaybackSummary, Progress, ProgressObserver, Status,
 };
+use event_store::readers::playbacks::{self, Stored};
 use event_store::time::{format_ms, now_ms, parse_time};
 use event_store_emulator::runs::{deadline_in, run_playback};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -82,7 +82,7 @@ impl Args {
             ..Default::default()
         };
         // The window's own checks (end before start, too long).
-        Window::parse(&request, now, max)?;
+        request.window(now, max)?;
         Ok(request)
     }
 }
@@ -169,14 +169,14 @@ pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest,
     let table = target.resources.event_table.as_str();
     let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
     let sealed_end = watermark::read(&dynamo, table).await?.sealed_end(unit);
-    let asked = Window::parse(&request, sealed_end.unwrap_or_else(now_ms), max_window()?)?;
+    let asked = request.window(sealed_end.unwrap_or_else(now_ms), max_window()?)?;
     let open_ended = request.id.is_none() && request.end.is_none();
     let id = match (&request.id, &request.end) {
         (Some(id), _) => id.clone(),
         (None, Some(_)) => run_id(&asked, &request.filter),
         (None, None) => open_ended_id(&request),
     };
-    let before = checkpoint::load(&dynamo, table, &id).await?;
+    let before = playbacks::load(&dynamo, table, &id).await?;
     let done_before = before.as_ref().and_then(|s| s.checkpoint.as_ref()).is_some_and(|c| c.done);
     // The window the function will play: the one the id is bound to (a request naming another is refused).
     let stored = before.clone().unwrap_or_default();
@@ -244,7 +244,7 @@ pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest,
                 return Ok(Ended::NotDone);
             }
         }
-        let now_stored = checkpoint::load(&dynamo, table, &id).await?;
+        let now_stored = playbacks::load(&dynamo, table, &id).await?;
         // This request's run: one that was going already, or the item as it changes from what it was.
         let ours = now_stored.is_some() && (live || now_stored != before);
         let Some(stored) = now_stored.filter(|_| ours) else {

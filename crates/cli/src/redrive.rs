@@ -9,8 +9,9 @@ use anyhow::{anyhow, bail, Result};
 use event_store::bookkeeping::settings;
 use event_store::config::{PumpConfig, RelayConfig, DEFAULT_RELAY_HOLD_AFTER_SECONDS, DEFAULT_TIME_UNIT_MS};
 use event_store::entity::relay::Relay;
+use event_store::pump::rebuffer::drain_queue;
 use event_store::pump::Pump;
-use event_store::redrive::{drain_queue, drain_with, Drained};
+use event_store::queue::{drain_with, Drained};
 use serde_json::{json, Value};
 
 use crate::target::Target;

@@ -11,11 +11,11 @@ use event_store::bookkeeping::settings;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::bookkeeping::watermark;
 use event_store::config::SubscriptionConfig;
-use event_store::dedupe::RecentIds;
 use event_store::event_item::EventItem;
-use event_store::playback::reader::Reader;
-use event_store::playback::tiers::Tiers;
-use event_store::playback::{Checkpoint, Filter, PlayedEvent, Window};
+use event_store::log::copies::RecentIds;
+use event_store::log::reader::Reader;
+use event_store::log::tiers::Tiers;
+use event_store::log::{Checkpoint, Filter, PlayedEvent, Window};
 use event_store::time::slot_of;
 use serde_json::Value;
 

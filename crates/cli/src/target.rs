@@ -74,8 +74,8 @@ impl Target {
     }
 
     /// The tiers a reader of this stack's log reads, sealed events opened.
-    pub fn tiers(&self) -> event_store::playback::tiers::Tiers {
-        event_store::playback::tiers::Tiers::new(self.archive()).with_keys(self.keys())
+    pub fn tiers(&self) -> event_store::log::tiers::Tiers {
+        event_store::log::tiers::Tiers::new(self.archive()).with_keys(self.keys())
     }
 }
 

@@ -82,8 +82,8 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
     let created = event_store(&["subscription", "create", "orders", "--target", &target, "--start", "now"], &local);
     assert_eq!(created.status.code(), Some(0), "{}", String::from_utf8_lossy(&created.stderr));
     let table = names.event_table.as_str();
-    let orders = event_store::subscription::store::get(&dynamo, table, "orders").await.unwrap().unwrap();
-    let parked = event_store::subscription::store::Parked {
+    let orders = event_store::readers::subscriptions::get(&dynamo, table, "orders").await.unwrap().unwrap();
+    let parked = event_store::readers::subscriptions::Parked {
         sub_id: orders.id.clone(),
         partition: 0,
         slot: 0,
@@ -94,7 +94,7 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
         error: "the target refused it".into(),
         parked_at: event_store::time::format_ms(event_store::time::now_ms()),
     };
-    event_store::subscription::store::park(&dynamo, table, "orders", &parked).await.unwrap();
+    event_store::readers::subscriptions::park(&dynamo, table, "orders", &parked).await.unwrap();
     let with_parked = event_store(&["status", "--json"], &local);
     let json = json_of(&with_parked);
     assert_eq!(with_parked.status.code(), Some(1), "{json}");
@@ -103,7 +103,7 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
         (json["subscriptions"][0]["name"].as_str(), json["subscriptions"][0]["parked"].as_u64()),
         (Some("orders"), Some(1))
     );
-    event_store::subscription::store::unpark(&dynamo, table, "orders", &parked).await.unwrap();
+    event_store::readers::subscriptions::unpark(&dynamo, table, "orders", &parked).await.unwrap();
     let deleted = event_store(&["subscription", "delete", "orders"], &local);
     assert_eq!(deleted.status.code(), Some(0), "{}", String::from_utf8_lossy(&deleted.stderr));
 

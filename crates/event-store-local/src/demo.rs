@@ -16,7 +16,8 @@ use bytes::Bytes;
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
 use event_store::event_item::EventItem;
-use event_store::playback::{PlaybackRequest, PlayedEvent};
+use event_store::log::PlayedEvent;
+use event_store::playback::PlaybackRequest;
 use event_store::subscription::{Manage, NewSubscription, Subscriptions, Target};
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::runs::{deadline_in, run_playback};
@@ -456,8 +457,7 @@ async fn stored_items(stack: &Stack, run_id: &str) -> Result<(HashMap<String, (S
             })
         });
     // Opened as every reader opens them (pixel hits have a subject: their parts are sealed).
-    let tiers =
-        event_store::playback::tiers::Tiers::new(Some(stack.archive.clone())).with_keys(Some(stack.keys.clone()));
+    let tiers = event_store::log::tiers::Tiers::new(Some(stack.archive.clone())).with_keys(Some(stack.keys.clone()));
     for event in events {
         let bytes = tiers.bytes(&event).await?.bytes;
         let Ok(envelope) = serde_json::from_slice::<Envelope>(&bytes) else {

@@ -7,11 +7,11 @@ use std::ops::ControlFlow;
 
 use anyhow::Result;
 use event_store::bookkeeping::{settings, slot_index::read_index, watermark};
-use event_store::dedupe::RecentIds;
 use event_store::event_item::EventItem;
-use event_store::playback::reader::Reader;
-use event_store::playback::tiers::Tiers;
-use event_store::playback::{Checkpoint, PlayedEvent, Window};
+use event_store::log::copies::RecentIds;
+use event_store::log::reader::Reader;
+use event_store::log::tiers::Tiers;
+use event_store::log::{Checkpoint, PlayedEvent, Window};
 use event_store::status::{self, Clients, Limits, Resources};
 use event_store::time::slot_of;
 use serde::Serialize;

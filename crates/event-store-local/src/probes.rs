@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
-use event_store::playback::PlayedEvent;
+use event_store::log::PlayedEvent;
 
 use crate::source::{shard_ids, ShardReader};
 use crate::stack::Stack;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{repo_root, sdk_config, start_local_stack, wait_with_limit, Process};
 use event_store::aggregation::deaggregate;
 use event_store::envelope::Envelope;
-use event_store::playback::PlayedEvent;
+use event_store::log::PlayedEvent;
 use event_store_emulator::resources::read_stream;
 use event_store_emulator::{free_port, moto_server, Emulator};
 use http_body_util::Empty;

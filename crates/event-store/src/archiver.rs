@@ -21,7 +21,7 @@
 //! run holds the archive's lease, and a second one finds it taken and stops.
 //!
 //! Late events in archived slots stay in the event table, and readers merge
-//! them in ([`crate::playback::tiers`]); a chunk that cannot be decoded is
+//! them in ([`crate::log::tiers`]); a chunk that cannot be decoded is
 //! held back with an error.
 
 use std::collections::HashSet;
@@ -46,9 +46,9 @@ use crate::dynamo::{query_partition, write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::invoke::{continue_with, Invoker};
-use crate::playback::reader::{Page, Reader, PAGES_AHEAD};
-use crate::playback::tiers::Tiers;
-use crate::playback::Window;
+use crate::log::reader::{Page, Reader, PAGES_AHEAD};
+use crate::log::tiers::Tiers;
+use crate::log::Window;
 use crate::position::Checkpoint;
 use crate::time::{effective_deadline, now_ms, remaining, slot_of};
 

@@ -22,6 +22,7 @@ use crate::batch::Backoff;
 use crate::config::{LoadConfig, MAX_EVENT_BYTES_LIMIT};
 use crate::envelope::{client_envelope_id, client_event_id, client_ip, Envelope, Headers, EVENT_ID};
 use crate::error::Error;
+use crate::http::{body_text, check_json_content_type, json_response, Reject};
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SENT};
 use crate::payload::Payloads;
 use crate::privacy::seal::seal_envelope;
@@ -40,19 +41,6 @@ pub const PIXEL: [u8; 43] = [
 ];
 
 pub use crate::config::MAX_EVENTS_PER_POST;
-
-/// A request we answer with a 4xx: the status and a short message for the client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reject {
-    pub status: StatusCode,
-    pub message: String,
-}
-
-impl Reject {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
-    }
-}
 
 enum Route {
     Pixel,
@@ -354,29 +342,6 @@ fn source_ip(req: &Request) -> Option<String> {
     })
 }
 
-/// The request body as text: `None` when empty, 400 when not UTF-8.
-pub(crate) fn body_text(req: &Request) -> Result<Option<String>, Reject> {
-    let bytes: &[u8] = req.body().as_ref();
-    if bytes.is_empty() {
-        return Ok(None);
-    }
-    String::from_utf8(bytes.to_vec())
-        .map(Some)
-        .map_err(|_| Reject::new(StatusCode::BAD_REQUEST, "body is not valid UTF-8"))
-}
-
-pub(crate) fn check_json_content_type(req: &Request) -> Result<(), Reject> {
-    let Some(value) = req.headers().get(header::CONTENT_TYPE) else {
-        return Ok(());
-    };
-    let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if mime == "application/json" || mime.ends_with("+json") || mime == "text/plain" {
-        Ok(())
-    } else {
-        Err(Reject::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send events as application/json"))
-    }
-}
-
 /// One JSON object, or an array of 1 to `max` objects.
 pub fn parse_posted_events(text: &str, max: usize) -> Result<Vec<Value>, Reject> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
@@ -418,17 +383,6 @@ fn refused(throttled: bool, err: Error) -> Reject {
 fn internal(detail: String) -> Reject {
     error!(error = %detail, "internal error");
     Reject::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
-}
-
-pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    let mut response = Response::new(Body::Text(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
-    // A shard's limits are per second: a second later the event fits again.
-    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-        response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-    }
-    response
 }
 
 #[cfg(test)]

@@ -18,14 +18,8 @@ use sha2::{Digest, Sha256};
 use crate::archive::object::Bucket;
 use crate::error::{Error, Result};
 
-/// Default `INLINE_MAX_BYTES`: events up to this stay in the log itself
-/// (today's entity event limit, so nothing smaller moves).
-pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
-/// The most `INLINE_MAX_BYTES` may be: an inline event must fit a DynamoDB item.
-pub const INLINE_MAX_BYTES_LIMIT: usize = 384 * 1024;
-/// The largest event accepted when payloads can be offloaded: 4 MiB, so a
-/// request carrying one fits Lambda's 6 MB request payload with room to spare.
-pub const MAX_LARGE_EVENT_BYTES: usize = 4 * 1024 * 1024;
+pub use crate::config::{DEFAULT_INLINE_MAX_BYTES, INLINE_MAX_BYTES_LIMIT, MAX_LARGE_EVENT_BYTES};
+
 /// Offloaded payloads live under this prefix of the store's bucket.
 pub const KEY_PREFIX: &str = "payloads/sha256/";
 

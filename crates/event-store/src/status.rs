@@ -16,13 +16,13 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
 use tracing::warn;
 
+use crate::bookkeeping::frontier::{probe, Probe};
 use crate::bookkeeping::{self, ingest, shard_position, watermark};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, QUARANTINE_SLOT, RANGE_KEY};
 use crate::kinesis::list_shards;
-use crate::playback::checkpoint::Stored;
-use crate::scan::stream::{probe, Probe};
-use crate::subscription::{self, store, PartitionStatus};
+use crate::readers::playbacks::Stored;
+use crate::readers::subscriptions::{self, PartitionStatus};
 use crate::time::{format_ms, slot_of};
 
 /// Where a store's parts are (from a stack's outputs, or the local names).
@@ -238,9 +238,9 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
         queues: queues(&clients.sqs, &resources.queues).await?,
         ..Status::default()
     };
-    for line in subscription::statuses(dynamo, table, sealed_end, unit).await? {
+    for line in subscriptions::statuses(dynamo, table, sealed_end, unit).await? {
         let sub = &line.subscription;
-        let parked = store::parked(dynamo, table, sub).await?.len();
+        let parked = subscriptions::parked(dynamo, table, sub).await?.len();
         status.subscriptions.push(SubscriptionLine {
             name: sub.name.clone(),
             state: serde_json::to_value(sub.state).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
@@ -301,7 +301,7 @@ async fn shards(clients: &Clients, resources: &Resources, now: i64) -> Result<Ve
 }
 
 async fn playbacks(dynamo: &aws_sdk_dynamodb::Client, table: &str, unit: u64, now: i64) -> Result<Vec<PlaybackRun>> {
-    let prefix = crate::playback::checkpoint::KEY_PREFIX;
+    let prefix = crate::readers::playbacks::KEY_PREFIX;
     let (items, _) =
         bookkeeping::query_range(dynamo, table, prefix.to_owned(), format!("{prefix}{}", char::MAX)).await?;
     let mut runs = Vec::new();

@@ -15,11 +15,11 @@ use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
 use event_store::config::ArchiveConfig;
 use event_store::config::PlaybackConfig;
-use event_store::dedupe::RecentIds;
-use event_store::playback::reader::{Page, Reader, PAGES_AHEAD};
-use event_store::playback::tiers::Tiers;
+use event_store::log::copies::RecentIds;
+use event_store::log::reader::{Page, Reader, PAGES_AHEAD};
+use event_store::log::tiers::Tiers;
+use event_store::log::Window;
 use event_store::playback::Playback;
-use event_store::playback::Window;
 use event_store::position::Checkpoint;
 use event_store_emulator::runs::{self, deadline_in, run_scan, scan_config};
 use serde_json::{json, Value};
@@ -173,7 +173,7 @@ async fn sealed_slots_move_to_s3_verified_chained_read_across_tiers_and_by_pyarr
     for (_, record) in env.read_stream(&env.names.playback_stream).await {
         let key = record.partition_key().unwrap();
         for (_, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
-            played.push(serde_json::from_slice::<event_store::playback::PlayedEvent>(&data).unwrap());
+            played.push(serde_json::from_slice::<event_store::log::PlayedEvent>(&data).unwrap());
         }
     }
     played.sort_by_key(|e| e.playback_seq);

@@ -18,7 +18,7 @@ use event_store::entity::http::StreamsApi;
 use event_store::entity::model::{batch_key, prepare, Batch, Limits, Tip, TIP};
 use event_store::entity::relay::Relay;
 use event_store::entity::{Direction, EntityError, EntityStore, Expected, NewEvent};
-use event_store::playback::PlayedEvent;
+use event_store::log::PlayedEvent;
 use event_store::playback::{Playback, Status};
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
@@ -622,7 +622,10 @@ async fn stream_records_delivered_out_of_order_still_relay_in_version_order() {
     let records = reader.poll().await.unwrap();
     let position = HashMap::from([
         ("stream".to_owned(), aws_sdk_dynamodb::types::AttributeValue::S("legacy-1".into())),
-        ("item".to_owned(), aws_sdk_dynamodb::types::AttributeValue::S(event_store::entity::log::RELAY_ITEM.into())),
+        (
+            "item".to_owned(),
+            aws_sdk_dynamodb::types::AttributeValue::S(event_store::bookkeeping::entity_positions::RELAY_ITEM.into()),
+        ),
     ]);
     env.dynamo.delete_item().table_name(&env.names.entity_table).set_key(Some(position)).send().await.unwrap();
     let key_of = |r: &aws_sdk_dynamodbstreams::types::Record, name: &str| {
@@ -683,14 +686,15 @@ async fn a_stream_that_cannot_be_relayed_is_held_then_redriven_in_order_from_the
     let stream = on_event_stream(&env).await;
     assert_eq!(stream.get(free), Some(&(0..6).collect::<Vec<_>>()), "the other stream was never held up");
     assert_eq!(stream.get(held), None, "nothing of the held stream, not even its later versions");
-    let position = event_store::entity::log::Positions::new(env.dynamo.clone(), env.names.entity_table.clone());
+    let position =
+        event_store::bookkeeping::entity_positions::Positions::new(env.dynamo.clone(), env.names.entity_table.clone());
     let at = position.relay_position(held).await.unwrap();
     assert!(at.held() && at.relayed.is_none(), "{at:?}");
 
     // The alarm's queue names the stream; its re-drive relays v0..v5 from the table.
     let relay = &relay;
     let drain = || async {
-        event_store::redrive::drain_with(&sqs, &queue, |body| async move {
+        event_store::queue::drain_with(&sqs, &queue, |body| async move {
             relay.redrive_message(&body).await.map(|done| done.versions)
         })
         .await

@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime};
 
 use common::{buffer_through_pump, sample_event, TestEnv};
 use event_store::config::{PlaybackConfig, ScanConfig};
-use event_store::playback::{Playback, PlaybackSummary, PlayedEvent, Status};
+use event_store::log::PlayedEvent;
+use event_store::playback::{Playback, PlaybackSummary, Status};
 use event_store::time::{format_ms, now_ms};
 use event_store::Error;
 use event_store_emulator::invoke::LocalInvoker;
@@ -693,9 +694,9 @@ async fn a_run_killed_mid_window_is_taken_over_by_the_retry_of_its_invocation() 
     let first = Playback::new(env.dynamo.clone(), env.kinesis.clone(), short_lease.clone(), Arc::new(invoker));
     let payload = request.clone();
     let running = tokio::spawn(async move { first.handle(payload, later()).await });
-    let id = event_store::playback::run_id(&event_store::playback::Window { start: T0, end: T0 + 3000 }, &[]);
+    let id = event_store::playback::run_id(&event_store::log::Window { start: T0, end: T0 + 3000 }, &[]);
     loop {
-        let stored = event_store::playback::checkpoint::load(&env.dynamo, &env.names.event_table, &id).await.unwrap();
+        let stored = event_store::readers::playbacks::load(&env.dynamo, &env.names.event_table, &id).await.unwrap();
         if stored.and_then(|s| s.checkpoint).is_some_and(|c| c.events >= 300) {
             break;
         }

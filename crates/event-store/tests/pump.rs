@@ -204,7 +204,7 @@ async fn arrivals_never_decrease_along_a_shard_even_across_batches() {
 /// though the shard's position has moved past it; then the scan moves it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
-    use event_store::redrive::{self, DeadLetter, KinesisBatchInfo};
+    use event_store::pump::rebuffer::{self, DeadLetter, KinesisBatchInfo};
     let env = TestEnv::start(1).await;
     put_on_event_stream(&env, 30, 3).await;
     let delivered = env.event_source_batches().await.remove(0);
@@ -240,14 +240,14 @@ async fn a_batch_given_up_on_is_re_driven_from_its_dead_letter_record() {
     .to_string();
     if std::env::var("EMULATOR").as_deref() == Ok("strict") {
         // No SQS beside dynalite and kinesalite: the message as the command would read it.
-        let redriven = redrive::redrive(&env.kinesis, &pump, &DeadLetter::parse(&body).unwrap()).await.unwrap();
+        let redriven = rebuffer::rebuffer(&env.kinesis, &pump, &DeadLetter::parse(&body).unwrap()).await.unwrap();
         assert_eq!((redriven.records, redriven.failed.len()), (10, 0));
     } else {
         let sqs = aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(&env.sdk).build());
         let queue = sqs.create_queue().queue_name("pump-dlq").send().await.unwrap().queue_url.unwrap();
         sqs.send_message().queue_url(&queue).message_body(&body).send().await.unwrap();
         sqs.send_message().queue_url(&queue).message_body("{\"not\": \"a failure record\"}").send().await.unwrap();
-        let drained = redrive::drain_queue(&sqs, &queue, &env.kinesis, &pump).await.unwrap();
+        let drained = rebuffer::drain_queue(&sqs, &queue, &env.kinesis, &pump).await.unwrap();
         assert_eq!((drained.messages, drained.records, drained.left), (1, 10, 1), "{drained:?}");
     }
     assert_eq!(buffer(&env).await.len(), 30, "all buffered, none twice");
@@ -371,10 +371,11 @@ async fn the_pump_drops_copies_of_entity_versions_however_late_they_come() {
     let expected = [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)].map(|(s, v)| (s.to_owned(), v));
     assert_eq!(versions, expected, "each version once");
     assert_eq!(common::buffered_events(&env).await, 6, "the five versions and the ingest event");
-    let logged = event_store::entity::log::Positions::new(env.dynamo.clone(), env.names.entity_table.clone())
-        .logged(&["a", "b"])
-        .await
-        .unwrap();
+    let logged =
+        event_store::bookkeeping::entity_positions::Positions::new(env.dynamo.clone(), env.names.entity_table.clone())
+            .logged(&["a", "b"])
+            .await
+            .unwrap();
     assert_eq!(logged, HashMap::from([("a".to_owned(), 2), ("b".to_owned(), 1)]));
 }
 

@@ -308,11 +308,15 @@ async fn a_runner_follows_while_events_come_an_idle_one_ends_at_once_and_a_busy_
     // A successor handed the lease of a subscription paused meanwhile gives the lease up, so a
     // resume is not kept waiting for it to expire (minutes).
     let table = &env.names.event_table;
-    let sub = event_store::subscription::store::get(&env.dynamo, table, "busy").await.unwrap().unwrap();
+    let sub = event_store::readers::subscriptions::get(&env.dynamo, table, "busy").await.unwrap().unwrap();
     let far_ms = now_ms() + 600_000;
     let held =
-        event_store::subscription::store::take(&env.dynamo, table, (&sub, 0), ("handed", None), far_ms, now_ms()).await;
-    assert!(matches!(held.unwrap(), event_store::subscription::store::Taken::Held(_)), "the predecessor's hand-over");
+        event_store::readers::subscriptions::take(&env.dynamo, table, (&sub, 0), ("handed", None), far_ms, now_ms())
+            .await;
+    assert!(
+        matches!(held.unwrap(), event_store::readers::subscriptions::Taken::Held(_)),
+        "the predecessor's hand-over"
+    );
     manage(&env, &target, json!({"action": "pause", "name": "busy"})).await.unwrap();
     let subs = subscriptions(&env, &target, runs::subscription_config(&env.names));
     let handed = PartitionTask { lease: Some("handed".into()), hop: 1, ..PartitionTask::first("busy", 0) };
@@ -763,8 +767,8 @@ async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say
     // The SDK's retry of a create whose put was applied and then answered with an error
     // puts the same definition (same id) again: done, not "exists already".
     let stored =
-        event_store::subscription::store::get(&env.dynamo, &env.names.event_table, "a").await.unwrap().unwrap();
-    event_store::subscription::store::create(&env.dynamo, &env.names.event_table, &stored).await.unwrap();
+        event_store::readers::subscriptions::get(&env.dynamo, &env.names.event_table, "a").await.unwrap().unwrap();
+    event_store::readers::subscriptions::create(&env.dynamo, &env.names.event_table, &stored).await.unwrap();
     let bad = [
         (ok.clone(), "exists already"),
         (json!({"action": "create", "name": "b c", "target": {"lambda": CONSUMER}}), "name"),

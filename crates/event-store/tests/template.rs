@@ -294,7 +294,9 @@ fn the_relay_sees_only_batch_items_holds_a_stream_before_its_mapping_gives_up_an
     for other in [event_store::entity::model::TIP, event_store::entity::model::SNAPSHOT] {
         assert!(!other.starts_with(prefix), "{other}");
     }
-    for position in [event_store::entity::log::RELAY_ITEM, event_store::entity::log::LOG_ITEM] {
+    for position in
+        [event_store::bookkeeping::entity_positions::RELAY_ITEM, event_store::bookkeeping::entity_positions::LOG_ITEM]
+    {
         assert!(!position.starts_with(prefix), "{position}");
     }
     // A held stream, a failing relay and a throttled relay each raise an alarm.

@@ -9,8 +9,8 @@
 //! | `shard#<shard id>` | [`shard_position`] | pump, after its buffer writes, forward only |
 //! | `pass#<segments, 4 digits>#<segment, 4 digits>` | [`segment_pass`] | scan: claimed by the schedule, then its chain (token-fenced) |
 //! | `awake#scan` | [`awake`] | pump: the time it last left work; scan: the awake run's lease (owner-fenced) |
-//! | `playback#<id>` | [`crate::playback::checkpoint`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
-//! | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…` | [`crate::subscription::store`] | management; a partition's lease holder (lease-fenced) |
+//! | `playback#<id>` | [`crate::readers::playbacks`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
+//! | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…` | [`crate::readers::subscriptions`] | management; a partition's lease holder (lease-fenced) |
 //! | `settings` | [`settings`] | scan, playback and subscriptions, at first use (`TIME_UNIT`) |
 //! | `ingest#<minute start ms, 13 digits>` | [`ingest`] | scan, `ADD` at the end of each segment run (a count for status) |
 //! | `late#<slot start ms, 13 digits>` | [`late_slots`] | scan, before it writes late events into the slot |
@@ -23,6 +23,8 @@
 //! quarantine (`slot = -1`) is ever played back.
 
 pub mod awake;
+pub mod entity_positions;
+pub mod frontier;
 pub mod ingest;
 pub mod late_slots;
 pub mod lease;

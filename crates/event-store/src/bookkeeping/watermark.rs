@@ -3,7 +3,7 @@
 //! which slots a reader may treat as sealed
 //! (`docs/design.md#4-completeness-the-watermark`).
 //!
-//! A pass starts with a look at the event stream ([`crate::scan::stream`]):
+//! A pass starts with a look at the event stream ([`super::frontier`]):
 //! for every shard, the lowest arrival a record not buffered yet can be
 //! stored with. The pump stores a shard's arrivals non-decreasing from its
 //! position, so that is the first waiting record's arrival (at least the
@@ -52,7 +52,7 @@ pub struct Pass {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unbuffered_from: Option<i64>,
     /// Every record not in the buffer when the pass started is stored with an
-    /// arrival at or after this ([`crate::scan::stream::Look`]). Absent in a
+    /// arrival at or after this ([`super::frontier::Look`]). Absent in a
     /// pass started by an earlier version, which bounds by the clock alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_bound: Option<i64>,

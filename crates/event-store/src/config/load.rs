@@ -3,7 +3,15 @@
 
 use super::{Env, SubjectsConfig, Variables};
 use crate::error::{Error, Result};
-use crate::payload;
+
+/// Default `INLINE_MAX_BYTES`: events up to this stay in the log itself
+/// (today's entity event limit, so nothing smaller moves).
+pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
+/// The most `INLINE_MAX_BYTES` may be: an inline event must fit a DynamoDB item.
+pub const INLINE_MAX_BYTES_LIMIT: usize = 384 * 1024;
+/// The largest event accepted when payloads can be offloaded: 4 MiB, so a
+/// request carrying one fits Lambda's 6 MB request payload with room to spare.
+pub const MAX_LARGE_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
 /// How a client's IP address is kept in the event envelope.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +53,7 @@ pub const MAX_EVENTS_PER_POST: usize = 500;
 /// arithmetic is beside the template's parameters). Larger ones are opt-in, up to [`MAX_EVENT_BYTES_LIMIT`].
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 2 * 1024;
 /// The most `MAX_EVENT_BYTES` may be without a bucket to offload to: 384 KiB, leaving room in a DynamoDB item
-/// (400 KB) for its other attributes. With `ARCHIVE_BUCKET`, up to [`crate::payload::MAX_LARGE_EVENT_BYTES`].
+/// (400 KB) for its other attributes. With `ARCHIVE_BUCKET`, up to [`crate::MAX_LARGE_EVENT_BYTES`].
 pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
 
 impl LoadConfig {
@@ -88,7 +96,7 @@ impl LoadConfig {
         };
         let archive_bucket = env.raw("ARCHIVE_BUCKET");
         let max_event_bytes = env.var_or("MAX_EVENT_BYTES", DEFAULT_MAX_EVENT_BYTES)?;
-        let largest = if archive_bucket.is_some() { payload::MAX_LARGE_EVENT_BYTES } else { MAX_EVENT_BYTES_LIMIT };
+        let largest = if archive_bucket.is_some() { MAX_LARGE_EVENT_BYTES } else { MAX_EVENT_BYTES_LIMIT };
         if max_event_bytes > largest {
             return Err(Error::Config(format!(
                 "MAX_EVENT_BYTES={max_event_bytes}: at most {largest} ({})",
@@ -125,7 +133,7 @@ impl LoadConfig {
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             max_events_per_post: DEFAULT_MAX_EVENTS_PER_POST,
             ip_mode: IpMode::Full,
-            inline_max_bytes: payload::DEFAULT_INLINE_MAX_BYTES,
+            inline_max_bytes: DEFAULT_INLINE_MAX_BYTES,
             archive_bucket: None,
             subjects: None,
         }
@@ -134,9 +142,9 @@ impl LoadConfig {
 
 /// `INLINE_MAX_BYTES`: 1 byte to what a DynamoDB item holds.
 pub(super) fn inline_max_bytes(env: &Env) -> Result<usize> {
-    let bytes = env.var_or("INLINE_MAX_BYTES", payload::DEFAULT_INLINE_MAX_BYTES)?;
-    if !(1..=payload::INLINE_MAX_BYTES_LIMIT).contains(&bytes) {
-        return Err(Error::Config(format!("INLINE_MAX_BYTES={bytes}: 1 to {}", payload::INLINE_MAX_BYTES_LIMIT)));
+    let bytes = env.var_or("INLINE_MAX_BYTES", DEFAULT_INLINE_MAX_BYTES)?;
+    if !(1..=INLINE_MAX_BYTES_LIMIT).contains(&bytes) {
+        return Err(Error::Config(format!("INLINE_MAX_BYTES={bytes}: 1 to {}", INLINE_MAX_BYTES_LIMIT)));
     }
     Ok(bytes)
 }

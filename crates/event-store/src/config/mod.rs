@@ -11,8 +11,8 @@ mod privacy;
 pub use archive::{ArchiveConfig, DEFAULT_ARCHIVE_LEASE};
 use load::inline_max_bytes;
 pub use load::{
-    IpMode, LoadConfig, DEFAULT_MAX_EVENTS_PER_POST, DEFAULT_MAX_EVENT_BYTES, MAX_EVENTS_PER_POST,
-    MAX_EVENT_BYTES_LIMIT,
+    IpMode, LoadConfig, DEFAULT_INLINE_MAX_BYTES, DEFAULT_MAX_EVENTS_PER_POST, DEFAULT_MAX_EVENT_BYTES,
+    INLINE_MAX_BYTES_LIMIT, MAX_EVENTS_PER_POST, MAX_EVENT_BYTES_LIMIT, MAX_LARGE_EVENT_BYTES,
 };
 use privacy::Role;
 pub use privacy::{
@@ -228,7 +228,7 @@ pub struct PlaybackConfig {
     /// Longest window one request may ask for (`PLAYBACK_MAX_HOURS`, default 24).
     pub max_window: Duration,
     /// How far apart (arrival time) two copies of one accepted event can be:
-    /// load's timeout and then some (`DEDUPE_WINDOW_MS`, see [`crate::dedupe`]).
+    /// load's timeout and then some (`DEDUPE_WINDOW_MS`, see [`crate::log::copies`]).
     pub dedupe_window_ms: u64,
     /// Continuations one playback run may chain (`MAX_CONTINUATIONS`); then
     /// it stops, and the same request again goes on from its checkpoint.

@@ -9,7 +9,8 @@ use super::model::{
     batch_key, request_item_key, request_key, Batch, RequestItem, SnapshotItem, StoredEventItem, Tip,
     MAX_NEW_NAME_BYTES, MAX_VERSION, RANGE_KEY, SNAPSHOT, TIP,
 };
-use super::{key, log, n, s, Also, Appended, EntityError, EntityStore, Expected, Invalid, NewEvent};
+use super::{key, n, s, Also, Appended, EntityError, EntityStore, Expected, Invalid, NewEvent};
+use crate::bookkeeping::entity_positions;
 use crate::error::Error;
 use crate::time::now_ms;
 
@@ -244,7 +245,7 @@ impl EntityStore {
             // so the relay can tell it from a stream relayed before positions existed.
             let position = Update::builder()
                 .table_name(&self.table)
-                .set_key(Some(key(stream, log::RELAY_ITEM)))
+                .set_key(Some(key(stream, entity_positions::RELAY_ITEM)))
                 .update_expression("SET created_at = if_not_exists(created_at, :now)")
                 .expression_attribute_values(":now", n(now))
                 .build()

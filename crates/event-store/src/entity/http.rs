@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tracing::{error, info};
 
 use super::{Direction, EntityError, EntityStore, Expected, Invalid};
-use crate::load::{body_text, check_json_content_type, json_response, Reject};
+use crate::http::{body_text, check_json_content_type, json_response, Reject};
 
 /// Events one `GET` returns unless `limit` says otherwise.
 pub const DEFAULT_PAGE_EVENTS: usize = 100;

@@ -14,7 +14,6 @@
 mod append;
 pub mod cqrs;
 pub mod http;
-pub mod log;
 pub mod model;
 mod payloads;
 pub mod redrive;

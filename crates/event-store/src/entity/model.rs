@@ -3,7 +3,7 @@
 //!
 //! One partition key per stream (`stream`), three kinds of sort key (`item`)
 //! for its events, and bookkeeping below them (`_…`: request records here,
-//! the relay's and the pump's positions in [`super::log`]):
+//! the relay's and the pump's positions in [`crate::bookkeeping::entity_positions`]):
 //! - `e<first version, 12 digits>`: a **batch**, the events of one append (1 to
 //!   100), so an append is atomic by construction and costs one item, not one per event;
 //! - `snapshot`: the latest snapshot (a state folded up to a version);
@@ -25,10 +25,9 @@ use crate::crypto::Sealed;
 use crate::payload::PayloadRef;
 use crate::time::format_ms;
 
-/// Partition key of the entity table: the stream name.
-pub const HASH_KEY: &str = "stream";
-/// Sort key of the entity table: `e<version>`, `snapshot` or `tip`.
-pub const RANGE_KEY: &str = "item";
+/// The entity table's key attributes: the stream name, and `e<version>`,
+/// `snapshot`, `tip` or a bookkeeping item (`_…`).
+pub use crate::bookkeeping::entity_positions::{HASH_KEY, RANGE_KEY};
 /// Sort key of the tip item.
 pub const TIP: &str = "tip";
 /// Sort key of the snapshot item.
@@ -461,7 +460,7 @@ pub enum StreamItem {
     Tip(Tip),
     Snapshot(SnapshotItem),
     Batch(Batch),
-    /// A stream's bookkeeping (`_relay`, `_log`: [`super::log`]; `_req#…`:
+    /// A stream's bookkeeping (`_relay`, `_log`: [`crate::bookkeeping::entity_positions`]; `_req#…`:
     /// [`RequestItem`]), not part of its events.
     Bookkeeping,
 }

@@ -18,14 +18,10 @@
 //! - Every [`record`] carries the original event time and a playback sequence
 //!   number, so consumers can check order and drop duplicates.
 
-pub mod checkpoint;
 pub mod pacer;
-pub mod reader;
-pub mod record;
 pub mod request;
 mod run;
 pub mod summary;
-pub mod tiers;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -35,10 +31,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use checkpoint::{Binding, Checkpoint, Lease};
+pub use crate::readers::playbacks::{self, Binding, Lease};
 pub use pacer::Pacer;
-pub use record::{kinesis_records, PlayedEvent};
-pub use request::{open_ended_id, run_id, Filter, PlaybackRequest, RecordFormat, Window};
+pub use request::{open_ended_id, run_id, PlaybackRequest};
 pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Status};
 
 use crate::archive::object::Bucket;
@@ -49,10 +44,11 @@ use crate::bookkeeping::watermark::{self, Watermark};
 use crate::config::PlaybackConfig;
 use crate::error::{Error, Result};
 use crate::invoke::Invoker;
+use crate::log::reader::{Page, Reader, PAGES_AHEAD};
+use crate::log::tiers::Tiers;
+use crate::log::{Checkpoint, Window};
 use crate::time::{effective_deadline, format_ms, now_ms, remaining, slot_of};
-use reader::{Page, Reader, PAGES_AHEAD};
 use run::{Flow, Run, Start};
-use tiers::Tiers;
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).
@@ -98,7 +94,7 @@ struct Bound {
     id: String,
     window: Window,
     fresh: bool,
-    stored: checkpoint::Stored,
+    stored: playbacks::Stored,
     start: Checkpoint,
 }
 
@@ -132,7 +128,7 @@ impl Playback {
 
     /// Opens sealed events with `keys` (`KEY_TABLE`, [`crate::privacy`]).
     pub fn with_keys(mut self, keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>) -> Self {
-        self.tiers = std::mem::replace(&mut self.tiers, crate::playback::tiers::Tiers::new(None)).with_keys(keys);
+        self.tiers = std::mem::replace(&mut self.tiers, crate::log::tiers::Tiers::new(None)).with_keys(keys);
         self
     }
 
@@ -186,7 +182,7 @@ impl Playback {
         // A token of this invocation's own, handed on to its continuation.
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let binding = Binding::new(window.start, window.end, &request.filter);
-        let claim = checkpoint::Claim {
+        let claim = playbacks::Claim {
             owner: &owner,
             previous: request.lease.as_deref(),
             until: 0,
@@ -203,7 +199,7 @@ impl Playback {
             }
         };
         if position.done {
-            checkpoint::release(&self.dynamo, table, &id, &owner).await?;
+            playbacks::release(&self.dynamo, table, &id, &owner).await?;
             return Ok(PlaybackSummary { status: Status::AlreadyDone, events: position.events as usize, ..summary });
         }
         info!(
@@ -222,7 +218,7 @@ impl Playback {
         };
         if result.is_err() {
             // A retry need not wait for the lease to expire (a lost lease is not ours to give up).
-            if let Err(err) = checkpoint::release(&self.dynamo, table, &id, &owner).await {
+            if let Err(err) = playbacks::release(&self.dynamo, table, &id, &owner).await {
                 warn!(id, error = %err, "lease not released");
             }
         }
@@ -235,13 +231,13 @@ impl Playback {
     async fn bind(&self, request: &PlaybackRequest, sealed_end: Option<i64>) -> Result<Bound> {
         let unit = self.config.time_unit_ms;
         // Without a watermark yet, `end` defaults to now: the window is valid but not complete.
-        let asked = Window::parse(request, sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
+        let asked = request.window(sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
         let (id, open_ended) = match (&request.id, &request.end) {
             (Some(id), _) => (id.clone(), false),
             (None, Some(_)) => (run_id(&asked, &request.filter), false),
             (None, None) => (open_ended_id(request), true),
         };
-        let stored = checkpoint::load(&self.dynamo, &self.config.event_table, &id).await?.unwrap_or_default();
+        let stored = playbacks::load(&self.dynamo, &self.config.event_table, &id).await?.unwrap_or_default();
         let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
         let (window, fresh) = bound_window(&id, request, asked, &stored, open_ended && done)?;
         let start = Checkpoint::at_slot(slot_of(window.start, unit));
@@ -259,7 +255,7 @@ impl Playback {
     async fn take_lease(
         &self,
         id: &str,
-        mut claim: checkpoint::Claim<'_>,
+        mut claim: playbacks::Claim<'_>,
         deadline: SystemTime,
     ) -> Result<std::result::Result<Option<Checkpoint>, i64>> {
         let table = self.config.event_table.as_str();
@@ -267,9 +263,9 @@ impl Playback {
         loop {
             claim.now = now_ms();
             claim.until = claim.now + self.config.lease.as_millis() as i64;
-            let until = match checkpoint::take(&self.dynamo, table, id, claim).await? {
-                checkpoint::Taken::Held(position) => return Ok(Ok(position)),
-                checkpoint::Taken::Busy(until) => until,
+            let until = match playbacks::take(&self.dynamo, table, id, claim).await? {
+                playbacks::Taken::Held(position) => return Ok(Ok(position)),
+                playbacks::Taken::Busy(until) => until,
             };
             let lapse = Duration::from_millis((until + 1 - now_ms()).max(0) as u64);
             if waited || remaining(deadline) <= self.config.deadline_margin + lapse + self.config.lease {
@@ -389,7 +385,7 @@ pub fn bound_window(
     id: &str,
     request: &PlaybackRequest,
     asked: Window,
-    stored: &checkpoint::Stored,
+    stored: &playbacks::Stored,
     rebind: bool,
 ) -> Result<(Window, bool)> {
     let Some(bound) = stored.binding.as_ref().filter(|_| !rebind) else {

@@ -9,20 +9,22 @@ use futures::StreamExt;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::checkpoint::{self, Checkpoint};
 use super::pacer::Pacer;
-use super::reader::Page;
-use super::record::{fits_one_record, kinesis_records, PlayedEvent};
-use super::request::{PlaybackRequest, Window};
+use super::request::PlaybackRequest;
 use super::summary::{PlaybackSummary, Progress, SlotPlayed, Status};
-use super::tiers::Readable;
 use super::Playback;
 use crate::batch::KINESIS_BATCH_RECORDS;
-use crate::dedupe::RecentIds;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
 use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingRecord};
+use crate::log::copies::RecentIds;
+use crate::log::reader::Page;
+use crate::log::record::{fits_one_record, kinesis_records, PlayedEvent};
+use crate::log::tiers::Readable;
+use crate::log::Checkpoint;
+use crate::log::Window;
+use crate::readers::playbacks;
 use crate::time::{format_ms, now_ms, remaining};
 
 /// How long before a put its read-back starts, for clock differences with Kinesis.
@@ -248,7 +250,7 @@ impl<'a> Run<'a> {
         self.checkpoint.done = true;
         self.checkpoint.seq = self.seq;
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
-        checkpoint::save(dynamo, table, &self.summary.id, &self.owner, &self.checkpoint, Some(0)).await?;
+        playbacks::save(dynamo, table, &self.summary.id, &self.owner, &self.checkpoint, Some(0)).await?;
         let summary = PlaybackSummary { next_seq: self.seq, ..self.summary };
         info!(
             id = %summary.id,
@@ -269,7 +271,7 @@ impl<'a> Run<'a> {
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
         let id = self.summary.id.clone();
         if self.request.hop >= self.playback.config.max_continuations {
-            checkpoint::save(dynamo, table, &id, &self.owner, &resume, Some(0)).await?;
+            playbacks::save(dynamo, table, &id, &self.owner, &resume, Some(0)).await?;
             warn!(
                 id,
                 hops = self.request.hop,
@@ -277,7 +279,7 @@ impl<'a> Run<'a> {
             );
             return Ok(PlaybackSummary { status: Status::Stopped, next_seq: resume.seq, ..self.summary });
         }
-        checkpoint::save(dynamo, table, &id, &self.owner, &resume, Some(now_ms() + HANDOVER_LEASE_MS)).await?;
+        playbacks::save(dynamo, table, &id, &self.owner, &resume, Some(now_ms() + HANDOVER_LEASE_MS)).await?;
         let next = PlaybackRequest {
             start: Some(format_ms(self.window.start)),
             end: Some(format_ms(self.window.end)),
@@ -361,7 +363,7 @@ impl<'a> Run<'a> {
     async fn save(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
         let until = now_ms() + self.playback.lease().as_millis() as i64;
-        checkpoint::save(dynamo, table, &self.summary.id, &self.owner, checkpoint, Some(until)).await?;
+        playbacks::save(dynamo, table, &self.summary.id, &self.owner, checkpoint, Some(until)).await?;
         self.renewed = Instant::now();
         Ok(())
     }

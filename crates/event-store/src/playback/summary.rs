@@ -57,7 +57,7 @@ pub struct PlaybackSummary {
     /// Items in the event table that could not be decoded (skipped, logged).
     pub unreadable: usize,
     /// Events whose played record would be over Kinesis' 1 MiB: a marker
-    /// with their place in the event table was put instead (see [`super::record`]).
+    /// with their place in the event table was put instead (see [`crate::log::record`]).
     pub oversized: usize,
     /// When the lease of the run that holds this id runs out (status `busy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

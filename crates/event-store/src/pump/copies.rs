@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use tracing::warn;
 
-use crate::entity::log::{Logged, Positions};
+use crate::bookkeeping::entity_positions::{Logged, Positions};
 use crate::envelope::{client_event, client_id_marker, entity_event, entity_stream};
 use crate::error::Result;
 

@@ -19,17 +19,18 @@ use tracing::{error, info, warn};
 
 mod again;
 mod copies;
+pub mod rebuffer;
 
 use copies::{client_copies, entity_copies, Copies};
 
 use crate::batch::Backoff;
 use crate::bookkeeping::awake::{self, Waker};
+use crate::bookkeeping::entity_positions::Positions;
 use crate::bookkeeping::shard_position::{self, non_decreasing, ShardPosition};
 use crate::buffer_item::BufferItem;
 use crate::chunk::{pack_to_fit, ChunkEvent, MAX_CHUNK_BYTES};
 use crate::config::PumpConfig;
 use crate::dynamo::{keyed_puts, write_all, Table};
-use crate::entity::log::Positions;
 use crate::error::{Error, Result};
 use crate::event_item::{quarantine_item, MAX_ITEM_BYTES};
 use crate::invoke::Invoker;

@@ -13,7 +13,6 @@
 
 mod awake;
 pub mod plan;
-pub mod stream;
 mod task;
 
 pub use awake::AWAKE_INTERVAL;
@@ -28,6 +27,7 @@ use tracing::{info, warn};
 
 use crate::batch::Backoff;
 use crate::bookkeeping::awake::AwakeRun;
+use crate::bookkeeping::frontier;
 use crate::bookkeeping::segment_pass::{self, PassState};
 use crate::bookkeeping::settings;
 use crate::bookkeeping::watermark::{self, Pass};
@@ -442,7 +442,7 @@ impl Scan {
         let started = now_ms();
         let (stream, table) = (&self.config.event_stream, &self.config.event_table);
         let clock_floor = started - self.config.watermark_lag_ms as i64;
-        match stream::look(&self.kinesis, &self.dynamo, stream, table, clock_floor).await {
+        match frontier::look(&self.kinesis, &self.dynamo, stream, table, clock_floor).await {
             Ok(look) => {
                 if let Some(from) = look.unbuffered_from {
                     info!(unbuffered_from = %format_ms(from), "records in the stream not buffered yet hold the watermark");

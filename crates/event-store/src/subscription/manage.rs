@@ -5,14 +5,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tracing::info;
 
-use super::spec::{self, NewSubscription, State, Target};
-use super::store::{self, Parked};
 use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
 use crate::error::{Error, Result};
-use crate::playback::PlayedEvent;
-use crate::playback::Window;
+use crate::log::PlayedEvent;
+use crate::log::Window;
+use crate::readers::subscriptions::spec::{self, NewSubscription, State, Target};
+use crate::readers::subscriptions::{self, Parked};
 use crate::time::now_ms;
 
 /// A management request.
@@ -53,7 +53,7 @@ impl Subscriptions {
                     Target::Kinesis(stream) => target::check_stream(&self.kinesis, stream).await?,
                     Target::Lambda(function) => target::check_function(&self.lambda, function).await?,
                 }
-                store::create(dynamo, table, &sub).await?;
+                subscriptions::create(dynamo, table, &sub).await?;
                 info!(subscription = %sub.name, target = %sub.target, partitions = sub.partitions, "subscription created");
                 json!({ "created": sub })
             }
@@ -62,27 +62,27 @@ impl Subscriptions {
                 json!({ "sealed_end": sealed_end.map(crate::time::format_ms), "subscriptions": subscriptions })
             }
             Manage::Pause { name } => {
-                store::set_state(dynamo, table, &name, State::Paused).await?;
+                subscriptions::set_state(dynamo, table, &name, State::Paused).await?;
                 json!({ "paused": name })
             }
             Manage::Resume { name } => {
-                store::set_state(dynamo, table, &name, State::Active).await?;
-                store::unstop(dynamo, table, &store::existing(dynamo, table, &name).await?).await?;
+                subscriptions::set_state(dynamo, table, &name, State::Active).await?;
+                subscriptions::unstop(dynamo, table, &subscriptions::existing(dynamo, table, &name).await?).await?;
                 json!({ "resumed": name })
             }
             Manage::Reset { name, to } => {
-                let sub = store::existing(dynamo, table, &name).await?;
+                let sub = subscriptions::existing(dynamo, table, &name).await?;
                 let to = spec::parse_start(&to, now_ms())?;
-                store::reset(dynamo, table, &sub, to, self.config.time_unit_ms).await?;
+                subscriptions::reset(dynamo, table, &sub, to, self.config.time_unit_ms).await?;
                 json!({ "reset": name, "to": crate::time::format_ms(to) })
             }
             Manage::Delete { name } => {
-                store::delete(dynamo, table, &name).await?;
+                subscriptions::delete(dynamo, table, &name).await?;
                 json!({ "deleted": name })
             }
             Manage::Parked { name } => {
-                let sub = store::existing(dynamo, table, &name).await?;
-                json!({ "parked": store::parked(dynamo, table, &sub).await? })
+                let sub = subscriptions::existing(dynamo, table, &name).await?;
+                json!({ "parked": subscriptions::parked(dynamo, table, &sub).await? })
             }
             Manage::Redrive { name, event_ids } => self.redrive(&name, &event_ids).await?,
         };
@@ -92,10 +92,10 @@ impl Subscriptions {
     /// Delivers the parked events of `name` (all, or those named) once each.
     async fn redrive(&self, name: &str, event_ids: &[String]) -> Result<Value> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        let sub = store::existing(dynamo, table, name).await?;
+        let sub = subscriptions::existing(dynamo, table, name).await?;
         let mut redriven = Vec::new();
         let mut failed = Vec::new();
-        for parked in store::parked(dynamo, table, &sub).await? {
+        for parked in subscriptions::parked(dynamo, table, &sub).await? {
             if !event_ids.is_empty() && !event_ids.contains(&parked.event_id) {
                 continue;
             }
@@ -128,7 +128,7 @@ impl Subscriptions {
             };
             match attempt {
                 Attempt::Delivered => {
-                    store::unpark(dynamo, table, name, &parked).await?;
+                    subscriptions::unpark(dynamo, table, name, &parked).await?;
                     redriven.push(parked.event_id);
                 }
                 Attempt::FailedFrom(_, error) | Attempt::Unavailable(error) => {

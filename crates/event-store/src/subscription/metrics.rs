@@ -49,7 +49,7 @@ pub fn lag_lines(namespace: &str, tick: &TickSummary, now_ms: i64) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::subscription::spec::{NewSubscription, Target};
+    use crate::readers::subscriptions::spec::{NewSubscription, Target};
     use crate::subscription::SubscriptionStatus;
     use serde_json::{json, Value};
 

@@ -27,8 +27,6 @@ pub mod manage;
 pub mod metrics;
 pub mod run;
 pub mod runner;
-pub mod spec;
-pub mod store;
 pub mod target;
 
 use std::sync::Arc;
@@ -39,9 +37,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{info, warn};
 
+pub use crate::readers::subscriptions::{
+    position_ms, status, statuses, NewSubscription, OnPoison, PartitionStatus, State, Subscription, SubscriptionStatus,
+    Target,
+};
 pub use manage::Manage;
 pub use run::{PartitionTask, RunStatus, RunSummary};
-pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
 
 use crate::batch::Backoff;
 use crate::bookkeeping::settings;
@@ -49,8 +50,7 @@ use crate::bookkeeping::watermark;
 use crate::config::SubscriptionConfig;
 use crate::error::{Error, Result};
 use crate::invoke::{continue_with, Invoker};
-use crate::position::Checkpoint;
-use crate::time::{format_ms, now_ms};
+use crate::time::format_ms;
 
 /// The AWS actions this function calls, and so the only ones its IAM role grants.
 pub const AWS_ACTIONS: &[&str] = &[
@@ -90,34 +90,9 @@ pub struct Subscriptions {
     pub(crate) backoff: Backoff,
     time_unit_checked: tokio::sync::OnceCell<()>,
     /// Where slots are read from (see `Playback`).
-    tiers: crate::playback::tiers::Tiers,
+    tiers: crate::log::tiers::Tiers,
     /// The CloudWatch namespace runners write their delivery latency to (EMF on stdout), if any.
     pub(crate) metrics: Option<String>,
-}
-
-/// A partition's place and lag, as the tick and `list` report it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartitionStatus {
-    pub partition: u32,
-    /// Where the partition stands: every event before it is delivered (ISO 8601).
-    pub position: String,
-    /// The watermark's sealed end less the position (ms), when there is a watermark.
-    pub lag_ms: Option<i64>,
-    pub delivered: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub leased_until: Option<String>,
-}
-
-/// A subscription and its partitions' status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SubscriptionStatus {
-    #[serde(flatten)]
-    pub subscription: Subscription,
-    /// The largest partition lag (ms).
-    pub lag_ms: Option<i64>,
-    pub partitions: Vec<PartitionStatus>,
 }
 
 /// What a tick did.
@@ -129,60 +104,10 @@ pub struct TickSummary {
     pub started: usize,
 }
 
-/// Where a checkpoint stands, in ms of arrival time: the event after which it is, or its slot's start.
-pub fn position_ms(checkpoint: &Checkpoint) -> i64 {
-    checkpoint.after.as_deref().and_then(|k| k.get(..13)).and_then(|ms| ms.parse().ok()).unwrap_or(checkpoint.slot)
-}
-
-/// The status of `sub`'s partitions from their stored items, against the sealed end.
-pub fn status(
-    sub: &Subscription,
-    stored: &[store::Partition],
-    sealed_end: Option<i64>,
-    unit: u64,
-) -> SubscriptionStatus {
-    let partitions: Vec<PartitionStatus> = (0..sub.partitions)
-        .map(|partition| {
-            let item = stored.iter().find(|p| p.partition == partition);
-            let checkpoint =
-                item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, unit));
-            let at = position_ms(&checkpoint).max(sub.start_ms);
-            PartitionStatus {
-                partition,
-                position: format_ms(at),
-                lag_ms: sealed_end.map(|end| (end - at).max(0)),
-                delivered: checkpoint.events,
-                stopped: item.and_then(|p| p.stopped.clone()),
-                leased_until: item
-                    .and_then(|p| p.lease.as_ref())
-                    .filter(|l| l.until > now_ms())
-                    .map(|l| format_ms(l.until)),
-            }
-        })
-        .collect();
-    let lag_ms = partitions.iter().filter_map(|p| p.lag_ms).max();
-    SubscriptionStatus { subscription: sub.clone(), lag_ms, partitions }
-}
-
-/// Every stored subscription's status against `sealed_end`.
-pub async fn statuses(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    sealed_end: Option<i64>,
-    unit: u64,
-) -> Result<Vec<SubscriptionStatus>> {
-    let mut out = Vec::new();
-    for sub in store::list(dynamo, table).await? {
-        let stored = store::partitions(dynamo, table, &sub).await?;
-        out.push(status(&sub, &stored, sealed_end, unit));
-    }
-    Ok(out)
-}
-
 impl Subscriptions {
     /// A reader of the event table within `window`, with this function's settings.
-    pub(crate) fn reader<'w>(&'w self, window: &'w crate::playback::Window) -> crate::playback::reader::Reader<'w> {
-        crate::playback::reader::Reader {
+    pub(crate) fn reader<'w>(&'w self, window: &'w crate::log::Window) -> crate::log::reader::Reader<'w> {
+        crate::log::reader::Reader {
             dynamo: &self.dynamo,
             table: &self.config.event_table,
             time_unit_ms: self.config.time_unit_ms,
@@ -211,7 +136,7 @@ impl Subscriptions {
             invoker,
             backoff: Backoff::default(),
             time_unit_checked: Default::default(),
-            tiers: crate::playback::tiers::Tiers::new(None),
+            tiers: crate::log::tiers::Tiers::new(None),
             metrics: None,
         }
     }
@@ -225,13 +150,13 @@ impl Subscriptions {
 
     /// Reads archived slots from `bucket` (`ARCHIVE_BUCKET`).
     pub fn with_archive(mut self, bucket: Option<crate::archive::object::Bucket>) -> Self {
-        self.tiers = crate::playback::tiers::Tiers::new(bucket).with_keys(self.tiers.keys());
+        self.tiers = crate::log::tiers::Tiers::new(bucket).with_keys(self.tiers.keys());
         self
     }
 
     /// Opens sealed events with `keys` (`KEY_TABLE`, [`crate::privacy`]).
     pub fn with_keys(mut self, keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>) -> Self {
-        self.tiers = std::mem::replace(&mut self.tiers, crate::playback::tiers::Tiers::new(None)).with_keys(keys);
+        self.tiers = std::mem::replace(&mut self.tiers, crate::log::tiers::Tiers::new(None)).with_keys(keys);
         self
     }
 

@@ -14,19 +14,19 @@ use tracing::{info, warn};
 
 use super::follow::{Follow, Next};
 use super::run::{PartitionTask, RunStatus, RunSummary};
-use super::spec::{partition_of, OnPoison, State, Subscription, Target};
-use super::store::{self, Parked, Taken};
 use super::target::{self, deliver_in_order, put_on_stream, DeliveredEvent, Delivery, Outcome, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::read_index;
-use crate::dedupe::RecentIds;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::invoke::continue_with;
-use crate::playback::reader::{Page, PAGES_AHEAD};
-use crate::playback::tiers::Readable;
-use crate::playback::{PlayedEvent, Window};
+use crate::log::copies::RecentIds;
+use crate::log::reader::{Page, PAGES_AHEAD};
+use crate::log::tiers::Readable;
+use crate::log::{PlayedEvent, Window};
 use crate::position::Checkpoint;
+use crate::readers::subscriptions::spec::{partition_of, OnPoison, State, Subscription, Target};
+use crate::readers::subscriptions::{self, Parked, Taken};
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).
@@ -51,7 +51,7 @@ impl Subscriptions {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let mut summary =
             RunSummary { subscription: task.subscription.clone(), partition: task.partition, ..Default::default() };
-        let Some(sub) = store::get(dynamo, table, &task.subscription).await? else {
+        let Some(sub) = subscriptions::get(dynamo, table, &task.subscription).await? else {
             return Ok(RunSummary { status: RunStatus::Gone, ..summary });
         };
         if task.partition >= sub.partitions {
@@ -63,7 +63,7 @@ impl Subscriptions {
         if sub.state == State::Paused {
             // A lease handed to this run is given up, so a resume does not wait for it to expire.
             if let Some(handed) = task.lease.as_deref() {
-                store::release(dynamo, table, (&sub.name, task.partition), handed).await?;
+                subscriptions::release(dynamo, table, (&sub.name, task.partition), handed).await?;
             }
             return Ok(RunSummary { status: RunStatus::Paused, ..summary });
         }
@@ -74,7 +74,7 @@ impl Subscriptions {
         let name = sub.name.clone();
         let place = (name.as_str(), task.partition);
         let claim = (owner.as_str(), task.lease.as_deref());
-        let position = match store::take(dynamo, table, (&sub, task.partition), claim, until, now_ms()).await? {
+        let position = match subscriptions::take(dynamo, table, (&sub, task.partition), claim, until, now_ms()).await? {
             Taken::Held(checkpoint) => {
                 checkpoint.unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, self.config.time_unit_ms))
             }
@@ -105,7 +105,7 @@ impl Subscriptions {
         let result = runner.run(&task).await;
         if let Err(err) = &result {
             if !matches!(err, Error::LeaseLost(_)) {
-                if let Err(release) = store::release(dynamo, table, place, &owner).await {
+                if let Err(release) = subscriptions::release(dynamo, table, place, &owner).await {
                     warn!(error = %release, "lease not released");
                 }
             }
@@ -163,7 +163,7 @@ impl Runner<'_> {
                 // Not to a successor of a subscription paused or deleted meanwhile (it would
                 // find it paused and leave the handed-over lease to expire).
                 Next::HandOver => {
-                    return match store::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
+                    return match subscriptions::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
                         None => self.end(RunStatus::Gone).await,
                         Some(sub) if sub.state == State::Paused => self.end(RunStatus::Paused).await,
                         Some(_) => self.hand_over(task).await,
@@ -174,7 +174,7 @@ impl Runner<'_> {
             // (a reset takes the lease away: the next save fails).
             if state_checked.elapsed() >= STATE_CHECK {
                 state_checked = Instant::now();
-                match store::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
+                match subscriptions::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
                     None => return self.end(RunStatus::Gone).await,
                     Some(sub) if sub.state == State::Paused => return self.end(RunStatus::Paused).await,
                     Some(_) => {}
@@ -380,7 +380,7 @@ impl Runner<'_> {
             let event = &batch[*index];
             warn!(subscription = %self.sub.name, partition = self.partition, event_id = %event.event_id, error, "event parked");
             let parked = event.parked(&self.sub.id, self.partition, error.clone());
-            store::park(dynamo, table, &self.sub.name, &parked).await?;
+            subscriptions::park(dynamo, table, &self.sub.name, &parked).await?;
         }
         self.summary.parked += outcome.poison.len();
         self.summary.delivered += outcome.done - outcome.poison.len();
@@ -404,7 +404,7 @@ impl Runner<'_> {
             // The checkpoint past the parked event and the stop in one write: a crash cannot keep one without the other.
             Some((_, error)) => {
                 self.park_unreadable(&next).await?;
-                store::stop(dynamo, table, (&self.sub.name, self.partition), &self.owner, &next, error).await?;
+                subscriptions::stop(dynamo, table, (&self.sub.name, self.partition), &self.owner, &next, error).await?;
                 self.position = next;
                 Ok(())
             }
@@ -430,7 +430,7 @@ impl Runner<'_> {
             std::mem::take(&mut self.unreadable).into_iter().partition(passed);
         self.unreadable = later;
         for parked in now {
-            store::park(dynamo, table, &self.sub.name, &parked).await?;
+            subscriptions::park(dynamo, table, &self.sub.name, &parked).await?;
             self.summary.parked += 1;
         }
         Ok(())
@@ -441,7 +441,7 @@ impl Runner<'_> {
     async fn save(&mut self, checkpoint: Checkpoint) -> Result<()> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
         self.park_unreadable(&checkpoint).await?;
-        store::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &checkpoint, None).await?;
+        subscriptions::save(dynamo, table, (&self.sub.name, self.partition), &self.owner, &checkpoint, None).await?;
         self.position = checkpoint;
         Ok(())
     }
@@ -453,12 +453,12 @@ impl Runner<'_> {
         let backoff = self.subs.config.unavailable_backoff;
         if status == RunStatus::Unavailable && !backoff.is_zero() {
             let (place, until) = ((self.sub.name.as_str(), self.partition), now_ms() + backoff.as_millis() as i64);
-            let kept = store::save(dynamo, table, place, &self.owner, &self.position, Some(until)).await;
+            let kept = subscriptions::save(dynamo, table, place, &self.owner, &self.position, Some(until)).await;
             // Reset or deleted meanwhile (the lease fenced): nothing of this run's to keep.
             kept.or_else(|err| if matches!(err, Error::LeaseLost(_)) { Ok(()) } else { Err(err) })?;
         } else if status != RunStatus::Stopped {
             // Unreadable events before the saved position are parked already; later ones are met again.
-            store::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
+            subscriptions::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
         }
         self.summary.status = status;
         self.summary.position = Some(format_ms(super::position_ms(&self.position).max(self.sub.start_ms)));
@@ -480,12 +480,13 @@ impl Runner<'_> {
         let (dynamo, table) = (&self.subs.dynamo, self.subs.config.event_table.as_str());
         let place = (self.sub.name.as_str(), self.partition);
         if task.hop >= self.subs.config.max_continuations {
-            store::save(dynamo, table, place, &self.owner, &self.position, Some(0)).await?;
+            subscriptions::save(dynamo, table, place, &self.owner, &self.position, Some(0)).await?;
             warn!(subscription = %self.sub.name, partition = self.partition, hops = task.hop, "MAX_CONTINUATIONS reached: the next tick goes on");
             self.summary.status = RunStatus::ChainStopped;
             return Ok(self.summary);
         }
-        store::save(dynamo, table, place, &self.owner, &self.position, Some(now_ms() + HANDOVER_LEASE_MS)).await?;
+        subscriptions::save(dynamo, table, place, &self.owner, &self.position, Some(now_ms() + HANDOVER_LEASE_MS))
+            .await?;
         let next = PartitionTask {
             subscription: self.sub.name.clone(),
             partition: self.partition,

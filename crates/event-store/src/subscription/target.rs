@@ -21,15 +21,15 @@ use aws_sdk_lambda::types::InvocationType;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::spec::Target;
-use super::store::Parked;
 use crate::batch::Backoff;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
 use crate::kinesis::{events_stored_since, put_in_key_order, send_put_records, stored_since, OutgoingRecord};
+use crate::log::record::{fits_one_record, kinesis_records_of};
+use crate::log::{PlayedEvent, RecordFormat};
 use crate::payload::PayloadRef;
-use crate::playback::record::{fits_one_record, kinesis_records_of};
-use crate::playback::{PlayedEvent, RecordFormat};
+use crate::readers::subscriptions::spec::Target;
+use crate::readers::subscriptions::Parked;
 use crate::time::now_ms;
 
 /// Attempts at one (sub-)batch before it is split, or its single event parked.

@@ -16,7 +16,7 @@
 //! - **Copies dropped by identity.** A put applied but answered with an
 //!   error, or two relays racing on one stream, can still put a version
 //!   twice; the pump drops every record of a version at or below the
-//!   stream's `logged` ([`super::log`]), however late it comes.
+//!   stream's `logged` ([`crate::bookkeeping::entity_positions`]), however late it comes.
 //! - **A stream that cannot be relayed is held, not skipped.** While a
 //!   stream's puts fail, the delivery is retried from its first unrelayed
 //!   record (the other streams' records in it are skipped by their positions);
@@ -34,10 +34,10 @@ use futures::StreamExt;
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use super::log::{Positions, RelayPosition};
 use super::model::{Batch, RecordedEvent};
 use super::{Direction, EntityError, EntityStore};
 use crate::batch::Backoff;
+use crate::bookkeeping::entity_positions::{Positions, RelayPosition};
 use crate::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord};

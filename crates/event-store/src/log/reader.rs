@@ -26,14 +26,14 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::checkpoint::{Checkpoint, Lookback};
-use super::request::Window;
 use super::tiers::Tiers;
+use super::window::Window;
 use crate::bookkeeping::slot_index::SlotRef;
 use crate::chunk::{self, decode_item, SlotMerge};
-use crate::dedupe::{envelope_id, RecentIds};
 use crate::error::{Error, Result};
 use crate::event_item::{self, sort_key_floor, EventItem};
+use crate::log::copies::{envelope_id, RecentIds};
+use crate::position::{Checkpoint, Lookback};
 
 /// Slots whose first page is queried ahead of the one being put.
 const QUERY_AHEAD: usize = 8;

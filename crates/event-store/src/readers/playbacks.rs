@@ -12,12 +12,12 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 
-use super::request::Filter;
 pub use crate::bookkeeping::lease::Lease;
 use crate::bookkeeping::lease::{self, checkpoint_value, n, s, CHECKPOINT, LEASE_FREE};
 use crate::bookkeeping::{self, unless_condition_failed};
 use crate::error::{Error, Result};
-pub use crate::position::{Checkpoint, Lookback};
+use crate::log::Filter;
+use crate::position::Checkpoint;
 
 /// The sort-key prefix of playback items.
 pub const KEY_PREFIX: &str = "playback#";

@@ -1,4 +1,4 @@
-//! The scan's look at the event stream when a pass starts: for every shard,
+//! The event stream's buffered frontier, as the scan looks at it when a pass starts (and status too): for every shard,
 //! the lowest arrival a record not buffered yet can be stored with. The
 //! pump's position says where its unbroken run of buffered records ends
 //! ([`crate::bookkeeping::shard_position`]); Kinesis is asked for the next
@@ -124,7 +124,7 @@ pub async fn look(
     })
 }
 
-pub(crate) async fn probe(
+pub async fn probe(
     kinesis: &aws_sdk_kinesis::Client,
     stream: &str,
     shard: &Shard,

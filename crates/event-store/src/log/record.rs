@@ -4,12 +4,29 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::request::RecordFormat;
 use crate::aggregation;
 use crate::event_item::EventItem;
 use crate::kinesis::{indices_by_key, OutgoingRecord};
 use crate::payload::PayloadRef;
 use crate::time::format_ms;
+
+/// How played events become Kinesis records (see [`crate::aggregation`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordFormat {
+    /// Many events of one partition key in one record, for consumers with a
+    /// KPL deaggregator (the KCL, `aws-kinesis-agg`): past 1,000 records/s per shard.
+    #[default]
+    Aggregated,
+    /// One record per event, for any consumer; a key's events go one request after another.
+    Plain,
+}
+
+impl RecordFormat {
+    pub(crate) fn is_default(&self) -> bool {
+        *self == RecordFormat::default()
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlayedEvent {

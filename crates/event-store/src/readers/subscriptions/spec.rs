@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::playback::{Filter, RecordFormat};
+use crate::log::{Filter, RecordFormat};
 use crate::time::{format_ms, parse_time};
 
 /// The most partitions a subscription may have (each is one runner at a time).

@@ -15,7 +15,6 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnConsumedCapacity, ReturnValue, WriteRequest};
 use serde::Serialize;
 
-use super::spec::{State, Subscription};
 use crate::batch::Backoff;
 use crate::bookkeeping::lease::{self, n, s, Lease, CHECKPOINT, LEASE_FREE};
 use crate::bookkeeping::{key, query_range, sort_key_of, unless_condition_failed};
@@ -23,6 +22,12 @@ use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::position::Checkpoint;
+
+pub mod spec;
+pub mod status;
+
+pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
+pub use status::{position_ms, status, statuses, PartitionStatus, SubscriptionStatus};
 
 fn definition_key(name: &str) -> String {
     format!("sub#{name}")

@@ -40,11 +40,14 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, PutRequest, ReturnValue, WriteRequest};
 use serde::{Deserialize, Serialize};
 
-use super::model::{HASH_KEY, RANGE_KEY};
 use crate::batch::Backoff;
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::sortable_sequence;
+
+/// The entity table's key attributes (`entity::model` names its items).
+pub const HASH_KEY: &str = "stream";
+pub const RANGE_KEY: &str = "item";
 
 /// Sort key of a stream's relay position.
 pub const RELAY_ITEM: &str = "_relay";

@@ -1,11 +1,11 @@
-//! Re-driving what the pump's event source gave up on. When a batch still
+//! Re-buffering what the pump's event source gave up on. When a batch still
 //! fails at the record age limit, the event source mapping sends a message
 //! to its on-failure destination (the pump's dead-letter queue) that names
 //! the shard and the sequence range, not the records. The records are still
 //! in the stream (the age limit stays well inside the retention: a template
-//! test checks it), so a re-drive reads the range back and buffers it again
-//! ([`crate::pump::Pump::buffer_again`]): idempotent, since buffer keys come
-//! from the records' identity. Events re-driven after the watermark passed
+//! test checks it), so a re-buffer reads the range back and buffers it again
+//! ([`super::Pump::buffer_again`]): idempotent, since buffer keys come
+//! from the records' identity. Events re-buffered after the watermark passed
 //! them are moved into their own slots and counted late, as any late event.
 
 use aws_sdk_kinesis::types::{Record, ShardIteratorType};
@@ -15,7 +15,9 @@ use tracing::{info, warn};
 use crate::error::{Error, Result};
 use crate::event_item::sortable_sequence;
 use crate::kinesis::{get_records, lambda_event};
-use crate::pump::Pump;
+
+use super::Pump;
+use crate::queue::{drain_with, Drained};
 
 /// What Lambda's on-failure record for a Kinesis event source says about the batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,9 +45,9 @@ impl DeadLetter {
     }
 }
 
-/// What one re-drive did.
+/// What one re-buffer did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Redriven {
+pub struct Rebuffered {
     /// Records of the range found in the stream.
     pub records: usize,
     /// Sequence numbers that could not be buffered (the message is kept).
@@ -115,7 +117,7 @@ pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchI
 }
 
 /// Reads the dead letter's range back and buffers it again.
-pub async fn redrive(kinesis: &aws_sdk_kinesis::Client, pump: &Pump, letter: &DeadLetter) -> Result<Redriven> {
+pub async fn rebuffer(kinesis: &aws_sdk_kinesis::Client, pump: &Pump, letter: &DeadLetter) -> Result<Rebuffered> {
     let batch = &letter.batch;
     let records = read_range(kinesis, batch).await?;
     if records.is_empty() {
@@ -131,30 +133,20 @@ pub async fn redrive(kinesis: &aws_sdk_kinesis::Client, pump: &Pump, letter: &De
     if batch.batch_size.is_some_and(|size| size > records.len()) {
         warn!(shard = batch.shard_id, found = records.len(), batch_size = ?batch.batch_size, "fewer records than the batch had: the rest has left the stream");
     }
-    let mut redriven = Redriven { records: records.len(), failed: Vec::new() };
+    let mut rebuffered = Rebuffered { records: records.len(), failed: Vec::new() };
     // One shard's range, in parts: each part's arrivals go on from the part before it.
     let mut carried = None;
     for chunk in records.chunks(500) {
         let event = lambda_event(&batch.stream_arn, &batch.shard_id, region(&batch.stream_arn), chunk);
         let (failed, last) = pump.buffer_again_after(event, carried).await;
-        redriven.failed.extend(failed);
+        rebuffered.failed.extend(failed);
         carried = last;
     }
-    info!(shard = batch.shard_id, records = redriven.records, failed = redriven.failed.len(), "re-driven");
-    Ok(redriven)
+    info!(shard = batch.shard_id, records = rebuffered.records, failed = rebuffered.failed.len(), "re-buffered");
+    Ok(rebuffered)
 }
 
-/// What draining a dead-letter queue did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Drained {
-    /// Messages re-driven in full and deleted.
-    pub messages: usize,
-    pub records: usize,
-    /// Messages left in the queue (unreadable, or not every record buffered); their reasons are logged.
-    pub left: usize,
-}
-
-/// Re-drives every message of the pump's dead-letter queue `queue_url`; a
+/// Re-buffers every message of the pump's dead-letter queue `queue_url`; a
 /// message is deleted only after all its records were buffered again.
 pub async fn drain_queue(
     sqs: &aws_sdk_sqs::Client,
@@ -163,62 +155,13 @@ pub async fn drain_queue(
     pump: &Pump,
 ) -> Result<Drained> {
     drain_with(sqs, queue_url, |body| async move {
-        let redriven = redrive(kinesis, pump, &DeadLetter::parse(&body)?).await?;
-        match redriven.failed.is_empty() {
-            true => Ok(redriven.records),
-            false => Err(Error::BadInput(format!("{} records not buffered", redriven.failed.len()))),
+        let rebuffered = rebuffer(kinesis, pump, &DeadLetter::parse(&body)?).await?;
+        match rebuffered.failed.is_empty() {
+            true => Ok(rebuffered.records),
+            false => Err(Error::BadInput(format!("{} records not buffered", rebuffered.failed.len()))),
         }
     })
     .await
-}
-
-/// Re-drives every message of a dead-letter queue with `redrive_one` (its
-/// body in, how many records or versions it put back out); a message is
-/// deleted only after `redrive_one` succeeded, and left (logged) otherwise.
-pub async fn drain_with<F, Fut>(sqs: &aws_sdk_sqs::Client, queue_url: &str, mut redrive_one: F) -> Result<Drained>
-where
-    F: FnMut(String) -> Fut,
-    Fut: std::future::Future<Output = Result<usize>>,
-{
-    let mut drained = Drained::default();
-    let mut seen = std::collections::HashSet::new();
-    loop {
-        let out = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(10)
-            // Long enough to re-drive a message before another receiver could see it.
-            .visibility_timeout(300)
-            .send()
-            .await
-            .map_err(|e| Error::Sqs { operation: "ReceiveMessage", source: Box::new(e) })?;
-        let messages = out.messages();
-        if messages.is_empty() {
-            return Ok(drained);
-        }
-        for message in messages {
-            // A message left in the queue comes back after its visibility timeout: once is enough.
-            if !seen.insert(message.message_id().unwrap_or_default().to_owned()) {
-                return Ok(drained);
-            }
-            match redrive_one(message.body().unwrap_or_default().to_owned()).await {
-                Ok(records) => {
-                    sqs.delete_message()
-                        .queue_url(queue_url)
-                        .receipt_handle(message.receipt_handle().unwrap_or_default())
-                        .send()
-                        .await
-                        .map_err(|e| Error::Sqs { operation: "DeleteMessage", source: Box::new(e) })?;
-                    drained.messages += 1;
-                    drained.records += records;
-                }
-                Err(err) => {
-                    warn!(error = %err, message = message.message_id(), "message not re-driven: it stays");
-                    drained.left += 1;
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

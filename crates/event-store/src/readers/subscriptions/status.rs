@@ -1,0 +1,80 @@
+//! A subscription's partitions: where each stands and how far behind the
+//! sealed end, from their stored items (the tick, `list` and status report it).
+
+use serde::{Deserialize, Serialize};
+
+use super::{list, partitions, Partition};
+use crate::error::Result;
+use crate::position::Checkpoint;
+use crate::readers::subscriptions::spec::Subscription;
+use crate::time::{format_ms, now_ms};
+
+/// A partition's place and lag, as the tick and `list` report it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionStatus {
+    pub partition: u32,
+    /// Where the partition stands: every event before it is delivered (ISO 8601).
+    pub position: String,
+    /// The watermark's sealed end less the position (ms), when there is a watermark.
+    pub lag_ms: Option<i64>,
+    pub delivered: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leased_until: Option<String>,
+}
+
+/// A subscription and its partitions' status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscriptionStatus {
+    #[serde(flatten)]
+    pub subscription: Subscription,
+    /// The largest partition lag (ms).
+    pub lag_ms: Option<i64>,
+    pub partitions: Vec<PartitionStatus>,
+}
+
+/// Where a checkpoint stands, in ms of arrival time: the event after which it is, or its slot's start.
+pub fn position_ms(checkpoint: &Checkpoint) -> i64 {
+    checkpoint.after.as_deref().and_then(|k| k.get(..13)).and_then(|ms| ms.parse().ok()).unwrap_or(checkpoint.slot)
+}
+
+/// The status of `sub`'s partitions from their stored items, against the sealed end.
+pub fn status(sub: &Subscription, stored: &[Partition], sealed_end: Option<i64>, unit: u64) -> SubscriptionStatus {
+    let partitions: Vec<PartitionStatus> = (0..sub.partitions)
+        .map(|partition| {
+            let item = stored.iter().find(|p| p.partition == partition);
+            let checkpoint =
+                item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, unit));
+            let at = position_ms(&checkpoint).max(sub.start_ms);
+            PartitionStatus {
+                partition,
+                position: format_ms(at),
+                lag_ms: sealed_end.map(|end| (end - at).max(0)),
+                delivered: checkpoint.events,
+                stopped: item.and_then(|p| p.stopped.clone()),
+                leased_until: item
+                    .and_then(|p| p.lease.as_ref())
+                    .filter(|l| l.until > now_ms())
+                    .map(|l| format_ms(l.until)),
+            }
+        })
+        .collect();
+    let lag_ms = partitions.iter().filter_map(|p| p.lag_ms).max();
+    SubscriptionStatus { subscription: sub.clone(), lag_ms, partitions }
+}
+
+/// Every stored subscription's status against `sealed_end`.
+pub async fn statuses(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    sealed_end: Option<i64>,
+    unit: u64,
+) -> Result<Vec<SubscriptionStatus>> {
+    let mut out = Vec::new();
+    for sub in list(dynamo, table).await? {
+        let stored = partitions(dynamo, table, &sub).await?;
+        out.push(status(&sub, &stored, sealed_end, unit));
+    }
+    Ok(out)
+}
