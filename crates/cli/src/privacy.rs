@@ -25,7 +25,10 @@ pub async fn forget(target: &Target, subject: &str) -> Result<Value> {
                 .filter(|k| !k.trim().is_empty())
                 .unwrap_or_else(|| event_store_emulator::resources::LOCAL_SUBJECT_HASH_KEY.to_owned());
             let config = PrivacyConfig { key_table: key_table.clone(), hash_key };
-            let privacy = Privacy::new(event_store::privacy::table_keys(&target.sdk, key_table), &config);
+            let privacy = Privacy::new(
+                event_store::privacy::key_store(&target.sdk, event_store::privacy::KeyStore::reading(key_table)),
+                &config,
+            );
             Ok(privacy.handle(payload).await?)
         }
     }

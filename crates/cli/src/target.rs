@@ -70,7 +70,10 @@ impl Target {
 
     /// Subjects' keys, for readers of sealed events.
     pub fn keys(&self) -> Option<std::sync::Arc<event_store::privacy::keys::Keys>> {
-        Some(event_store::privacy::table_keys(&self.sdk, self.key_table.clone()?))
+        Some(event_store::privacy::key_store(
+            &self.sdk,
+            event_store::privacy::KeyStore::reading(self.key_table.clone()?),
+        ))
     }
 
     /// The tiers a reader of this stack's log reads, sealed events opened.

@@ -13,6 +13,7 @@ use event_store::archiver::Archiver;
 use event_store::config::{ArchiveConfig, PumpConfig, ScanConfig};
 use event_store::crypto::subject_hash;
 use event_store::privacy::keys::Keys;
+use event_store::privacy::maker::Maker;
 use event_store::pump::Pump;
 use event_store_emulator::resources::{create_subject_key, LOCAL_SUBJECT_HASH_KEY};
 use event_store_emulator::runs::{deadline_in, run_scan, scan_config};
@@ -241,9 +242,9 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     // never seen is bad usage and writes nothing; who asked is recorded under its hash.
     let kms = aws_sdk_kms::Client::new(&stack.sdk);
     let kms_key = create_subject_key(&kms, &names.subject_key_alias).await.unwrap();
-    let keys = Keys::new(dynamo.clone(), kms, names.key_table.clone()).sealing_with(Some(kms_key));
+    let keys = Keys::new(dynamo.clone(), kms, names.key_table.clone()).made_by(Some(Maker::Kms(kms_key)));
     let subject = subject_hash(LOCAL_SUBJECT_HASH_KEY.as_bytes(), "user-1");
-    assert_eq!(keys.sealing_key(&subject).await.unwrap().0, 0);
+    assert_eq!(keys.sealing_generation(&subject).await.unwrap(), 0);
     let unknown = event_store(&["forget", "nobody"], moto.port);
     assert_eq!(unknown.status.code(), Some(2), "{}", stderr(&unknown));
     assert!(String::from_utf8_lossy(&unknown.stdout).contains("nothing to forget"));

@@ -144,41 +144,61 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
         Http { client: Client::builder(TokioExecutor::new()).build_http(), base: format!("http://127.0.0.1:{port}") };
     let mut out = EntityRun::default();
     let short = &run_id[..8];
+    todo_flow(&http, run_id, &mut out).await?;
+    counter_flow(&http, run_id, &mut out).await?;
+    account_streams(&http, run_id, (streams, appends), &mut out).await?;
 
-    // The article's Todo flow.
+    // Many writers on one stream: no acknowledged append is lost (moto needs the local stack's
+    // transactions-alone lane for that, as DynamoDB isolates a transaction from other writes).
+    let name = format!("contended-{short}");
+    let (events, problems, requests) = contended(&http, &format!("/streams/{name}"), run_id).await?;
+    out.requests += requests;
+    out.problems.extend(problems);
+    out.streams.insert(name, events);
+    Ok(out)
+}
+
+/// The article's Todo flow, step by step: create, create again, the same create retried, update,
+/// a stale update, an update of an unknown id, delete, read.
+async fn todo_flow(http: &Http, run_id: &str, out: &mut EntityRun) -> Result<()> {
+    let short = &run_id[..8];
     let todo = format!("/streams/todo-{short}");
     let created = event("TodoCreated", json!({"title": "buy milk"}), run_id);
     let a = http.call(Method::POST, &todo, &[("if-none-match", "*")], Some(created.clone())).await?;
-    expect(&mut out, "create", &a, StatusCode::CREATED, Some("\"0\""));
+    expect(out, "create", &a, StatusCode::CREATED, Some("\"0\""));
     let a = http
         .call(Method::POST, &todo, &[("if-none-match", "*")], Some(event("TodoCreated", json!({}), run_id)))
         .await?;
-    expect(&mut out, "create again", &a, StatusCode::CONFLICT, Some("\"0\""));
+    expect(out, "create again", &a, StatusCode::CONFLICT, Some("\"0\""));
     let a = http.call(Method::POST, &todo, &[("if-none-match", "*")], Some(created)).await?;
-    expect(&mut out, "the same create, retried", &a, StatusCode::CREATED, Some("\"0\""));
+    expect(out, "the same create, retried", &a, StatusCode::CREATED, Some("\"0\""));
     let updated = event("TodoUpdated", json!({"title": "buy oat milk"}), run_id);
     let a = http.call(Method::POST, &todo, &[("if-match", "\"0\"")], Some(updated)).await?;
-    expect(&mut out, "update", &a, StatusCode::CREATED, Some("\"1\""));
+    expect(out, "update", &a, StatusCode::CREATED, Some("\"1\""));
     let a =
         http.call(Method::POST, &todo, &[("if-match", "\"0\"")], Some(event("TodoUpdated", json!({}), run_id))).await?;
-    expect(&mut out, "stale update", &a, StatusCode::CONFLICT, Some("\"1\""));
+    expect(out, "stale update", &a, StatusCode::CONFLICT, Some("\"1\""));
     let unknown = format!("/streams/todo-{short}-unknown");
     let a = http
         .call(Method::POST, &unknown, &[("if-match", "\"0\"")], Some(event("TodoUpdated", json!({}), run_id)))
         .await?;
-    expect(&mut out, "update an unknown id", &a, StatusCode::NOT_FOUND, None);
+    expect(out, "update an unknown id", &a, StatusCode::NOT_FOUND, None);
     let a = http.call(Method::DELETE, &todo, &[("if-match", "\"1\"")], None).await?;
-    expect(&mut out, "delete", &a, StatusCode::CREATED, Some("\"2\""));
+    expect(out, "delete", &a, StatusCode::CREATED, Some("\"2\""));
     let a = http.call(Method::GET, &todo, &[], None).await?;
-    expect(&mut out, "read", &a, StatusCode::OK, Some("\"2\""));
+    expect(out, "read", &a, StatusCode::OK, Some("\"2\""));
     let types: Vec<&str> =
         a.body["events"].as_array().map(|e| e.iter().filter_map(|e| e["type"].as_str()).collect()).unwrap_or_default();
     if types != ["TodoCreated", "TodoUpdated", "StreamDeleted"] {
         out.problems.push(format!("read: events {types:?}"));
     }
     out.streams.insert(format!("todo-{short}"), 2);
+    Ok(())
+}
 
-    // The article's Counter.
+/// The article's Counter: three increments and a decrement, each `If-Match` the last version; the fold gives 2.
+async fn counter_flow(http: &Http, run_id: &str, out: &mut EntityRun) -> Result<()> {
+    let short = &run_id[..8];
     let counter = format!("/streams/counter-{short}");
     for (i, step) in ["Increment", "Increment", "Increment", "Decrement"].iter().enumerate() {
         let precondition =
@@ -186,7 +206,7 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
         let a = http
             .call(Method::POST, &counter, &[(precondition.0, &precondition.1)], Some(event(step, json!({}), run_id)))
             .await?;
-        expect(&mut out, step, &a, StatusCode::CREATED, None);
+        expect(out, step, &a, StatusCode::CREATED, None);
     }
     let a = http.call(Method::GET, &counter, &[], None).await?;
     let value: i64 = a.body["events"]
@@ -197,31 +217,37 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
         out.problems.push(format!("counter: the fold gives {value}, not 2"));
     }
     out.streams.insert(format!("counter-{short}"), 4);
+    Ok(())
+}
 
+/// `streams` account streams, appended at the same time, `appends` times each.
+async fn account_streams(
+    http: &Http,
+    run_id: &str,
+    (streams, appends): (usize, u64),
+    out: &mut EntityRun,
+) -> Result<()> {
+    let short = &run_id[..8];
     // Account streams, appended at the same time: batches of 1 to 3 events, each If-Match the last ETag.
-    let accounts = futures::future::join_all((0..streams).map(|k| {
-        let http = &http;
-        async move {
-            let path = format!("/streams/account-{short}-{k}");
-            let mut version: Option<u64> = None;
-            let mut problems = Vec::new();
-            for n in 0..appends {
-                let size = 1 + (n + k as u64) % 3;
-                let events: Vec<Value> = (0..size).map(|i| event("Moved", json!({"n": n, "i": i}), run_id)).collect();
-                let precondition = match version {
-                    None => ("if-none-match", "*".to_owned()),
-                    Some(v) => ("if-match", format!("\"{v}\"")),
-                };
-                let a =
-                    http.call(Method::POST, &path, &[(precondition.0, &precondition.1)], Some(json!(events))).await?;
-                if a.status != StatusCode::CREATED {
-                    problems.push(format!("{path}: {} {}", a.status, a.body));
-                    break;
-                }
-                version = a.body["last"].as_u64();
+    let accounts = futures::future::join_all((0..streams).map(|k| async move {
+        let path = format!("/streams/account-{short}-{k}");
+        let mut version: Option<u64> = None;
+        let mut problems = Vec::new();
+        for n in 0..appends {
+            let size = 1 + (n + k as u64) % 3;
+            let events: Vec<Value> = (0..size).map(|i| event("Moved", json!({"n": n, "i": i}), run_id)).collect();
+            let precondition = match version {
+                None => ("if-none-match", "*".to_owned()),
+                Some(v) => ("if-match", format!("\"{v}\"")),
+            };
+            let a = http.call(Method::POST, &path, &[(precondition.0, &precondition.1)], Some(json!(events))).await?;
+            if a.status != StatusCode::CREATED {
+                problems.push(format!("{path}: {} {}", a.status, a.body));
+                break;
             }
-            Ok::<_, anyhow::Error>((format!("account-{short}-{k}"), version.map_or(0, |v| v + 1), problems))
+            version = a.body["last"].as_u64();
         }
+        Ok::<_, anyhow::Error>((format!("account-{short}-{k}"), version.map_or(0, |v| v + 1), problems))
     }))
     .await;
     for account in accounts {
@@ -230,15 +256,7 @@ pub async fn run(port: u16, run_id: &str, streams: usize, appends: u64) -> Resul
         out.problems.extend(problems);
         out.streams.insert(name, events);
     }
-
-    // Many writers on one stream: no acknowledged append is lost (moto needs the local stack's
-    // transactions-alone lane for that, as DynamoDB isolates a transaction from other writes).
-    let name = format!("contended-{short}");
-    let (events, problems, requests) = contended(&http, &format!("/streams/{name}"), run_id).await?;
-    out.requests += requests;
-    out.problems.extend(problems);
-    out.streams.insert(name, events);
-    Ok(out)
+    Ok(())
 }
 
 /// Checks the delivered ids (`<stream>/<version>` per partition key, in delivery order) of each

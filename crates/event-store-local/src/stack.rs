@@ -116,7 +116,10 @@ impl Stack {
         create_bucket(&archive.s3, &archive.name).await.context("creating the archive bucket")?;
         let kms = aws_sdk_kms::Client::new(&sdk);
         create_subject_key(&kms, &settings.names.subject_key_alias).await.context("creating the subjects' KMS key")?;
-        let keys = event_store::privacy::table_keys(&sdk, settings.names.key_table.clone());
+        let keys = event_store::privacy::key_store(
+            &sdk,
+            event_store::privacy::KeyStore::reading(settings.names.key_table.clone()),
+        );
         let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into());
         let lambda = aws_sdk_lambda::Client::new(&sdk);
         Ok(Self {
@@ -137,8 +140,25 @@ impl Stack {
     /// Starts every service; they stop when `shutdown` turns true.
     pub async fn run_services(&self, shutdown: watch::Receiver<bool>) -> Result<JoinSet<()>> {
         let mut tasks = JoinSet::new();
-        let names = &self.settings.names;
+        self.spawn_http_server(&mut tasks, &shutdown).await?;
+        self.spawn_relay(&mut tasks, &shutdown).await?;
 
+        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes;
+        // the subscriptions': their schedule, runners and continuations, and, through the tick alias,
+        // the awake scan's ticks.
+        let (scan_invoker, scan_invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
+        let (subs_invoker, subs_invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
+        let (tick_invoker, tick_invocations) = LocalInvoker::channel();
+        self.spawn_pump_and_playback_counter(&mut tasks, &scan_invoker, &shutdown).await?;
+        self.spawn_scan(&mut tasks, (scan_invoker, scan_invocations), tick_invoker, &shutdown)?;
+        self.spawn_subscriptions(&mut tasks, (subs_invoker, subs_invocations), tick_invocations, &shutdown)?;
+        self.spawn_archiver(&mut tasks, &shutdown)?;
+        Ok(tasks)
+    }
+
+    /// The HTTP server: `load` (the pixel, `/events`), the `/streams` API, and the status glance.
+    async fn spawn_http_server(&self, tasks: &mut JoinSet<()>, shutdown: &watch::Receiver<bool>) -> Result<()> {
+        let names = &self.settings.names;
         let address = ("127.0.0.1", self.settings.port);
         let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
         let api = Arc::new(crate::http::Api {
@@ -172,23 +192,32 @@ impl Stack {
             },
         });
         tasks.spawn(crate::http::serve(listener, api, self.stats.clone(), shutdown.clone()));
+        Ok(())
+    }
 
-        // The entity table's DynamoDB stream feeds relay, as its event source mapping would.
+    /// The entity table's DynamoDB stream feeds relay, as its event source mapping would.
+    async fn spawn_relay(&self, tasks: &mut JoinSet<()>, shutdown: &watch::Receiver<bool>) -> Result<()> {
+        let names = &self.settings.names;
         let streams_client = aws_sdk_dynamodbstreams::Client::new(&event_store::aws_config().await);
         let reader = TableStreamReader::open(&self.dynamo, streams_client, &names.entity_table, &self.region).await?;
         let sqs = aws_sdk_sqs::Client::new(&event_store::aws_config().await);
         let relay = Relay::new(self.kinesis.clone(), self.dynamo.clone(), sqs, RelayConfig::from_env()?);
         tasks.spawn(feed_relay(reader, relay, shutdown.clone()));
+        Ok(())
+    }
 
-        // The scan's invocations: its schedule, its forks and continuations, and the pump's wakes;
-        // the subscriptions': their schedule, runners and continuations, and, through the tick alias,
-        // the awake scan's ticks.
-        let (scan_invoker, scan_invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
-        let (subs_invoker, subs_invocations) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
-        let (tick_invoker, tick_invocations) = LocalInvoker::channel();
+    /// The event stream's shards feed the pump (which wakes the scan through `scan`), and the
+    /// playback stream's are counted.
+    async fn spawn_pump_and_playback_counter(
+        &self,
+        tasks: &mut JoinSet<()>,
+        scan: &LocalInvoker,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<()> {
+        let names = &self.settings.names;
         let pump = Arc::new(
             Pump::new(self.dynamo.clone(), self.kinesis.clone(), PumpConfig::from_env()?)
-                .with_scan(Some(Arc::new(scan_invoker.clone()))),
+                .with_scan(Some(Arc::new(scan.clone()))),
         );
         let arn = stream_arn(&self.kinesis, &names.event_stream).await?;
         for shard in shard_ids(&self.kinesis, &names.event_stream).await? {
@@ -207,7 +236,17 @@ impl Stack {
             let reader = ShardReader::new(self.kinesis.clone(), &names.playback_stream, &shard);
             tasks.spawn(count_records(reader, self.stats.clone(), shutdown.clone()));
         }
+        Ok(())
+    }
 
+    /// The scan, run on its `invocations` and on its schedule; it ticks the subscriptions through `tick`.
+    fn spawn_scan(
+        &self,
+        tasks: &mut JoinSet<()>,
+        (scan_invoker, scan_invocations): (LocalInvoker, Invocations),
+        tick_invoker: LocalInvoker,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<()> {
         let scan = Arc::new(
             Scan::new(
                 self.dynamo.clone(),
@@ -228,8 +267,18 @@ impl Stack {
             }
         }));
         tasks.spawn(schedule(scan_invoker, self.settings.scan_interval, shutdown.clone()));
+        Ok(())
+    }
 
-        // Subscriptions: a tick on the same schedule, and whenever the awake scan moved the watermark.
+    /// Subscriptions: a tick on the same schedule, and whenever the awake scan moved the watermark
+    /// (`tick_invocations`, through the tick alias).
+    fn spawn_subscriptions(
+        &self,
+        tasks: &mut JoinSet<()>,
+        (subs_invoker, subs_invocations): (LocalInvoker, Invocations),
+        tick_invocations: Invocations,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<()> {
         let subscriptions = Arc::new(
             Subscriptions::new(
                 self.dynamo.clone(),
@@ -259,8 +308,11 @@ impl Stack {
             }));
         }
         tasks.spawn(schedule(subs_invoker, self.settings.tick_interval, shutdown.clone()));
+        Ok(())
+    }
 
-        // The archiver on its schedule (`ArchiveRate`, or ARCHIVE_INTERVAL), and its continuations.
+    /// The archiver on its schedule (`ArchiveRate`, or ARCHIVE_INTERVAL), and its continuations.
+    fn spawn_archiver(&self, tasks: &mut JoinSet<()>, shutdown: &watch::Receiver<bool>) -> Result<()> {
         let (archive_invoker, archive_invocations) = LocalInvoker::with_recursion(recursive_loop("ArchiveFunction"));
         let archiver = Arc::new(Archiver {
             dynamo: self.dynamo.clone(),
@@ -280,17 +332,17 @@ impl Stack {
         // EventBridge's first event comes one rate after the rule is made: the local stack's
         // start does not archive at once (a restart would otherwise archive on every start).
         tasks.spawn(schedule_from(archive_invoker, self.settings.archive_interval, false, shutdown.clone()));
-        Ok(tasks)
+        Ok(())
     }
 }
 
+/// The payloads an invoker queues for one function (with their hop counts).
+type Invocations = tokio::sync::mpsc::UnboundedReceiver<Queued>;
+
 /// Lambda's asynchronous invocations of one function: each payload the
 /// invoker queues runs as its own task, until `shutdown`.
-async fn run_invocations<F, Fut>(
-    mut invocations: tokio::sync::mpsc::UnboundedReceiver<Queued>,
-    mut shutdown: watch::Receiver<bool>,
-    handle: F,
-) where
+async fn run_invocations<F, Fut>(mut invocations: Invocations, mut shutdown: watch::Receiver<bool>, handle: F)
+where
     F: Fn(serde_json::Value) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {

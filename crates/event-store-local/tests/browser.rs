@@ -88,7 +88,10 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     // The pixel hit has a subject (its EntityId): stored sealed, opened with the stack's keys.
     let raw: Vec<Vec<u8>> = stored.iter().map(|e| e.bytes().unwrap()).collect();
     assert!(raw.iter().all(|r| !String::from_utf8_lossy(r).contains("demo-visitor")), "sealed in the table");
-    let keys = event_store::privacy::table_keys(&sdk, "event-store-browsertest-key-table".into());
+    let keys = event_store::privacy::key_store(
+        &sdk,
+        event_store::privacy::KeyStore::reading("event-store-browsertest-key-table".into()),
+    );
     let tiers = event_store::log::tiers::Tiers::new(None).with_keys(Some(keys));
     let mut envelopes: Vec<Envelope> = Vec::new();
     for event in &stored {

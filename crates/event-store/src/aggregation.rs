@@ -55,14 +55,14 @@ struct Tag {
 }
 
 /// Bytes one user record of `data_len` bytes adds to an aggregated record.
-pub fn user_record_bytes(data_len: usize) -> usize {
+pub(crate) fn user_record_bytes(data_len: usize) -> usize {
     // partition_key_index 0 (tag and value: 2 bytes), then data (tag, length, bytes).
     let record = 2 + 1 + prost::encoding::encoded_len_varint(data_len as u64) + data_len;
     1 + prost::encoding::encoded_len_varint(record as u64) + record
 }
 
 /// Bytes of an aggregated record of `partition_key` with no user record yet.
-pub fn empty_bytes(partition_key: &str) -> usize {
+pub(crate) fn empty_bytes(partition_key: &str) -> usize {
     let table = 1 + prost::encoding::encoded_len_varint(partition_key.len() as u64) + partition_key.len();
     MAGIC.len() + table + DIGEST_BYTES
 }

@@ -18,7 +18,7 @@ pub const KINESIS_RECORD_BYTES: usize = 1024 * 1024;
 /// `max_count` items and `max_bytes` bytes, and at least one item (an item
 /// larger than `max_bytes` goes alone; the service then rejects it with a
 /// per-record error, which the caller reports).
-pub fn first_chunk_len(sizes: &[usize], max_count: usize, max_bytes: usize) -> usize {
+pub(crate) fn first_chunk_len(sizes: &[usize], max_count: usize, max_bytes: usize) -> usize {
     let mut bytes = 0usize;
     for (i, &size) in sizes.iter().enumerate() {
         if i == max_count || (i > 0 && bytes + size > max_bytes) {
@@ -30,7 +30,7 @@ pub fn first_chunk_len(sizes: &[usize], max_count: usize, max_bytes: usize) -> u
 }
 
 /// Cuts items with the given sizes into consecutive ranges, each one request.
-pub fn chunk_ranges(sizes: &[usize], max_count: usize, max_bytes: usize) -> Vec<Range<usize>> {
+pub(crate) fn chunk_ranges(sizes: &[usize], max_count: usize, max_bytes: usize) -> Vec<Range<usize>> {
     let mut ranges = Vec::new();
     let mut start = 0;
     while start < sizes.len() {
@@ -59,13 +59,13 @@ impl Default for Backoff {
 
 impl Backoff {
     /// Upper bound of the wait before retry number `retry` (0 = first retry).
-    pub fn ceiling(&self, retry: u32) -> Duration {
+    pub(crate) fn ceiling(&self, retry: u32) -> Duration {
         let factor = 1u32.checked_shl(retry.min(31)).unwrap_or(u32::MAX);
         self.base.saturating_mul(factor).min(self.cap)
     }
 
     /// The wait before retry number `retry`, for a uniform `random` in [0, 1).
-    pub fn delay(&self, retry: u32, random: f64) -> Duration {
+    pub(crate) fn delay(&self, retry: u32, random: f64) -> Duration {
         self.ceiling(retry).mul_f64(random.clamp(0.0, 1.0))
     }
 

@@ -9,13 +9,12 @@
 
 use std::collections::HashMap;
 
-use aws_lambda_events::event::kinesis::KinesisEventRecord;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::chunk::{self, ChunkEvent, Packed};
-use crate::encoding::{decode, encode, ZSTD};
+use crate::encoding::{decode, ZSTD};
 use crate::error::{Error, Result};
 use crate::event_item::{item_size, sort_key, EventItem, MAX_ITEM_BYTES};
 use crate::time::slot_of;
@@ -53,7 +52,7 @@ pub struct BufferItem {
 }
 
 /// The buffer key of a chunk of one shard's records from `first` to `last` (Kinesis event ids).
-pub fn chunk_key(event_source_arn: &str, first: &str, last: &str) -> String {
+pub(crate) fn chunk_key(event_source_arn: &str, first: &str, last: &str) -> String {
     buffer_key(event_source_arn, &format!("{first}{}{last}", chunk::SEPARATOR))
 }
 
@@ -96,11 +95,15 @@ impl BufferItem {
     }
 
     /// The buffer item of a record, its data compressed when that pays, stamped `now_ms`.
-    pub fn from_kinesis(record: &KinesisEventRecord, now_ms: i64) -> Result<Self> {
+    #[cfg(test)]
+    pub(crate) fn from_kinesis(
+        record: &aws_lambda_events::event::kinesis::KinesisEventRecord,
+        now_ms: i64,
+    ) -> Result<Self> {
         let missing = |what: &str| Error::Malformed(format!("kinesis record without {what}"));
         let arn = record.event_source_arn.as_deref().ok_or_else(|| missing("eventSourceARN"))?;
         let event_id = record.event_id.as_deref().ok_or_else(|| missing("eventID"))?;
-        let (data, encoding) = encode(&record.kinesis.data.0);
+        let (data, encoding) = crate::encoding::encode(&record.kinesis.data.0);
         Ok(Self {
             id: buffer_key(arn, event_id),
             event_id: event_id.to_owned(),
@@ -143,7 +146,7 @@ impl BufferItem {
     }
 
     /// True when the item holds a chunk.
-    pub fn is_chunk(&self) -> bool {
+    pub(crate) fn is_chunk(&self) -> bool {
         self.encoding.as_deref() == Some(chunk::CHUNK)
     }
 
@@ -170,6 +173,7 @@ impl BufferItem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aws_lambda_events::event::kinesis::KinesisEventRecord;
 
     fn record(json: &str) -> KinesisEventRecord {
         serde_json::from_str(json).unwrap()

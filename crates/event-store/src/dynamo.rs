@@ -46,7 +46,7 @@ pub struct Table<'a> {
 }
 
 /// A write request's key, by which an unprocessed request is recognised.
-pub fn request_key(request: &WriteRequest, key: &[&str]) -> Vec<Option<AttributeValue>> {
+pub(crate) fn request_key(request: &WriteRequest, key: &[&str]) -> Vec<Option<AttributeValue>> {
     let attributes = match (request.put_request(), request.delete_request()) {
         (Some(put), _) => put.item(),
         (None, Some(delete)) => delete.key(),
@@ -86,7 +86,7 @@ pub async fn write_all<T: Send>(
 /// unprocessed (matched by `key_of`) until nothing is left, the attempts run
 /// out, or the next wait would end after `give_up`. A request-level error
 /// counts as an attempt in which nothing was written.
-pub async fn retry_unprocessed<T, W, K, F, Fut>(
+pub(crate) async fn retry_unprocessed<T, W, K, F, Fut>(
     items: Vec<(T, W)>,
     backoff: &Backoff,
     give_up: Option<Instant>,
@@ -136,7 +136,9 @@ pub struct KeyedPuts<K, T> {
     pub failed: Vec<T>,
 }
 
-pub fn keyed_puts<K, T>(items: impl IntoIterator<Item = (K, T, HashMap<String, AttributeValue>)>) -> KeyedPuts<K, T>
+pub(crate) fn keyed_puts<K, T>(
+    items: impl IntoIterator<Item = (K, T, HashMap<String, AttributeValue>)>,
+) -> KeyedPuts<K, T>
 where
     K: Hash + Eq + Clone,
 {
@@ -158,7 +160,7 @@ where
 }
 
 /// Every item of one partition (`name` = `value`), page after page, strongly consistent.
-pub async fn query_partition(
+pub(crate) async fn query_partition(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
     (name, value): (&str, AttributeValue),

@@ -47,7 +47,7 @@ thread_local! {
 }
 
 /// Like [`encode`], for bytes compressed alone: with [`DICTIONARY`].
-pub fn encode_alone(raw: &[u8]) -> (Vec<u8>, Option<String>) {
+pub(crate) fn encode_alone(raw: &[u8]) -> (Vec<u8>, Option<String>) {
     let packed = WITH_DICTIONARY.with(|cell| {
         let mut cell = cell.borrow_mut();
         if cell.is_none() {
@@ -62,7 +62,7 @@ pub fn encode_alone(raw: &[u8]) -> (Vec<u8>, Option<String>) {
 }
 
 /// [`decode`], refusing to inflate past `max` bytes.
-pub fn decode_up_to(stored: &[u8], encoding: Option<&str>, max: usize) -> Result<Vec<u8>> {
+pub(crate) fn decode_up_to(stored: &[u8], encoding: Option<&str>, max: usize) -> Result<Vec<u8>> {
     let bad = |e: std::io::Error| Error::Malformed(format!("zstd data that does not decode: {e}"));
     match encoding {
         None => Ok(stored.to_vec()),

@@ -57,7 +57,7 @@ pub fn entity_event_id(stream: &str, version: u64) -> String {
 /// The stream and version an entity event's record carries (its envelope
 /// id is `<stream>/<version>`; the stream's own name, even where a long
 /// name's partition key is cut), or `None` for anything else.
-pub fn entity_event(data: &[u8]) -> Option<(String, u64)> {
+pub(crate) fn entity_event(data: &[u8]) -> Option<(String, u64)> {
     #[derive(Deserialize)]
     struct Id<'a> {
         #[serde(borrow)]
@@ -70,7 +70,7 @@ pub fn entity_event(data: &[u8]) -> Option<(String, u64)> {
 
 /// The client's event id from the query (a pixel) or the posted event,
 /// checked; `None` when it sent none.
-pub fn client_event_id(query: &BTreeMap<String, Vec<String>>, body: Option<&Value>) -> Result<Option<String>> {
+pub(crate) fn client_event_id(query: &BTreeMap<String, Vec<String>>, body: Option<&Value>) -> Result<Option<String>> {
     let from_query = query.get(EVENT_ID).and_then(|v| v.first()).map(|s| Value::String(s.clone()));
     let Some(value) = from_query.or_else(|| body?.get(EVENT_ID).cloned()) else { return Ok(None) };
     let valid = |id: &str| {
@@ -88,7 +88,7 @@ pub fn client_event_id(query: &BTreeMap<String, Vec<String>>, body: Option<&Valu
 /// The envelope id of a client's event: the same for every retry of it
 /// (a UUID made from its partition key and id), so readers and the pump
 /// know a copy, and different for the same id under another `EntityId`.
-pub fn client_envelope_id(partition_key: &str, event_id: &str) -> String {
+pub(crate) fn client_envelope_id(partition_key: &str, event_id: &str) -> String {
     let digest = Sha256::new().chain_update(partition_key).chain_update([0]).chain_update(event_id).finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
@@ -97,12 +97,12 @@ pub fn client_envelope_id(partition_key: &str, event_id: &str) -> String {
 
 /// The pump's record that a client's event is buffered: its partition in
 /// the entity table (stream names hold no `/`, so it is no stream's).
-pub fn client_id_marker(envelope_id: &str) -> String {
+pub(crate) fn client_id_marker(envelope_id: &str) -> String {
     format!("{CLIENT_ID_MARKER_PREFIX}{envelope_id}")
 }
 
 /// The envelope id of a record that carries a client's event id, if it does.
-pub fn client_event(data: &[u8]) -> Option<String> {
+pub(crate) fn client_event(data: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Ids {
         id: String,
@@ -187,7 +187,7 @@ impl Envelope {
 }
 
 /// The client address as `IP_MODE` wants it stored.
-pub fn client_ip(ip: Option<&str>, mode: &IpMode) -> Option<String> {
+pub(crate) fn client_ip(ip: Option<&str>, mode: &IpMode) -> Option<String> {
     let ip = ip?.trim();
     if ip.is_empty() {
         return None;

@@ -85,7 +85,7 @@ const THROTTLING_CODES: &[&str] = &[
 ];
 
 /// True for an AWS error code that means "slow down".
-pub fn is_throttling(code: &str) -> bool {
+pub(crate) fn is_throttling(code: &str) -> bool {
     THROTTLING_CODES.contains(&code)
 }
 
@@ -141,7 +141,7 @@ impl Error {
     }
 
     /// True when the service refused the call to slow us down: nothing was applied.
-    pub fn is_throttled(&self) -> bool {
+    pub(crate) fn is_throttled(&self) -> bool {
         matches!(self, Error::Throttled { .. })
     }
 

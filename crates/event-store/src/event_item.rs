@@ -66,7 +66,7 @@ pub fn sort_key(arrival_ms: i64, event_id: &str) -> String {
 
 /// A Kinesis sequence number as text whose order is numeric order (its
 /// length in 3 digits, then the digits); anything else is kept as it is.
-pub fn sortable_sequence(sequence: &str) -> String {
+pub(crate) fn sortable_sequence(sequence: &str) -> String {
     if !sequence.is_empty() && sequence.bytes().all(|b| b.is_ascii_digit()) {
         format!("{:03}{sequence}", sequence.len())
     } else {
@@ -81,7 +81,8 @@ pub fn sort_key_floor(ms: i64) -> String {
 
 impl EventItem {
     /// Sets the TTL to `days` after the event's arrival (so a repeated move writes the same value).
-    pub fn with_retention(mut self, days: Option<u32>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_retention(mut self, days: Option<u32>) -> Self {
         self.expires_at = days.map(|d| self.arrival.div_euclid(1000) + i64::from(d) * 86_400);
         self
     }
@@ -120,7 +121,7 @@ impl EventItem {
 /// The quarantine item for a buffer item that cannot become an event: its
 /// original attributes and the reason. `None` when even that would not fit
 /// in an item (the buffer item then stays where it is, logged).
-pub fn quarantine_item(
+pub(crate) fn quarantine_item(
     buffer_id: &str,
     reason: &str,
     original: HashMap<String, AttributeValue>,

@@ -20,7 +20,7 @@ impl Reject {
 }
 
 /// The request body as text: `None` when empty, 400 when not UTF-8.
-pub fn body_text(req: &Request) -> Result<Option<String>, Reject> {
+pub(crate) fn body_text(req: &Request) -> Result<Option<String>, Reject> {
     let bytes: &[u8] = req.body().as_ref();
     if bytes.is_empty() {
         return Ok(None);
@@ -30,7 +30,7 @@ pub fn body_text(req: &Request) -> Result<Option<String>, Reject> {
         .map_err(|_| Reject::new(StatusCode::BAD_REQUEST, "body is not valid UTF-8"))
 }
 
-pub fn check_json_content_type(req: &Request) -> Result<(), Reject> {
+pub(crate) fn check_json_content_type(req: &Request) -> Result<(), Reject> {
     let Some(value) = req.headers().get(header::CONTENT_TYPE) else {
         return Ok(());
     };

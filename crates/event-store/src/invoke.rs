@@ -19,7 +19,7 @@ pub trait Invoker: Send + Sync {
 }
 
 /// Sends `payload` (a fork's or a continuation's) to a new asynchronous run.
-pub async fn continue_with(invoker: &dyn Invoker, payload: &impl Serialize) -> Result<()> {
+pub(crate) async fn continue_with(invoker: &dyn Invoker, payload: &impl Serialize) -> Result<()> {
     let payload = serde_json::to_value(payload).map_err(|e| Error::encode("continuation payload", e))?;
     invoker.invoke_async(payload).await
 }

@@ -40,7 +40,7 @@ pub mod entity;
 pub mod envelope;
 pub mod error;
 pub mod event_item;
-pub mod http;
+pub(crate) mod http;
 pub mod invoke;
 pub mod kinesis;
 pub mod load;

@@ -25,7 +25,6 @@ use crate::error::Error;
 use crate::http::{body_text, check_json_content_type, json_response, Reject};
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SENT};
 use crate::payload::Payloads;
-use crate::privacy::seal::seal_envelope;
 use crate::privacy::Subjects;
 use crate::time::{format_ms, now_ms};
 
@@ -215,17 +214,14 @@ impl Load {
                 from_query.insert(name.clone(), values);
             }
         }
-        let hashes: std::collections::BTreeSet<String> = events
-            .iter()
-            .filter_map(|e| subjects.rule.subject(&from_query, Some(e)))
-            .map(|id| subjects.hash(&id))
-            .collect();
-        let fetched: Vec<_> = futures::stream::iter(hashes)
-            .map(|hash| async move { subjects.keys.sealing_key(&hash).await })
+        let ids: std::collections::BTreeSet<String> =
+            events.iter().filter_map(|e| subjects.rule.subject(&from_query, Some(e))).collect();
+        let fetched: Vec<_> = futures::stream::iter(ids)
+            .map(|id| async move { subjects.warm(&id).await })
             .buffer_unordered(KEYS_AT_ONCE)
             .collect()
             .await;
-        fetched.into_iter().try_for_each(|key| key.map(drop)).map_err(unavailable)
+        fetched.into_iter().collect::<Result<(), _>>().map_err(unavailable)
     }
 
     /// The envelope of one event and its record: the client's `EventId`
@@ -283,9 +279,8 @@ impl Load {
             ));
         }
         if let Some((subjects, id)) = subject {
-            let subject = subjects.hash(&id);
-            let (generation, key) = subjects.keys.sealing_key(&subject).await.map_err(unavailable)?;
-            seal_envelope(&mut envelope, subject, generation, &key).map_err(|e| internal(e.to_string()))?;
+            let sealer = subjects.sealer(&id).await.map_err(unavailable)?;
+            sealer.seal_envelope(&mut envelope).map_err(|e| internal(e.to_string()))?;
             data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
             if self.payloads.is_none() && data.len() > MAX_EVENT_BYTES_LIMIT {
                 return Err(Reject::new(

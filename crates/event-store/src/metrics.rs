@@ -13,7 +13,13 @@ pub const WATERMARK_LAG_METRIC: &str = "WatermarkLagSeconds";
 
 /// One EMF line: `metric` = `value` (seconds) in `namespace`, with
 /// `dimensions` (name, value) (none: the metric without dimensions).
-pub fn seconds_line(namespace: &str, metric: &str, value: f64, dimensions: &[(&str, &str)], now_ms: i64) -> String {
+pub(crate) fn seconds_line(
+    namespace: &str,
+    metric: &str,
+    value: f64,
+    dimensions: &[(&str, &str)],
+    now_ms: i64,
+) -> String {
     let names: Vec<&str> = dimensions.iter().map(|(name, _)| *name).collect();
     let mut doc = Map::new();
     doc.insert(

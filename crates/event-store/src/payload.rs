@@ -77,7 +77,7 @@ pub fn reference(record: &[u8], entity: bool) -> Option<PayloadRef> {
 
 /// The log record with its payload (`content`, checked by the caller) put
 /// back where the reference was.
-pub fn splice(record: &[u8], entity: bool, content: &[u8]) -> Result<Vec<u8>> {
+pub(crate) fn splice(record: &[u8], entity: bool, content: &[u8]) -> Result<Vec<u8>> {
     let malformed = |what: &str| Error::Payload(format!("a record with an offloaded payload: {what}"));
     let mut value: Value = serde_json::from_slice(record).map_err(|e| malformed(&e.to_string()))?;
     let parent = if entity { value.get_mut("body").ok_or_else(|| malformed("no body"))? } else { &mut value };
@@ -123,7 +123,7 @@ impl Payloads {
 /// checked against its hash. A missing or altered object is
 /// [`Error::Payload`] (the event cannot be read); a failed request is an S3
 /// error (try again).
-pub async fn fetch(bucket: &Bucket, reference: &PayloadRef) -> Result<Vec<u8>> {
+pub(crate) async fn fetch(bucket: &Bucket, reference: &PayloadRef) -> Result<Vec<u8>> {
     let hash = &reference.sha256;
     if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(Error::Payload(format!("a payload reference with no SHA-256: {hash:?}")));

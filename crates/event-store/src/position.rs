@@ -36,7 +36,7 @@ impl Checkpoint {
 
     /// The position before the first event that arrived at or after `ms`: in
     /// its slot, after the sort-key floor of `ms` (every real key is longer).
-    pub fn starting_at(ms: i64, unit: u64) -> Self {
+    pub(crate) fn starting_at(ms: i64, unit: u64) -> Self {
         Self { slot: slot_of(ms, unit), after: Some(sort_key_floor(ms)), ..Self::default() }
     }
 
@@ -44,7 +44,7 @@ impl Checkpoint {
     /// know the envelope ids already delivered (`dedupe::RecentIds`): sort
     /// keys from `lookback_ms` before the position up to it (both inclusive,
     /// for a `BETWEEN`), and the slot that range starts in's first ms.
-    pub fn lookback(&self, window_start: i64, lookback_ms: u64) -> Lookback {
+    pub(crate) fn lookback(&self, window_start: i64, lookback_ms: u64) -> Lookback {
         let (to_key, to_ms) = match &self.after {
             Some(key) => (key.clone(), key.get(..13).and_then(|ms| ms.parse().ok()).unwrap_or(self.slot)),
             // Before this slot (or the window's start): everything earlier, nothing of it.
@@ -58,7 +58,8 @@ impl Checkpoint {
     }
 
     /// True when this position is further into the window than `other`.
-    pub fn is_past(&self, other: &Checkpoint) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_past(&self, other: &Checkpoint) -> bool {
         (self.slot, &self.after) > (other.slot, &other.after)
     }
 }

@@ -35,12 +35,12 @@ pub fn now_ms() -> i64 {
 }
 
 /// A point in time as ms since the epoch.
-pub fn ms_of(time: SystemTime) -> i64 {
+pub(crate) fn ms_of(time: SystemTime) -> i64 {
     time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Time left before `deadline`, zero when past it.
-pub fn remaining(deadline: SystemTime) -> Duration {
+pub(crate) fn remaining(deadline: SystemTime) -> Duration {
     deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
 }
 
@@ -51,7 +51,7 @@ pub const FALLBACK_BUDGET: Duration = Duration::from_secs(60);
 /// so a deadline already gone at the start is a clock that cannot be trusted
 /// (skew, or a runtime emulator that sends none): the run then takes
 /// `FALLBACK_BUDGET` rather than handing over after every page.
-pub fn effective_deadline(deadline: SystemTime, started: SystemTime) -> SystemTime {
+pub(crate) fn effective_deadline(deadline: SystemTime, started: SystemTime) -> SystemTime {
     if deadline <= started {
         started + FALLBACK_BUDGET
     } else {

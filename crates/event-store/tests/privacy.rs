@@ -30,7 +30,8 @@ use event_store::log::{PlayedEvent, Window};
 use event_store::playback::{Playback, Status};
 use event_store::position::Checkpoint;
 use event_store::privacy::keys::{Forgot, Keys};
-use event_store::privacy::{StreamSubjects, SubjectRule, Subjects};
+use event_store::privacy::maker::Maker;
+use event_store::privacy::Subjects;
 use event_store::subscription::Subscriptions;
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
@@ -138,12 +139,13 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
         key_function: None,
         kms_key: Some(env.names.subject_key_alias.clone()),
         hash_key: Some(HASH_KEY.into()),
-        rule: SubjectRule::EntityId,
-        streams: StreamSubjects::Prefixes(vec!["user-".into()]),
+        subject_from: Some("EntityId".into()),
+        stream_subjects: Some("prefix:user-".into()),
         cache: Duration::from_secs(60),
     };
     let writer_keys = Arc::new(
-        Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).sealing_with(Some(kms_key.clone())),
+        Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
+            .made_by(Some(Maker::Kms(kms_key.clone()))),
     );
     let subjects = Subjects::new(writer_keys.clone(), &subjects_config).unwrap();
     let alice = crypto::subject_hash(HASH_KEY.as_bytes(), "alice-42");
@@ -264,10 +266,11 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
 
     // A warm writer seals under the key it holds for up to KEY_CACHE_SECONDS after a forget (what
     // docs/privacy.md promises); one that reads the key table after it makes a new generation.
-    assert_eq!(writer_keys.sealing_key(&alice).await.unwrap().0, 0, "the forget window");
-    let fresh =
-        Arc::new(Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).sealing_with(Some(kms_key)));
-    assert_eq!(fresh.sealing_key(&alice).await.unwrap().0, 1, "a new key after the forget");
+    assert_eq!(writer_keys.sealing_generation(&alice).await.unwrap(), 0, "the forget window");
+    let fresh = Arc::new(
+        Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).made_by(Some(Maker::Kms(kms_key))),
+    );
+    assert_eq!(fresh.sealing_generation(&alice).await.unwrap(), 1, "a new key after the forget");
     let load = Load::new(env.kinesis.clone(), LoadConfig::new(env.names.event_stream.clone()))
         .with_subjects(Some(Subjects::new(fresh, &subjects_config).unwrap()));
     let a3 = json!({"EntityId": "alice-42", "page": "/alice-secret/3"});
@@ -319,7 +322,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     assert!(failed.to_string().contains("DisabledException"), "{failed}");
     // load, without a key for a new subject, stores nothing and says to retry.
     let blocked = Keys::new(env.dynamo.clone(), through_proxy.clone(), env.names.key_table.clone())
-        .sealing_with(Some(env.names.subject_key_alias.clone()));
+        .made_by(Some(Maker::Kms(env.names.subject_key_alias.clone())));
     let blocked = Load::new(env.kinesis.clone(), LoadConfig::new(env.names.event_stream.clone()))
         .with_subjects(Some(Subjects::new(Arc::new(blocked), &subjects_config).unwrap()));
     let on_stream = env.read_stream(&env.names.event_stream).await.len();
@@ -463,12 +466,13 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
         key_function: None,
         kms_key: Some(kms_key.clone()),
         hash_key: Some(HASH_KEY.into()),
-        rule: SubjectRule::None,
-        streams: StreamSubjects::Prefixes(vec!["user-".into()]),
+        subject_from: None,
+        stream_subjects: Some("prefix:user-".into()),
         cache: Duration::from_secs(60),
     };
-    let writer =
-        Arc::new(Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).sealing_with(Some(kms_key)));
+    let writer = Arc::new(
+        Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).made_by(Some(Maker::Kms(kms_key))),
+    );
     let store = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
         .with_bucket(Some(bucket.clone()), 64 * 1024)
         .with_subjects(Some(Subjects::new(writer, &config).unwrap()));
@@ -533,8 +537,8 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     // A forget that raced a new key's making leaves the head on a destroyed generation: the next
     // writer makes another one rather than failing for ever.
     let fresh = Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
-        .sealing_with(Some(env.names.subject_key_alias.clone()));
-    assert_eq!(fresh.sealing_key(&subject).await.unwrap().0, 1);
+        .made_by(Some(Maker::Kms(env.names.subject_key_alias.clone())));
+    assert_eq!(fresh.sealing_generation(&subject).await.unwrap(), 1);
     let destroy = env
         .dynamo
         .update_item()
@@ -546,6 +550,6 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
         .key("item", AttributeValue::S("g#0000000001".into()));
     destroy.send().await.unwrap();
     let next = Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
-        .sealing_with(Some(env.names.subject_key_alias.clone()));
-    assert_eq!(next.sealing_key(&subject).await.unwrap().0, 2, "failed before: the same forgotten key five times");
+        .made_by(Some(Maker::Kms(env.names.subject_key_alias.clone())));
+    assert_eq!(next.sealing_generation(&subject).await.unwrap(), 2, "failed before: the same forgotten key five times");
 }

@@ -8,6 +8,7 @@ use event_store::archive::object::Bucket;
 use event_store::config::PlaybackConfig;
 use event_store::invoke::LambdaInvoker;
 use event_store::playback::Playback;
+use event_store::privacy::{self, KeyStore};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
 
@@ -19,7 +20,7 @@ async fn main() -> Result<(), Error> {
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
     let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
-    let keys = event_store::privacy::reader_keys(&aws, config.subjects.as_ref());
+    let keys = config.subjects.as_ref().map(|c| privacy::key_store(&aws, KeyStore::configured(c)));
     let playback =
         Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker)
             .with_archive(archive)

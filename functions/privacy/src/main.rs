@@ -12,7 +12,10 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = PrivacyConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let privacy = Privacy::new(event_store::privacy::table_keys(&aws, config.key_table.clone()), &config);
+    let privacy = Privacy::new(
+        event_store::privacy::key_store(&aws, event_store::privacy::KeyStore::reading(config.key_table.clone())),
+        &config,
+    );
     let privacy = &privacy;
     run(service_fn(
         move |event: LambdaEvent<Value>| async move { Ok::<_, Error>(privacy.handle(event.payload).await?) },

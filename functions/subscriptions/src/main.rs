@@ -8,6 +8,7 @@ use std::sync::Arc;
 use event_store::archive::object::Bucket;
 use event_store::config::SubscriptionConfig;
 use event_store::invoke::LambdaInvoker;
+use event_store::privacy::{self, KeyStore};
 use event_store::subscription::{metrics, Answer, Subscriptions};
 use event_store::time::now_ms;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
@@ -23,7 +24,7 @@ async fn main() -> Result<(), Error> {
     let invoker = Arc::new(LambdaInvoker::new(lambda.clone(), myself));
     let namespace = config.metrics_namespace.clone();
     let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
-    let keys = event_store::privacy::reader_keys(&aws, config.subjects.as_ref());
+    let keys = config.subjects.as_ref().map(|c| privacy::key_store(&aws, KeyStore::configured(c)));
     let subscriptions = Subscriptions::new(
         aws_sdk_dynamodb::Client::new(&aws),
         aws_sdk_kinesis::Client::new(&aws),

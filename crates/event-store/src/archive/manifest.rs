@@ -56,7 +56,7 @@ impl Facts {
     }
 }
 
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
@@ -82,7 +82,7 @@ impl Entry {
 
     /// SHA-256 of the entry's fields but `hash`, one per line in a fixed
     /// order (names and values cannot run into each other: no field holds a newline).
-    pub fn content_hash(&self) -> String {
+    pub(crate) fn content_hash(&self) -> String {
         let text = format!(
             "event-store archive entry v1\nseq {}\nkey {}\nstart {}\nend {}\ncount {}\nfirst {}\nlast {}\nsha256 {}\nbytes {}\nprev {}\n",
             self.seq,

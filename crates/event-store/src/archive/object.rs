@@ -29,7 +29,7 @@ impl Bucket {
         self.put_as(key, object, "application/vnd.apache.parquet").await
     }
 
-    pub async fn put_as(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<()> {
+    pub(crate) async fn put_as(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<()> {
         self.s3
             .put_object()
             .bucket(&self.name)
@@ -44,7 +44,7 @@ impl Bucket {
 
     /// Puts `object` only if there is no object at `key` (`If-None-Match: *`):
     /// true when it was written, false when one was already there.
-    pub async fn put_new(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<bool> {
+    pub(crate) async fn put_new(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<bool> {
         let put = self
             .s3
             .put_object()
@@ -73,7 +73,7 @@ impl Bucket {
     }
 
     /// The object's bytes, or `None` when there is no such object.
-    pub async fn get_if_there(&self, key: &str) -> Result<Option<Bytes>> {
+    pub(crate) async fn get_if_there(&self, key: &str) -> Result<Option<Bytes>> {
         let got = match self.s3.get_object().bucket(&self.name).key(key).send().await {
             Ok(got) => got,
             Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),

@@ -101,7 +101,7 @@ pub async fn append(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entr
 }
 
 /// The reader's pointer to an object: by start time, so a window finds its objects with one `Query`.
-pub async fn put_object_pointer(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entry) -> Result<()> {
+pub(crate) async fn put_object_pointer(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entry) -> Result<()> {
     let item = HashMap::from([
         ("object".to_owned(), AttributeValue::S(entry.key.clone())),
         ("start".to_owned(), AttributeValue::N(entry.start.to_string())),
@@ -191,12 +191,12 @@ pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<
 }
 
 /// Moves `archived_to` (readers go to S3 below it) forward to `to`, never back.
-pub async fn advance_boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
+pub(crate) async fn advance_boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
     forward(dynamo, table, "archived_to", to).await
 }
 
 /// Records that the items below `to` are deleted, never back.
-pub async fn mark_cleared(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
+pub(crate) async fn mark_cleared(dynamo: &aws_sdk_dynamodb::Client, table: &str, to: i64) -> Result<()> {
     forward(dynamo, table, "cleared_to", to).await
 }
 

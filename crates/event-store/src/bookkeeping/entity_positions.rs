@@ -98,7 +98,7 @@ impl RelayPosition {
     }
 
     /// True when the stream has been failing for `hold_after` by `now`.
-    pub fn due_for_hold(&self, now: i64, hold_after: Duration) -> bool {
+    pub(crate) fn due_for_hold(&self, now: i64, hold_after: Duration) -> bool {
         self.failing_since.is_some_and(|since| now - since >= hold_after.as_millis() as i64)
     }
 }
@@ -128,7 +128,7 @@ impl Logged {
     /// `sequence` decides from: the version logged before, when that record
     /// is at or before the one that logged this (the same records delivered
     /// again); this version otherwise.
-    pub fn base_for(&self, shard: &str, sequence: &str) -> Option<u64> {
+    pub(crate) fn base_for(&self, shard: &str, sequence: &str) -> Option<u64> {
         let again = !self.sequence.is_empty()
             && self.shard == shard
             && sortable_sequence(sequence) <= sortable_sequence(&self.sequence);
@@ -161,7 +161,7 @@ impl Positions {
     }
 
     /// The relay positions of `streams` (strongly consistent; a stream never relayed has a default one).
-    pub async fn relay_positions(&self, streams: &[&str]) -> Result<HashMap<String, RelayPosition>> {
+    pub(crate) async fn relay_positions(&self, streams: &[&str]) -> Result<HashMap<String, RelayPosition>> {
         let items = self.get_all(streams, RELAY_ITEM).await?;
         let mut positions: HashMap<String, RelayPosition> = HashMap::new();
         for item in items {
@@ -192,7 +192,7 @@ impl Positions {
     }
 
     /// The `_log` items of `streams` (absent: nothing logged yet).
-    pub async fn logged_entries(&self, streams: &[&str]) -> Result<HashMap<String, Logged>> {
+    pub(crate) async fn logged_entries(&self, streams: &[&str]) -> Result<HashMap<String, Logged>> {
         let items = self.get_all(streams, LOG_ITEM).await?;
         Ok(items
             .iter()
@@ -216,7 +216,7 @@ impl Positions {
     /// time, and shards are pumped parent before child; a delivery made
     /// again after a partial one may move it back, to where its shard
     /// position stands).
-    pub async fn save_logged(&self, logged: &HashMap<String, Logged>) -> Result<()> {
+    pub(crate) async fn save_logged(&self, logged: &HashMap<String, Logged>) -> Result<()> {
         let items = logged.iter().map(|(stream, logged)| {
             let mut item = key(stream, LOG_ITEM);
             item.insert("logged".into(), n(logged.version));
@@ -267,7 +267,7 @@ impl Positions {
     }
 
     /// Records that `(marker, sequence)`'s record is buffered, for a day from `now_secs`.
-    pub async fn save_buffered_ids(&self, buffered: &[(String, String)], now_secs: i64) -> Result<()> {
+    pub(crate) async fn save_buffered_ids(&self, buffered: &[(String, String)], now_secs: i64) -> Result<()> {
         let items = buffered.iter().map(|(marker, sequence)| {
             let mut item = key(marker, CLIENT_ID_ITEM);
             item.insert("sequence".into(), AttributeValue::S(sequence.clone()));
@@ -326,7 +326,7 @@ impl Positions {
     }
 
     /// Clears a failure mark that no longer holds (the stream is caught up).
-    pub async fn clear_failing(&self, stream: &str) -> Result<()> {
+    pub(crate) async fn clear_failing(&self, stream: &str) -> Result<()> {
         self.update(stream, "REMOVE failing_since", Some(TRACKED), &[]).await
     }
 

@@ -49,7 +49,7 @@ pub enum Bound {
 
 /// The pump stores arrivals made non-decreasing from its position, so a
 /// record after the position is stored no earlier than the position's arrival.
-pub fn shard_bound(position: Option<&ShardPosition>, probe: Probe, closed: bool) -> Bound {
+pub(crate) fn shard_bound(position: Option<&ShardPosition>, probe: Probe, closed: bool) -> Bound {
     let floor = position.map(|p| p.arrival);
     match probe {
         Probe::CaughtUp if closed => Bound::None,
@@ -71,7 +71,7 @@ pub struct Look {
 /// Combines the shards' bounds; `clock_floor` is the pass start less
 /// `WATERMARK_LAG_MS`, the earliest arrival a record put from now on gets
 /// whatever Kinesis' clock says. `None` if a shard gave no bound.
-pub fn look_of(bounds: &[Bound], clock_floor: i64) -> Option<Look> {
+pub(crate) fn look_of(bounds: &[Bound], clock_floor: i64) -> Option<Look> {
     let mut look = Look { unbuffered_from: None, bound: i64::MAX };
     for bound in bounds {
         let lowest = match *bound {

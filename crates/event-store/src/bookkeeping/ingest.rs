@@ -26,7 +26,7 @@ pub const KEEP_MS: i64 = 2 * 86_400_000;
 const CONCURRENCY: usize = 16;
 
 /// The minute (its start, ms) an arrival falls in.
-pub fn minute_of(arrival: i64) -> i64 {
+pub(crate) fn minute_of(arrival: i64) -> i64 {
     arrival.div_euclid(MINUTE_MS) * MINUTE_MS
 }
 

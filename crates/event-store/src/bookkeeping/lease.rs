@@ -30,14 +30,14 @@ pub(crate) fn s(value: &str) -> AttributeValue {
     AttributeValue::S(value.to_owned())
 }
 
-pub fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
+pub(crate) fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
     serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
         .map(AttributeValue::M)
         .map_err(|e| Error::encode("checkpoint", e))
 }
 
 /// The checkpoint stored in an item, if any.
-pub fn checkpoint_of(item: &HashMap<String, AttributeValue>) -> Result<Option<Checkpoint>> {
+pub(crate) fn checkpoint_of(item: &HashMap<String, AttributeValue>) -> Result<Option<Checkpoint>> {
     item.get(CHECKPOINT)
         .and_then(|value| value.as_m().ok())
         .map(|fields| serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}"))))
@@ -52,7 +52,7 @@ pub struct Lease {
 }
 
 /// The lease stored in an item, if any.
-pub fn lease_of(item: &HashMap<String, AttributeValue>) -> Option<Lease> {
+pub(crate) fn lease_of(item: &HashMap<String, AttributeValue>) -> Option<Lease> {
     let owner = item.get("lease_owner").and_then(|v| v.as_s().ok())?;
     let until = item.get("lease_until").and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok())?;
     Some(Lease { owner: owner.clone(), until })

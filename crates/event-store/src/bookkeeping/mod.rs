@@ -24,11 +24,11 @@
 
 pub mod awake;
 pub mod entity_positions;
-pub mod frontier;
+pub(crate) mod frontier;
 pub mod ingest;
 pub mod late_slots;
-pub mod lease;
-pub mod segment_pass;
+pub(crate) mod lease;
+pub(crate) mod segment_pass;
 pub mod settings;
 pub mod shard_position;
 pub mod slot_index;

@@ -84,7 +84,7 @@ fn claimable(item: &HashMap<String, AttributeValue>, now: i64) -> bool {
 
 /// How many of the `total_segments` segments a new pass may claim at `now`
 /// (one `Query`): a scheduled run that finds none looks at nothing else.
-pub async fn claimable_segments(
+pub(crate) async fn claimable_segments(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     total_segments: u32,
@@ -135,7 +135,7 @@ pub async fn take(
 
 /// Saves where the pass stands before a continuation takes over (lease
 /// until `lease_until`); false when `token` lost the segment meanwhile.
-pub async fn hand_over(
+pub(crate) async fn hand_over(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (segment, total_segments): (u32, u32),

@@ -12,7 +12,7 @@ const TIME_UNIT: &str = "time_unit";
 
 /// Records `unit_ms` as the table's slot size if none is recorded yet, and
 /// fails with a clear error if another one is. One `UpdateItem`.
-pub async fn ensure_time_unit(dynamo: &aws_sdk_dynamodb::Client, table: &str, unit_ms: u64) -> Result<()> {
+pub(crate) async fn ensure_time_unit(dynamo: &aws_sdk_dynamodb::Client, table: &str, unit_ms: u64) -> Result<()> {
     let out = dynamo
         .update_item()
         .table_name(table)

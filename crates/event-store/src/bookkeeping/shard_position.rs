@@ -43,7 +43,7 @@ impl ShardPosition {
 /// The arrival each record is stored with: Kinesis' approximate arrival,
 /// raised where needed so that arrivals never decrease along the shard
 /// (AWS does not promise they do), starting from the position's arrival.
-pub fn non_decreasing(previous: Option<i64>, arrivals: impl IntoIterator<Item = i64>) -> Vec<i64> {
+pub(crate) fn non_decreasing(previous: Option<i64>, arrivals: impl IntoIterator<Item = i64>) -> Vec<i64> {
     let mut floor = previous.unwrap_or(i64::MIN);
     arrivals
         .into_iter()
@@ -117,7 +117,7 @@ const FLOOR_SECONDS: i64 = 14 * 24 * 3600;
 /// when the pump hands them back to the event source. Should the source
 /// give them up, a re-drive starts from the same floor, so every record
 /// stored ahead of the failure gets its stored arrival (and sort key) again.
-pub async fn save_floor(
+pub(crate) async fn save_floor(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (shard_id, sequence): (&str, &str),

@@ -33,12 +33,12 @@ impl SlotRef {
 }
 
 /// The index entry's sort key for a slot: 13 digits, so text order is time order.
-pub fn index_key(slot: i64) -> String {
+pub(crate) fn index_key(slot: i64) -> String {
     format!("{PREFIX}{slot:013}")
 }
 
 /// The index entry's sort key for a slot stored under `subkeys` sub-keys.
-pub fn index_key_with(slot: i64, subkeys: u32) -> String {
+pub(crate) fn index_key_with(slot: i64, subkeys: u32) -> String {
     match subkeys {
         0 | 1 => index_key(slot),
         k => format!("{PREFIX}{slot:013}#{k}"),
@@ -46,12 +46,13 @@ pub fn index_key_with(slot: i64, subkeys: u32) -> String {
 }
 
 /// The slot an index entry's sort key names.
-pub fn slot_of_index_key(key: &str) -> Option<i64> {
+#[cfg(test)]
+pub(crate) fn slot_of_index_key(key: &str) -> Option<i64> {
     parse_index_key(key).map(|s| s.slot)
 }
 
 /// The slot and sub-keys an index entry's sort key names.
-pub fn parse_index_key(key: &str) -> Option<SlotRef> {
+pub(crate) fn parse_index_key(key: &str) -> Option<SlotRef> {
     let rest = key.strip_prefix(PREFIX)?;
     let (slot, subkeys) = match rest.split_once('#') {
         Some((slot, k)) => (slot, k.parse().ok()?),

@@ -61,7 +61,7 @@ pub struct Pass {
 }
 
 impl Pass {
-    pub fn started_at(ms: i64, unbuffered_from: Option<i64>, stream_bound: i64) -> Self {
+    pub(crate) fn started_at(ms: i64, unbuffered_from: Option<i64>, stream_bound: i64) -> Self {
         Self { pass_started_at: Some(ms), unbuffered_from, stream_bound: Some(stream_bound), oldest_left: None }
     }
 
@@ -143,7 +143,7 @@ pub async fn advance(
 }
 
 /// Counts events that came in behind the watermark (on the segment's own item).
-pub async fn count_late(
+pub(crate) async fn count_late(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     segment: u32,
@@ -166,7 +166,7 @@ pub async fn count_late(
 /// The watermark from the segments' items: among the segment counts whose
 /// every segment has finished a pass, the one written to most recently, and
 /// its lowest `time`. Absent until one count is complete.
-pub fn watermark_of(items: &[HashMap<String, AttributeValue>]) -> Watermark {
+pub(crate) fn watermark_of(items: &[HashMap<String, AttributeValue>]) -> Watermark {
     let number = |item: &HashMap<String, AttributeValue>, name: &str| {
         item.get(name).and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok())
     };

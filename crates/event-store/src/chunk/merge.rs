@@ -40,11 +40,11 @@ impl SlotMerge {
     }
 
     /// The source to read next: the one whose frontier is lowest, if any is still being read.
-    pub fn next_source(&self) -> Option<usize> {
+    pub(crate) fn next_source(&self) -> Option<usize> {
         self.frontiers.iter().enumerate().filter_map(|(i, f)| f.as_ref().map(|f| (f, i))).min().map(|(_, i)| i)
     }
 
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.frontiers.iter().all(Option::is_none)
     }
 

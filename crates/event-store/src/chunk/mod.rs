@@ -71,12 +71,12 @@ impl ChunkEvent {
     }
 
     /// Raw bytes this event adds to a chunk before compression (for size bounds).
-    pub fn raw_len(&self) -> usize {
+    pub(crate) fn raw_len(&self) -> usize {
         self.event_id.len() + self.partition_key.len() + self.data.len() + 16
     }
 
     /// The event as the readers' event type (`slot` is the slot, not a sub-key).
-    pub fn into_event_item(self, slot: i64) -> EventItem {
+    pub(crate) fn into_event_item(self, slot: i64) -> EventItem {
         EventItem {
             slot,
             sort_key: self.sort_key(),
@@ -124,7 +124,7 @@ pub fn pack(events: &[ChunkEvent]) -> Result<Vec<u8>> {
 }
 
 /// The events of a chunk's stored bytes.
-pub fn unpack(stored: &[u8]) -> Result<Vec<ChunkEvent>> {
+pub(crate) fn unpack(stored: &[u8]) -> Result<Vec<ChunkEvent>> {
     let raw = zstd::bulk::decompress(stored, MAX_CHUNK_RAW_BYTES)
         .map_err(|e| Error::Malformed(format!("chunk that does not decode: {e}")))?;
     let columns: Columns =
@@ -158,7 +158,10 @@ pub struct Packed {
 /// at most `max_bytes` compressed and [`MAX_CHUNK_RAW_BYTES`] decoded, the
 /// events kept in order across them. An event that does not fit even alone
 /// comes back as an error with the event, for its caller to quarantine.
-pub fn pack_to_fit(events: Vec<ChunkEvent>, max_bytes: usize) -> Vec<std::result::Result<Packed, (ChunkEvent, Error)>> {
+pub(crate) fn pack_to_fit(
+    events: Vec<ChunkEvent>,
+    max_bytes: usize,
+) -> Vec<std::result::Result<Packed, (ChunkEvent, Error)>> {
     let mut out = Vec::new();
     // First by decoded size, then each group by compressed size.
     let mut group = Vec::new();
@@ -214,12 +217,12 @@ fn pack_group(
 }
 
 /// The event-table sort key of a chunk whose events' sort keys run from `first` to `last`.
-pub fn chunk_key(first: &str, last: &str) -> String {
+pub(crate) fn chunk_key(first: &str, last: &str) -> String {
     format!("{first}{SEPARATOR}{last}")
 }
 
 /// The sort key of a chunk's first event (the key itself for a single-event item).
-pub fn first_key_of(sort_key: &str) -> &str {
+pub(crate) fn first_key_of(sort_key: &str) -> &str {
     sort_key.split_once(SEPARATOR).map_or(sort_key, |(first, _)| first)
 }
 

@@ -15,9 +15,7 @@ pub use load::{
     INLINE_MAX_BYTES_LIMIT, MAX_EVENTS_PER_POST, MAX_EVENT_BYTES_LIMIT, MAX_LARGE_EVENT_BYTES,
 };
 use privacy::Role;
-pub use privacy::{
-    KeysConfig, PrivacyConfig, StreamSubjects, SubjectRule, SubjectsConfig, DEFAULT_KEY_CACHE, MIN_HASH_KEY_BYTES,
-};
+pub use privacy::{KeysConfig, PrivacyConfig, SubjectsConfig, DEFAULT_KEY_CACHE, MIN_HASH_KEY_BYTES};
 
 /// Slot size in milliseconds (`TIME_UNIT`), default one second.
 pub const DEFAULT_TIME_UNIT_MS: u64 = 1000;

@@ -96,7 +96,7 @@ pub enum Expected {
 
 impl Expected {
     /// The version the first appended event gets if the expectation holds.
-    pub fn first_version(self) -> Option<u64> {
+    pub(crate) fn first_version(self) -> Option<u64> {
         match self {
             Expected::Any => None,
             Expected::NoStream => Some(0),
@@ -126,7 +126,7 @@ impl NewEvent {
 }
 
 /// Parses a request body: one event object or an array of 1 to 100.
-pub fn parse_events(body: &[u8]) -> Result<Vec<NewEvent>, Invalid> {
+pub(crate) fn parse_events(body: &[u8]) -> Result<Vec<NewEvent>, Invalid> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Invalid::BadRequest(format!("malformed JSON at line {} column {}", e.line(), e.column())))?;
     let items = match value {
@@ -173,7 +173,7 @@ impl StoredEventItem {
     }
 
     /// What offloading moves to S3: its data, or its sealed block.
-    pub fn payload_len(&self) -> usize {
+    pub(crate) fn payload_len(&self) -> usize {
         self.data.len() + self.sealed.as_ref().map_or(0, |s| s.c.len() + s.n.len() + 16)
     }
 }
@@ -192,7 +192,7 @@ impl Limits {
     pub const INLINE: Limits = Limits { event: MAX_EVENT_BYTES, offload_over: None };
 
     /// Whether an event of `size` bytes has its data offloaded.
-    pub fn offloads(&self, size: usize) -> bool {
+    pub(crate) fn offloads(&self, size: usize) -> bool {
         self.offload_over.is_some_and(|inline| size > inline)
     }
 }
@@ -262,7 +262,7 @@ pub fn check(stored: &[StoredEventItem], limits: Limits) -> Result<(), Invalid> 
 }
 
 /// The key of a request for idempotency: a hash of its event ids, in order.
-pub fn request_key(events: &[StoredEventItem]) -> String {
+pub(crate) fn request_key(events: &[StoredEventItem]) -> String {
     let mut hasher = Sha256::new();
     for event in events {
         hasher.update(event.id.as_bytes());
@@ -278,7 +278,7 @@ pub const BOOKKEEPING_PREFIX: char = '_';
 /// Sort key of the record of an applied request (`_req#<request key>`): a
 /// retry of that request, whatever was appended since, answers the original
 /// versions and writes nothing (KurrentDB's idempotence by event ids).
-pub fn request_item_key(request: &str) -> String {
+pub(crate) fn request_item_key(request: &str) -> String {
     format!("{BOOKKEEPING_PREFIX}req#{request}")
 }
 
@@ -294,7 +294,7 @@ pub struct RequestItem {
 
 /// The id of the event `DELETE` appends: fixed per stream, so a retried
 /// `DELETE` is recognized as the same request.
-pub fn deleted_event(stream: &str) -> StoredEventItem {
+pub(crate) fn deleted_event(stream: &str) -> StoredEventItem {
     let digest = Sha256::digest(format!("{stream}\0{STREAM_DELETED}").as_bytes());
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
@@ -316,7 +316,7 @@ pub fn batch_key(version: u64) -> String {
 }
 
 /// The version a batch sort key starts at (`None` for the tip and the snapshot).
-pub fn batch_version(key: &str) -> Option<u64> {
+pub(crate) fn batch_version(key: &str) -> Option<u64> {
     key.strip_prefix('e')?.parse().ok()
 }
 
@@ -359,12 +359,12 @@ mod json_text {
     use serde::de::{DeserializeOwned, Error as _};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub fn serialize<T: Serialize, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<T: Serialize, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
         let text = serde_json::to_string(value).map_err(serde::ser::Error::custom)?;
         serializer.serialize_str(&text)
     }
 
-    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
+    pub(crate) fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
         let text = String::deserialize(deserializer)?;
         serde_json::from_str(&text).map_err(D::Error::custom)
     }

@@ -44,7 +44,7 @@ impl Relay {
     /// Re-drives one stream: releases its hold, then relays every version
     /// after its position up to its tip, from the table, in order. Returns
     /// how many versions it put.
-    pub async fn redrive_stream(&self, stream: &str) -> Result<usize> {
+    pub(crate) async fn redrive_stream(&self, stream: &str) -> Result<usize> {
         self.positions.release(stream).await?;
         let mut versions = 0;
         loop {
@@ -82,7 +82,7 @@ impl Relay {
     /// delivery). A `Scan` of the table (`dynamodb:Scan`, which the relay's
     /// own role does not have): for an operator's rare repairs. Goes on past
     /// a stream that fails, and names it.
-    pub async fn redrive_all(&self) -> Result<Redriven> {
+    pub(crate) async fn redrive_all(&self) -> Result<Redriven> {
         let names = self.store.stream_names("").await.map_err(|e| match e {
             EntityError::Store(err) => err,
             other => Error::Malformed(other.to_string()),

@@ -12,9 +12,8 @@ use super::snapshot::Snapshot;
 use super::{EntityError, EntityStore, RecordedEvent};
 use crate::crypto::Sealed;
 use crate::error::Error;
-use crate::privacy::keys::{Key, Keys};
-use crate::privacy::seal::{entity_place, forgotten, open_bytes, seal_bytes, snapshot_place};
-use crate::privacy::Subjects;
+use crate::privacy::keys::Keys;
+use crate::privacy::{Opened, Sealer, Subjects};
 
 /// A snapshot's state as an append stores it: in the clear, or sealed.
 #[derive(Debug, Clone)]
@@ -39,15 +38,6 @@ impl EntityStore {
         self
     }
 
-    /// The subject's hash and key to seal `stream`'s new data under, if the stream is a subject.
-    async fn sealing(&self, stream: &str) -> Result<Option<(String, u64, Arc<[u8; 32]>)>, Error> {
-        let Some(subjects) = &self.subjects else { return Ok(None) };
-        let Some(id) = subjects.streams.subject(stream) else { return Ok(None) };
-        let subject = subjects.hash(id);
-        let (generation, key) = subjects.keys.sealing_key(&subject).await?;
-        Ok(Some((subject, generation, key)))
-    }
-
     /// Seals the data of `stream`'s new events, and checks the append again (sealed data is another size).
     pub(super) async fn seal_events(
         &self,
@@ -55,12 +45,11 @@ impl EntityStore {
         events: &mut [StoredEventItem],
         limits: Limits,
     ) -> Result<(), EntityError> {
-        let Some((subject, generation, key)) = self.sealing(stream).await? else { return Ok(()) };
+        let Some(sealer) = self.sealer(stream).await? else { return Ok(()) };
         for event in events.iter_mut() {
-            let place = entity_place(stream, &event.id, &subject);
-            event.sealed = Some(seal_bytes(event.data.as_bytes(), generation, &key, &place)?);
+            event.sealed = Some(sealer.seal_entity_data(stream, &event.id, event.data.as_bytes())?);
             event.data = "null".to_owned();
-            event.subject = Some(subject.clone());
+            event.subject = Some(sealer.subject().to_owned());
         }
         check(events, limits)?;
         Ok(())
@@ -68,33 +57,37 @@ impl EntityStore {
 
     /// A snapshot's state as stored: sealed when the stream is a subject.
     pub(super) async fn seal_state(&self, stream: &str, state: String) -> Result<StoredState, EntityError> {
-        let Some((subject, generation, key)) = self.sealing(stream).await? else {
+        let Some(sealer) = self.sealer(stream).await? else {
             return Ok(StoredState { state, subject: None, sealed: None });
         };
-        let sealed = seal_bytes(state.as_bytes(), generation, &key, &snapshot_place(stream, &subject))?;
-        Ok(StoredState { state: "null".into(), subject: Some(subject), sealed: Some(sealed) })
+        let sealed = sealer.seal_snapshot_state(stream, state.as_bytes())?;
+        Ok(StoredState { state: "null".into(), subject: Some(sealer.subject().to_owned()), sealed: Some(sealed) })
     }
 
-    /// The key of generation `generation` of `subject`, or why there is none here.
-    async fn key(&self, subject: &str, generation: u64, what: &str) -> Result<Key, Error> {
-        let keys = self.keys.as_ref().ok_or_else(|| {
+    /// The sealer of `stream`'s new data, if the stream is a subject.
+    async fn sealer(&self, stream: &str) -> Result<Option<Sealer>, Error> {
+        match &self.subjects {
+            Some(subjects) => subjects.stream_sealer(stream).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The keys to open `what` with, or why there are none here.
+    fn keys(&self, what: &str) -> Result<&Keys, Error> {
+        self.keys.as_deref().ok_or_else(|| {
             Error::Config(format!("{what} is sealed under its subject's key, and this function has no KEY_TABLE"))
-        })?;
-        keys.key(subject, generation).await
+        })
     }
 
     /// Opens a sealed event's data (its sealed block put back from S3 already), or marks it forgotten.
     pub(super) async fn open_event(&self, event: &mut RecordedEvent) -> Result<(), Error> {
         let (Some(sealed), Some(subject)) = (event.sealed.take(), event.subject.clone()) else { return Ok(()) };
-        let what = format!("{} event {}", event.stream, event.version);
-        match self.key(&subject, sealed.g, &what).await? {
-            Key::Active(key) => {
-                let place = entity_place(&event.stream, &event.id, &subject);
-                event.data = crate::payload::parse(&open_bytes(&sealed, &key, &place)?);
-            }
-            Key::Forgotten { at } => {
+        let keys = self.keys(&format!("{} event {}", event.stream, event.version))?;
+        match keys.open_entity_data(&event.stream, &event.id, &subject, &sealed).await? {
+            Opened::Data(data) => event.data = crate::payload::parse(&data),
+            Opened::Forgotten(marker) => {
                 event.data = serde_json::Value::Null;
-                event.forgotten = Some(forgotten(&at, sealed.g));
+                event.forgotten = Some(marker);
             }
         }
         Ok(())
@@ -106,15 +99,11 @@ impl EntityStore {
         let (Some(sealed), Some(subject)) = (item.sealed.as_ref(), item.subject.as_deref()) else {
             return Ok(Snapshot::from(item));
         };
-        match self.key(subject, sealed.g, &format!("the snapshot of {}", item.stream)).await? {
-            Key::Active(key) => {
-                let state = open_bytes(sealed, &key, &snapshot_place(&item.stream, subject))?;
-                Ok(Snapshot { version: item.version, state: crate::payload::parse(&state) })
-            }
-            Key::Forgotten { at } => {
-                let state = serde_json::json!({ "forgotten": forgotten(&at, sealed.g) });
-                Ok(Snapshot { version: item.version, state })
-            }
-        }
+        let keys = self.keys(&format!("the snapshot of {}", item.stream))?;
+        let state = match keys.open_snapshot_state(&item.stream, subject, sealed).await? {
+            Opened::Data(state) => crate::payload::parse(&state),
+            Opened::Forgotten(marker) => serde_json::json!({ "forgotten": marker }),
+        };
+        Ok(Snapshot { version: item.version, state })
     }
 }

@@ -102,7 +102,7 @@ pub async fn send_put_records(
 
 /// The indices of `records` grouped by partition key: keys in order of first
 /// appearance, each key's indices in order.
-pub fn indices_by_key(records: &[OutgoingRecord]) -> Vec<Vec<usize>> {
+pub(crate) fn indices_by_key(records: &[OutgoingRecord]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut group_of: HashMap<&str, usize> = HashMap::new();
     for (index, record) in records.iter().enumerate() {

@@ -14,7 +14,7 @@ use serde_json::Value;
 /// The envelope id of an event that `load` made (a JSON object with `id`,
 /// `received_at` and `method`); events from other producers have none and
 /// are never dropped.
-pub fn envelope_id(event: &Value) -> Option<&str> {
+pub(crate) fn envelope_id(event: &Value) -> Option<&str> {
     let object = event.as_object()?;
     if !(object.contains_key("received_at") && object.contains_key("method")) {
         return None;
@@ -37,7 +37,7 @@ impl RecentIds {
 
     /// Remembers `id` (arrived at `arrival`, in arrival order); false when it
     /// is a copy of an event seen within the window.
-    pub fn first_sight(&mut self, id: &str, arrival: i64) -> bool {
+    pub(crate) fn first_sight(&mut self, id: &str, arrival: i64) -> bool {
         while let Some((at, _)) = self.by_arrival.front() {
             if *at >= arrival - self.window_ms {
                 break;
@@ -56,7 +56,7 @@ impl RecentIds {
 
     /// True when `event` (its JSON, if any) is a copy of an accepted event
     /// seen within the window; otherwise it is remembered (see [`Self::first_sight`]).
-    pub fn is_copy(&mut self, event: Option<&Value>, arrival: i64) -> bool {
+    pub(crate) fn is_copy(&mut self, event: Option<&Value>, arrival: i64) -> bool {
         event.and_then(envelope_id).is_some_and(|id| !self.first_sight(id, arrival))
     }
 

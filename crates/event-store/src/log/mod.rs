@@ -16,7 +16,7 @@ pub mod copies;
 pub mod reader;
 pub mod record;
 pub mod tiers;
-pub mod window;
+pub(crate) mod window;
 
 pub use crate::position::{Checkpoint, Lookback};
 pub use record::{PlayedEvent, RecordFormat};

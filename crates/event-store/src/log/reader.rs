@@ -145,7 +145,7 @@ impl Reader<'_> {
     /// runner that starts (a subscription's every minute) reads the whole
     /// dedupe window before it delivers, and one slot after another would
     /// add a round trip per second of the window to its first delivery.
-    pub async fn recent_ids(&self, slots: &[SlotRef], range: &Lookback) -> Result<(RecentIds, usize)> {
+    pub(crate) async fn recent_ids(&self, slots: &[SlotRef], range: &Lookback) -> Result<(RecentIds, usize)> {
         let ids_of_slot = |slot: SlotRef| async move {
             let mut read = SlotRead::new(self, slot, range.from_key.clone(), range.to_key.clone());
             let (mut ids, mut queries) = (Vec::new(), 0);
@@ -177,7 +177,7 @@ impl Reader<'_> {
     }
 
     /// The event of `slot` with `sort_key`, if the table holds it.
-    pub async fn event_at(&self, slot: SlotRef, sort_key: &str) -> Result<Option<EventItem>> {
+    pub(crate) async fn event_at(&self, slot: SlotRef, sort_key: &str) -> Result<Option<EventItem>> {
         let mut read = SlotRead::new(self, slot, sort_key_floor(slot.slot), sort_key.to_owned());
         loop {
             let page = read.next_page().await?;

@@ -94,7 +94,7 @@ impl PlayedEvent {
 /// True when an event's played record (`data_len` bytes) fits one Kinesis
 /// record in either format: alone in an aggregated record, with its
 /// partition key, under 1 MiB.
-pub fn fits_one_record(partition_key: &str, data_len: usize) -> bool {
+pub(crate) fn fits_one_record(partition_key: &str, data_len: usize) -> bool {
     let aggregated = aggregation::empty_bytes(partition_key) + aggregation::user_record_bytes(data_len);
     partition_key.len() + aggregated.max(data_len) <= aggregation::MAX_RECORD_BYTES
 }
@@ -107,7 +107,7 @@ pub fn kinesis_records(events: Vec<OutgoingRecord>, format: RecordFormat) -> Vec
 }
 
 /// [`kinesis_records`], each record with the indices of the events it carries.
-pub fn kinesis_records_of(events: &[OutgoingRecord], format: RecordFormat) -> Vec<(OutgoingRecord, Vec<usize>)> {
+pub(crate) fn kinesis_records_of(events: &[OutgoingRecord], format: RecordFormat) -> Vec<(OutgoingRecord, Vec<usize>)> {
     if format == RecordFormat::Plain {
         return events.iter().cloned().enumerate().map(|(i, record)| (record, vec![i])).collect();
     }

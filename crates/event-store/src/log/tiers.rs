@@ -38,7 +38,6 @@ use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
 use crate::payload::{self, PayloadRef};
 use crate::privacy::keys::Keys;
-use crate::privacy::seal::SealedRecord;
 
 /// Objects kept decoded: the one being read and the one before or after it.
 const OBJECTS_KEPT: usize = 2;
@@ -168,15 +167,7 @@ impl Tiers {
     /// `bytes` with their sealed parts opened with the subject's key, if sealed.
     async fn open(&self, event: &EventItem, bytes: Vec<u8>) -> Result<Vec<u8>> {
         let entity = entity_stream(&event.partition_key).is_some();
-        let Some(sealed) = SealedRecord::find(&bytes, entity)? else { return Ok(bytes) };
-        let Some(keys) = &self.keys else {
-            return Err(Error::Config(format!(
-                "event {} is sealed under its subject's key, and this reader has no KEY_TABLE",
-                event.event_id
-            )));
-        };
-        let key = keys.key(&sealed.subject, sealed.sealed.g).await?;
-        sealed.open(&key)
+        crate::privacy::open_record(self.keys.as_deref(), bytes, entity, &event.event_id).await
     }
 
     /// Whether `slot` is archived, as far as the boundary was last read.
@@ -191,7 +182,7 @@ impl Tiers {
 
     /// Whether a query of `slot` that ended at `ended` saw all of it: the
     /// boundary, read after `ended`, has not passed the slot.
-    pub async fn still_hot(
+    pub(crate) async fn still_hot(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
         table: &str,

@@ -71,7 +71,7 @@ impl Window {
     /// The sort-key range of `slot` that lies in the window (inclusive bounds:
     /// every real key is longer than the 13-digit floor, so `[floor(a), floor(b)]`
     /// holds exactly the events of `[a, b)`).
-    pub fn key_range(&self, slot: i64, unit_ms: u64) -> (String, String) {
+    pub(crate) fn key_range(&self, slot: i64, unit_ms: u64) -> (String, String) {
         let from = self.start.max(slot);
         let to = self.end.min(slot + unit_ms as i64);
         (sort_key_floor(from), sort_key_floor(to))

@@ -18,10 +18,10 @@
 //! - Every [`record`] carries the original event time and a playback sequence
 //!   number, so consumers can check order and drop duplicates.
 
-pub mod pacer;
-pub mod request;
+pub(crate) mod pacer;
+pub(crate) mod request;
 mod run;
-pub mod summary;
+pub(crate) mod summary;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};

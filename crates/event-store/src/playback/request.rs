@@ -64,7 +64,7 @@ fn is_zero(hop: &u32) -> bool {
 impl PlaybackRequest {
     /// The request in an invocation payload (`null`: all defaults). Unknown
     /// fields and filters whose field is not a JSON pointer are bad input.
-    pub fn from_payload(payload: Value) -> Result<Self> {
+    pub(crate) fn from_payload(payload: Value) -> Result<Self> {
         let request: Self = if payload.is_null() {
             Self::default()
         } else {
@@ -79,7 +79,7 @@ impl PlaybackRequest {
     }
 
     /// The `end` the request names, if any.
-    pub fn end_ms(&self) -> Result<Option<i64>> {
+    pub(crate) fn end_ms(&self) -> Result<Option<i64>> {
         self.end.as_deref().map(parse_time).transpose()
     }
 
@@ -93,7 +93,7 @@ impl PlaybackRequest {
     }
 
     /// True when `event` (its JSON, if it is JSON) passes every filter.
-    pub fn wants(&self, event: Option<&Value>) -> bool {
+    pub(crate) fn wants(&self, event: Option<&Value>) -> bool {
         self.filter.iter().all(|f| f.matches(event))
     }
 }

@@ -267,7 +267,7 @@ impl<'a> Run<'a> {
     /// extended for the continuation), to a continuation that carries the
     /// lease token; at `MAX_CONTINUATIONS` the chain stops instead, and
     /// gives the lease up: the same request again goes on from the checkpoint.
-    pub async fn hand_over(self, resume: Checkpoint) -> Result<PlaybackSummary> {
+    pub(crate) async fn hand_over(self, resume: Checkpoint) -> Result<PlaybackSummary> {
         let (dynamo, table) = (&self.playback.dynamo, &self.playback.config.event_table);
         let id = self.summary.id.clone();
         if self.request.hop >= self.playback.config.max_continuations {

@@ -48,7 +48,7 @@ fn generation_item(generation: u64) -> String {
 
 /// A generation of a subject's key, as a reader finds it.
 #[derive(Clone)]
-pub enum Key {
+pub(super) enum Key {
     Active(Arc<[u8; 32]>),
     /// Its wrapped key was destroyed at `at` (ISO 8601).
     Forgotten {
@@ -108,11 +108,6 @@ impl Keys {
         }
     }
 
-    /// Makes new data keys under `kms_key` (a key id, ARN or alias).
-    pub fn sealing_with(self, kms_key: Option<String>) -> Self {
-        self.made_by(kms_key.map(Maker::Kms))
-    }
-
     /// Has new data keys made by `maker`.
     pub fn made_by(mut self, maker: Option<Maker>) -> Self {
         self.maker = maker;
@@ -132,7 +127,7 @@ impl Keys {
 
     /// The generation and key to seal `subject`'s new events under: its
     /// current one, or a new one when it has none or was forgotten.
-    pub async fn sealing_key(&self, subject: &str) -> Result<(u64, Arc<[u8; 32]>)> {
+    pub(super) async fn sealing_key(&self, subject: &str) -> Result<(u64, Arc<[u8; 32]>)> {
         if let Some(found) = self.current_key(subject).await? {
             return Ok(found);
         }
@@ -222,7 +217,7 @@ impl Keys {
     }
 
     /// Generation `generation` of `subject`'s key, to open its events with.
-    pub async fn key(&self, subject: &str, generation: u64) -> Result<Key> {
+    pub(super) async fn key(&self, subject: &str, generation: u64) -> Result<Key> {
         let id = (subject.to_owned(), generation);
         if let Some(key) = self.cached(&id) {
             return Ok(key);

@@ -37,17 +37,17 @@ fn aad(envelope_id: &str, subject: &str, encoding: Option<&str>) -> Vec<u8> {
 }
 
 /// What an entity event's sealed data is bound to: its stream, its id and its subject.
-pub fn entity_place(stream: &str, event_id: &str, subject: &str) -> String {
+pub(super) fn entity_place(stream: &str, event_id: &str, subject: &str) -> String {
     format!("es1|entity|{stream}|{event_id}|{subject}")
 }
 
 /// What a stream's sealed snapshot is bound to.
-pub fn snapshot_place(stream: &str, subject: &str) -> String {
+pub(super) fn snapshot_place(stream: &str, subject: &str) -> String {
     format!("es1|snapshot|{stream}|{subject}")
 }
 
 /// Seals `plaintext` (compressed first where that saves) under `key`, bound to `place`.
-pub fn seal_bytes(plaintext: &[u8], generation: u64, key: &[u8; 32], place: &str) -> Result<Sealed> {
+pub(super) fn seal_bytes(plaintext: &[u8], generation: u64, key: &[u8; 32], place: &str) -> Result<Sealed> {
     let (plaintext, encoding) = crate::encoding::encode_alone(plaintext);
     let aad = format!("{place}|{}", encoding.as_deref().unwrap_or(""));
     let mut sealed = crypto::seal(key, generation, aad.as_bytes(), &plaintext)?;
@@ -56,7 +56,7 @@ pub fn seal_bytes(plaintext: &[u8], generation: u64, key: &[u8; 32], place: &str
 }
 
 /// Opens what [`seal_bytes`] sealed for `place`.
-pub fn open_bytes(sealed: &Sealed, key: &[u8; 32], place: &str) -> Result<Vec<u8>> {
+pub(super) fn open_bytes(sealed: &Sealed, key: &[u8; 32], place: &str) -> Result<Vec<u8>> {
     let encoding = sealed.z.as_deref();
     let aad = format!("{place}|{}", encoding.unwrap_or(""));
     decompress(crypto::open(key, aad.as_bytes(), sealed)?, encoding)
@@ -80,7 +80,7 @@ const MAX_PLAINTEXT_BYTES: usize = crate::payload::MAX_LARGE_EVENT_BYTES + 64 * 
 
 /// Seals `envelope`'s personal parts under generation `generation` of its
 /// subject's key (`subject`: the keyed hash); they are emptied in the clear.
-pub fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, key: &[u8; 32]) -> Result<()> {
+pub(super) fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, key: &[u8; 32]) -> Result<()> {
     let personal = Personal {
         query: std::mem::take(&mut envelope.query),
         headers: std::mem::take(&mut envelope.headers),
@@ -101,10 +101,10 @@ pub fn seal_envelope(envelope: &mut Envelope, subject: String, generation: u64, 
 /// (`sealed` beside the envelope's clear fields), or an entity event's
 /// (`body.sealed` in place of `body.data`).
 #[derive(Debug)]
-pub struct SealedRecord {
+pub(super) struct SealedRecord {
     record: serde_json::Map<String, Value>,
-    pub subject: String,
-    pub sealed: Sealed,
+    pub(super) subject: String,
+    pub(super) sealed: Sealed,
     entity: bool,
 }
 
@@ -112,7 +112,7 @@ impl SealedRecord {
     /// The record's sealed block, if it has one (an offloaded one already
     /// spliced back; `entity`: the record's partition key is an entity
     /// stream's). Records without one are not parsed.
-    pub fn find(record: &[u8], entity: bool) -> Result<Option<Self>> {
+    pub(super) fn find(record: &[u8], entity: bool) -> Result<Option<Self>> {
         if memchr::memmem::find(record, b"\"sealed\":").is_none() {
             return Ok(None);
         }
@@ -133,7 +133,7 @@ impl SealedRecord {
     /// The record as its consumers get it: opened with `key`, or with the
     /// `forgotten` marker when the key is gone. Fails ([unreadable](Error::is_unreadable))
     /// when the block does not open: altered, or moved from another event.
-    pub fn open(mut self, key: &Key) -> Result<Vec<u8>> {
+    pub(super) fn open(mut self, key: &Key) -> Result<Vec<u8>> {
         if self.entity {
             let body = self.record.get_mut("body").and_then(Value::as_object_mut);
             let body = body.ok_or_else(|| Error::Payload("a sealed entity record with no body".into()))?;

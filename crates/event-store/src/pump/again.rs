@@ -24,7 +24,11 @@ impl Pump {
     /// [`Self::buffer_again`] for a later part of one shard's re-driven
     /// range: its arrivals go on from `carried`, the last arrival the part
     /// before it was stored with. Returns that of this part too.
-    pub async fn buffer_again_after(&self, event: KinesisEvent, carried: Option<i64>) -> (Vec<String>, Option<i64>) {
+    pub(crate) async fn buffer_again_after(
+        &self,
+        event: KinesisEvent,
+        carried: Option<i64>,
+    ) -> (Vec<String>, Option<i64>) {
         let mut last_arrival = carried;
         // Entity records are not dropped by their stream's logged version here: a record
         // given up on was never buffered, and a later version may have been logged since

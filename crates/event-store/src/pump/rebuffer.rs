@@ -69,7 +69,7 @@ fn region(arn: &str) -> &str {
 /// The records of `batch`'s range, read back from the stream; an error
 /// unless the read reached the range's end (so a message is never deleted
 /// after a partial read).
-pub async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchInfo) -> Result<Vec<Record>> {
+pub(crate) async fn read_range(kinesis: &aws_sdk_kinesis::Client, batch: &KinesisBatchInfo) -> Result<Vec<Record>> {
     let end = sortable_sequence(&batch.end_sequence_number);
     let mut iterator = kinesis
         .get_shard_iterator()

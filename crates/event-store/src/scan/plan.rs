@@ -288,7 +288,7 @@ impl PagePlan {
 }
 
 /// The buffer deletes of `ids`, each tagged with its id.
-pub fn buffer_deletes(ids: &[String]) -> Vec<(String, WriteRequest)> {
+pub(crate) fn buffer_deletes(ids: &[String]) -> Vec<(String, WriteRequest)> {
     ids.iter()
         .filter_map(|id| {
             let delete = DeleteRequest::builder().set_key(Some(BufferItem::key_of(id))).build().ok()?;

@@ -19,14 +19,14 @@ pub const LAG_METRIC: &str = "SubscriptionLagSeconds";
 pub const DELIVERY_LATENCY_METRIC: &str = "DeliveryLatencySeconds";
 
 /// Writes the line to stdout (where Lambda's log takes it) when a namespace is set.
-pub fn write_delivery_latency(namespace: Option<&str>, subscription: &str, latency_ms: i64, now_ms: i64) {
+pub(crate) fn write_delivery_latency(namespace: Option<&str>, subscription: &str, latency_ms: i64, now_ms: i64) {
     if let Some(namespace) = namespace {
         println!("{}", delivery_latency_line(namespace, subscription, latency_ms, now_ms));
     }
 }
 
 /// The EMF line for one round's arrival-to-delivery time.
-pub fn delivery_latency_line(namespace: &str, subscription: &str, latency_ms: i64, now_ms: i64) -> String {
+pub(crate) fn delivery_latency_line(namespace: &str, subscription: &str, latency_ms: i64, now_ms: i64) -> String {
     let seconds = latency_ms as f64 / 1000.0;
     seconds_line(namespace, DELIVERY_LATENCY_METRIC, seconds, &[("Subscription", subscription)], now_ms)
 }

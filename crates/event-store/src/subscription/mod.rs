@@ -22,12 +22,12 @@
 //! payload: the awake scan may invoke that alias alone, so it can start a
 //! tick and nothing else.
 
-pub mod follow;
+pub(crate) mod follow;
 pub mod manage;
 pub mod metrics;
-pub mod run;
-pub mod runner;
-pub mod target;
+pub(crate) mod run;
+pub(crate) mod runner;
+pub(crate) mod target;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -247,7 +247,7 @@ pub const TICK_ALIAS: &str = "tick";
 
 /// Whether a function ARN is qualified with [`TICK_ALIAS`]
 /// (`arn:aws:lambda:<region>:<account>:function:<name>:tick`).
-pub fn through_tick_alias(invoked_arn: &str) -> bool {
+pub(crate) fn through_tick_alias(invoked_arn: &str) -> bool {
     let parts: Vec<&str> = invoked_arn.split(':').collect();
     parts.len() == 8 && parts[5] == "function" && parts[7] == TICK_ALIAS
 }

@@ -151,7 +151,7 @@ pub struct Outcome {
 /// `stop_at_poison`, delivery stops after the first one; once `out_of_time`
 /// says so, before the next attempt (the caller saves what is done). Pure
 /// apart from the closures and the backoff sleeps.
-pub async fn deliver_in_order<F, Fut>(
+pub(crate) async fn deliver_in_order<F, Fut>(
     batches: Vec<Range<usize>>,
     backoff: &Backoff,
     (stop_at_poison, out_of_time): (bool, &(dyn Fn() -> bool + Sync)),
@@ -222,7 +222,7 @@ where
 /// are read back first and not put again. When some records keep failing,
 /// the events before the first failed one are done, and the outcome's
 /// `ahead_since` says whether any after it may be stored.
-pub async fn put_on_stream(
+pub(crate) async fn put_on_stream(
     (putter, reader): (&aws_sdk_kinesis::Client, &aws_sdk_kinesis::Client),
     stream: &str,
     events: &[Delivery],
@@ -279,7 +279,7 @@ pub async fn put_on_stream(
 
 /// The payload a Lambda target receives: the subscription, the partition,
 /// and the events in order (their JSON as delivered).
-pub fn lambda_payload(subscription: &str, partition: u32, events: &[Delivery]) -> Vec<u8> {
+pub(crate) fn lambda_payload(subscription: &str, partition: u32, events: &[Delivery]) -> Vec<u8> {
     let mut payload = format!(
         "{{\"subscription\":{},\"partition\":{partition},\"events\":[",
         serde_json::to_string(subscription).unwrap_or_default()
@@ -299,7 +299,7 @@ pub fn lambda_payload(subscription: &str, partition: u32, events: &[Delivery]) -
 /// `batchItemFailures` list fails it from the lowest listed event (an
 /// identifier that names no event of the batch fails all of it, as for an
 /// event source mapping); anything else delivers it.
-pub fn read_answer(events: &[Delivery], function_error: Option<&str>, payload: &[u8]) -> Attempt {
+pub(crate) fn read_answer(events: &[Delivery], function_error: Option<&str>, payload: &[u8]) -> Attempt {
     let text = || String::from_utf8_lossy(&payload[..payload.len().min(1_000)]).into_owned();
     if let Some(kind) = function_error {
         return Attempt::FailedFrom(0, format!("function error {kind}: {}", text()));
@@ -345,7 +345,7 @@ pub async fn invoke(
 }
 
 /// Checks that `function` exists and may be invoked (`Invoke` with `DryRun`: nothing runs).
-pub async fn check_function(lambda: &aws_sdk_lambda::Client, function: &str) -> Result<()> {
+pub(crate) async fn check_function(lambda: &aws_sdk_lambda::Client, function: &str) -> Result<()> {
     lambda
         .invoke()
         .function_name(function)
@@ -357,7 +357,7 @@ pub async fn check_function(lambda: &aws_sdk_lambda::Client, function: &str) -> 
 }
 
 /// Checks that `stream` exists.
-pub async fn check_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<()> {
+pub(crate) async fn check_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<()> {
     kinesis.describe_stream_summary().stream_name(stream).send().await.map_err(|e| {
         Error::BadInput(format!("target stream {stream:?}: {}", Error::kinesis("DescribeStreamSummary", e)))
     })?;
@@ -365,7 +365,7 @@ pub async fn check_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Re
 }
 
 /// Splits `events` into batches of at most `max` events and [`LAMBDA_PAYLOAD_BYTES`].
-pub fn lambda_batches(events: &[Delivery], max: usize) -> Vec<Range<usize>> {
+pub(crate) fn lambda_batches(events: &[Delivery], max: usize) -> Vec<Range<usize>> {
     let sizes: Vec<usize> = events.iter().map(|e| e.data.len() + 1).collect();
     crate::batch::chunk_ranges(&sizes, max, LAMBDA_PAYLOAD_BYTES - 200)
 }

@@ -97,7 +97,7 @@ pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> 
 }
 
 /// The subscription, or `BadInput` naming it.
-pub async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Subscription> {
+pub(crate) async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Subscription> {
     get(dynamo, table, name).await?.ok_or_else(|| Error::BadInput(format!("no subscription named {name:?}")))
 }
 
@@ -134,7 +134,7 @@ async fn update(
     }
 }
 
-pub async fn set_state(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, state: State) -> Result<()> {
+pub(crate) async fn set_state(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, state: State) -> Result<()> {
     let state = serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
     update(dynamo, table, name, &[("state", s(&state))]).await
 }
@@ -388,7 +388,7 @@ pub async fn reset(
 }
 
 /// Clears `stopped` on every partition of `sub`.
-pub async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
+pub(crate) async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
     for partition in partitions(dynamo, table, sub).await?.into_iter().filter(|p| p.stopped.is_some()) {
         dynamo
             .update_item()

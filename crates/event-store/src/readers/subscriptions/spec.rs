@@ -169,7 +169,7 @@ pub fn parse_start(start: &str, now: i64) -> Result<i64> {
 
 /// The partition (of `partitions`) an event with this partition key belongs
 /// to: a hash, so one key's events all go to one partition, in order.
-pub fn partition_of(partition_key: &str, partitions: u32) -> u32 {
+pub(crate) fn partition_of(partition_key: &str, partitions: u32) -> u32 {
     let digest = Sha256::digest(partition_key.as_bytes());
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);

@@ -1,0 +1,132 @@
+//! `event-store playback`: a window of the sealed log onto the playback
+//! stream, in order. Locally the run goes in this process, as the function
+//! would run it; on a deployed stack the playback function is invoked
+//! asynchronously and the run's checkpoint followed. Both draw a progress
+//! bar and end with a summary and a sparkline of the window's events.
+//! Ctrl-C leaves a deployed run going: the same command follows it again
+//! (a request names its run by its window and filter, or by `--id`).
+
+mod deployed;
+mod display;
+mod local;
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use event_store::config::PlaybackConfig;
+use event_store::log::Filter;
+use event_store::playback::PlaybackRequest;
+use event_store::time::parse_time;
+
+pub use deployed::deployed;
+pub use local::local;
+
+/// The playback request, as command-line arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Window start, ISO 8601 (e.g. 2026-11-21T06:00:00Z) or epoch ms; default: 15 minutes before the end.
+    #[arg(long)]
+    start: Option<String>,
+    /// Window end (exclusive); default: the end of the last sealed slot (the watermark).
+    #[arg(long)]
+    end: Option<String>,
+    /// When END is past the watermark, wait up to this many seconds for it.
+    #[arg(long, default_value_t = 0)]
+    wait: u64,
+    /// Records per second onto the playback stream (default: its shards × 1,000).
+    #[arg(long)]
+    rate: Option<u64>,
+    /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
+    #[arg(long = "filter", value_delimiter = ',')]
+    filters: Vec<String>,
+    /// Play again even if this window was already played back completely.
+    #[arg(long)]
+    restart: bool,
+    /// The run's id (default: named by the window and filter, so the same command finds the same run).
+    #[arg(long)]
+    id: Option<String>,
+}
+
+impl Args {
+    /// The request the function takes; bad arguments are refused here, by
+    /// the function's own rules, before anything is sent. `now` (epoch ms)
+    /// stands in for the sealed end: a start after it, or a window longer
+    /// than `max` ([`max_window`]), is refused.
+    pub fn request(self, now: i64, max: Duration) -> Result<PlaybackRequest> {
+        for (name, time) in [("--start", &self.start), ("--end", &self.end)] {
+            if let Some(time) = time {
+                parse_time(time).map_err(|e| anyhow!("{name} {time:?}: {e}"))?;
+            }
+        }
+        // An end in the future is waited for (--wait); a start there has nothing to play yet.
+        if let Some(start) = &self.start {
+            if parse_time(start)? > now {
+                return Err(anyhow!("--start {start} is in the future: nothing is stored there yet"));
+            }
+        }
+        let request = PlaybackRequest {
+            start: self.start,
+            end: self.end,
+            wait_seconds: Some(self.wait),
+            max_records_per_second: self.rate,
+            filter: self.filters.iter().map(|f| f.parse()).collect::<event_store::Result<Vec<Filter>>>()?,
+            restart: self.restart,
+            id: self.id,
+            ..Default::default()
+        };
+        // The window's own checks (end before start, too long).
+        request.window(now, max)?;
+        Ok(request)
+    }
+}
+
+/// The longest window a request may ask for: `PLAYBACK_MAX_HOURS` in this
+/// command's environment, as the function reads it in its own (default 24).
+pub fn max_window() -> Result<Duration> {
+    Ok(PlaybackConfig::for_names(String::new(), String::new())?.max_window)
+}
+
+/// How a playback ended, for the exit code.
+pub enum Ended {
+    /// Played (or played before): exit 0.
+    Done,
+    /// Not complete, busy, stopped, left running: exit 1.
+    NotDone,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_checked_before_anything_is_sent() {
+        let args = |start: Option<&str>, end: Option<&str>, filter: &str| Args {
+            start: start.map(str::to_owned),
+            end: end.map(str::to_owned),
+            wait: 0,
+            rate: None,
+            filters: vec![filter.to_owned()],
+            restart: false,
+            id: None,
+        };
+        // The time the arguments are checked against: noon of 2026-11-27, whatever the clock says.
+        let now = parse_time("2026-11-27T12:00:00Z").unwrap();
+        let day = Duration::from_secs(24 * 3600);
+        let request = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(now, day).unwrap();
+        assert_eq!((request.filter.len(), request.wait_seconds), (1, Some(0)));
+        let day_later = now + 24 * 3_600_000;
+        let open_ended = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(day_later, day);
+        assert!(open_ended.unwrap_err().to_string().contains("36 hours long"), "a window without an end ends at now");
+        assert!(args(Some("someday"), None, "/a=1").request(now, day).unwrap_err().to_string().contains("--start"));
+        let backwards = args(Some("2026-11-27T00:00:00Z"), Some("2026-11-26T00:00:00Z"), "/a=1").request(now, day);
+        assert!(backwards.unwrap_err().to_string().contains("before start"));
+        let long = args(Some("2026-11-01T00:00:00Z"), Some("2026-11-27T00:00:00Z"), "/a=1").request(now, day);
+        assert!(long.unwrap_err().to_string().contains("at most 24"));
+        assert!(args(None, None, "kind").request(now, day).is_err(), "a filter needs its pointer");
+        let future = args(Some("2026-11-28T00:00:00Z"), Some("2026-11-28T01:00:00Z"), "/a=1").request(now, day);
+        assert_eq!(
+            future.unwrap_err().to_string(),
+            "--start 2026-11-28T00:00:00Z is in the future: nothing is stored there yet"
+        );
+    }
+}
