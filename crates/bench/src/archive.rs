@@ -18,7 +18,8 @@ use event_store_emulator::resources::{create_bucket, create_streams, create_tabl
 use event_store_emulator::runs::{self, deadline_in, run_scan};
 use serde::Serialize;
 
-use crate::{base64, payload, per_second, USD_PER_MILLION_RRU, USD_PER_MILLION_WRU};
+use crate::measure::{per_second, PUMP_BATCH, STREAM_SHARDS, USD_PER_MILLION_RRU, USD_PER_MILLION_WRU};
+use crate::tracking::{base64, payload};
 
 /// S3 Standard and DynamoDB Standard storage, us-east-1, per GB-month, and
 /// S3 requests per thousand (aws.amazon.com/s3/pricing, aws.amazon.com/dynamodb/pricing;
@@ -61,37 +62,13 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
     let kinesis = aws_sdk_kinesis::Client::new(sdk);
     let names = Names::for_stack("bench-archive");
     create_tables(&dynamo, &names).await?;
-    create_streams(&kinesis, &names, crate::STREAM_SHARDS).await?;
+    create_streams(&kinesis, &names, STREAM_SHARDS).await?;
     let bucket = Bucket::new(sdk, names.archive_bucket.clone());
     create_bucket(&bucket.s3, &bucket.name).await?;
 
     // A week ago, a millisecond apart, through the pump and the scan.
     let t0 = (event_store::time::now_ms() - 7 * 86_400_000) / 60_000 * 60_000;
-    let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench-archive";
-    let pump = Pump::new(dynamo.clone(), kinesis.clone(), PumpConfig::new(&names.buffer_table, &names.event_table));
-    for (batch, chunk) in (0..events).collect::<Vec<_>>().chunks(crate::PUMP_BATCH).enumerate() {
-        let records: Vec<serde_json::Value> = chunk
-            .iter()
-            .map(|i| {
-                let sequence = format!("4959{:052}", i + 1);
-                serde_json::json!({
-                    "kinesis": {"partitionKey": format!("user-{}", i % 50), "sequenceNumber": sequence,
-                                "data": base64(&payload(*i, size)), "approximateArrivalTimestamp": (t0 + *i as i64) as f64 / 1000.0},
-                    "eventID": format!("shardId-bench{batch:07}:{sequence}"), "eventSourceARN": arn,
-                })
-            })
-            .collect();
-        let event = event_store::pump::parse_kinesis_event(serde_json::json!({ "Records": records }))?;
-        anyhow::ensure!(pump.handle(event).await.batch_item_failures.is_empty(), "pump failed");
-    }
-    let scan = ScanConfig { deadline_margin: Duration::from_secs(30), ..runs::scan_config(&names) };
-    let moved: usize =
-        run_scan(dynamo.clone(), kinesis.clone(), scan, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
-            .await
-            .into_iter()
-            .map(|run| run.map(|s| s.moved).unwrap_or(0))
-            .sum();
-    anyhow::ensure!(moved == events, "scan moved {moved} of {events}");
+    pump_and_scan(&dynamo, &kinesis, &names, t0, events, size).await?;
     let dynamo_bytes: usize = event_items(&dynamo, &names.event_table).await?;
 
     let window = serde_json::json!({"start": format_ms(t0), "end": format_ms(t0 + events as i64 + 1), "restart": true});
@@ -154,6 +131,43 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
         storage_cost_ratio_hot_to_tiered: hot_month / tiered_month,
         usd_per_million_events_archived: archived_usd,
     })
+}
+
+/// The events, from `t0` a millisecond apart, through the pump and the scan onto the event table.
+async fn pump_and_scan(
+    dynamo: &aws_sdk_dynamodb::Client,
+    kinesis: &aws_sdk_kinesis::Client,
+    names: &Names,
+    t0: i64,
+    events: usize,
+    size: usize,
+) -> Result<()> {
+    let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench-archive";
+    let pump = Pump::new(dynamo.clone(), kinesis.clone(), PumpConfig::new(&names.buffer_table, &names.event_table));
+    for (batch, chunk) in (0..events).collect::<Vec<_>>().chunks(PUMP_BATCH).enumerate() {
+        let records: Vec<serde_json::Value> = chunk
+            .iter()
+            .map(|i| {
+                let sequence = format!("4959{:052}", i + 1);
+                serde_json::json!({
+                    "kinesis": {"partitionKey": format!("user-{}", i % 50), "sequenceNumber": sequence,
+                                "data": base64(&payload(*i, size)), "approximateArrivalTimestamp": (t0 + *i as i64) as f64 / 1000.0},
+                    "eventID": format!("shardId-bench{batch:07}:{sequence}"), "eventSourceARN": arn,
+                })
+            })
+            .collect();
+        let event = event_store::pump::parse_kinesis_event(serde_json::json!({ "Records": records }))?;
+        anyhow::ensure!(pump.handle(event).await.batch_item_failures.is_empty(), "pump failed");
+    }
+    let scan = ScanConfig { deadline_margin: Duration::from_secs(30), ..runs::scan_config(names) };
+    let moved: usize =
+        run_scan(dynamo.clone(), kinesis.clone(), scan, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
+            .await
+            .into_iter()
+            .map(|run| run.map(|s| s.moved).unwrap_or(0))
+            .sum();
+    anyhow::ensure!(moved == events, "scan moved {moved} of {events}");
+    Ok(())
 }
 
 /// Reads the window as every reader does (best of the rounds), without putting anything anywhere: events/s.

@@ -7,6 +7,9 @@
 //! container image / GitHub binary (neither reachable here), and
 //! `cargo lambda watch` compiles and starts binaries itself, so it cannot
 //! time a process from its first instruction.
+//!
+//! `cold_starts` runs it for each function against the bench's moto (the
+//! median of `COLD_STARTS` runs), and `markdown` is their table in results.md.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
+use event_store_emulator::resources::{create_streams, create_tables, Names};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -22,6 +26,12 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+/// Cold starts per function (the median is reported).
+pub(crate) const COLD_STARTS: usize = 5;
+
+/// A function's own environment variables.
+type Env<'a> = Vec<(&'a str, &'a str)>;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ColdStart {
@@ -140,4 +150,91 @@ pub async fn measure(binary: &Path, env: &[(String, String)], event: Vec<u8>) ->
         peak_rss_mb: rss.unwrap_or(f64::NAN),
         outcome: s.outcome.clone().unwrap_or_default(),
     })
+}
+
+/// Each function's cold start, the median of `COLD_STARTS` runs, against the bench's moto.
+pub(crate) async fn cold_starts(
+    root: &Path,
+    sdk: &aws_config::SdkConfig,
+    endpoint: &str,
+) -> Result<Vec<(&'static str, ColdStart)>> {
+    let names = Names::for_stack("bench-cold");
+    create_tables(&aws_sdk_dynamodb::Client::new(sdk), &names).await?;
+    create_streams(&aws_sdk_kinesis::Client::new(sdk), &names, 1).await?;
+    // (function, sample event, its environment variables)
+    let functions: [(&str, &str, Env); 4] = [
+        ("load", "load.json", vec![("EVENT_STREAM", &names.event_stream), ("IP_SALT", "bench-salt-not-secret")]),
+        (
+            "pump",
+            "pump.json",
+            vec![("DYNAMO_BUFFER_TABLE", &names.buffer_table), ("DYNAMO_EVENT_TABLE", &names.event_table)],
+        ),
+        (
+            "scan",
+            "scan-segment.json",
+            vec![
+                ("DYNAMO_BUFFER_TABLE", &names.buffer_table),
+                ("DYNAMO_EVENT_TABLE", &names.event_table),
+                ("EVENT_STREAM", &names.event_stream),
+            ],
+        ),
+        (
+            "playback",
+            "playback.json",
+            vec![("DYNAMO_EVENT_TABLE", &names.event_table), ("PLAYBACK_STREAM", &names.playback_stream)],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, event, vars) in functions {
+        let mut env: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "bench"),
+            ("AWS_SECRET_ACCESS_KEY", "bench"),
+            ("AWS_LAMBDA_FUNCTION_NAME", name),
+            ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128"),
+            ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"),
+            ("AWS_LAMBDA_LOG_STREAM_NAME", "bench"),
+            ("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/bench"),
+        ] {
+            env.push((k.to_string(), v.to_string()));
+        }
+        let payload = std::fs::read(root.join("events").join(event))?;
+        let mut runs = Vec::new();
+        for _ in 0..COLD_STARTS {
+            runs.push(measure(&root.join("target/release").join(name), &env, payload.clone()).await?);
+        }
+        let median = |f: fn(&ColdStart) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        out.push((
+            name,
+            ColdStart {
+                init_ms: median(|c| c.init_ms),
+                first_response_ms: median(|c| c.first_response_ms),
+                peak_rss_mb: median(|c| c.peak_rss_mb),
+                outcome: runs.iter().find(|c| c.outcome != "ok").map_or("ok".into(), |c| c.outcome.clone()),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// The cold starts' table in bench/results.md.
+pub(crate) fn markdown(cold: &[(&str, ColdStart)]) -> String {
+    let mut md = format!(
+        "\nCold start of each x86_64 release binary under a minimal Lambda runtime API (median of {COLD_STARTS}; \
+         absolute times, so noisy on a shared machine):\n\n| function | init ms | first response ms | peak RSS MB | outcome |\n|---|---|---|---|---|\n"
+    );
+    for (name, c) in cold {
+        md.push_str(&format!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {} |\n",
+            c.init_ms, c.first_response_ms, c.peak_rss_mb, c.outcome
+        ));
+    }
+    md.push('\n');
+    md
 }

@@ -131,14 +131,48 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
     create_raw_table(&dynamo, raw_table).await?;
     let store = EntityStore::new(dynamo.clone(), names.entity_table.clone());
     let data = json!({"pad": "x".repeat(EVENT_BYTES)});
-    let raw_data = serde_json::to_string(&vec![json!({"id": uuid(), "type": "Moved", "data": data.to_string()})])?;
 
+    let (raw_time, store_time, requests) = appends_across_streams(&dynamo, raw_table, &store, &counter, &data).await?;
+    let appends = STREAMS * ROUNDS;
+    let load_requests = fresh_load(&store, &counter, &data).await?;
+    let (hot_time, hot_conflicts) = hot_stream(&dynamo, &names, &data).await?;
+    let hot_appends = HOT_WRITERS * HOT_APPENDS_EACH;
+
+    let rate = |count: usize, time: Duration| count as f64 / time.as_secs_f64().max(1e-9);
+    let appends_per_second = rate(appends, store_time);
+    let raw_transactions_per_second = rate(appends, raw_time);
+    Ok(EntityFigures {
+        streams: STREAMS,
+        appends,
+        dynamodb_requests_per_append: requests as f64 / appends as f64,
+        dynamodb_requests_per_fresh_load: load_requests as f64,
+        appends_per_second,
+        raw_transactions_per_second,
+        ratio_to_raw: appends_per_second / raw_transactions_per_second,
+        hot_writers: HOT_WRITERS,
+        hot_appends,
+        hot_conflicts,
+        hot_appends_per_second: rate(hot_appends, hot_time),
+    })
+}
+
+/// `ROUNDS` appends to each of `STREAMS` streams, the raw loop's and the
+/// store's in alternating rounds: the time each took, and the store's
+/// DynamoDB requests.
+async fn appends_across_streams(
+    dynamo: &aws_sdk_dynamodb::Client,
+    raw_table: &str,
+    store: &EntityStore,
+    counter: &RequestCounter,
+    data: &serde_json::Value,
+) -> Result<(Duration, Duration, u64)> {
+    let raw_data = serde_json::to_string(&vec![json!({"id": uuid(), "type": "Moved", "data": data.to_string()})])?;
     let (mut raw_time, mut store_time, mut requests) = (Duration::ZERO, Duration::ZERO, 0);
     for round in 0..ROUNDS as u64 {
         let started = Instant::now();
         let results: Vec<Result<()>> = futures::stream::iter(0..STREAMS)
             .map(|k| {
-                let (dynamo, raw_data) = (&dynamo, &raw_data);
+                let raw_data = &raw_data;
                 async move { raw_append(dynamo, raw_table, &format!("s-{k}"), round, raw_data).await }
             })
             .buffer_unordered(CONCURRENCY)
@@ -150,15 +184,9 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
         counter.reset();
         let started = Instant::now();
         let results: Vec<Result<(), EntityError>> = futures::stream::iter(0..STREAMS)
-            .map(|k| {
-                let (store, data) = (&store, &data);
-                async move {
-                    let expected = if round == 0 { Expected::NoStream } else { Expected::Version(round - 1) };
-                    store
-                        .append(&format!("s-{k}"), expected, vec![NewEvent::new("Moved", data.clone())])
-                        .await
-                        .map(|_| ())
-                }
+            .map(|k| async move {
+                let expected = if round == 0 { Expected::NoStream } else { Expected::Version(round - 1) };
+                store.append(&format!("s-{k}"), expected, vec![NewEvent::new("Moved", data.clone())]).await.map(|_| ())
             })
             .buffer_unordered(CONCURRENCY)
             .collect()
@@ -167,8 +195,12 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
         requests += counter.service_total("DynamoDB");
         results.into_iter().collect::<Result<Vec<_>, _>>()?;
     }
-    let appends = STREAMS * ROUNDS;
+    Ok((raw_time, store_time, requests))
+}
 
+/// A fresh snapshot, then three appends: the DynamoDB requests of loading
+/// the entity (one).
+async fn fresh_load(store: &EntityStore, counter: &RequestCounter, data: &serde_json::Value) -> Result<u64> {
     // A fresh snapshot: the load is one request.
     store.save_snapshot("s-0", ROUNDS as u64 - 1, &json!({"moved": ROUNDS})).await?;
     for v in ROUNDS as u64..ROUNDS as u64 + 3 {
@@ -178,8 +210,16 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
     let state = store.state("s-0").await?;
     let load_requests = counter.service_total("DynamoDB");
     anyhow::ensure!(state.events.len() == 3 && state.snapshot.is_some(), "the state after the snapshot");
+    Ok(load_requests)
+}
 
-    // One hot stream, 8 writers with If-Match.
+/// One hot stream, 8 writers with If-Match, no update lost: the time they
+/// took and the conflicts (409) they met.
+async fn hot_stream(
+    dynamo: &aws_sdk_dynamodb::Client,
+    names: &Names,
+    data: &serde_json::Value,
+) -> Result<(Duration, usize)> {
     let hot = Arc::new(EntityStore::new(dynamo.clone(), names.entity_table.clone()));
     hot.append("hot", Expected::NoStream, vec![NewEvent::new("Opened", json!({}))]).await?;
     let started = Instant::now();
@@ -209,23 +249,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
     let hot_appends = HOT_WRITERS * HOT_APPENDS_EACH;
     let final_version = hot.tip("hot").await?.map(|t| t.version).unwrap_or_default();
     anyhow::ensure!(final_version == hot_appends as u64, "no lost update on the hot stream: at {final_version}");
-
-    let rate = |count: usize, time: Duration| count as f64 / time.as_secs_f64().max(1e-9);
-    let appends_per_second = rate(appends, store_time);
-    let raw_transactions_per_second = rate(appends, raw_time);
-    Ok(EntityFigures {
-        streams: STREAMS,
-        appends,
-        dynamodb_requests_per_append: requests as f64 / appends as f64,
-        dynamodb_requests_per_fresh_load: load_requests as f64,
-        appends_per_second,
-        raw_transactions_per_second,
-        ratio_to_raw: appends_per_second / raw_transactions_per_second,
-        hot_writers: HOT_WRITERS,
-        hot_appends,
-        hot_conflicts,
-        hot_appends_per_second: rate(hot_appends, hot_time),
-    })
+    Ok((hot_time, hot_conflicts))
 }
 
 fn uuid() -> String {

@@ -20,7 +20,8 @@ use event_store::load::Load;
 use event_store::log::tiers::Tiers;
 use event_store::playback::Playback;
 use event_store::privacy::keys::Keys;
-use event_store::privacy::{StreamSubjects, SubjectRule, Subjects};
+use event_store::privacy::maker::Maker;
+use event_store::privacy::Subjects;
 use event_store::pump::Pump;
 use event_store::time::{format_ms, now_ms};
 use event_store_emulator::invoke::LocalInvoker;
@@ -31,7 +32,8 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use crate::archive::read_all;
-use crate::{payload, per_second, CONCURRENCY, PUMP_BATCH, USD_PER_MILLION_RRU, USD_PER_MILLION_WRU};
+use crate::measure::{per_second, CONCURRENCY, PUMP_BATCH, STREAM_SHARDS, USD_PER_MILLION_RRU, USD_PER_MILLION_WRU};
+use crate::tracking::payload;
 
 /// KMS, us-east-1: $0.03 per 10,000 requests (aws.amazon.com/kms/pricing; as of 2026-11, not
 /// re-read: no internet on this machine). The key itself, $1 a month, does not grow with events.
@@ -149,6 +151,42 @@ pub async fn run(
     })
 }
 
+/// One run's tables and streams on the bench's moto, and its key store's
+/// requests (the key table's and KMS's) counted.
+struct Stack<'a> {
+    sdk: &'a aws_config::SdkConfig,
+    dynamo: aws_sdk_dynamodb::Client,
+    kinesis: aws_sdk_kinesis::Client,
+    names: Names,
+    /// The key table's and KMS's requests, counted.
+    counter: RequestCounter,
+}
+
+impl<'a> Stack<'a> {
+    /// The tables and streams of the sealed run or of the plain one.
+    async fn create(sdk: &'a aws_config::SdkConfig, sealed: bool) -> Result<Self> {
+        let dynamo = aws_sdk_dynamodb::Client::new(sdk);
+        let kinesis = aws_sdk_kinesis::Client::new(sdk);
+        let names = Names::for_stack(if sealed { "bench-sealed" } else { "bench-plain" });
+        create_tables(&dynamo, &names).await?;
+        create_streams(&kinesis, &names, STREAM_SHARDS).await?;
+        Ok(Self { sdk, dynamo, kinesis, names, counter: RequestCounter::default() })
+    }
+
+    /// A key store whose key-table and KMS requests the counter sees.
+    fn keys(&self) -> Keys {
+        let dynamo = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(self.sdk).interceptor(self.counter.clone()).build(),
+        );
+        let kms = aws_sdk_kms::Client::from_conf(
+            aws_sdk_kms::config::Builder::from(self.sdk).interceptor(self.counter.clone()).build(),
+        );
+        Keys::new(dynamo, kms, self.names.key_table.clone())
+    }
+}
+
+/// One run, sealed or not: the subjects' keys made (sealed only), then load,
+/// the pump, the scan, playback and the window read alone, each timed.
 async fn one(
     root: &std::path::Path,
     sdk: &aws_config::SdkConfig,
@@ -157,60 +195,86 @@ async fn one(
     subjects_count: usize,
     sealed: bool,
 ) -> Result<Run> {
-    let dynamo = aws_sdk_dynamodb::Client::new(sdk);
-    let kinesis = aws_sdk_kinesis::Client::new(sdk);
-    let names = Names::for_stack(if sealed { "bench-sealed" } else { "bench-plain" });
-    create_tables(&dynamo, &names).await?;
-    create_streams(&kinesis, &names, crate::STREAM_SHARDS).await?;
-    // The key table's and KMS's requests, counted.
-    let counter = RequestCounter::default();
-    let keys = || {
-        let dynamo = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(sdk).interceptor(counter.clone()).build(),
-        );
-        let kms = aws_sdk_kms::Client::from_conf(
-            aws_sdk_kms::config::Builder::from(sdk).interceptor(counter.clone()).build(),
-        );
-        Keys::new(dynamo, kms, names.key_table.clone())
-    };
-    let kms_key = create_subject_key(&aws_sdk_kms::Client::new(sdk), &names.subject_key_alias).await?;
+    let stack = Stack::create(sdk, sealed).await?;
+    let kms_key = create_subject_key(&aws_sdk_kms::Client::new(sdk), &stack.names.subject_key_alias).await?;
     let mut load = Load::new(
-        kinesis.clone(),
-        LoadConfig { max_event_bytes: 4 * size, ..LoadConfig::new(names.event_stream.clone()) },
+        stack.kinesis.clone(),
+        LoadConfig { max_event_bytes: 4 * size, ..LoadConfig::new(stack.names.event_stream.clone()) },
     );
     let mut keys_made = 0.0;
     if sealed {
-        let config = SubjectsConfig {
-            key_table: names.key_table.clone(),
-            key_function: None,
-            kms_key: Some(kms_key),
-            hash_key: Some("bench-subject-hash-key-not-a-secret-at-all".into()),
-            rule: SubjectRule::EntityId,
-            streams: StreamSubjects::None,
-            cache: event_store::privacy::keys::DEFAULT_CACHE,
-        };
-        let writer = Arc::new(keys().sealing_with(config.kms_key.clone()));
-        let subjects = Subjects::new(writer.clone(), &config)?;
-        // The subjects' keys, made before the timed run (as the first events of each made them).
-        let started = Instant::now();
-        let made = futures::stream::iter((0..subjects_count).map(|s| subjects.hash(&format!("user-{s}"))))
-            .map(|hash| {
-                let writer = writer.clone();
-                async move { writer.sealing_key(&hash).await.map(drop) }
-            })
-            .buffer_unordered(16)
-            .collect::<Vec<_>>()
-            .await;
-        made.into_iter().collect::<event_store::Result<()>>()?;
-        keys_made = per_second(subjects_count, started.elapsed());
+        let (subjects, made) = make_subject_keys(&stack, kms_key, subjects_count).await?;
+        keys_made = made;
         load = load.with_subjects(Some(subjects));
     }
 
     // load: POST /events of 100 events each, 8 in flight.
+    let requests = post_requests(root, events, size, subjects_count)?;
+    let start = now_ms() - 1;
+    let load_eps = measure_load(&load, requests, events).await?;
+    let (record_bytes, pump_eps) = measure_pump(&stack, events).await?;
+    let end = now_ms();
+    scan_events(&stack, events).await?;
+    let write_units = write_units(&stack.dynamo, &stack.names.event_table).await? / events as f64;
+
+    // One reader's keys for every round: the first round unwraps them (cold), the next finds them cached.
+    let reader_keys = sealed.then(|| Arc::new(stack.keys()));
+    let (playback_eps, playback_cold, keys_used) =
+        measure_playback(&stack, reader_keys.clone(), (start, end), events).await?;
+    let (read, read_cold) = measure_reads(&stack, reader_keys, sealed, (start, end), events).await?;
+    Ok(Run {
+        keys_made,
+        playback_cold,
+        load: load_eps,
+        pump: pump_eps,
+        playback: playback_eps,
+        read,
+        read_cold,
+        record_bytes,
+        write_units,
+        keys: keys_used,
+    })
+}
+
+/// The subjects' keys, made before the timed run (as the first events of each
+/// made them), 16 at once: the subjects sealing with them, and keys made per second.
+async fn make_subject_keys(stack: &Stack<'_>, kms_key: String, subjects_count: usize) -> Result<(Subjects, f64)> {
+    let config = SubjectsConfig {
+        key_table: stack.names.key_table.clone(),
+        key_function: None,
+        kms_key: Some(kms_key),
+        hash_key: Some("bench-subject-hash-key-not-a-secret-at-all".into()),
+        subject_from: Some("EntityId".into()),
+        stream_subjects: None,
+        cache: event_store::privacy::keys::DEFAULT_CACHE,
+    };
+    let writer = Arc::new(stack.keys().made_by(config.kms_key.clone().map(Maker::Kms)));
+    let subjects = Subjects::new(writer.clone(), &config)?;
+    let started = Instant::now();
+    let made = futures::stream::iter((0..subjects_count).map(|s| format!("user-{s}")))
+        .map(|id| {
+            let subjects = &subjects;
+            async move { subjects.warm(&id).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    made.into_iter().collect::<event_store::Result<()>>()?;
+    Ok((subjects, per_second(subjects_count, started.elapsed())))
+}
+
+/// `POST /events` requests of `PER_POST` events each, their `EntityId`s
+/// spread over `subjects_count` subjects.
+fn post_requests(
+    root: &std::path::Path,
+    events: usize,
+    size: usize,
+    subjects_count: usize,
+) -> Result<Vec<lambda_http::Request>> {
     let template: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("events/load-post-events.json"))?)?;
-    let requests: Vec<lambda_http::Request> = (0..events)
-        .collect::<Vec<_>>()
+    let indices: Vec<usize> = (0..events).collect();
+    indices
         .chunks(PER_POST)
         .map(|chunk| {
             let posted: Vec<serde_json::Value> = chunk
@@ -225,8 +289,11 @@ async fn one(
             request["body"] = serde_json::json!(serde_json::Value::Array(posted).to_string());
             lambda_http::request::from_str(&request.to_string()).map_err(anyhow::Error::from)
         })
-        .collect::<Result<_>>()?;
-    let start = now_ms() - 1;
+        .collect()
+}
+
+/// load: the requests, `CONCURRENCY` in flight, every one accepted; events/s.
+async fn measure_load(load: &Load, requests: Vec<lambda_http::Request>, events: usize) -> Result<f64> {
     let started = Instant::now();
     let refused = futures::stream::iter(requests)
         .map(|request| load.handle(request))
@@ -235,10 +302,14 @@ async fn one(
         .count()
         .await;
     anyhow::ensure!(refused == 0, "load refused {refused} requests");
-    let load_eps = per_second(events, started.elapsed());
+    Ok(per_second(events, started.elapsed()))
+}
 
-    // pump: Lambda-shaped batches of the stream's records, 8 in flight.
-    let records = read_stream(&kinesis, &names.event_stream).await?;
+/// pump: Lambda-shaped batches of the stream's records, 8 in flight. The
+/// records' bytes per event, and the pump's events/s.
+async fn measure_pump(stack: &Stack<'_>, events: usize) -> Result<(f64, f64)> {
+    let (dynamo, kinesis, names) = (&stack.dynamo, &stack.kinesis, &stack.names);
+    let records = read_stream(kinesis, &names.event_stream).await?;
     anyhow::ensure!(records.len() == events, "{} records of {events}", records.len());
     let record_bytes = records.iter().map(|(_, r)| r.data().as_ref().len()).sum::<usize>() as f64 / events as f64;
     let arn = format!("arn:aws:kinesis:us-east-1:123456789012:stream/{}", names.event_stream);
@@ -260,36 +331,46 @@ async fn one(
         .into_iter()
         .sum();
     anyhow::ensure!(failures == 0, "pump failed {failures} records");
-    let pump_eps = per_second(events, started.elapsed());
-    let end = now_ms();
+    Ok((record_bytes, per_second(events, started.elapsed())))
+}
+
+/// The scan, a second after the pump's last write: every event moved onto the event table.
+async fn scan_events(stack: &Stack<'_>, events: usize) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let scan = ScanConfig {
         segments: 1,
         watermark_lag_ms: 0,
         deadline_margin: Duration::from_secs(30),
-        ..runs::scan_config(&names)
+        ..runs::scan_config(&stack.names)
     };
-    let moved: usize =
-        run_scan(dynamo.clone(), kinesis.clone(), scan, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
-            .await
-            .into_iter()
-            .map(|run| run.map(|s| s.moved).unwrap_or(0))
-            .sum();
+    let (dynamo, kinesis) = (stack.dynamo.clone(), stack.kinesis.clone());
+    let moved: usize = run_scan(dynamo, kinesis, scan, serde_json::json!({}), deadline_in(Duration::from_secs(900)))
+        .await
+        .into_iter()
+        .map(|run| run.map(|s| s.moved).unwrap_or(0))
+        .sum();
     anyhow::ensure!(moved == events, "scan moved {moved} of {events}");
-    let write_units = write_units(&dynamo, &names.event_table).await? / events as f64;
+    Ok(())
+}
 
-    // playback: the window onto the playback stream (best of the rounds), each round with a cold key cache.
+/// playback: the window onto the playback stream (best of the rounds), every
+/// round with the same reader's keys. The best events/s, the first round's
+/// (its key cache cold), and the keys' requests by the end of the first round.
+async fn measure_playback(
+    stack: &Stack<'_>,
+    reader_keys: Option<Arc<Keys>>,
+    (start, end): (i64, i64),
+    events: usize,
+) -> Result<(f64, f64, BTreeMap<String, u64>)> {
     let window = serde_json::json!({"start": format_ms(start), "end": format_ms(end + 1), "restart": true});
-    let config = PlaybackConfig { deadline_margin: Duration::from_secs(30), ..runs::playback_config(&names) };
+    let config = PlaybackConfig { deadline_margin: Duration::from_secs(30), ..runs::playback_config(&stack.names) };
     let (mut playback_eps, mut playback_cold) = (0.0f64, 0.0f64);
     let mut keys_used = BTreeMap::new();
-    // One reader's keys for every round: the first round unwraps them (cold), the next finds them cached.
-    let reader_keys = sealed.then(|| Arc::new(keys()));
     for round in 0..ROUNDS {
         let (invoker, _rx) = LocalInvoker::channel();
         let reader = reader_keys.clone();
-        let playback =
-            Playback::new(dynamo.clone(), kinesis.clone(), config.clone(), Arc::new(invoker)).with_keys(reader);
+        let playback = Playback::new(stack.dynamo.clone(), stack.kinesis.clone(), config.clone(), Arc::new(invoker))
+            .with_keys(reader);
         let started = Instant::now();
         let summary = playback.handle(window.clone(), SystemTime::now() + Duration::from_secs(900)).await?;
         anyhow::ensure!(summary.events == events, "played {} of {events}", summary.events);
@@ -297,29 +378,29 @@ async fn one(
         if round == 0 {
             playback_cold = per_second(events, started.elapsed());
             // The writer's requests and one reader's: the other rounds read the same keys again.
-            keys_used = counter.snapshot();
+            keys_used = stack.counter.snapshot();
         }
     }
+    Ok((playback_eps, playback_cold, keys_used))
+}
+
+/// The window read alone (no puts), events/s: by the playbacks' reader, its
+/// keys cached, and by a reader of its own each round, its key cache empty.
+async fn measure_reads(
+    stack: &Stack<'_>,
+    reader_keys: Option<Arc<Keys>>,
+    sealed: bool,
+    (start, end): (i64, i64),
+    events: usize,
+) -> Result<(f64, f64)> {
     let tiers = || Tiers::new(None).with_keys(reader_keys.clone());
     // From the slot that holds `start` (the index is read by slot).
     let slots = (start - start.rem_euclid(1000), end + 1);
-    let read = read_all(&dynamo, &names.event_table, &tiers, slots, events).await?;
+    let read = read_all(&stack.dynamo, &stack.names.event_table, &tiers, slots, events).await?;
     // Each round a reader of its own, its key cache empty.
-    let cold_tiers = || Tiers::new(None).with_keys(sealed.then(|| Arc::new(keys())));
-    let read_cold = read_all(&dynamo, &names.event_table, &cold_tiers, slots, events).await?;
-    let (load, pump, playback) = (load_eps, pump_eps, playback_eps);
-    Ok(Run {
-        keys_made,
-        playback_cold,
-        load,
-        pump,
-        playback,
-        read,
-        read_cold,
-        record_bytes,
-        write_units,
-        keys: keys_used,
-    })
+    let cold_tiers = || Tiers::new(None).with_keys(sealed.then(|| Arc::new(stack.keys())));
+    let read_cold = read_all(&stack.dynamo, &stack.names.event_table, &cold_tiers, slots, events).await?;
+    Ok((read, read_cold))
 }
 
 /// The event table's write units: its items rounded up to KB each (the bookkeeping partition left out).

@@ -20,7 +20,7 @@ use event_store::log::PlayedEvent;
 use event_store::scan::plan::{event_chunks, Moving};
 use futures::StreamExt;
 
-use crate::CONCURRENCY;
+use crate::measure::CONCURRENCY;
 
 type Item = HashMap<String, AttributeValue>;
 

@@ -23,10 +23,10 @@ mod playback;
 mod privacy;
 mod redrive;
 mod render;
+mod stack;
 mod streams;
 mod subscription;
 mod tail;
-mod target;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -34,7 +34,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use event_store::status::{self, Clients, Limits};
 
-use crate::target::Target;
+use crate::stack::Stack;
 
 #[derive(Parser)]
 #[command(name = "event-store", about = "One command for the local event store and a deployed one")]
@@ -135,22 +135,22 @@ async fn run(cli: Cli) -> Exit {
         Ok(verb) => verb,
         Err(err) => return fail(&err, Exit::BadUsage),
     };
-    let target = match &cli.stack {
-        Some(name) if !cli.local => target::stack(name).await,
-        _ => target::local().await,
+    let stack = match &cli.stack {
+        Some(name) if !cli.local => stack::deployed(name).await,
+        _ => stack::local().await,
     };
-    let target = match target {
-        Ok(target) => target,
+    let stack = match stack {
+        Ok(stack) => stack,
         Err(err) => return fail(&err, Exit::NoStore),
     };
     match verb {
-        Verb::Status { stall_after } => status(&target, stall_after, cli.json).await,
-        Verb::Playback(request) => play(&target, request, cli.json).await,
-        Verb::Redrive(choice) if target.stack.is_none() && !choice.names_a_queue() => {
+        Verb::Status { stall_after } => status(&stack, stall_after, cli.json).await,
+        Verb::Playback(request) => play(&stack, request, cli.json).await,
+        Verb::Redrive(choice) if stack.name.is_none() && !choice.names_a_queue() => {
             fail(&"the local stack has no dead-letter queues of its own: name one with --queue URL", Exit::BadUsage)
         }
         Verb::Redrive(choice) => {
-            let results = redrive::redrive(&target, choice).await;
+            let results = redrive::redrive(&stack, choice).await;
             redrive::report(&results, cli.json);
             if results.iter().any(|(_, _, drained)| drained.is_err()) {
                 Exit::StoreError
@@ -161,11 +161,11 @@ async fn run(cli: Cli) -> Exit {
                 Exit::Done
             }
         }
-        Verb::Subscription(request) => manage(&target, request).await,
-        Verb::Tail { from, filters, count } => tail(&target, from, &filters, count).await,
-        Verb::Streams { url, call } => stream_call(&target, url, call, cli.json).await,
-        Verb::Verify { from, to } => verify(&target, from, to, cli.json).await,
-        Verb::Forget { subject } => forget(&target, &subject, cli.json).await,
+        Verb::Subscription(request) => manage(&stack, request).await,
+        Verb::Tail { from, filters, count } => tail(&stack, from, &filters, count).await,
+        Verb::Streams { url, call } => stream_call(&stack, url, call, cli.json).await,
+        Verb::Verify { from, to } => verify(&stack, from, to, cli.json).await,
+        Verb::Forget { subject } => forget(&stack, &subject, cli.json).await,
     }
 }
 
@@ -224,71 +224,67 @@ fn settings_from_env() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn manage(target: &Target, request: event_store::subscription::Manage) -> Exit {
-    if target.stack.is_some() && target.subscriptions_function.is_none() {
-        let err = format!("{}: no SubscriptionsFunctionName output (deploy the current template)", target.label);
+async fn manage(stack: &Stack, request: event_store::subscription::Manage) -> Exit {
+    if stack.name.is_some() && stack.subscriptions_function.is_none() {
+        let err = format!("{}: no SubscriptionsFunctionName output (deploy the current template)", stack.label);
         return fail(&err, Exit::NoStore);
     }
-    match subscription::manage(target, request).await {
+    match subscription::manage(stack, request).await {
         Ok(answer) => {
             // A closed stdout (`| head`) is no failure of the action, which is done.
             let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
             Exit::Done
         }
-        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+        Err(err) => fail(&err.context(stack.label.clone()), Exit::StoreError),
     }
 }
 
-async fn play(target: &Target, request: event_store::playback::PlaybackRequest, json: bool) -> Exit {
-    let played = match (&target.stack, &target.playback_function) {
-        (Some(_), Some(function)) => playback::deployed(target, function, request, json).await,
+async fn play(stack: &Stack, request: event_store::playback::PlaybackRequest, json: bool) -> Exit {
+    let played = match (&stack.name, &stack.playback_function) {
+        (Some(_), Some(function)) => playback::deployed(stack, function, request, json).await,
         (Some(_), None) => {
-            let err = format!("{}: no PlaybackFunctionName output (deploy the current template)", target.label);
+            let err = format!("{}: no PlaybackFunctionName output (deploy the current template)", stack.label);
             return fail(&err, Exit::NoStore);
         }
-        (None, _) => playback::local(target, request, json).await,
+        (None, _) => playback::local(stack, request, json).await,
     };
     match played {
         Ok(playback::Ended::Done) => Exit::Done,
         Ok(playback::Ended::NotDone) => Exit::NeedsAHand,
         // The function's own refusal of the request (an id bound to another window, say): nothing was played.
-        Err(err) if bad_input(&err) => fail(&err.context(target.label.clone()), Exit::BadUsage),
-        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+        Err(err) if bad_input(&err) => fail(&err.context(stack.label.clone()), Exit::BadUsage),
+        Err(err) => fail(&err.context(stack.label.clone()), Exit::StoreError),
     }
 }
 
-async fn tail(target: &Target, from: i64, filters: &[event_store::log::Filter], count: Option<u64>) -> Exit {
-    let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
-    eprintln!(
-        "following the sealed log of {} from {} (Ctrl-C stops)",
-        target.label,
-        event_store::time::format_ms(from)
-    );
+async fn tail(stack: &Stack, from: i64, filters: &[event_store::log::Filter], count: Option<u64>) -> Exit {
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
+    eprintln!("following the sealed log of {} from {} (Ctrl-C stops)", stack.label, event_store::time::format_ms(from));
     let stop = async {
         // Without a Ctrl-C handler, follow until --count or a closed stdout.
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
     };
-    match tail::tail(&dynamo, target.tiers(), &target.resources.event_table, from, filters, count, stop).await {
+    match tail::tail(&dynamo, stack.tiers(), &stack.resources.event_table, from, filters, count, stop).await {
         Ok(printed) => {
             eprintln!("{printed} events");
             Exit::Done
         }
-        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+        Err(err) => fail(&err.context(stack.label.clone()), Exit::StoreError),
     }
 }
 
-async fn verify(target: &Target, from: i64, to: i64, json: bool) -> Exit {
-    let Some(bucket) = target.archive() else {
-        let err = format!("{}: no archive (HotRetentionDays 0 keeps every event in DynamoDB)", target.label);
+async fn verify(stack: &Stack, from: i64, to: i64, json: bool) -> Exit {
+    let Some(bucket) = stack.archive() else {
+        let err = format!("{}: no archive (HotRetentionDays 0 keeps every event in DynamoDB)", stack.label);
         return fail(&err, Exit::BadUsage);
     };
-    let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
     let verified =
-        match event_store::archive::audit::verify(&dynamo, &target.resources.event_table, &bucket, from, to).await {
+        match event_store::archive::audit::verify(&dynamo, &stack.resources.event_table, &bucket, from, to).await {
             Ok(verified) => verified,
-            Err(err) => return fail(&anyhow::Error::from(err).context(target.label.clone()), Exit::StoreError),
+            Err(err) => return fail(&anyhow::Error::from(err).context(stack.label.clone()), Exit::StoreError),
         };
     let line = if json {
         serde_json::to_string(&verified).unwrap_or_default()
@@ -302,10 +298,10 @@ async fn verify(target: &Target, from: i64, to: i64, json: bool) -> Exit {
         match &verified.first_break {
             None => format!(
                 "archive of {}: {} objects ({} events){span} verified: the chain is intact",
-                target.label, verified.entries, verified.events
+                stack.label, verified.entries, verified.events
             ),
             Some(broken) => {
-                format!("archive of {}: BROKEN after {} good objects: {broken}", target.label, verified.entries)
+                format!("archive of {}: BROKEN after {} good objects: {broken}", stack.label, verified.entries)
             }
         }
     };
@@ -317,7 +313,7 @@ async fn verify(target: &Target, from: i64, to: i64, json: bool) -> Exit {
     }
 }
 
-async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
+async fn status(stack: &Stack, stall_after: Option<u32>, json: bool) -> Exit {
     let limits = match stall_after {
         Some(s) => {
             let ms = i64::from(s) * 1000;
@@ -326,21 +322,21 @@ async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
         None => Limits::default(),
     };
     let clients = Clients {
-        dynamo: aws_sdk_dynamodb::Client::new(&target.sdk),
-        kinesis: aws_sdk_kinesis::Client::new(&target.sdk),
-        sqs: aws_sdk_sqs::Client::new(&target.sdk),
+        dynamo: aws_sdk_dynamodb::Client::new(&stack.sdk),
+        kinesis: aws_sdk_kinesis::Client::new(&stack.sdk),
+        sqs: aws_sdk_sqs::Client::new(&stack.sdk),
     };
     let now = event_store::time::now_ms();
-    let status = match status::gather(&clients, &target.resources, &limits, now).await {
+    let status = match status::gather(&clients, &stack.resources, &limits, now).await {
         Ok(status) => status,
-        Err(err) => return fail(&anyhow::Error::new(err).context(target.label.clone()), Exit::StoreError),
+        Err(err) => return fail(&anyhow::Error::new(err).context(stack.label.clone()), Exit::StoreError),
     };
     if json {
         let mut value = serde_json::to_value(&status).unwrap_or_default();
-        value["target"] = target.label.clone().into();
+        value["target"] = stack.label.clone().into();
         let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&value).unwrap_or_default());
     } else {
-        let screen = render::status(&target.label, &status, &render::Paint(std::io::stdout().is_terminal()));
+        let screen = render::status(&stack.label, &status, &render::Paint(std::io::stdout().is_terminal()));
         // Ignored like the others: a closed stdout (`| head`) leaves the exit code to the verdict.
         let _ = write!(std::io::stdout(), "{screen}");
     }
@@ -351,25 +347,25 @@ async fn status(target: &Target, stall_after: Option<u32>, json: bool) -> Exit {
     }
 }
 
-async fn stream_call(target: &Target, url: Option<reqwest::Url>, call: streams::Call, json: bool) -> Exit {
+async fn stream_call(stack: &Stack, url: Option<reqwest::Url>, call: streams::Call, json: bool) -> Exit {
     let given = url.is_some();
-    let base = match url.map(Ok).or_else(|| target.streams_url.as_deref().map(streams::base_url)) {
+    let base = match url.map(Ok).or_else(|| stack.streams_url.as_deref().map(streams::base_url)) {
         Some(Ok(base)) => base,
-        Some(Err(err)) => return fail(&err.context(target.label.clone()), Exit::NoStore),
+        Some(Err(err)) => return fail(&err.context(stack.label.clone()), Exit::NoStore),
         None => {
-            let err = format!("{}: no StreamsUrl output (deploy the current template, or give --url)", target.label);
+            let err = format!("{}: no StreamsUrl output (deploy the current template, or give --url)", stack.label);
             return fail(&err, Exit::NoStore);
         }
     };
     // Only a deployed API checks signatures; the local server takes none.
-    let signer = target.stack.as_ref().map(|_| &target.sdk);
+    let signer = stack.name.as_ref().map(|_| &stack.sdk);
     let answer = match streams::send(&base, call, signer).await {
         Ok(answer) => answer,
         Err(err) => {
-            let hint = if target.stack.is_none() && !given { " (is `make local` running with this PORT?)" } else { "" };
+            let hint = if stack.name.is_none() && !given { " (is `make local` running with this PORT?)" } else { "" };
             return match err.downcast_ref::<streams::Unreachable>() {
                 Some(unreachable) => fail(&format!("{unreachable}{hint}"), Exit::NoStore),
-                None => fail(&err.context(target.label.clone()), Exit::StoreError),
+                None => fail(&err.context(stack.label.clone()), Exit::StoreError),
             };
         }
     };
@@ -398,8 +394,8 @@ async fn stream_call(target: &Target, url: Option<reqwest::Url>, call: streams::
     }
 }
 
-async fn forget(target: &Target, subject: &str, json: bool) -> Exit {
-    match privacy::forget(target, subject).await {
+async fn forget(stack: &Stack, subject: &str, json: bool) -> Exit {
+    match privacy::forget(stack, subject).await {
         Ok(answer) => {
             if json {
                 let _ = writeln!(std::io::stdout(), "{answer}");
@@ -412,8 +408,8 @@ async fn forget(target: &Target, subject: &str, json: bool) -> Exit {
                 Exit::Done
             }
         }
-        Err(err) if bad_input(&err) => fail(&err.context(target.label.clone()), Exit::BadUsage),
-        Err(err) => fail(&err.context(target.label.clone()), Exit::StoreError),
+        Err(err) if bad_input(&err) => fail(&err.context(stack.label.clone()), Exit::BadUsage),
+        Err(err) => fail(&err.context(stack.label.clone()), Exit::StoreError),
     }
 }
 

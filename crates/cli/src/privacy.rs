@@ -9,16 +9,16 @@ use event_store::config::PrivacyConfig;
 use event_store::privacy::manage::Privacy;
 use serde_json::{json, Value};
 
-use crate::target::Target;
+use crate::stack::Stack;
 
 /// Forgets `subject` on `target`; the function's answer.
-pub async fn forget(target: &Target, subject: &str) -> Result<Value> {
-    let payload = json!({ "action": "forget", "subject": subject, "by": caller(target).await });
-    match (&target.stack, &target.privacy_function) {
-        (Some(_), Some(function)) => crate::subscription::invoke(target, function, payload).await,
+pub async fn forget(stack: &Stack, subject: &str) -> Result<Value> {
+    let payload = json!({ "action": "forget", "subject": subject, "by": caller(stack).await });
+    match (&stack.name, &stack.privacy_function) {
+        (Some(_), Some(function)) => crate::subscription::invoke(stack, function, payload).await,
         (Some(_), None) => anyhow::bail!("no PrivacyFunctionName output (deploy the current template)"),
         (None, _) => {
-            let key_table = target.key_table.clone().context("this stack has no key table")?;
+            let key_table = stack.key_table.clone().context("this stack has no key table")?;
             // The local stack's secret, as `make local` sets it.
             let hash_key = std::env::var("SUBJECT_HASH_KEY")
                 .ok()
@@ -26,7 +26,7 @@ pub async fn forget(target: &Target, subject: &str) -> Result<Value> {
                 .unwrap_or_else(|| event_store_emulator::resources::LOCAL_SUBJECT_HASH_KEY.to_owned());
             let config = PrivacyConfig { key_table: key_table.clone(), hash_key };
             let privacy = Privacy::new(
-                event_store::privacy::key_store(&target.sdk, event_store::privacy::KeyStore::reading(key_table)),
+                event_store::privacy::key_store(&stack.sdk, event_store::privacy::KeyStore::reading(key_table)),
                 &config,
             );
             Ok(privacy.handle(payload).await?)
@@ -35,11 +35,11 @@ pub async fn forget(target: &Target, subject: &str) -> Result<Value> {
 }
 
 /// Who asks: the caller's ARN on a deployed stack (CloudTrail has the invocation too), else the local user.
-async fn caller(target: &Target) -> String {
-    if target.stack.is_none() {
+async fn caller(stack: &Stack) -> String {
+    if stack.name.is_none() {
         return format!("local:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
     }
-    match aws_sdk_sts::Client::new(&target.sdk).get_caller_identity().send().await {
+    match aws_sdk_sts::Client::new(&stack.sdk).get_caller_identity().send().await {
         Ok(identity) => identity.arn().unwrap_or("unknown").to_owned(),
         Err(_) => "unknown (see CloudTrail)".into(),
     }

@@ -14,7 +14,7 @@ use event_store::pump::Pump;
 use event_store::queue::{drain_with, Drained};
 use serde_json::{json, Value};
 
-use crate::target::Target;
+use crate::stack::Stack;
 
 /// Which queues, as command-line arguments.
 #[derive(clap::Args)]
@@ -78,12 +78,12 @@ impl Choice {
 pub type Redriven = (Kind, String, Result<Drained>);
 
 /// Drains each chosen queue, one after the other whatever the last one gave.
-pub async fn redrive(target: &Target, choice: Choice) -> Vec<Redriven> {
+pub async fn redrive(stack: &Stack, choice: Choice) -> Vec<Redriven> {
     let mut out = Vec::new();
     for kind in choice.kinds {
         let queue = match &choice.queue {
             Some(url) => url.clone(),
-            None => match target.resources.queues.iter().find(|(what, _)| what == kind.queue_name()) {
+            None => match stack.resources.queues.iter().find(|(what, _)| what == kind.queue_name()) {
                 Some((_, url)) => url.clone(),
                 None => {
                     let missing = anyhow!("no {} among the stack's outputs", kind.queue_name());
@@ -92,33 +92,33 @@ pub async fn redrive(target: &Target, choice: Choice) -> Vec<Redriven> {
                 }
             },
         };
-        let drained = drain(target, kind, &queue).await;
+        let drained = drain(stack, kind, &queue).await;
         out.push((kind, queue, drained));
     }
     out
 }
 
-async fn drain(target: &Target, kind: Kind, queue: &str) -> Result<Drained> {
-    let sdk = &target.sdk;
+async fn drain(stack: &Stack, kind: Kind, queue: &str) -> Result<Drained> {
+    let sdk = &stack.sdk;
     let (sqs, kinesis, dynamo) =
         (aws_sdk_sqs::Client::new(sdk), aws_sdk_kinesis::Client::new(sdk), aws_sdk_dynamodb::Client::new(sdk));
     Ok(match kind {
         Kind::Pump => {
-            let buffer = target.buffer_table.as_deref().ok_or_else(|| anyhow!("no BufferTableName output"))?;
-            let table = &target.resources.event_table;
+            let buffer = stack.buffer_table.as_deref().ok_or_else(|| anyhow!("no BufferTableName output"))?;
+            let table = &stack.resources.event_table;
             // As the pump runs: the table's slot size, and the entity table (to drop copies of entity events).
             let config = PumpConfig {
                 time_unit_ms: settings::time_unit(&dynamo, table).await?.unwrap_or(DEFAULT_TIME_UNIT_MS),
-                entity_table: target.entity_table.clone(),
+                entity_table: stack.entity_table.clone(),
                 ..PumpConfig::new(buffer, table)
             };
             let pump = Pump::new(dynamo, kinesis.clone(), config);
             drain_queue(&sqs, queue, &kinesis, &pump).await?
         }
         Kind::Relay => {
-            let entity_table = target.entity_table.clone().ok_or_else(|| anyhow!("no EntityTableName output"))?;
+            let entity_table = stack.entity_table.clone().ok_or_else(|| anyhow!("no EntityTableName output"))?;
             let config = RelayConfig {
-                event_stream: target.resources.event_stream.clone(),
+                event_stream: stack.resources.event_stream.clone(),
                 entity_table,
                 // A stream that fails again stays held; its message stays in the queue.
                 dead_letter_queue: None,

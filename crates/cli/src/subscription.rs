@@ -18,7 +18,7 @@ use event_store::subscription::{Manage, NewSubscription, OnPoison, Subscriptions
 use event_store_emulator::invoke::{recursive_loop, LocalInvoker};
 use serde_json::Value;
 
-use crate::target::Target;
+use crate::stack::Stack;
 
 /// The subscription actions, as command-line arguments.
 #[derive(Subcommand)]
@@ -138,21 +138,21 @@ impl Action {
 pub struct Refused(pub String);
 
 /// Runs `request` against `target`; its answer.
-pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
+pub async fn manage(stack: &Stack, request: Manage) -> Result<Value> {
     let payload = serde_json::to_value(&request)?;
-    match &target.subscriptions_function {
-        Some(function) => invoke(target, function, payload).await,
+    match &stack.subscriptions_function {
+        Some(function) => invoke(stack, function, payload).await,
         None => {
-            let mut config = SubscriptionConfig::for_table(target.resources.event_table.clone())?;
-            let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
+            let mut config = SubscriptionConfig::for_table(stack.resources.event_table.clone())?;
+            let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
             // The slot size the stack recorded, whatever this shell's TIME_UNIT says (every action
             // checks it); on a store no stage has started yet, the environment's, as `make local`'s.
-            if let Some(unit) = settings::time_unit(&dynamo, &target.resources.event_table).await? {
+            if let Some(unit) = settings::time_unit(&dynamo, &stack.resources.event_table).await? {
                 config.time_unit_ms = unit;
             }
             // Runners a reset or resume asks for are started by the running stack's next tick.
             let (invoker, _) = LocalInvoker::with_recursion(recursive_loop("SubscriptionsFunction"));
-            let sdk = &target.sdk;
+            let sdk = &stack.sdk;
             let subscriptions = Subscriptions::new(
                 dynamo,
                 aws_sdk_kinesis::Client::new(sdk),
@@ -160,8 +160,8 @@ pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
                 config,
                 Arc::new(invoker),
             )
-            .with_archive(target.archive())
-            .with_keys(target.keys());
+            .with_archive(stack.archive())
+            .with_keys(stack.keys());
             let answer = subscriptions.handle(payload, SystemTime::now() + Duration::from_secs(900)).await;
             Ok(answer.map_err(|e| Refused(e.to_string()))?.to_json()?)
         }
@@ -169,8 +169,8 @@ pub async fn manage(target: &Target, request: Manage) -> Result<Value> {
 }
 
 /// The deployed function, invoked and waited for.
-pub(crate) async fn invoke(target: &Target, function: &str, payload: Value) -> Result<Value> {
-    let out = aws_sdk_lambda::Client::new(&target.sdk)
+pub(crate) async fn invoke(stack: &Stack, function: &str, payload: Value) -> Result<Value> {
+    let out = aws_sdk_lambda::Client::new(&stack.sdk)
         .invoke()
         .function_name(function)
         .payload(Blob::new(serde_json::to_vec(&payload)?))

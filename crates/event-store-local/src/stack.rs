@@ -166,13 +166,13 @@ impl Stack {
             load: {
                 let config = LoadConfig::from_env()?;
                 let subjects = Subjects::configured(&event_store::aws_config().await, config.subjects.as_ref())?;
-                Load::new(self.kinesis.clone(), config).with_bucket(Some(self.archive.clone())).with_subjects(subjects)
+                Load::new(self.kinesis.clone(), config).with_archive(Some(self.archive.clone())).with_subjects(subjects)
             },
             streams: StreamsApi::new({
                 let config = StreamsConfig::from_env()?;
                 let subjects = Subjects::configured(&event_store::aws_config().await, config.subjects.as_ref())?;
                 EntityStore::new(self.dynamo.clone(), names.entity_table.clone())
-                    .with_bucket(Some(self.archive.clone()), config.inline_max_bytes)
+                    .with_archive(Some(self.archive.clone()), config.inline_max_bytes)
                     .with_subjects(subjects)
             }),
             glance: crate::glance::Glance {

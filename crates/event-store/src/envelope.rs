@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::config::IpMode;
 use crate::crypto::Sealed;
 use crate::error::{Error, Result};
-use crate::payload::PayloadRef;
+use crate::offload::OffloadRef;
 
 /// Query parameter or body field naming the entity an event belongs to; it
 /// becomes the Kinesis partition key, so one entity's events stay in order.
@@ -135,9 +135,9 @@ pub struct Envelope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<Value>,
     /// In place of `body`, when it was larger than `INLINE_MAX_BYTES`: where
-    /// it is stored ([`crate::payload`]); readers put it back.
+    /// it is stored ([`crate::offload`]); readers put it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub body_ref: Option<PayloadRef>,
+    pub body_ref: Option<OffloadRef>,
     /// The event's data subject, as a keyed hash ([`crate::privacy`]); only
     /// for events that have one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,7 +149,7 @@ pub struct Envelope {
     pub sealed: Option<Sealed>,
     /// In place of `sealed`, when that was larger than `INLINE_MAX_BYTES`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sealed_ref: Option<PayloadRef>,
+    pub sealed_ref: Option<OffloadRef>,
 }
 
 /// The request headers worth keeping for analytics.

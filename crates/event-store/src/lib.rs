@@ -46,7 +46,7 @@ pub mod kinesis;
 pub mod load;
 pub mod log;
 pub mod metrics;
-pub mod payload;
+pub mod offload;
 pub mod playback;
 pub mod position;
 pub mod privacy;

@@ -24,7 +24,7 @@ use crate::envelope::{client_envelope_id, client_event_id, client_ip, Envelope, 
 use crate::error::Error;
 use crate::http::{body_text, check_json_content_type, json_response, Reject};
 use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SENT};
-use crate::payload::Payloads;
+use crate::offload::Offloads;
 use crate::privacy::Subjects;
 use crate::time::{format_ms, now_ms};
 
@@ -77,7 +77,7 @@ pub struct Load {
     kinesis: aws_sdk_kinesis::Client,
     config: LoadConfig,
     backoff: Backoff,
-    payloads: Option<Payloads>,
+    payloads: Option<Offloads>,
     subjects: Option<Subjects>,
 }
 
@@ -89,8 +89,8 @@ impl Load {
     }
 
     /// Offloads events larger than `INLINE_MAX_BYTES` into `bucket` (the one `ARCHIVE_BUCKET` names).
-    pub fn with_bucket(mut self, bucket: Option<Bucket>) -> Self {
-        self.payloads = bucket.map(|bucket| Payloads { bucket, inline_max: self.config.inline_max_bytes });
+    pub fn with_archive(mut self, bucket: Option<Bucket>) -> Self {
+        self.payloads = bucket.map(|bucket| Offloads { bucket, inline_max: self.config.inline_max_bytes });
         self
     }
 

@@ -23,7 +23,7 @@ use event_store::log::copies::RecentIds;
 use event_store::log::reader::Reader;
 use event_store::log::tiers::Tiers;
 use event_store::log::{PlayedEvent, Window};
-use event_store::payload::{PayloadRef, KEY_PREFIX, MAX_LARGE_EVENT_BYTES};
+use event_store::offload::{OffloadRef, KEY_PREFIX, MAX_LARGE_EVENT_BYTES};
 use event_store::playback::{Playback, Status};
 use event_store::position::Checkpoint;
 use event_store::subscription::Subscriptions;
@@ -87,7 +87,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
         archive_bucket: Some(BUCKET.into()),
         ..LoadConfig::new(env.names.event_stream.clone())
     };
-    let load = Load::new(env.kinesis.clone(), config).with_bucket(Some(bucket.clone()));
+    let load = Load::new(env.kinesis.clone(), config).with_archive(Some(bucket.clone()));
     let small = json!({"EntityId": "doc", "n": 1});
     let medium = json!({"EntityId": "doc", "n": 2, "pad": "m".repeat(300 * 1024)});
     let large = json!({"EntityId": "doc", "n": 3, "pad": "l".repeat(2 << 20)});
@@ -98,9 +98,9 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
         records.iter().map(|(_, r)| serde_json::from_slice(r.data().as_ref()).unwrap()).collect();
     assert_eq!(envelopes[0]["body"], small);
     for (envelope, body) in envelopes[1..].iter().zip([&medium, &large]) {
-        let named: PayloadRef = serde_json::from_value(envelope["body_ref"].clone()).unwrap();
+        let named: OffloadRef = serde_json::from_value(envelope["body_ref"].clone()).unwrap();
         assert!(envelope.get("body").is_none(), "the body is in S3, not on the stream");
-        assert_eq!(named, PayloadRef::of(BUCKET, &serde_json::to_vec(body).unwrap()));
+        assert_eq!(named, OffloadRef::of(BUCKET, &serde_json::to_vec(body).unwrap()));
         let stored = s3.get_object().bucket(BUCKET).key(&named.key).send().await.unwrap();
         let stored: Value = serde_json::from_slice(&stored.body.collect().await.unwrap().into_bytes()).unwrap();
         assert_eq!(&stored, body);
@@ -115,7 +115,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
 
     // Entity streams: data over the inline limit is stored in S3 on append and read back in place.
     let store =
-        EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone()).with_bucket(Some(bucket.clone()), INLINE);
+        EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone()).with_archive(Some(bucket.clone()), INLINE);
     let drafted = json!({"text": "d".repeat(512 * 1024)});
     let events = vec![NewEvent::new("Drafted", drafted.clone()), NewEvent::new("Titled", json!({"title": "t"}))];
     store.append("doc-1", Expected::NoStream, events).await.unwrap();
@@ -210,7 +210,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
             played.push(serde_json::from_slice::<PlayedEvent>(&data).unwrap());
         }
     }
-    let large_at = PayloadRef::of(BUCKET, &serde_json::to_vec(&large).unwrap()).location();
+    let large_at = OffloadRef::of(BUCKET, &serde_json::to_vec(&large).unwrap()).location();
     let markers: Vec<_> = played.iter().filter_map(|p| p.too_large.as_ref()).collect();
     assert_eq!(markers.len(), 2);
     assert!(
@@ -249,7 +249,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     assert!(delivered.iter().any(|e| e["data"]["body"] == medium), "delivered whole");
 
     // A payload altered in S3 no longer matches its hash: that event is unreadable (counted, not played), the rest go on.
-    let medium_key = PayloadRef::of(BUCKET, &serde_json::to_vec(&medium).unwrap()).key;
+    let medium_key = OffloadRef::of(BUCKET, &serde_json::to_vec(&medium).unwrap()).key;
     s3.put_object().bucket(BUCKET).key(&medium_key).body(b"{\"n\":666}".to_vec().into()).send().await.unwrap();
     let read = log(&env, &Tiers::new(Some(bucket.clone())), window_start, done).await.unwrap();
     assert_eq!(read.len(), 5);
@@ -278,7 +278,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     assert!(matches!(state, Err(EntityError::Invalid(Invalid::TooLarge(m))) if m.contains("pages")));
     // With INLINE_MAX_BYTES above 64 KiB an entity event still stays within its item: data of 100 KB goes to S3.
     let roomy = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
-        .with_bucket(Some(bucket.clone()), 200 * 1024);
+        .with_archive(Some(bucket.clone()), 200 * 1024);
     let hundred = json!({"text": "h".repeat(100 * 1024)});
     roomy.append("roomy", Expected::NoStream, vec![NewEvent::new("Big", hundred.clone())]).await.unwrap();
     assert_eq!(roomy.read("roomy", None, 1, Direction::Forward).await.unwrap().events[0].data, hundred);

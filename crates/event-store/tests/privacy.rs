@@ -152,7 +152,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     assert_eq!(subjects.hash("alice-42"), alice);
     let config = LoadConfig { archive_bucket: Some(BUCKET.into()), ..LoadConfig::new(env.names.event_stream.clone()) };
     let load = Load::new(env.kinesis.clone(), LoadConfig { max_event_bytes: 1 << 20, ..config })
-        .with_bucket(Some(bucket.clone()))
+        .with_archive(Some(bucket.clone()))
         .with_subjects(Some(subjects));
     let start = now_ms() - 1;
 
@@ -474,7 +474,7 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
         Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).made_by(Some(Maker::Kms(kms_key))),
     );
     let store = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
-        .with_bucket(Some(bucket.clone()), 64 * 1024)
+        .with_archive(Some(bucket.clone()), 64 * 1024)
         .with_subjects(Some(Subjects::new(writer, &config).unwrap()));
     let start = now_ms() - 1;
     let small = json!({"note": "alice-secret/profile"});
@@ -520,7 +520,7 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     let subject = crypto::subject_hash(HASH_KEY.as_bytes(), "user-7");
     assert_eq!(forgetting.forget(&subject, "dpo").await.unwrap(), Forgot::Done { generations: 1 });
     let reader = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
-        .with_bucket(Some(bucket.clone()), 64 * 1024)
+        .with_archive(Some(bucket.clone()), 64 * 1024)
         .with_keys(Some(keys(&env, &kms, Duration::ZERO)));
     let read = reader.read("user-7", None, 10, Direction::Forward).await.unwrap();
     assert!(read.events.iter().all(|e| e.data.is_null() && e.forgotten.as_ref().is_some_and(|f| f["generation"] == 0)));

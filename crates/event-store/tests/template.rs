@@ -356,10 +356,10 @@ fn the_public_endpoints_are_throttled_and_take_small_events_by_default() {
     let max_event = &parameters["MaxEventBytes"];
     assert_eq!(max_event["Default"].as_u64(), Some(event_store::config::DEFAULT_MAX_EVENT_BYTES as u64));
     // Up to the large limit: the load function always has the bucket to offload to.
-    assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::payload::MAX_LARGE_EVENT_BYTES as u64));
+    assert_eq!(max_event["MaxValue"].as_u64(), Some(event_store::offload::MAX_LARGE_EVENT_BYTES as u64));
     let inline = &parameters["InlineMaxBytes"];
-    assert_eq!(inline["Default"].as_u64(), Some(event_store::payload::DEFAULT_INLINE_MAX_BYTES as u64));
-    assert_eq!(inline["MaxValue"].as_u64(), Some(event_store::payload::INLINE_MAX_BYTES_LIMIT as u64));
+    assert_eq!(inline["Default"].as_u64(), Some(event_store::offload::DEFAULT_INLINE_MAX_BYTES as u64));
+    assert_eq!(inline["MaxValue"].as_u64(), Some(event_store::offload::INLINE_MAX_BYTES_LIMIT as u64));
     let env = &template["Resources"]["LoadFunction"]["Properties"]["Environment"]["Variables"];
     assert!(format!("{:?}", env["MAX_EVENT_BYTES"]).contains("MaxEventBytes"));
     // The function URL (no route throttling) is off by default, and on, the load function's

@@ -11,9 +11,9 @@ async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
     let config = LoadConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let bucket = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let bucket = config.archive_bucket.clone().map(|name| Bucket::new(&aws, name));
     let subjects = Subjects::configured(&aws, config.subjects.as_ref())?;
-    let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config).with_bucket(bucket).with_subjects(subjects);
+    let load = Load::new(aws_sdk_kinesis::Client::new(&aws), config).with_archive(bucket).with_subjects(subjects);
     let load = &load;
     run(service_fn(move |request: Request| async move { Ok::<_, Error>(load.handle(request).await) })).await
 }

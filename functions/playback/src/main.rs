@@ -19,7 +19,7 @@ async fn main() -> Result<(), Error> {
     let aws = event_store::aws_config().await;
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(aws_sdk_lambda::Client::new(&aws), myself));
-    let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let archive = config.archive_bucket.clone().map(|name| Bucket::new(&aws, name));
     let keys = config.subjects.as_ref().map(|c| privacy::key_store(&aws, KeyStore::configured(c)));
     let playback =
         Playback::new(aws_sdk_dynamodb::Client::new(&aws), aws_sdk_kinesis::Client::new(&aws), config, invoker)

@@ -12,10 +12,10 @@ async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
     let config = StreamsConfig::from_env()?;
     let aws = event_store::aws_config().await;
-    let bucket = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let bucket = config.archive_bucket.clone().map(|name| Bucket::new(&aws, name));
     let subjects = Subjects::configured(&aws, config.subjects.as_ref())?;
     let store = EntityStore::new(aws_sdk_dynamodb::Client::new(&aws), config.entity_table)
-        .with_bucket(bucket, config.inline_max_bytes)
+        .with_archive(bucket, config.inline_max_bytes)
         .with_subjects(subjects);
     let api = StreamsApi::new(store);
     let api = &api;

@@ -23,7 +23,7 @@ async fn main() -> Result<(), Error> {
     let myself = std::env::var("AWS_LAMBDA_FUNCTION_NAME")?;
     let invoker = Arc::new(LambdaInvoker::new(lambda.clone(), myself));
     let namespace = config.metrics_namespace.clone();
-    let archive = Bucket::configured(&aws, config.archive_bucket.as_deref());
+    let archive = config.archive_bucket.clone().map(|name| Bucket::new(&aws, name));
     let keys = config.subjects.as_ref().map(|c| privacy::key_store(&aws, KeyStore::configured(c)));
     let subscriptions = Subscriptions::new(
         aws_sdk_dynamodb::Client::new(&aws),

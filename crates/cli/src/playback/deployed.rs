@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::display::{print_sparkline, progress_bar};
 use super::{max_window, Ended};
-use crate::target::Target;
+use crate::stack::Stack;
 
 /// How often a deployed run's checkpoint is read.
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
@@ -33,8 +33,8 @@ const AGAIN: &str = "run the same command again to follow it";
 /// Invokes the deployed playback function asynchronously and follows the
 /// run's checkpoint to its end (or Ctrl-C, which leaves it going). A run
 /// already going under the same id is followed without invoking again.
-pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
-    let run = Run::find(target, &request, json_out).await?;
+pub async fn deployed(stack: &Stack, function: &str, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
+    let run = Run::find(stack, &request, json_out).await?;
     // What the function would answer without playing anything, said without invoking it.
     if run.done_before && !request.restart && !run.open_ended {
         run.report_already_done();
@@ -47,7 +47,7 @@ pub async fn deployed(target: &Target, function: &str, request: PlaybackRequest,
         run.report_incomplete(run.sealed_end);
         return Ok(Ended::NotDone);
     }
-    run.start_unless_live(target, function, &request, live).await?;
+    run.start_unless_live(stack, function, &request, live).await?;
     let bar = progress_bar(!json_out);
     let mut follow = Follow { bar: &bar, per_slot: BTreeMap::new(), last: None, unit: run.unit };
     let started = Instant::now();
@@ -83,9 +83,9 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     /// Finds the run `request` names: its id, the window the id is bound to
     /// (a request naming another is refused) and its item as it is now.
-    async fn find(target: &'a Target, request: &PlaybackRequest, json_out: bool) -> Result<Self> {
-        let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
-        let table = target.resources.event_table.as_str();
+    async fn find(stack: &'a Stack, request: &PlaybackRequest, json_out: bool) -> Result<Self> {
+        let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
+        let table = stack.resources.event_table.as_str();
         let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
         let sealed_end = watermark::read(&dynamo, table).await?.sealed_end(unit);
         let asked = request.window(sealed_end.unwrap_or_else(now_ms), max_window()?)?;
@@ -113,7 +113,7 @@ impl<'a> Run<'a> {
     /// `live`; says on stderr which, and that its checkpoint is followed.
     async fn start_unless_live(
         &self,
-        target: &Target,
+        stack: &Stack,
         function: &str,
         request: &PlaybackRequest,
         live: bool,
@@ -124,7 +124,7 @@ impl<'a> Run<'a> {
                 eprintln!("playback {id} is running: following its checkpoint (Ctrl-C leaves it running)");
             }
         } else {
-            aws_sdk_lambda::Client::new(&target.sdk)
+            aws_sdk_lambda::Client::new(&stack.sdk)
                 .invoke()
                 .function_name(function)
                 .invocation_type(InvocationType::Event)

@@ -12,13 +12,13 @@ use event_store_emulator::runs::{deadline_in, run_playback};
 
 use super::display::{print_sparkline, print_summary, progress_bar};
 use super::Ended;
-use crate::target::Target;
+use crate::stack::Stack;
 
 /// Runs the playback in this process against the local stack.
-pub async fn local(target: &Target, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
-    let stream = target.playback_stream.clone().ok_or_else(|| anyhow!("no playback stream"))?;
-    let mut config = PlaybackConfig::for_names(target.resources.event_table.clone(), stream)?;
-    let dynamo = aws_sdk_dynamodb::Client::new(&target.sdk);
+pub async fn local(stack: &Stack, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
+    let stream = stack.playback_stream.clone().ok_or_else(|| anyhow!("no playback stream"))?;
+    let mut config = PlaybackConfig::for_names(stack.resources.event_table.clone(), stream)?;
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
     // The slot size the stack recorded, whatever this shell's TIME_UNIT says.
     if let Some(unit) = settings::time_unit(&dynamo, &config.event_table).await? {
         config.time_unit_ms = unit;
@@ -39,8 +39,8 @@ pub async fn local(target: &Target, request: PlaybackRequest, json_out: bool) ->
             }
         })
     };
-    let kinesis = aws_sdk_kinesis::Client::new(&target.sdk);
-    let (archive, keys) = (target.archive(), target.keys());
+    let kinesis = aws_sdk_kinesis::Client::new(&stack.sdk);
+    let (archive, keys) = (stack.archive(), stack.keys());
     let make = |invoker| {
         Playback::new(dynamo, kinesis, config, invoker).with_observer(observer).with_archive(archive).with_keys(keys)
     };

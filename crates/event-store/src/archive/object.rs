@@ -20,11 +20,6 @@ impl Bucket {
         Self { s3: aws_sdk_s3::Client::new(aws), name }
     }
 
-    /// The bucket a function's `ARCHIVE_BUCKET` names, if set.
-    pub fn configured(aws: &aws_config::SdkConfig, name: Option<&str>) -> Option<Self> {
-        name.filter(|n| !n.is_empty()).map(|n| Self::new(aws, n.to_owned()))
-    }
-
     pub async fn put(&self, key: &str, object: Vec<u8>) -> Result<()> {
         self.put_as(key, object, "application/vnd.apache.parquet").await
     }

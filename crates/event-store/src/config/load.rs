@@ -33,7 +33,7 @@ pub struct LoadConfig {
     /// Most events one `POST /events` may carry (413 above).
     pub max_events_per_post: usize,
     pub ip_mode: IpMode,
-    /// Events larger than this are offloaded to `archive_bucket` ([`crate::payload`]).
+    /// Events larger than this are offloaded to `archive_bucket` ([`crate::offload`]).
     pub inline_max_bytes: usize,
     /// The store's bucket (`ARCHIVE_BUCKET`): without one nothing is offloaded,
     /// and `MAX_EVENT_BYTES` stays within what a DynamoDB item holds.

@@ -373,7 +373,7 @@ pub const UNAVAILABLE_BACKOFF: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct StreamsConfig {
     pub entity_table: String,
-    /// Event data larger than this is offloaded to `archive_bucket` ([`crate::payload`]).
+    /// Event data larger than this is offloaded to `archive_bucket` ([`crate::offload`]).
     pub inline_max_bytes: usize,
     /// The store's bucket (`ARCHIVE_BUCKET`), for large event data; without
     /// one an event is at most [`crate::entity::model::MAX_EVENT_BYTES`].

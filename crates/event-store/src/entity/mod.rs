@@ -15,7 +15,7 @@ mod append;
 pub mod cqrs;
 pub mod http;
 pub mod model;
-mod payloads;
+mod offload;
 mod read;
 pub(crate) mod redrive;
 pub mod relay;
@@ -29,7 +29,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::batch::Backoff;
 use crate::error::Error;
-use crate::payload::Payloads;
+use crate::offload::Offloads;
 use append::Keyed;
 use model::{batch_key, check_name, deleted_event, Batch, StreamItem, Tip, HASH_KEY, RANGE_KEY, TIP};
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
@@ -105,8 +105,8 @@ pub struct EntityStore {
     dynamo: aws_sdk_dynamodb::Client,
     table: String,
     backoff: Backoff,
-    /// Where large event data goes ([`crate::payload`]); `None`: every event inline.
-    payloads: Option<Payloads>,
+    /// Where large event data goes ([`crate::offload`]); `None`: every event inline.
+    payloads: Option<Offloads>,
     /// Seals subjects' streams' data ([`crate::privacy`]); `keys` opens it.
     subjects: Option<crate::privacy::Subjects>,
     keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>,

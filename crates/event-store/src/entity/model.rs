@@ -22,7 +22,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::crypto::Sealed;
-use crate::payload::PayloadRef;
+use crate::offload::OffloadRef;
 use crate::time::format_ms;
 
 /// The entity table's key attributes: the stream name, and `e<version>`,
@@ -154,9 +154,9 @@ pub struct StoredEventItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<String>,
     /// In place of `data` (then `null`), when the event was larger than
-    /// `INLINE_MAX_BYTES`: where the data is stored ([`crate::payload`]).
+    /// `INLINE_MAX_BYTES`: where the data is stored ([`crate::offload`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_ref: Option<PayloadRef>,
+    pub data_ref: Option<OffloadRef>,
     /// The stream's data subject, as a keyed hash, when its data is sealed ([`crate::privacy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
@@ -422,7 +422,7 @@ pub struct RecordedEvent {
     /// Where `data` is stored, when it was offloaded (`data` is then `null`
     /// until a reader puts it back; the log carries the reference).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_ref: Option<PayloadRef>,
+    pub data_ref: Option<OffloadRef>,
     /// The stream's data subject (a keyed hash), when its data is sealed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,

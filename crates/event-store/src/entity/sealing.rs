@@ -84,7 +84,7 @@ impl EntityStore {
         let (Some(sealed), Some(subject)) = (event.sealed.take(), event.subject.clone()) else { return Ok(()) };
         let keys = self.keys(&format!("{} event {}", event.stream, event.version))?;
         match keys.open_entity_data(&event.stream, &event.id, &subject, &sealed).await? {
-            Opened::Data(data) => event.data = crate::payload::parse(&data),
+            Opened::Data(data) => event.data = crate::offload::parse(&data),
             Opened::Forgotten(marker) => {
                 event.data = serde_json::Value::Null;
                 event.forgotten = Some(marker);
@@ -101,7 +101,7 @@ impl EntityStore {
         };
         let keys = self.keys(&format!("the snapshot of {}", item.stream))?;
         let state = match keys.open_snapshot_state(&item.stream, subject, sealed).await? {
-            Opened::Data(state) => crate::payload::parse(&state),
+            Opened::Data(state) => crate::offload::parse(&state),
             Opened::Forgotten(marker) => serde_json::json!({ "forgotten": marker }),
         };
         Ok(Snapshot { version: item.version, state })

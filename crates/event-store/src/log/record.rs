@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::aggregation;
 use crate::event_item::EventItem;
 use crate::kinesis::{indices_by_key, OutgoingRecord};
-use crate::payload::PayloadRef;
+use crate::offload::OffloadRef;
 use crate::time::format_ms;
 
 /// How played events become Kinesis records (see [`crate::aggregation`]).
@@ -57,7 +57,7 @@ pub struct TooLarge {
     pub slot: i64,
     pub sort_key: String,
     pub bytes: usize,
-    /// `s3://…` of the event's offloaded payload, when it has one ([`crate::payload`]).
+    /// `s3://…` of the event's offloaded payload, when it has one ([`crate::offload`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<String>,
 }
@@ -80,8 +80,8 @@ impl PlayedEvent {
 
     /// The marker put in place of an event whose record would be `bytes`
     /// long, with where its payload is when it was offloaded.
-    pub fn too_large(event: &EventItem, bytes: usize, payload: Option<&PayloadRef>, seq: u64) -> Self {
-        let payload = payload.map(PayloadRef::location);
+    pub fn too_large(event: &EventItem, bytes: usize, payload: Option<&OffloadRef>, seq: u64) -> Self {
+        let payload = payload.map(OffloadRef::location);
         let place = TooLarge { slot: event.slot, sort_key: event.sort_key.clone(), bytes, payload };
         Self { too_large: Some(place), ..Self::new(event, None, &[], seq) }.without_data()
     }

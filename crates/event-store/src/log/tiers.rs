@@ -36,7 +36,7 @@ use crate::dynamo::query_partition;
 use crate::envelope::entity_stream;
 use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
-use crate::payload::{self, PayloadRef};
+use crate::offload::{self, OffloadRef};
 use crate::privacy::keys::Keys;
 
 /// Objects kept decoded: the one being read and the one before or after it.
@@ -91,7 +91,7 @@ pub struct Readable {
     /// As they were sent, an offloaded payload put back.
     pub bytes: Vec<u8>,
     /// Where the payload lies, when it was offloaded (for a consumer that cannot take it whole).
-    pub offloaded: Option<PayloadRef>,
+    pub offloaded: Option<OffloadRef>,
 }
 
 impl Tiers {
@@ -124,7 +124,7 @@ impl Tiers {
     async fn bytes_in_turn(&self, event: &EventItem, large: Option<&tokio::sync::Semaphore>) -> Result<Readable> {
         let bytes = event.bytes()?;
         let entity = entity_stream(&event.partition_key).is_some();
-        let Some(reference) = payload::reference(&bytes, entity) else {
+        let Some(reference) = offload::reference(&bytes, entity) else {
             return Ok(Readable { bytes: self.open(event, bytes).await?, offloaded: None });
         };
         let Some(bucket) = &self.cold else {
@@ -139,8 +139,8 @@ impl Tiers {
             Some(large) => Some(large.acquire().await.map_err(|_| Error::Config("a closed semaphore".into()))?),
             None => None,
         };
-        let content = payload::fetch(bucket, &reference).await?;
-        let bytes = self.open(event, payload::splice(&bytes, entity, &content)?).await?;
+        let content = offload::fetch(bucket, &reference).await?;
+        let bytes = self.open(event, offload::splice(&bytes, entity, &content)?).await?;
         Ok(Readable { bytes, offloaded: Some(reference) })
     }
 

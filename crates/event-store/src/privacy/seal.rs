@@ -76,7 +76,7 @@ pub fn forgotten(at: &str, generation: u64) -> Value {
 }
 
 /// The most a sealed block's plaintext may inflate to: the largest event and then some.
-const MAX_PLAINTEXT_BYTES: usize = crate::payload::MAX_LARGE_EVENT_BYTES + 64 * 1024;
+const MAX_PLAINTEXT_BYTES: usize = crate::offload::MAX_LARGE_EVENT_BYTES + 64 * 1024;
 
 /// Seals `envelope`'s personal parts under generation `generation` of its
 /// subject's key (`subject`: the keyed hash); they are emptied in the clear.
@@ -140,7 +140,7 @@ impl SealedRecord {
             let text = |name: &str| body.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
             let place = entity_place(&text("stream"), &text("id"), &self.subject);
             let (field, value) = match key {
-                Key::Active(key) => ("data", crate::payload::parse(&open_bytes(&self.sealed, key, &place)?)),
+                Key::Active(key) => ("data", crate::offload::parse(&open_bytes(&self.sealed, key, &place)?)),
                 Key::Forgotten { at } => ("forgotten", forgotten(at, self.sealed.g)),
             };
             body.insert(field.to_owned(), value);

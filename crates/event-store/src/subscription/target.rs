@@ -27,7 +27,7 @@ use crate::event_item::EventItem;
 use crate::kinesis::{events_stored_since, put_in_key_order, send_put_records, stored_since, OutgoingRecord};
 use crate::log::record::{fits_one_record, kinesis_records_of};
 use crate::log::{PlayedEvent, RecordFormat};
-use crate::payload::PayloadRef;
+use crate::offload::OffloadRef;
 use crate::readers::subscriptions::spec::Target;
 use crate::readers::subscriptions::Parked;
 use crate::time::now_ms;
@@ -69,7 +69,7 @@ impl DeliveredEvent {
     /// target could not take it in one record (it would refuse the whole
     /// request), a marker in its place, in order, with where its payload lies
     /// (as playback does).
-    pub fn record(mut self, event: &EventItem, to: &Target, offloaded: Option<&PayloadRef>) -> Result<Vec<u8>> {
+    pub fn record(mut self, event: &EventItem, to: &Target, offloaded: Option<&OffloadRef>) -> Result<Vec<u8>> {
         let data = serde_json::to_vec(&self).map_err(|e| Error::encode("delivered event", e))?;
         if !matches!(to, Target::Kinesis(_)) || fits_one_record(&event.partition_key, data.len()) {
             return Ok(data);

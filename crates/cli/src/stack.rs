@@ -12,7 +12,7 @@ use event_store_emulator::resources::Names;
 
 /// Why no store could be reached (exit code 3).
 #[derive(Debug, thiserror::Error)]
-pub enum TargetError {
+pub enum StackError {
     #[error(
         "no local stack answers on 127.0.0.1:{port}: start it with `make local` (or name a deployed one with --stack)"
     )]
@@ -32,7 +32,7 @@ pub enum TargetError {
 }
 
 /// A store, and how to reach it.
-pub struct Target {
+pub struct Stack {
     /// `local (http://127.0.0.1:4566)` or `stack NAME (REGION)`.
     pub label: String,
     pub sdk: SdkConfig,
@@ -57,11 +57,11 @@ pub struct Target {
     pub key_table: Option<String>,
     /// A deployed stack's privacy function (`PrivacyFunctionName`), which `forget` invokes.
     pub privacy_function: Option<String>,
-    /// Set for a deployed stack.
-    pub stack: Option<String>,
+    /// The deployed stack's name; `None` for the local one.
+    pub name: Option<String>,
 }
 
-impl Target {
+impl Stack {
     /// The archive's bucket, for readers of archived slots.
     pub fn archive(&self) -> Option<event_store::archive::object::Bucket> {
         let name = self.archive_bucket.clone()?;
@@ -83,10 +83,10 @@ impl Target {
 }
 
 /// The local stack of `STAGE` (default `local`) on `EMULATOR_PORT` (default 4566).
-pub async fn local() -> Result<Target, TargetError> {
+pub async fn local() -> Result<Stack, StackError> {
     let port = env_port("EMULATOR_PORT", 4566);
     if !event_store_emulator::answers(port) {
-        return Err(TargetError::NoLocalStack { port });
+        return Err(StackError::NoLocalStack { port });
     }
     let endpoint = format!("http://127.0.0.1:{port}");
     let stage = std::env::var("STAGE").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "local".into());
@@ -102,10 +102,10 @@ pub async fn local() -> Result<Target, TargetError> {
         .await;
     let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
     if dynamo.describe_table().table_name(&names.event_table).send().await.is_err() {
-        return Err(TargetError::NoLocalTables { port, stage, table: names.event_table });
+        return Err(StackError::NoLocalTables { port, stage, table: names.event_table });
     }
     let resources = Resources { event_table: names.event_table, event_stream: names.event_stream, queues: vec![] };
-    Ok(Target {
+    Ok(Stack {
         label: format!("local stack {stage} ({endpoint})"),
         sdk,
         resources,
@@ -118,7 +118,7 @@ pub async fn local() -> Result<Target, TargetError> {
         archive_bucket: Some(names.archive_bucket),
         key_table: Some(names.key_table),
         privacy_function: None,
-        stack: None,
+        name: None,
     })
 }
 
@@ -128,7 +128,7 @@ fn env_port(name: &str, default: u16) -> u16 {
 }
 
 /// The deployed stack `name`, from its outputs.
-pub async fn stack(name: &str) -> Result<Target, TargetError> {
+pub async fn deployed(name: &str) -> Result<Stack, StackError> {
     let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
     let region = sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "(no region)".into());
     let cloudformation = aws_sdk_cloudformation::Client::new(&sdk);
@@ -137,11 +137,11 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         Err(err) => {
             let detail = DisplayErrorContext(&err).to_string();
             return Err(if detail.contains("does not exist") {
-                TargetError::UnknownStack { name: name.to_owned(), region }
+                StackError::UnknownStack { name: name.to_owned(), region }
             } else if detail.to_lowercase().contains("credential") {
-                TargetError::NoCredentials
+                StackError::NoCredentials
             } else {
-                TargetError::Unreachable { name: name.to_owned(), detail }
+                StackError::Unreachable { name: name.to_owned(), detail }
             });
         }
     };
@@ -154,7 +154,7 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         .filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned())))
         .collect();
     let resources = resources_from_outputs(name, &outputs)?;
-    Ok(Target {
+    Ok(Stack {
         label: format!("stack {name} ({region})"),
         sdk,
         resources,
@@ -167,14 +167,14 @@ pub async fn stack(name: &str) -> Result<Target, TargetError> {
         archive_bucket: outputs.get("ArchiveBucketName").cloned(),
         key_table: outputs.get("KeyTableName").cloned(),
         privacy_function: outputs.get("PrivacyFunctionName").cloned(),
-        stack: Some(name.to_owned()),
+        name: Some(name.to_owned()),
     })
 }
 
 /// A stack's resources from its outputs (`template.yaml`'s `Outputs`).
-pub fn resources_from_outputs(name: &str, outputs: &HashMap<String, String>) -> Result<Resources, TargetError> {
+pub fn resources_from_outputs(name: &str, outputs: &HashMap<String, String>) -> Result<Resources, StackError> {
     let required = |key: &'static str| {
-        outputs.get(key).cloned().ok_or(TargetError::NotAnEventStore { name: name.to_owned(), missing: key })
+        outputs.get(key).cloned().ok_or(StackError::NotAnEventStore { name: name.to_owned(), missing: key })
     };
     let queues = [
         ("pump dead-letter queue", "PumpDeadLetterQueueUrl"),

@@ -25,7 +25,7 @@ pub const KEY_PREFIX: &str = "payloads/sha256/";
 
 /// Where an offloaded payload is, and what it must hash to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PayloadRef {
+pub struct OffloadRef {
     pub bucket: String,
     pub key: String,
     /// SHA-256 of the content, hex.
@@ -33,7 +33,7 @@ pub struct PayloadRef {
     pub bytes: usize,
 }
 
-impl PayloadRef {
+impl OffloadRef {
     /// The reference of `content` stored in `bucket`: its key is its hash, so
     /// the same content is one object however often it is sent.
     pub fn of(bucket: &str, content: &[u8]) -> Self {
@@ -64,7 +64,7 @@ impl PayloadRef {
 
 /// The reference a log record carries, if any (`entity`: the record's
 /// partition key is an entity stream's). Cheap for the records without one.
-pub fn reference(record: &[u8], entity: bool) -> Option<PayloadRef> {
+pub fn reference(record: &[u8], entity: bool) -> Option<OffloadRef> {
     memchr::memmem::find(record, b"_ref\"")?;
     let value: Value = serde_json::from_slice(record).ok()?;
     let found = if entity {
@@ -102,17 +102,17 @@ pub fn parse(content: &[u8]) -> Value {
 
 /// Offloads payloads into the store's bucket (`ARCHIVE_BUCKET`).
 #[derive(Debug, Clone)]
-pub struct Payloads {
+pub struct Offloads {
     pub bucket: Bucket,
     /// Larger events are offloaded.
     pub inline_max: usize,
 }
 
-impl Payloads {
+impl Offloads {
     /// Stores `content` under its hash, once: the same content sent again
     /// is not written again (no new version in the versioned bucket).
-    pub async fn store(&self, content: Vec<u8>) -> Result<PayloadRef> {
-        let reference = PayloadRef::of(&self.bucket.name, &content);
+    pub async fn store(&self, content: Vec<u8>) -> Result<OffloadRef> {
+        let reference = OffloadRef::of(&self.bucket.name, &content);
         self.bucket.put_new(&reference.key, content, "application/json").await?;
         Ok(reference)
     }
@@ -123,7 +123,7 @@ impl Payloads {
 /// checked against its hash. A missing or altered object is
 /// [`Error::Payload`] (the event cannot be read); a failed request is an S3
 /// error (try again).
-pub(crate) async fn fetch(bucket: &Bucket, reference: &PayloadRef) -> Result<Vec<u8>> {
+pub(crate) async fn fetch(bucket: &Bucket, reference: &OffloadRef) -> Result<Vec<u8>> {
     let hash = &reference.sha256;
     if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(Error::Payload(format!("a payload reference with no SHA-256: {hash:?}")));
@@ -150,9 +150,9 @@ mod tests {
 
     #[test]
     fn a_reference_is_named_by_the_contents_hash() {
-        let one = PayloadRef::of("b", b"{\"big\":1}");
-        assert_eq!(one, PayloadRef::of("b", b"{\"big\":1}"));
-        assert_ne!(one.key, PayloadRef::of("b", b"{\"big\":2}").key);
+        let one = OffloadRef::of("b", b"{\"big\":1}");
+        assert_eq!(one, OffloadRef::of("b", b"{\"big\":1}"));
+        assert_ne!(one.key, OffloadRef::of("b", b"{\"big\":2}").key);
         assert!(one.key.starts_with(KEY_PREFIX) && one.key.ends_with(&one.sha256));
         assert_eq!(one.location(), format!("s3://b/{}", one.key));
         assert!(one.check(b"{\"big\":1}").is_ok());
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn an_ingest_reference_is_spliced_back_in_place_of_the_body() {
         let content = br#"{"page":"/a","n":[1,2]}"#;
-        let named = PayloadRef::of("b", content);
+        let named = OffloadRef::of("b", content);
         let record = envelope(serde_json::json!({ "body_ref": named }));
         assert_eq!(reference(&record, false), Some(named));
         let spliced: Value = serde_json::from_slice(&splice(&record, false, content).unwrap()).unwrap();
@@ -173,7 +173,7 @@ mod tests {
 
     #[test]
     fn an_entity_reference_is_read_only_in_entity_records() {
-        let named = PayloadRef::of("b", b"\"text\"");
+        let named = OffloadRef::of("b", b"\"text\"");
         let record = envelope(serde_json::json!({ "body": { "type": "Big", "data": null, "data_ref": named } }));
         assert_eq!(reference(&record, true), Some(named));
         // A client's posted body that looks like one is just its body.

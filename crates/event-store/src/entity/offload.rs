@@ -1,18 +1,18 @@
-//! Entity event data in S3 ([`crate::payload`]): an append stores the data
+//! Entity event data in S3 ([`crate::offload`]): an append stores the data
 //! of its large events there, and reads put it back.
 
 use super::model::{prepare, Limits, StoredEventItem, MAX_INLINE_EVENT};
 use super::{EntityError, EntityStore, NewEvent, RecordedEvent};
 use crate::archive::object::Bucket;
 use crate::error::Error;
-use crate::payload::{self, Payloads, MAX_LARGE_EVENT_BYTES};
+use crate::offload::{self, Offloads, MAX_LARGE_EVENT_BYTES};
 
 impl EntityStore {
     /// Offloads event data larger than `inline_max` bytes into `bucket` (the
     /// one `ARCHIVE_BUCKET` names), and so accepts events up to
-    /// [`crate::payload::MAX_LARGE_EVENT_BYTES`]; reads put the data back.
-    pub fn with_bucket(mut self, bucket: Option<Bucket>, inline_max: usize) -> Self {
-        self.payloads = bucket.map(|bucket| Payloads { bucket, inline_max });
+    /// [`crate::offload::MAX_LARGE_EVENT_BYTES`]; reads put the data back.
+    pub fn with_archive(mut self, bucket: Option<Bucket>, inline_max: usize) -> Self {
+        self.payloads = bucket.map(|bucket| Offloads { bucket, inline_max });
         self
     }
 
@@ -56,14 +56,14 @@ impl EntityStore {
                         event.stream, event.version
                     )));
                 };
-                let content = payload::fetch(bucket, &reference).await?;
+                let content = offload::fetch(bucket, &reference).await?;
                 if event.subject.is_some() {
                     // A subject's event has its sealed block there.
                     let sealed = serde_json::from_slice(&content)
                         .map_err(|e| Error::Payload(format!("{}: not a sealed block: {e}", reference.location())))?;
                     event.sealed = Some(sealed);
                 } else {
-                    event.data = payload::parse(&content);
+                    event.data = offload::parse(&content);
                 }
             }
             self.open_event(event).await?;

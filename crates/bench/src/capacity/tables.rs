@@ -1,0 +1,115 @@
+//! docs/capacity.md's two tables, a column per rate: what each rate needs, and what it costs.
+
+use super::cost::{alternatives, Cost};
+use super::plan::Plan;
+use super::prices::MAX_SUBSCRIPTION_PARTITIONS;
+
+/// The rates' header row, above both tables.
+pub(super) fn header(plans: &[Plan]) -> String {
+    let rate = |p: &Plan| thousands(p.events_per_s as u64);
+    format!(
+        "| | {} |\n|---|---|---|---|\n",
+        plans.iter().map(|p| format!("{} events/s", rate(p))).collect::<Vec<_>>().join(" | ")
+    )
+}
+
+/// What each rate needs, a row per figure.
+pub(super) fn need_rows(plans: &[Plan]) -> String {
+    let row = |name: &str, f: &dyn Fn(&Plan) -> String| {
+        format!("| {name} | {} |\n", plans.iter().map(f).collect::<Vec<_>>().join(" | "))
+    };
+    let mut md = String::new();
+    md.push_str(&row("event stream shards (`EventShardCount`; 1,000 records and 1 MiB a second each)", &|p| {
+        thousands(p.shards as u64)
+    }));
+    md.push_str(&row("pump invocations per shard a second (a batch of 500, or what the poll a second finds)", &|p| {
+        format!("{:.2}", p.pump_invocations_per_shard_s)
+    }));
+    md.push_str(&row("pump busy share of each shard's time (128 MB; ParallelizationFactor 1)", &|p| {
+        format!("{:.0} %", p.pump_duty * 100.0)
+    }));
+    md.push_str(&row("chunk size (a batch's events of one slot)", &|p| format!("{:.0} KB", p.chunk_bytes / 1024.0)));
+    md.push_str(&row(
+        "scan segments (`ScanSegments`; a minute's pass, the schedule's when no awake run passes, in half the minute, *assumed* 5 MB/s a segment)",
+        &|p| thousands(p.scan_segments as u64),
+    ));
+    md.push_str(&row("scan pass", &|p| format!("{:.1} s", p.scan_pass_s)));
+    md.push_str(&row("hottest event-table key with K = 1, write units/s (simulated)", &|p| {
+        thousands(p.peak_wcu_one_key as u64)
+    }));
+    md.push_str(&row("slot sub-keys K (`SlotSubkeys`) for <= 800 write units/s a key", &|p| {
+        thousands(p.subkeys as u64)
+    }));
+    md.push_str(&row("hottest key with that K, write units/s (simulated)", &|p| format!("{:.0}", p.peak_wcu)));
+    md.push_str(&row("buffer table write units/s (put + delete)", &|p| thousands(p.buffer_wcu_s as u64)));
+    md.push_str(&row("event table write units/s (average)", &|p| thousands(p.event_wcu_s as u64)));
+    md.push_str(&row("one real-time reader's read units/s on one sub-key", &|p| {
+        format!("{:.1}", p.reader_rcu_per_key)
+    }));
+    md.push_str(&row("real-time readers one sub-key carries (3,000 read units/s)", &|p| {
+        thousands(p.readers_per_key as u64)
+    }));
+    md.push_str(&row("subscription partitions to keep up (*assumed* 4 MB/s of events a runner; at most 64)", &|p| {
+        let n = p.subscription_partitions;
+        if n > MAX_SUBSCRIPTION_PARTITIONS {
+            format!("{n}: over 64, breaks")
+        } else {
+            n.to_string()
+        }
+    }));
+    md.push_str(&row("playback or subscription target shards (aggregated records, 1 MiB/s each)", &|p| {
+        thousands(p.target_shards as u64)
+    }));
+    md.push_str(&row("Lambda concurrency at peak (pump, scan, one subscription, pixel at ~10 ms)", &|p| {
+        thousands(p.concurrency as u64)
+    }));
+    md
+}
+
+/// What each rate costs, $ per million events: a row per line of the bill, then the alternatives.
+pub(super) fn cost_rows(plans: &[Plan], costs: &[Cost]) -> String {
+    let money = |name: &str, f: &dyn Fn(&Cost) -> f64| {
+        format!("| {name} | {} |\n", costs.iter().map(|c| format!("{:.3}", f(c))).collect::<Vec<_>>().join(" | "))
+    };
+    let mut md = String::new();
+    md.push_str(&money("HTTP API (the pixel)", &|c| c.http_api));
+    md.push_str(&money("Lambda (pixel, pump, scan; arm64)", &|c| c.lambda));
+    md.push_str(&money("Kinesis event stream (shard-hours, PUT units)", &|c| c.kinesis));
+    md.push_str(&money("DynamoDB writes and reads (measured units)", &|c| c.dynamodb));
+    md.push_str(&money("**all-in, HTTP API**", &|c| c.ingest(false)));
+    md.push_str(&money("**all-in, function URL** (`PixelFunctionUrl=on`)", &|c| c.ingest(true)));
+    md.push_str(&money("storage, per month kept", &|c| c.storage_month));
+    for (i, name) in [
+        "**EventBridge custom events + archive**, HTTP API in front",
+        "**Kinesis, 365-day retention**, HTTP API in front",
+    ]
+    .iter()
+    .enumerate()
+    {
+        md.push_str(&format!(
+            "| {name} | {} |\n",
+            plans
+                .iter()
+                .map(|p| {
+                    let a = alternatives(p)[i];
+                    format!("{:.3} + {:.3}/month", a.1, a.2)
+                })
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+    }
+    md
+}
+
+/// 1000000 as 1,000,000.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
