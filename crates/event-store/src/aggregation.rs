@@ -68,7 +68,7 @@ pub(crate) fn empty_bytes(partition_key: &str) -> usize {
 }
 
 /// One aggregated record holding `datas`, in order, all under `partition_key`.
-pub fn aggregate<'a>(partition_key: &str, datas: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+pub(crate) fn aggregate<'a>(partition_key: &str, datas: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
     let message = AggregatedRecord {
         partition_key_table: vec![partition_key.to_owned()],
         explicit_hash_key_table: Vec::new(),

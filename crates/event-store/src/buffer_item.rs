@@ -117,7 +117,7 @@ impl BufferItem {
     }
 
     /// The buffer item of a chunk of `packed` records of the stream `event_source_arn`, stamped `now_ms`.
-    pub fn chunk(event_source_arn: &str, packed: &Packed, now_ms: i64) -> Option<Self> {
+    pub(crate) fn chunk(event_source_arn: &str, packed: &Packed, now_ms: i64) -> Option<Self> {
         let first = packed.events.first()?;
         let last = packed.events.last()?;
         Some(Self {
@@ -160,7 +160,7 @@ impl BufferItem {
     }
 
     /// The record's data as it was sent.
-    pub fn raw_data(&self) -> Result<Vec<u8>> {
+    pub(crate) fn raw_data(&self) -> Result<Vec<u8>> {
         decode(&self.data, self.encoding.as_deref())
     }
 

@@ -49,7 +49,7 @@ pub struct Sealed {
 /// Seals `plaintext` under `key` (generation `generation`), bound to `aad`
 /// (where it is stored: opening it anywhere else fails). A fresh random
 /// nonce each time: a key seals far fewer than 2^32 payloads.
-pub fn seal(key: &[u8; 32], generation: u64, aad: &[u8], plaintext: &[u8]) -> Result<Sealed> {
+pub(crate) fn seal(key: &[u8; 32], generation: u64, aad: &[u8], plaintext: &[u8]) -> Result<Sealed> {
     let cipher = Aes256Gcm::new(key.into());
     let nonce = Nonce::generate();
     let sealed = cipher
@@ -61,7 +61,7 @@ pub fn seal(key: &[u8; 32], generation: u64, aad: &[u8], plaintext: &[u8]) -> Re
 
 /// Opens what [`seal`] made with the same key and associated data; fails if
 /// anything was changed, or the key or the place is another.
-pub fn open(key: &[u8; 32], aad: &[u8], sealed: &Sealed) -> Result<Vec<u8>> {
+pub(crate) fn open(key: &[u8; 32], aad: &[u8], sealed: &Sealed) -> Result<Vec<u8>> {
     let bad = |what: &str| Error::Payload(format!("a sealed payload {what}"));
     if sealed.v != SEALED_VERSION {
         return Err(bad(&format!("of version {}", sealed.v)));

@@ -59,7 +59,7 @@ pub(crate) fn request_key(request: &WriteRequest, key: &[&str]) -> Vec<Option<At
 /// not be written after all retries, or before `give_up` (no retry starts
 /// whose wait would end after it: a deadline-aware caller keeps its margin;
 /// first tries always go out, so every run makes progress).
-pub async fn write_all<T: Send>(
+pub(crate) async fn write_all<T: Send>(
     client: &aws_sdk_dynamodb::Client,
     table: Table<'_>,
     requests: Vec<(T, WriteRequest)>,

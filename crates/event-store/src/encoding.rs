@@ -26,7 +26,7 @@ pub fn encode(raw: &[u8]) -> (Vec<u8>, Option<String>) {
 }
 
 /// The original bytes of stored data.
-pub fn decode(stored: &[u8], encoding: Option<&str>) -> Result<Vec<u8>> {
+pub(crate) fn decode(stored: &[u8], encoding: Option<&str>) -> Result<Vec<u8>> {
     decode_up_to(stored, encoding, MAX_DECODED_BYTES)
 }
 

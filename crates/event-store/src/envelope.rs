@@ -168,7 +168,7 @@ impl Envelope {
     /// body, else the client's `EventId` (every retry on one shard, so the
     /// pump meets them in order), else the envelope's random id (spreads
     /// anonymous hits evenly).
-    pub fn partition_key(&self) -> Result<String> {
+    pub(crate) fn partition_key(&self) -> Result<String> {
         let from_query = self.query.get(ENTITY_ID).and_then(|v| v.first()).cloned();
         let from_body = self.body.as_ref().and_then(|b| b.get(ENTITY_ID)).and_then(|v| match v {
             Value::String(s) => Some(s.clone()),

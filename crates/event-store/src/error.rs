@@ -146,7 +146,7 @@ impl Error {
     }
 
     /// The name Lambda reports as the error type.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Error::Config(_) => "ConfigError",
             Error::BadInput(_) => "BadInput",

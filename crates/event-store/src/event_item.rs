@@ -59,7 +59,7 @@ pub struct EventItem {
 ///
 /// Kinesis sequence numbers are decimal strings of varying length; prefixing
 /// their length (3 digits) makes string order equal numeric order.
-pub fn sort_key(arrival_ms: i64, event_id: &str) -> String {
+pub(crate) fn sort_key(arrival_ms: i64, event_id: &str) -> String {
     let (shard, sequence) = event_id.rsplit_once(':').unwrap_or(("", event_id));
     format!("{arrival_ms:013}#{shard}#{}", sortable_sequence(sequence))
 }
@@ -96,7 +96,7 @@ impl EventItem {
         serde_dynamo::to_item(self).unwrap_or_default()
     }
 
-    pub fn from_item(item: HashMap<String, AttributeValue>) -> Result<Self> {
+    pub(crate) fn from_item(item: HashMap<String, AttributeValue>) -> Result<Self> {
         serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("event item: {e}")))
     }
 

@@ -14,7 +14,7 @@ pub struct Reject {
 }
 
 impl Reject {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self { status, message: message.into() }
     }
 }
@@ -42,7 +42,7 @@ pub(crate) fn check_json_content_type(req: &Request) -> Result<(), Reject> {
     }
 }
 
-pub fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
     let mut response = Response::new(Body::Text(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));

@@ -338,7 +338,7 @@ fn source_ip(req: &Request) -> Option<String> {
 }
 
 /// One JSON object, or an array of 1 to `max` objects.
-pub fn parse_posted_events(text: &str, max: usize) -> Result<Vec<Value>, Reject> {
+pub(crate) fn parse_posted_events(text: &str, max: usize) -> Result<Vec<Value>, Reject> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
         Reject::new(StatusCode::BAD_REQUEST, format!("malformed JSON at line {} column {}", e.line(), e.column()))
     })?;

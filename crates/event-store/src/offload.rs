@@ -47,7 +47,7 @@ impl OffloadRef {
     }
 
     /// Fails unless `content` is what this reference names.
-    pub fn check(&self, content: &[u8]) -> Result<()> {
+    pub(crate) fn check(&self, content: &[u8]) -> Result<()> {
         let sha256 = hex::encode(Sha256::digest(content));
         if content.len() != self.bytes || sha256 != self.sha256 {
             return Err(Error::Payload(format!(
@@ -64,7 +64,7 @@ impl OffloadRef {
 
 /// The reference a log record carries, if any (`entity`: the record's
 /// partition key is an entity stream's). Cheap for the records without one.
-pub fn reference(record: &[u8], entity: bool) -> Option<OffloadRef> {
+pub(crate) fn reference(record: &[u8], entity: bool) -> Option<OffloadRef> {
     memchr::memmem::find(record, b"_ref\"")?;
     let value: Value = serde_json::from_slice(record).ok()?;
     let found = if entity {
@@ -96,7 +96,7 @@ pub(crate) fn splice(record: &[u8], entity: bool, content: &[u8]) -> Result<Vec<
 
 /// Content as the JSON it was sent as; anything else as a string (entity
 /// data is stored as JSON text, and reads show what does not parse as text).
-pub fn parse(content: &[u8]) -> Value {
+pub(crate) fn parse(content: &[u8]) -> Value {
     serde_json::from_slice(content).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(content).into_owned()))
 }
 
@@ -111,7 +111,7 @@ pub struct Offloads {
 impl Offloads {
     /// Stores `content` under its hash, once: the same content sent again
     /// is not written again (no new version in the versioned bucket).
-    pub async fn store(&self, content: Vec<u8>) -> Result<OffloadRef> {
+    pub(crate) async fn store(&self, content: Vec<u8>) -> Result<OffloadRef> {
         let reference = OffloadRef::of(&self.bucket.name, &content);
         self.bucket.put_new(&reference.key, content, "application/json").await?;
         Ok(reference)

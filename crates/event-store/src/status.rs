@@ -139,7 +139,7 @@ pub struct Verdict {
 
 /// Judges a status: every stall past `limits`, every message waiting in a
 /// queue, every stopped partition and parked or quarantined event.
-pub fn verdict(status: &Status, limits: &Limits) -> Verdict {
+pub(crate) fn verdict(status: &Status, limits: &Limits) -> Verdict {
     let mut problems = Vec::new();
     let since = |ms: i64| format!("{} behind now", human_ms(ms));
     match (status.watermark.as_deref(), status.watermark_lag_ms) {

@@ -19,7 +19,7 @@ pub fn key(seq: u64) -> String {
 
 /// Writes `entry`'s anchor once. Writing it again (a repeat after a crash)
 /// is fine when the stored one is the same entry; a different one is an error.
-pub async fn put(bucket: &Bucket, entry: &Entry) -> Result<()> {
+pub(crate) async fn put(bucket: &Bucket, entry: &Entry) -> Result<()> {
     let body = serde_json::to_vec(entry).map_err(|e| Error::encode("archive anchor", e))?;
     let key = key(entry.seq);
     if bucket.put_new(&key, body, "application/json").await? {
@@ -38,7 +38,7 @@ pub async fn get(bucket: &Bucket, seq: u64) -> Result<Option<Entry>> {
 }
 
 /// `None`: no anchor; `Some(None)`: an anchor that is not an entry.
-pub async fn stored(bucket: &Bucket, seq: u64) -> Result<Option<Option<Entry>>> {
+pub(crate) async fn stored(bucket: &Bucket, seq: u64) -> Result<Option<Option<Entry>>> {
     let Some(bytes) = bucket.get_if_there(&key(seq)).await? else { return Ok(None) };
     Ok(Some(serde_json::from_slice(&bytes).ok()))
 }

@@ -51,7 +51,7 @@ pub struct Row {
 
 impl Row {
     /// The row of a stored event.
-    pub fn of(event: &EventItem) -> Result<Row> {
+    pub(crate) fn of(event: &EventItem) -> Result<Row> {
         let bytes = event.bytes()?;
         let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
         // The relay keys an entity event `streams/<name>` and names its version in the body.
@@ -102,7 +102,7 @@ impl Row {
 }
 
 /// The columns, as the Glue table in `template.yaml` declares them.
-pub fn schema() -> SchemaRef {
+pub(crate) fn schema() -> SchemaRef {
     let time = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
     Arc::new(Schema::new(vec![
         Field::new("arrival", time.clone(), false),
@@ -122,7 +122,7 @@ pub fn schema() -> SchemaRef {
 
 /// The Parquet file of `rows` (zstd, statistics per column chunk, so a
 /// query on arrival or partition key skips row groups it does not need).
-pub fn write(rows: &[Row]) -> Result<Vec<u8>> {
+pub(crate) fn write(rows: &[Row]) -> Result<Vec<u8>> {
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))

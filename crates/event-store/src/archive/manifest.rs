@@ -100,7 +100,7 @@ impl Entry {
     }
 
     /// Whether `facts` are what this entry recorded.
-    pub fn matches(&self, facts: &Facts) -> bool {
+    pub(crate) fn matches(&self, facts: &Facts) -> bool {
         self.sha256 == facts.sha256
             && self.bytes == facts.bytes
             && self.count == facts.count
@@ -134,7 +134,7 @@ pub enum Break {
 
 impl Break {
     /// The entry where the chain breaks.
-    pub fn seq(&self) -> u64 {
+    pub(crate) fn seq(&self) -> u64 {
         match self {
             Break::Sequence { seq, .. }
             | Break::EntryAltered { seq }

@@ -20,7 +20,7 @@ impl Bucket {
         Self { s3: aws_sdk_s3::Client::new(aws), name }
     }
 
-    pub async fn put(&self, key: &str, object: Vec<u8>) -> Result<()> {
+    pub(crate) async fn put(&self, key: &str, object: Vec<u8>) -> Result<()> {
         self.put_as(key, object, "application/vnd.apache.parquet").await
     }
 

@@ -32,7 +32,7 @@ fn with_key(sort_key: String, mut item: HashMap<String, AttributeValue>) -> Hash
 }
 
 /// The last manifest entry, if any.
-pub async fn head(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Option<Entry>> {
+pub(crate) async fn head(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Option<Entry>> {
     let out = dynamo
         .query()
         .table_name(table)
@@ -57,7 +57,7 @@ pub async fn entries_from(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u
 }
 
 /// The entry `seq`, if it exists.
-pub async fn entry(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u64) -> Result<Option<Entry>> {
+pub(crate) async fn entry(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u64) -> Result<Option<Entry>> {
     let out = dynamo
         .get_item()
         .table_name(table)
@@ -79,7 +79,7 @@ fn decode_entry(item: &HashMap<String, AttributeValue>) -> Result<Entry> {
 /// Appends `entry` to the manifest: only as the next one (no entry `seq`
 /// yet). True when it is stored (also when this very entry already was: a
 /// repeat after a crash); false when another entry holds the place.
-pub async fn append(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entry) -> Result<bool> {
+pub(crate) async fn append(dynamo: &aws_sdk_dynamodb::Client, table: &str, entry: &Entry) -> Result<bool> {
     let item: HashMap<String, AttributeValue> =
         serde_dynamo::to_item(entry).map_err(|e| Error::encode("archive manifest entry", e))?;
     let put = dynamo

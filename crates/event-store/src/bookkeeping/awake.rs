@@ -46,7 +46,7 @@ pub struct AwakeRun {
 
 impl AwakeRun {
     /// The function's payload: the run under `awake`.
-    pub fn payload(&self) -> HashMap<&'static str, &AwakeRun> {
+    pub(crate) fn payload(&self) -> HashMap<&'static str, &AwakeRun> {
         HashMap::from([("awake", self)])
     }
 }
@@ -62,7 +62,7 @@ pub struct Waker {
 }
 
 impl Waker {
-    pub fn new(
+    pub(crate) fn new(
         dynamo: aws_sdk_dynamodb::Client,
         table: String,
         which: &'static str,
@@ -73,7 +73,7 @@ impl Waker {
 
     /// Records a want at `now` and starts an awake run unless one holds the
     /// lease. True when this call started one.
-    pub async fn wake(&self, now: i64) -> Result<bool> {
+    pub(crate) async fn wake(&self, now: i64) -> Result<bool> {
         let (dynamo, table, which) = (&self.dynamo, self.table.as_str(), self.which);
         if want(dynamo, table, which, now).await? {
             return Ok(false);
@@ -97,7 +97,7 @@ fn number(item: Option<&HashMap<String, AttributeValue>>, name: &str) -> Option<
 }
 
 /// Whether the lease `until` (absent: never taken) is held by a run at `now`.
-pub fn held(until: Option<i64>, now: i64) -> bool {
+pub(crate) fn held(until: Option<i64>, now: i64) -> bool {
     until.is_some_and(|until| until >= now)
 }
 

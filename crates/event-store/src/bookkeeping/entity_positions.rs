@@ -89,7 +89,7 @@ pub struct RelayPosition {
 
 impl RelayPosition {
     /// The first version not yet relayed.
-    pub fn next(&self) -> u64 {
+    pub(crate) fn next(&self) -> u64 {
         self.relayed.map_or(0, |v| v + 1)
     }
 
@@ -154,10 +154,6 @@ fn n(value: impl ToString) -> AttributeValue {
 impl Positions {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         Self { dynamo, table: table.into(), backoff: Backoff::default() }
-    }
-
-    pub fn table(&self) -> &str {
-        &self.table
     }
 
     /// The relay positions of `streams` (strongly consistent; a stream never relayed has a default one).
@@ -255,7 +251,7 @@ impl Positions {
 
     /// The sequence number of the record buffered for each of `markers`
     /// (client event ids, [`crate::envelope::client_id_marker`]) that has one.
-    pub async fn buffered_ids(&self, markers: &[&str]) -> Result<HashMap<String, String>> {
+    pub(crate) async fn buffered_ids(&self, markers: &[&str]) -> Result<HashMap<String, String>> {
         let items = self.get_all(markers, CLIENT_ID_ITEM).await?;
         Ok(items
             .iter()
@@ -279,7 +275,7 @@ impl Positions {
 
     /// Moves the relay position forward to `version` and clears the failure
     /// mark (a position further on, from a relay racing this one, stays).
-    pub async fn advance(&self, stream: &str, version: u64) -> Result<()> {
+    pub(crate) async fn advance(&self, stream: &str, version: u64) -> Result<()> {
         let result = self
             .dynamo
             .update_item()
@@ -300,7 +296,7 @@ impl Positions {
     /// Marks the stream failing from `now` (kept if already failing), unless
     /// another relay has relayed `failed_at` since; returns the position as it
     /// now is, `None` when it was relayed.
-    pub async fn failing(&self, stream: &str, failed_at: u64, now: i64) -> Result<Option<RelayPosition>> {
+    pub(crate) async fn failing(&self, stream: &str, failed_at: u64, now: i64) -> Result<Option<RelayPosition>> {
         let result = self
             .dynamo
             .update_item()
@@ -333,14 +329,14 @@ impl Positions {
     /// Holds the stream, if it is still failing since `since` and not held
     /// (a re-drive that released it in between wins): the relay leaves it
     /// alone until [`Self::release`].
-    pub async fn hold(&self, stream: &str, since: i64, now: i64, reason: &str) -> Result<()> {
+    pub(crate) async fn hold(&self, stream: &str, since: i64, now: i64, reason: &str) -> Result<()> {
         let values = [(":now", n(now)), (":since", n(since)), (":reason", AttributeValue::S(reason.to_owned()))];
         let condition = "attribute_not_exists(held_at) AND failing_since = :since";
         self.update(stream, "SET held_at = :now, held_reason = :reason", Some(condition), &values).await
     }
 
     /// Lets the relay handle the stream again (a re-drive, before it relays what was held).
-    pub async fn release(&self, stream: &str) -> Result<()> {
+    pub(crate) async fn release(&self, stream: &str) -> Result<()> {
         self.update(stream, "REMOVE held_at, held_reason, failing_since", Some(TRACKED), &[]).await
     }
 

@@ -93,7 +93,7 @@ pub(crate) fn look_of(bounds: &[Bound], clock_floor: i64) -> Option<Look> {
 }
 
 /// The look at every shard Kinesis lists (see [`look_of`]).
-pub async fn look(
+pub(crate) async fn look(
     kinesis: &aws_sdk_kinesis::Client,
     dynamo: &aws_sdk_dynamodb::Client,
     stream: &str,
@@ -124,7 +124,7 @@ pub async fn look(
     })
 }
 
-pub async fn probe(
+pub(crate) async fn probe(
     kinesis: &aws_sdk_kinesis::Client,
     stream: &str,
     shard: &Shard,

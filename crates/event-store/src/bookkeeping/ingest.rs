@@ -35,7 +35,7 @@ fn minute_key(minute: i64) -> String {
 }
 
 /// Adds `counts` (minute start -> events) to the minutes' items.
-pub async fn add(dynamo: &aws_sdk_dynamodb::Client, table: &str, counts: &BTreeMap<i64, u64>) -> Result<()> {
+pub(crate) async fn add(dynamo: &aws_sdk_dynamodb::Client, table: &str, counts: &BTreeMap<i64, u64>) -> Result<()> {
     let add_one = |(minute, events): (i64, u64)| async move {
         dynamo
             .update_item()

@@ -19,7 +19,7 @@ fn late_key(slot: i64) -> String {
 }
 
 /// Marks `slots` as having late events (idempotent: the last time is kept).
-pub async fn mark(dynamo: &aws_sdk_dynamodb::Client, table: &str, slots: &BTreeSet<i64>) -> Result<()> {
+pub(crate) async fn mark(dynamo: &aws_sdk_dynamodb::Client, table: &str, slots: &BTreeSet<i64>) -> Result<()> {
     for slot in slots {
         dynamo
             .update_item()

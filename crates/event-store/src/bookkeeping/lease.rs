@@ -62,7 +62,7 @@ pub(crate) fn lease_of(item: &HashMap<String, AttributeValue>) -> Option<Lease> 
 /// and never behind the stored one; with `until`, the lease is extended (a
 /// hand-over) or, at 0, given up. False: another runner holds the lease (or
 /// the stored checkpoint is further on), and nothing was written.
-pub async fn save(
+pub(crate) async fn save(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     key: HashMap<String, AttributeValue>,
@@ -94,7 +94,7 @@ pub async fn save(
 
 /// Gives the lease at `key` up, if `owner` holds it (after an error, so a
 /// retry need not wait for it to expire; a lost lease is not ours to give up).
-pub async fn release(
+pub(crate) async fn release(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     key: HashMap<String, AttributeValue>,

@@ -45,7 +45,7 @@ fn n(value: i64) -> AttributeValue {
 
 /// Starts a new pass of the segment under `token`, unless its last pass
 /// is still running (unfinished, lease not expired at `now`). True when claimed.
-pub async fn claim(
+pub(crate) async fn claim(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (segment, total_segments): (u32, u32),
@@ -101,7 +101,7 @@ pub(crate) async fn claimable_segments(
 /// extends the lease to `lease_until` and returns the pass's state; `None`
 /// when `token` is not the segment's running pass (a later pass claimed it,
 /// another run took it on, it finished, or it never existed).
-pub async fn take(
+pub(crate) async fn take(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (segment, total_segments): (u32, u32),
@@ -164,7 +164,7 @@ pub(crate) async fn hand_over(
 /// The pass `token` is over (finished, stopped, or failed): the next
 /// scheduled run may claim the segment. False when `token` had lost the
 /// segment (its watermark must not move). Idempotent, so the SDK may retry it.
-pub async fn finish(
+pub(crate) async fn finish(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (segment, total_segments): (u32, u32),

@@ -28,7 +28,7 @@ pub struct ShardPosition {
 
 impl ShardPosition {
     /// True when `sequence` is at or before this position (already buffered).
-    pub fn covers(&self, sequence: &str) -> bool {
+    pub(crate) fn covers(&self, sequence: &str) -> bool {
         sortable_sequence(sequence) <= sortable_sequence(&self.sequence)
     }
 
@@ -59,7 +59,11 @@ fn position_key(shard_id: &str) -> String {
 }
 
 /// One shard's position (strongly consistent), if the pump has recorded one.
-pub async fn read(dynamo: &aws_sdk_dynamodb::Client, table: &str, shard_id: &str) -> Result<Option<ShardPosition>> {
+pub(crate) async fn read(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    shard_id: &str,
+) -> Result<Option<ShardPosition>> {
     let out = dynamo
         .get_item()
         .table_name(table)
@@ -73,14 +77,14 @@ pub async fn read(dynamo: &aws_sdk_dynamodb::Client, table: &str, shard_id: &str
 }
 
 /// Every shard's position, by shard id.
-pub async fn read_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<HashMap<String, ShardPosition>> {
+pub(crate) async fn read_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<HashMap<String, ShardPosition>> {
     let (items, _) = query_range(dynamo, table, PREFIX.to_owned(), format!("{PREFIX}~")).await?;
     Ok(items.iter().filter_map(ShardPosition::from_item).map(|p| (p.shard_id.clone(), p)).collect())
 }
 
 /// Moves a shard's position forward to `position` (never backward: a
 /// conditional write on the sortable sequence). False when it was already there.
-pub async fn advance(
+pub(crate) async fn advance(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     position: &ShardPosition,
@@ -139,7 +143,7 @@ pub(crate) async fn save_floor(
 }
 
 /// The floor recorded for a shard's records from `sequence` on, if any.
-pub async fn floor(
+pub(crate) async fn floor(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (shard_id, sequence): (&str, &str),

@@ -27,7 +27,7 @@ pub struct SlotRef {
 
 impl SlotRef {
     /// A slot stored under its own key only.
-    pub fn single(slot: i64) -> Self {
+    pub(crate) fn single(slot: i64) -> Self {
         Self { slot, subkeys: 1 }
     }
 }
@@ -92,7 +92,12 @@ pub async fn read_index(
 }
 
 /// The first non-empty slot in `[from, to)`, with one `Query` of one item.
-pub async fn first_slot(dynamo: &aws_sdk_dynamodb::Client, table: &str, from: i64, to: i64) -> Result<Option<SlotRef>> {
+pub(crate) async fn first_slot(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    from: i64,
+    to: i64,
+) -> Result<Option<SlotRef>> {
     if to <= from {
         return Ok(None);
     }

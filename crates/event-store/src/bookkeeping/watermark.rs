@@ -66,7 +66,7 @@ impl Pass {
     }
 
     /// Adds what one page had to leave in the buffer.
-    pub fn saw(&mut self, oldest_left: Option<i64>) {
+    pub(crate) fn saw(&mut self, oldest_left: Option<i64>) {
         self.oldest_left = match (self.oldest_left, oldest_left) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -79,7 +79,7 @@ impl Pass {
     /// allowance, and no later than a waiting record). `None` for a pass with
     /// no start, and for one that left an item whose arrival nobody can read
     /// (`oldest_left` is [`UNKNOWN_ARRIVAL`]): the watermark stays where it is.
-    pub fn watermark(&self, clock_allowance_ms: u64) -> Option<i64> {
+    pub(crate) fn watermark(&self, clock_allowance_ms: u64) -> Option<i64> {
         let started = self.pass_started_at?;
         if self.oldest_left == Some(UNKNOWN_ARRIVAL) {
             return None;

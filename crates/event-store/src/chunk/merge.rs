@@ -29,12 +29,12 @@ pub struct SlotMerge {
 
 impl SlotMerge {
     /// A merge over `sources` sources, handing out events in `(after, to]`.
-    pub fn new(sources: usize, after: Option<String>, to: String) -> Self {
+    pub(crate) fn new(sources: usize, after: Option<String>, to: String) -> Self {
         Self { frontiers: vec![Some(String::new()); sources], pending: Vec::new(), after, to, copies: 0 }
     }
 
     /// Adds a page of source `source`: its items' events, and whether the source has more.
-    pub fn add(&mut self, source: usize, events: Vec<EventItem>, last_item_key: Option<&str>, more: bool) {
+    pub(crate) fn add(&mut self, source: usize, events: Vec<EventItem>, last_item_key: Option<&str>, more: bool) {
         self.pending.extend(events);
         self.frontiers[source] = more.then(|| last_item_key.map(|k| first_key_of(k).to_owned()).unwrap_or_default());
     }
@@ -49,7 +49,7 @@ impl SlotMerge {
     }
 
     /// The events that are now final, in order, copies dropped.
-    pub fn ready(&mut self) -> Vec<EventItem> {
+    pub(crate) fn ready(&mut self) -> Vec<EventItem> {
         let bound = self.frontiers.iter().flatten().min().cloned();
         self.pending.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
         let split = match &bound {

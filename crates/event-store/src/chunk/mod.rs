@@ -66,7 +66,7 @@ pub struct ChunkEvent {
 
 impl ChunkEvent {
     /// The event's sort key in the event table (arrival, shard, sequence).
-    pub fn sort_key(&self) -> String {
+    pub(crate) fn sort_key(&self) -> String {
         event_item::sort_key(self.arrival, &self.event_id)
     }
 
@@ -230,7 +230,7 @@ pub(crate) fn first_key_of(sort_key: &str) -> &str {
 /// a sub-key in `0..subkeys` drawn from the key, so the same chunk always
 /// lands on the same item while a slot's chunks spread over `subkeys`
 /// partitions (each takes at most 1,000 write units a second).
-pub fn storage_slot(slot: i64, sort_key: &str, subkeys: u32) -> i64 {
+pub(crate) fn storage_slot(slot: i64, sort_key: &str, subkeys: u32) -> i64 {
     if subkeys <= 1 {
         return slot;
     }
@@ -261,7 +261,13 @@ pub struct ChunkItem {
 
 impl ChunkItem {
     /// The item of `packed` (events of `slot`, sorted), spread over `subkeys` sub-keys.
-    pub fn new(slot: i64, packed: &Packed, subkeys: u32, moved_at: i64, retention_days: Option<u32>) -> Option<Self> {
+    pub(crate) fn new(
+        slot: i64,
+        packed: &Packed,
+        subkeys: u32,
+        moved_at: i64,
+        retention_days: Option<u32>,
+    ) -> Option<Self> {
         let first = packed.events.iter().map(ChunkEvent::sort_key).min()?;
         let last = packed.events.iter().map(ChunkEvent::sort_key).max()?;
         let first_arrival = packed.events.iter().map(|e| e.arrival).min()?;
@@ -294,11 +300,11 @@ impl ChunkItem {
     }
 
     /// Its size as DynamoDB counts it.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         item_size(&self.to_item())
     }
 
-    pub fn fits(&self) -> bool {
+    pub(crate) fn fits(&self) -> bool {
         self.size() <= MAX_ITEM_BYTES
     }
 }

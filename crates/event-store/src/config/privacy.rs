@@ -63,7 +63,7 @@ impl SubjectsConfig {
     }
 
     /// The hash key's bytes, at least [`MIN_HASH_KEY_BYTES`].
-    pub fn hash_key(&self) -> Result<&[u8]> {
+    pub(crate) fn hash_key(&self) -> Result<&[u8]> {
         match self.hash_key.as_deref() {
             Some(key) if key.len() >= MIN_HASH_KEY_BYTES => Ok(key.as_bytes()),
             Some(_) => Err(Error::Config(format!("SUBJECT_HASH_KEY: at least {MIN_HASH_KEY_BYTES} characters"))),

@@ -45,7 +45,7 @@ fn reject(status: StatusCode, message: impl Into<String>) -> Reject {
 }
 
 /// An ETag for a version: `"3"`.
-pub fn etag(version: u64) -> String {
+pub(crate) fn etag(version: u64) -> String {
     format!("\"{version}\"")
 }
 

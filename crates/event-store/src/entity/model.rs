@@ -96,7 +96,7 @@ pub enum Expected {
 
 impl Expected {
     /// The version the first appended event gets if the expectation holds.
-    pub(crate) fn first_version(self) -> Option<u64> {
+    pub fn first_version(self) -> Option<u64> {
         match self {
             Expected::Any => None,
             Expected::NoStream => Some(0),
@@ -168,7 +168,7 @@ pub struct StoredEventItem {
 
 impl StoredEventItem {
     /// Its size as the limits count it.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.id.len() + self.event_type.len() + self.payload_len() + self.metadata.as_ref().map_or(0, String::len)
     }
 
@@ -237,7 +237,7 @@ pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventI
 
 /// Checks what an append stores against `limits` (again once its data is sealed: sealed data is
 /// another size).
-pub fn check(stored: &[StoredEventItem], limits: Limits) -> Result<(), Invalid> {
+pub(crate) fn check(stored: &[StoredEventItem], limits: Limits) -> Result<(), Invalid> {
     let mut total = 0;
     for (i, item) in stored.iter().enumerate() {
         let size = item.size();
@@ -371,12 +371,12 @@ mod json_text {
 }
 
 impl Batch {
-    pub fn last(&self) -> u64 {
+    pub(crate) fn last(&self) -> u64 {
         self.first + self.events.len() as u64 - 1
     }
 
     /// The batch's events with their versions, as readers see them.
-    pub fn read(&self) -> impl Iterator<Item = RecordedEvent> + '_ {
+    pub(crate) fn read(&self) -> impl Iterator<Item = RecordedEvent> + '_ {
         self.events
             .iter()
             .enumerate()
@@ -384,7 +384,7 @@ impl Batch {
     }
 
     /// True when this batch holds exactly these events (by id): the same request.
-    pub fn holds(&self, events: &[StoredEventItem]) -> bool {
+    pub(crate) fn holds(&self, events: &[StoredEventItem]) -> bool {
         self.events.len() == events.len() && self.events.iter().zip(events).all(|(a, b)| a.id == b.id)
     }
 }
@@ -466,7 +466,7 @@ pub enum StreamItem {
 }
 
 impl StreamItem {
-    pub fn decode(item: HashMap<String, AttributeValue>) -> Result<Self, crate::Error> {
+    pub(crate) fn decode(item: HashMap<String, AttributeValue>) -> Result<Self, crate::Error> {
         let key = match item.get(RANGE_KEY) {
             Some(AttributeValue::S(key)) => key.clone(),
             _ => return Err(crate::Error::Malformed("entity item without a sort key".into())),

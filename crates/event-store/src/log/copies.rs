@@ -60,12 +60,9 @@ impl RecentIds {
         event.and_then(envelope_id).is_some_and(|id| !self.first_sight(id, arrival))
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
     }
 }
 

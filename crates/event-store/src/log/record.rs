@@ -80,7 +80,7 @@ impl PlayedEvent {
 
     /// The marker put in place of an event whose record would be `bytes`
     /// long, with where its payload is when it was offloaded.
-    pub fn too_large(event: &EventItem, bytes: usize, payload: Option<&OffloadRef>, seq: u64) -> Self {
+    pub(crate) fn too_large(event: &EventItem, bytes: usize, payload: Option<&OffloadRef>, seq: u64) -> Self {
         let payload = payload.map(OffloadRef::location);
         let place = TooLarge { slot: event.slot, sort_key: event.sort_key.clone(), bytes, payload };
         Self { too_large: Some(place), ..Self::new(event, None, &[], seq) }.without_data()

@@ -100,7 +100,7 @@ impl Tiers {
     }
 
     /// The keys this reader opens sealed events with.
-    pub fn keys(&self) -> Option<Arc<Keys>> {
+    pub(crate) fn keys(&self) -> Option<Arc<Keys>> {
         self.keys.clone()
     }
 
@@ -146,7 +146,7 @@ impl Tiers {
 
     /// `events` with what [`Tiers::bytes`] says of each, [`OPEN_AT_ONCE`] of
     /// them opened at a time, handed out in their order.
-    pub fn opened(
+    pub(crate) fn opened(
         &self,
         events: Vec<EventItem>,
     ) -> impl futures::Stream<Item = (EventItem, Result<Readable>)> + Unpin + '_ {
@@ -171,7 +171,7 @@ impl Tiers {
     }
 
     /// Whether `slot` is archived, as far as the boundary was last read.
-    pub async fn archived(&self, dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<bool> {
+    pub(crate) async fn archived(&self, dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<bool> {
         let last = self.lock_boundary().seen;
         let seen = match last {
             Some(seen) => seen,
@@ -236,7 +236,7 @@ impl Tiers {
     /// the late ones the table holds, when the slot is marked). A slot before
     /// the boundary that no object holds had no events when it was
     /// archived: whatever the table holds for it came late.
-    pub async fn events(
+    pub(crate) async fn events(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
         table: &str,

@@ -50,7 +50,7 @@ pub struct Window {
 impl Window {
     /// `start..end` in ms: `end` before `start`, a start before 1970 or a
     /// window over `max` is an error.
-    pub fn checked(start: i64, end: i64, max: Duration) -> Result<Self> {
+    pub(crate) fn checked(start: i64, end: i64, max: Duration) -> Result<Self> {
         if end < start {
             return Err(Error::BadInput(format!("end {} is before start {}", format_ms(end), format_ms(start))));
         }

@@ -18,7 +18,7 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    pub fn new(records_per_second: u64, bytes_per_second: u64) -> Self {
+    pub(crate) fn new(records_per_second: u64, bytes_per_second: u64) -> Self {
         Self {
             records_per_second: records_per_second.max(1) as f64,
             bytes_per_second: bytes_per_second.max(1) as f64,

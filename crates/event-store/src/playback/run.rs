@@ -102,7 +102,7 @@ pub struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    pub fn new(
+    pub(crate) fn new(
         playback: &'a Playback,
         request: &'a PlaybackRequest,
         window: &'a Window,
@@ -131,7 +131,7 @@ impl<'a> Run<'a> {
 
     /// Takes one page: queues its events, puts every full batch, reports a
     /// finished slot, and near the deadline stops.
-    pub async fn accept(&mut self, page: Page) -> Result<Flow> {
+    pub(crate) async fn accept(&mut self, page: Page) -> Result<Flow> {
         self.summary.queries += page.queries;
         self.summary.unreadable += page.unreadable;
         let mut opened = self.playback.tiers.opened(page.events);
@@ -241,7 +241,7 @@ impl<'a> Run<'a> {
     /// The last page is in: puts the rest (unless the pace would take it
     /// into the deadline margin: then the continuation does) and marks the
     /// checkpoint done, giving up the lease.
-    pub async fn finish(mut self) -> Result<PlaybackSummary> {
+    pub(crate) async fn finish(mut self) -> Result<PlaybackSummary> {
         let batch = std::mem::take(&mut self.pending);
         if let Put::WouldCrossDeadline = self.put(batch, self.seq, Some(self.margin())).await? {
             let resume = self.checkpoint.clone();

@@ -23,7 +23,7 @@ pub struct Sealer {
 
 impl Sealer {
     /// The subject as the log keeps it: its keyed hash.
-    pub fn subject(&self) -> &str {
+    pub(crate) fn subject(&self) -> &str {
         &self.subject
     }
 
@@ -45,7 +45,7 @@ impl Sealer {
 
 impl Subjects {
     /// The sealer of the subject `id` (hashed here): its current key, made when it has none.
-    pub async fn sealer(&self, id: &str) -> Result<Sealer> {
+    pub(crate) async fn sealer(&self, id: &str) -> Result<Sealer> {
         let subject = self.hash(id);
         let (generation, key) = self.keys.sealing_key(&subject).await?;
         Ok(Sealer { subject, generation, key })

@@ -169,7 +169,7 @@ impl Keys {
     /// The generation `subject`'s new events are sealed under, made here when
     /// it has none, was forgotten, or its current one was destroyed (what the
     /// `keys` function runs). Never opens a key, never overwrites an item.
-    pub async fn make(&self, subject: &str) -> Result<u64> {
+    pub(crate) async fn make(&self, subject: &str) -> Result<u64> {
         for _ in 0..5 {
             let generation = match self.head(subject).await? {
                 None => self.create(subject, 0).await?,

@@ -29,7 +29,7 @@ pub struct MadeAnswer {
 }
 
 /// Asks the `keys` function to make `subject`'s key; its generation.
-pub async fn invoke(lambda: &aws_sdk_lambda::Client, name: &str, subject: &str) -> Result<u64> {
+pub(crate) async fn invoke(lambda: &aws_sdk_lambda::Client, name: &str, subject: &str) -> Result<u64> {
     let payload = serde_json::to_vec(&MakeRequest { subject: subject.to_owned() })
         .map_err(|e| Error::Key(format!("encoding a key request: {e}")))?;
     let out = lambda

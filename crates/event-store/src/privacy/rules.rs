@@ -49,7 +49,7 @@ impl FromStr for StreamSubjects {
 
 impl StreamSubjects {
     /// The subject's plain id of `stream`'s events, if the stream is one: its name.
-    pub fn subject<'a>(&self, stream: &'a str) -> Option<&'a str> {
+    pub(crate) fn subject<'a>(&self, stream: &'a str) -> Option<&'a str> {
         let is = match self {
             StreamSubjects::All => true,
             StreamSubjects::Prefixes(prefixes) => prefixes.iter().any(|p| stream.starts_with(p.as_str())),
@@ -93,7 +93,7 @@ impl FromStr for SubjectRule {
 impl SubjectRule {
     /// The subject's plain id, if the event has one: a non-empty string or a
     /// number where the rule points.
-    pub fn subject(&self, query: &BTreeMap<String, Vec<String>>, body: Option<&Value>) -> Option<String> {
+    pub(crate) fn subject(&self, query: &BTreeMap<String, Vec<String>>, body: Option<&Value>) -> Option<String> {
         let from_query = |name: &str| query.get(name).and_then(|v| v.first()).cloned();
         let scalar = |v: &Value| match v {
             Value::String(s) => Some(s.clone()),

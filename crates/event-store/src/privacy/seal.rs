@@ -71,7 +71,7 @@ fn decompress(plaintext: Vec<u8>, encoding: Option<&str>) -> Result<Vec<u8>> {
 }
 
 /// The `forgotten` marker of a generation destroyed at `at`.
-pub fn forgotten(at: &str, generation: u64) -> Value {
+pub(crate) fn forgotten(at: &str, generation: u64) -> Value {
     json!({ "at": at, "generation": generation })
 }
 

@@ -37,7 +37,7 @@ pub struct Binding {
 }
 
 impl Binding {
-    pub fn new(start: i64, end: i64, filter: &[Filter]) -> Self {
+    pub(crate) fn new(start: i64, end: i64, filter: &[Filter]) -> Self {
         Self { start, end, filter: serde_json::to_string(filter).unwrap_or_default() }
     }
 }
@@ -104,7 +104,7 @@ pub struct Claim<'a> {
 /// or held by `previous` (the continuation's predecessor hands it on).
 /// Unless starting fresh, the stored binding must be the claim's (or
 /// absent: the first run binds the id).
-pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
+pub(crate) async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
     let lease_free = LEASE_FREE;
     let same_binding =
         "(attribute_not_exists(window_start) OR (window_start = :ws AND window_end = :we AND #filter = :filter))";
@@ -151,7 +151,7 @@ pub async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, clai
 /// Saves `checkpoint` while `owner` holds the lease, and never behind the
 /// stored one; with `until`, the lease is extended (a hand-over) or, at 0,
 /// given up. Another runner's lease: [`Error::LeaseLost`], nothing written.
-pub async fn save(
+pub(crate) async fn save(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     id: &str,
@@ -166,6 +166,6 @@ pub async fn save(
 }
 
 /// Gives the lease up (after an error, so a retry need not wait for it to expire).
-pub async fn release(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, owner: &str) -> Result<()> {
+pub(crate) async fn release(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, owner: &str) -> Result<()> {
     lease::release(dynamo, table, key(id), owner).await
 }

@@ -141,7 +141,7 @@ pub struct PageOutcome {
 impl PagePlan {
     /// Plans the page `items`; slots in `indexed` already have their index
     /// entry from an earlier page of this run (one index write per slot per run).
-    pub fn new(items: Vec<HashMap<String, AttributeValue>>, moving: Moving, indexed: &BTreeSet<i64>) -> Self {
+    pub(crate) fn new(items: Vec<HashMap<String, AttributeValue>>, moving: Moving, indexed: &BTreeSet<i64>) -> Self {
         let mut plan = PagePlan { time_unit_ms: moving.time_unit_ms, ..PagePlan::default() };
         let mut writes = Vec::new();
         for attributes in items {
@@ -210,7 +210,7 @@ impl PagePlan {
     /// Given the event-table writes that failed, splits the page's buffer
     /// ids into those to delete and those to leave
     /// (`docs/design.md#2-delete-after-durable-copy`).
-    pub fn settle(&mut self, not_written: &[TableKey]) -> Settled {
+    pub(crate) fn settle(&mut self, not_written: &[TableKey]) -> Settled {
         let mut settled = Settled { left: std::mem::take(&mut self.unbuilt), ..Settled::default() };
         let mut sources = std::mem::take(&mut self.sources);
         for key in not_written {
@@ -239,14 +239,14 @@ impl PagePlan {
 
     /// The slots this page writes events into that `watermark` has already
     /// passed (they get a late marker first: [`crate::bookkeeping::late_slots`]).
-    pub fn late_slots(&self, watermark: Option<i64>) -> BTreeSet<i64> {
+    pub(crate) fn late_slots(&self, watermark: Option<i64>) -> BTreeSet<i64> {
         let Some(watermark) = watermark else { return BTreeSet::new() };
         self.arrivals.values().flatten().filter(|(arrival, _)| *arrival < watermark).map(|(_, slot)| *slot).collect()
     }
 
     /// What the page did, given the deletes that failed; `watermark` (when
     /// known) makes moved events behind it late.
-    pub fn outcome(&self, settled: Settled, not_deleted: &[String], watermark: Option<i64>) -> PageOutcome {
+    pub(crate) fn outcome(&self, settled: Settled, not_deleted: &[String], watermark: Option<i64>) -> PageOutcome {
         let mut left = settled.left;
         let failed_deletes: HashSet<&String> = not_deleted.iter().collect();
         let moved: Vec<&String> = settled.delete.iter().filter(|id| !failed_deletes.contains(id)).collect();

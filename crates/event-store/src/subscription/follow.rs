@@ -33,13 +33,13 @@ pub struct Follow {
 }
 
 impl Follow {
-    pub fn new(follow: Duration, continuation: bool, now: Instant) -> Self {
+    pub(crate) fn new(follow: Duration, continuation: bool, now: Instant) -> Self {
         Self { follow, met: 0, active_at: continuation.then_some(now) }
     }
 
     /// After a look: `met`, the events the rounds have met so far; `near_deadline`, whether
     /// the run must stop now; `poll`, the time between looks.
-    pub fn next(&mut self, met: usize, near_deadline: bool, poll: Duration, now: Instant) -> Next {
+    pub(crate) fn next(&mut self, met: usize, near_deadline: bool, poll: Duration, now: Instant) -> Next {
         if met > self.met {
             (self.met, self.active_at) = (met, Some(now));
         }

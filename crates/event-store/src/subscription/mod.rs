@@ -165,10 +165,6 @@ impl Subscriptions {
         self
     }
 
-    pub fn config(&self) -> &SubscriptionConfig {
-        &self.config
-    }
-
     /// One invocation through `invoked_arn` (the context's `invoked_function_arn`):
     /// through the tick alias a tick, whatever the payload; otherwise as [`Self::handle`].
     pub async fn handle_invoked(&self, invoked_arn: &str, payload: Value, deadline: SystemTime) -> Result<Answer> {
@@ -222,7 +218,7 @@ impl Subscriptions {
     /// The schedule's tick: every subscription's lag, and a runner started
     /// for each partition of an active subscription that has none (its
     /// lease free or expired) and is not stopped.
-    pub async fn tick(&self) -> Result<TickSummary> {
+    pub(crate) async fn tick(&self) -> Result<TickSummary> {
         self.ensure_time_unit().await?;
         let (sealed_end, subscriptions) = self.statuses().await?;
         let mut started = 0;

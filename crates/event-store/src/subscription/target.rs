@@ -69,7 +69,7 @@ impl DeliveredEvent {
     /// target could not take it in one record (it would refuse the whole
     /// request), a marker in its place, in order, with where its payload lies
     /// (as playback does).
-    pub fn record(mut self, event: &EventItem, to: &Target, offloaded: Option<&OffloadRef>) -> Result<Vec<u8>> {
+    pub(crate) fn record(mut self, event: &EventItem, to: &Target, offloaded: Option<&OffloadRef>) -> Result<Vec<u8>> {
         let data = serde_json::to_vec(&self).map_err(|e| Error::encode("delivered event", e))?;
         if !matches!(to, Target::Kinesis(_)) || fits_one_record(&event.partition_key, data.len()) {
             return Ok(data);
@@ -322,7 +322,7 @@ pub(crate) fn read_answer(events: &[Delivery], function_error: Option<&str>, pay
 }
 
 /// One synchronous `Invoke` of a Lambda target with `events`.
-pub async fn invoke(
+pub(crate) async fn invoke(
     lambda: &aws_sdk_lambda::Client,
     function: &str,
     (subscription, partition): (&str, u32),

@@ -89,7 +89,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// True when the delivery must come again for this stream.
-    pub fn retry(self) -> bool {
+    pub(crate) fn retry(self) -> bool {
         matches!(self, Outcome::Partial | Outcome::Failing)
     }
 }

@@ -101,7 +101,7 @@ pub(crate) async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, nam
     get(dynamo, table, name).await?.ok_or_else(|| Error::BadInput(format!("no subscription named {name:?}")))
 }
 
-pub async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Subscription>> {
+pub(crate) async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Subscription>> {
     let (items, _) = query_range(dynamo, table, definition_key(""), definition_key(LAST)).await?;
     items.iter().map(|item| decode(item, "subscription")).collect()
 }
@@ -174,7 +174,11 @@ async fn partition_items(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &
 }
 
 /// The stored partitions of `sub` (not those an earlier subscription of its name left).
-pub async fn partitions(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<Vec<Partition>> {
+pub(crate) async fn partitions(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    sub: &Subscription,
+) -> Result<Vec<Partition>> {
     let mut stored = partition_items(dynamo, table, &sub.name).await?;
     stored.retain(|p| p.sub_id.as_deref() == Some(sub.id.as_str()));
     Ok(stored)
@@ -261,7 +265,7 @@ pub async fn take(
 
 /// Saves the partition's checkpoint while `owner` holds the lease (see
 /// [`lease::save`]); lost: [`Error::LeaseLost`], nothing written.
-pub async fn save(
+pub(crate) async fn save(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (name, partition): (&str, u32),
@@ -276,7 +280,7 @@ pub async fn save(
     Err(Error::LeaseLost(format!("subscription {name} partition {partition}: another runner holds it now")))
 }
 
-pub async fn release(
+pub(crate) async fn release(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (name, partition): (&str, u32),
@@ -288,7 +292,7 @@ pub async fn release(
 /// Saves `checkpoint` (just past a parked event) and stops the partition in
 /// the same write (its lease holder parked an event and the subscription
 /// says stop), giving the lease up; `resume` clears it.
-pub async fn stop(
+pub(crate) async fn stop(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (name, partition): (&str, u32),
@@ -328,7 +332,7 @@ pub async fn stop(
 /// the stored one by a batch (what a runner can deliver before its next
 /// save), so a sequence number never names two events. The subscription's
 /// `start_ms` becomes `to`.
-pub async fn reset(
+pub(crate) async fn reset(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     sub: &Subscription,
@@ -439,7 +443,7 @@ pub async fn park(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, pa
 }
 
 /// The parked events of `sub`, in log order.
-pub async fn parked(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<Vec<Parked>> {
+pub(crate) async fn parked(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<Vec<Parked>> {
     let prefix = parked_prefix(&sub.name);
     let (items, _) = query_range(dynamo, table, prefix.clone(), format!("{prefix}{LAST}")).await?;
     let all: Vec<Parked> = items.iter().map(|item| decode(item, "parked event")).collect::<Result<_>>()?;
@@ -460,7 +464,7 @@ pub async fn unpark(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, 
 
 /// Deletes the subscription, its partitions and its parked events (runners
 /// still going stop at their next look at the definition, or lose their lease).
-pub async fn delete(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
+pub(crate) async fn delete(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
     existing(dynamo, table, name).await?;
     let mut keys = vec![definition_key(name)];
     for (from, to) in [

@@ -146,7 +146,7 @@ fn bad(message: &str) -> Error {
 }
 
 /// Names are part of bookkeeping sort keys: a short, plain alphabet.
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(plain) {
         return Err(bad(&format!("subscription name {name:?}: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 _ - .")));
