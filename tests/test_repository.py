@@ -1,6 +1,8 @@
 """The repository's own shape: every relative link in README.md and docs/
-points at a file (and heading) that exists, and the core crate's modules
-depend on each other without cycles, each file under 500 lines."""
+points at a file (and heading) that exists; the core crate's modules depend
+on each other without cycles, and no stage on another stage; no source file
+is over 500 lines; the core crate's public surface stays narrow; and
+docs/layout.md lists exactly the core crate's files."""
 
 import re
 from pathlib import Path
@@ -172,6 +174,129 @@ def test_the_core_crate_has_no_import_cycle():
     assert not files and not cycles(top), f"import cycles: {files or cycles(top)}"
 
 
-def test_no_core_file_is_over_500_lines():
-    long = {str(p.relative_to(CORE)): n for p in CORE.rglob("*.rs") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+# The stages, each a peer of the others: what one needs of another belongs in a
+# floor below both (the log reader, bookkeeping, the readers' items, codecs, ...).
+STAGES = ("load", "pump", "scan", "playback", "subscription", "entity", "archiver", "privacy::manage", "status")
+
+
+def stage_of(module: str):
+    for stage in STAGES:
+        if module == stage or module.startswith(stage + "::"):
+            return stage
+    return None
+
+
+def sideways(graph: dict) -> list:
+    """Each import of one stage's module by another stage's."""
+    found = []
+    for module, names in graph.items():
+        for name in names:
+            a, b = stage_of(module), stage_of(name)
+            if a and b and a != b:
+                found.append(f"{module} -> {name}")
+    return sorted(found)
+
+
+def test_a_sideways_import_is_found():
+    graph = {"load": {"http"}, "subscription::runner": {"log::reader", "playback::run"}, "privacy::door": {"crypto"}}
+    assert sideways(graph) == ["subscription::runner -> playback::run"]
+    assert sideways({"status": {"privacy::manage"}}) == ["status -> privacy::manage"]
+
+
+def test_no_stage_imports_another_stage():
+    modules = {module_of(p): p for p in CORE.rglob("*.rs")}
+    graph = dependencies(modules)
+    assert all(stage in graph for stage in STAGES), "every stage is a module"
+    found = sideways(graph)
+    assert not found, f"stages import each other (move what they share into a floor): {found}"
+
+
+def source_files() -> list:
+    """Every Rust file under a crate's or a function's src/, test-only files aside."""
+    files = [*ROOT.glob("crates/*/src/**/*.rs"), *ROOT.glob("functions/*/src/**/*.rs")]
+    return [p for p in files if p.name != "tests.rs" and "tests" not in p.relative_to(ROOT).parts[3:-1]]
+
+
+def test_no_source_file_is_over_500_lines():
+    files = source_files()
+    assert CORE / "lib.rs" in files and ROOT / "crates" / "cli" / "src" / "main.rs" in files
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split by concept: {long}"
+
+
+def public_fns(core: Path) -> tuple:
+    """(`pub fn`s in the crate, those reachable from outside it): a function
+    is reachable when every module around it is `pub mod` from the crate's
+    root, or it is a method of a type a public module re-exports."""
+    code = {}
+    for p in core.rglob("*.rs"):
+        if p.name != "tests.rs":
+            code[module_of_in(p, core)] = re.split(r"#\[cfg\(test\)\]\s*mod tests", p.read_text())[0]
+    public, grew = {""}, True
+    while grew:
+        grew = False
+        for module in sorted(public):
+            for name in re.findall(r"^\s*pub mod (\w+)\s*;", code.get(module, ""), re.M):
+                child = f"{module}::{name}" if module else name
+                if child in code and child not in public:
+                    public.add(child)
+                    grew = True
+    reexported = set()
+    for module in public:
+        for group in re.findall(r"^\s*pub use ([^;]+);", code.get(module, ""), re.M):
+            reexported.update(re.findall(r"\b([A-Z]\w*)\b", group))
+    total = reachable = 0
+    for module, text in code.items():
+        depth, impl, impl_depth = 0, None, None
+        for line in text.splitlines():
+            opened = re.match(r"\s*impl(?:<[^>]*>)?\s+(?:[\w:]+(?:<[^>]*>)?\s+for\s+)?([\w:]+)", line)
+            if opened and impl is None and line.rstrip().endswith("{"):
+                impl, impl_depth = opened.group(1).split("::")[-1], depth
+            if re.match(r"\s*pub (async |const |unsafe )*fn ", line):
+                total += 1
+                reachable += module in public or (impl is not None and impl in reexported)
+            depth += line.count("{") - line.count("}")
+            if impl is not None and depth <= impl_depth:
+                impl = None
+    return total, reachable
+
+
+def module_of_in(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] in ("mod", "lib"):
+        parts = parts[:-1]
+    return "::".join(parts)
+
+
+def test_the_public_surface_is_counted(tmp_path):
+    (tmp_path / "lib.rs").write_text("pub mod a;\nmod b;\npub use b::Thing;\n")
+    (tmp_path / "a.rs").write_text("pub fn one() {}\npub(crate) fn two() {}\n")
+    (tmp_path / "b.rs").write_text("pub struct Thing;\nimpl Thing {\n    pub fn three() {}\n}\npub fn four() {}\n")
+    assert public_fns(tmp_path) == (3, 2)
+
+
+# 435 functions were reachable from outside the core crate before it was
+# narrowed to what the CLI, the local stack, the bench and the tests use
+# (issue 44); keep it at most half of that.
+MAX_PUBLIC_FNS = 217
+
+
+def test_the_core_crates_public_surface_stays_narrow():
+    total, reachable = public_fns(CORE)
+    print(f"core crate: {total} pub fns, {reachable} reachable from outside")
+    assert reachable <= MAX_PUBLIC_FNS, f"{reachable} pub fns reachable from outside the core crate: make the rest pub(crate)"
+
+
+def layout_entries(page: Path) -> set:
+    """The core files docs/layout.md names: the `.rs` paths of its
+    `crates/event-store/src/` block, relative to that directory."""
+    text = page.read_text()
+    block = text.split("crates/event-store/src/\n", 1)[1].split("```", 1)[0]
+    return set(re.findall(r"[\w/]+\.rs\b", block))
+
+
+def test_the_layout_page_names_every_core_file_and_no_other():
+    listed = layout_entries(ROOT / "docs" / "layout.md")
+    present = {str(p.relative_to(CORE)) for p in CORE.rglob("*.rs")}
+    assert not present - listed, f"core files docs/layout.md does not name: {sorted(present - listed)}"
+    assert not listed - present, f"docs/layout.md names files that do not exist: {sorted(listed - present)}"
