@@ -523,8 +523,8 @@ def drive_the_deployed_stack(lam, api, env, kinesis, dynamo, sqs, outputs, moto_
     assert (code, queued["pump dead-letter queue"], queued["relay dead-letter queue"]) == (1, 1, 1), out
     code, out, err = event_store(["redrive"], env)
     assert code == 0, out + err
-    assert "pump dead-letter queue: re-drove 1 messages (1 records buffered again)" in out, out
-    assert "relay dead-letter queue: re-drove 1 messages" in out, out
+    assert "pump dead-letter queue: drained 1 messages (1 records buffered again)" in out, out
+    assert "relay dead-letter queue: drained 1 messages" in out, out
     for url in (outputs["PumpDeadLetterQueueUrl"], outputs["RelayDeadLetterQueueUrl"]):
         attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
         assert (attributes["ApproximateNumberOfMessages"], attributes["ApproximateNumberOfMessagesNotVisible"]) == ("0", "0")

@@ -61,7 +61,7 @@ enum Command {
         #[arg(long)]
         stall_after: Option<u32>,
     },
-    /// Play a window of the sealed log back onto the playback stream, in order, with a progress bar.
+    /// Play a window of the complete log back onto the playback stream, in order, with a progress bar.
     Playback(playback::Args),
     /// Manage subscriptions (what the subscriptions function does for {"action": ...}); prints its answer as JSON.
     Subscription {
@@ -94,7 +94,7 @@ enum Command {
         /// The subject's id, as the events carry it (an EntityId, say).
         subject: String,
     },
-    /// Print the sealed log's events as their slots seal, one JSON line each, until Ctrl-C (or --count).
+    /// Print the complete log's events as their slots complete, one JSON line each, until Ctrl-C (or --count).
     Tail {
         /// `now`, `beginning`, or a time (ISO 8601 or epoch ms).
         #[arg(long, default_value = "now")]
@@ -150,7 +150,7 @@ async fn run(cli: Cli) -> Exit {
             fail(&"the local stack has no dead-letter queues of its own: name one with --queue URL", Exit::BadUsage)
         }
         Verb::Redrive(choice) => {
-            let results = redrive::redrive(&stack, choice).await;
+            let results = redrive::drain_queues(&stack, choice).await;
             redrive::report(&results, cli.json);
             if results.iter().any(|(_, _, drained)| drained.is_err()) {
                 Exit::StoreError
@@ -259,7 +259,11 @@ async fn play(stack: &Stack, request: event_store::playback::PlaybackRequest, js
 
 async fn tail(stack: &Stack, from: i64, filters: &[event_store::log::Filter], count: Option<u64>) -> Exit {
     let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
-    eprintln!("following the sealed log of {} from {} (Ctrl-C stops)", stack.label, event_store::time::format_ms(from));
+    eprintln!(
+        "following the complete log of {} from {} (Ctrl-C stops)",
+        stack.label,
+        event_store::time::format_ms(from)
+    );
     let stop = async {
         // Without a Ctrl-C handler, follow until --count or a closed stdout.
         if tokio::signal::ctrl_c().await.is_err() {

@@ -1,5 +1,5 @@
 //! `event-store redrive`: the pump's and the relay's dead-letter queues,
-//! re-driven in this process with the caller's credentials. A pump failure
+//! drained in this process with the caller's credentials. A pump failure
 //! record's range is read back from the event stream and buffered again
 //! (from the arrival floor the pump saved, so what was stored keeps its sort
 //! keys); a relay message's held entity streams are relayed from the entity
@@ -31,7 +31,7 @@ pub struct Args {
     queue: Option<String>,
 }
 
-/// The queue a re-drive reads, and whose messages it is.
+/// The queue a drain reads, and whose messages it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Pump,
@@ -75,10 +75,10 @@ impl Choice {
 }
 
 /// What one queue gave.
-pub type Redriven = (Kind, String, Result<Drained>);
+pub type QueueDrained = (Kind, String, Result<Drained>);
 
 /// Drains each chosen queue, one after the other whatever the last one gave.
-pub async fn redrive(stack: &Stack, choice: Choice) -> Vec<Redriven> {
+pub async fn drain_queues(stack: &Stack, choice: Choice) -> Vec<QueueDrained> {
     let mut out = Vec::new();
     for kind in choice.kinds {
         let queue = match &choice.queue {
@@ -126,14 +126,14 @@ async fn drain(stack: &Stack, kind: Kind, queue: &str) -> Result<Drained> {
             };
             let relay = Relay::new(kinesis, dynamo, sqs.clone(), config);
             let relay = &relay;
-            drain_with(&sqs, queue, |body| async move { relay.redrive_message(&body).await.map(|done| done.versions) })
+            drain_with(&sqs, queue, |body| async move { relay.rerelay_message(&body).await.map(|done| done.versions) })
                 .await?
         }
     })
 }
 
 /// One line per queue (a failed one on stderr), or JSON.
-pub fn report(results: &[Redriven], json_out: bool) {
+pub fn report(results: &[QueueDrained], json_out: bool) {
     if json_out {
         let value: Vec<Value> = results
             .iter()
@@ -157,7 +157,7 @@ pub fn report(results: &[Redriven], json_out: bool) {
         };
         match drained {
             Ok(d) => println!(
-                "{}: re-drove {} messages ({} {what}); {} left in the queue",
+                "{}: drained {} messages ({} {what}); {} left in the queue",
                 kind.queue_name(),
                 d.messages,
                 d.records,

@@ -1,4 +1,4 @@
-//! `event-store tail`: the sealed log's events as their slots seal, one
+//! `event-store tail`: the complete log's events as their slots complete, one
 //! JSON line each (the played-record shape), read straight from the event
 //! table with the caller's credentials, local or deployed alike.
 
@@ -22,7 +22,7 @@ use serde_json::Value;
 /// How often the watermark is read while the log is followed.
 const POLL: Duration = Duration::from_secs(1);
 
-/// Prints the events of the sealed log from `from` (ms) on, until `limit`
+/// Prints the events of the complete log from `from` (ms) on, until `limit`
 /// events are printed, stdout is closed (`| head`) or `stop` resolves;
 /// returns how many it printed.
 pub async fn tail(
@@ -62,8 +62,8 @@ async fn follow(
     let mut closed = false;
     let done = |printed: u64, closed: bool| closed || limit.is_some_and(|l| printed >= l);
     while !done(*printed, closed) {
-        let sealed_end = watermark::read(dynamo, table).await?.sealed_end(unit);
-        if let Some(end) = sealed_end.filter(|end| position.slot < *end) {
+        let complete_end = watermark::read(dynamo, table).await?.complete_end(unit);
+        if let Some(end) = complete_end.filter(|end| position.slot < *end) {
             let window = Window { start: from, end };
             let (slots, _) = read_index(dynamo, table, position.slot, end).await?;
             let reader = Reader {

@@ -98,7 +98,10 @@ async fn status_names_what_is_stalled_and_says_healthy_when_nothing_is() {
     let with_parked = event_store(&["status", "--json"], &local);
     let json = json_of(&with_parked);
     assert_eq!(with_parked.status.code(), Some(1), "{json}");
-    assert_eq!(json["verdict"]["problems"], serde_json::json!(["subscription orders: 1 parked event (re-drive them)"]));
+    assert_eq!(
+        json["verdict"]["problems"],
+        serde_json::json!(["subscription orders: 1 parked event (re-deliver them)"])
+    );
     assert_eq!(
         (json["subscriptions"][0]["name"].as_str(), json["subscriptions"][0]["parked"].as_u64()),
         (Some("orders"), Some(1))

@@ -33,7 +33,7 @@ fn stderr(output: &Output) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_command_line() {
+async fn subscriptions_are_managed_and_the_complete_log_is_followed_from_the_command_line() {
     let stack = common::LocalStack::start().await;
     let moto = &stack.moto;
     let (dynamo, kinesis, names) = (stack.dynamo.clone(), stack.kinesis.clone(), stack.names.clone());
@@ -62,7 +62,7 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     let pump = Pump::new(dynamo.clone(), kinesis.clone(), PumpConfig::new(&names.buffer_table, &names.event_table));
     let answer = pump.handle(event_store::kinesis::lambda_event(&arn, shard, "us-east-1", &records)).await;
     assert!(answer.batch_item_failures.is_empty());
-    // Past the events' slot, so the pass seals it.
+    // Past the events' slot, so the pass completes it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let scan = ScanConfig { segments: 1, ..scan_config(&names) };
     for pass in run_scan(dynamo.clone(), kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(60))).await {
@@ -78,9 +78,9 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     assert_eq!(ns, [0, 2, 3], "{lines:?}");
     assert!(stderr(&tail).ends_with("3 events"), "{}", stderr(&tail));
 
-    // playback: the window up to the sealed end, onto the stage's playback stream, then said done.
+    // playback: the window up to the complete end, onto the stage's playback stream, then said done.
     let watermark = event_store::bookkeeping::watermark::read(&dynamo, &names.event_table).await.unwrap();
-    let sealed = event_store::time::format_ms(watermark.sealed_end(1000).unwrap());
+    let sealed = event_store::time::format_ms(watermark.complete_end(1000).unwrap());
     let window = ["--start", before.as_str(), "--end", sealed.as_str(), "--filter", "/kind=click"];
     let played = event_store(&[&["playback"], &window[..]].concat(), moto.port);
     assert_eq!(played.status.code(), Some(0), "{}", stderr(&played));
@@ -96,8 +96,8 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     let two_days_on = event_store::time::format_ms(event_store::time::now_ms() + 48 * 3_600_000);
     let future = event_store(&["playback", "--start", &before, "--end", &two_days_on], moto.port);
     assert_eq!(future.status.code(), Some(2), "over PLAYBACK_MAX_HOURS: {}", stderr(&future));
-    let unsealed = event_store::time::format_ms(event_store::time::now_ms() + 3_600_000);
-    let waiting = event_store(&["playback", "--start", &before, "--end", &unsealed], moto.port);
+    let incomplete = event_store::time::format_ms(event_store::time::now_ms() + 3_600_000);
+    let waiting = event_store(&["playback", "--start", &before, "--end", &incomplete], moto.port);
     assert_eq!(waiting.status.code(), Some(1), "past the watermark: {}", stderr(&waiting));
     assert!(String::from_utf8_lossy(&waiting.stdout).contains("is not complete yet"));
 
@@ -191,7 +191,7 @@ async fn subscriptions_are_managed_and_the_sealed_log_is_followed_from_the_comma
     assert_eq!(redriven.status.code(), Some(1), "one message left: {said} {}", stderr(&redriven));
     assert_eq!(
         said.trim(),
-        "pump dead-letter queue: re-drove 1 messages (4 records buffered again); 1 left in the queue"
+        "pump dead-letter queue: drained 1 messages (4 records buffered again); 1 left in the queue"
     );
     let scan = ScanConfig { segments: 1, ..scan_config(&names) };
     let moved: usize = run_scan(dynamo.clone(), kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(60)))

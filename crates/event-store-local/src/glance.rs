@@ -1,5 +1,5 @@
 //! What the local page at `/` shows, as JSON it polls: the store's status
-//! (the same as `event-store status`) and the events that sealed since its
+//! (the same as `event-store status`) and the events whose slots completed since its
 //! last look. Read with the stack's own clients; nothing here writes.
 
 use std::collections::VecDeque;
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// The newest events a look returns, at most.
 pub const RECENT_EVENTS: usize = 20;
-/// How far back the first look reaches (each later look reads only what sealed since).
+/// How far back the first look reaches (each later look reads only what completed since).
 const FIRST_LOOK_MS: i64 = 60_000;
 
 /// Where the page's data comes from.
@@ -32,11 +32,11 @@ pub struct Glance {
     pub keys: Option<std::sync::Arc<event_store::privacy::keys::Keys>>,
 }
 
-/// The events sealed in `[from, sealed_end)`, the newest [`RECENT_EVENTS`].
+/// The events sealed in `[from, complete_end)`, the newest [`RECENT_EVENTS`].
 #[derive(Debug, Serialize)]
 pub struct Recent {
     /// Where the next look starts (`?after=`); `None` before the first scan pass.
-    pub sealed_end: Option<i64>,
+    pub complete_end: Option<i64>,
     pub events: Vec<PlayedEvent>,
 }
 
@@ -46,12 +46,12 @@ impl Glance {
         Ok(status::gather(&self.clients, &self.resources, &Limits::default(), now).await?)
     }
 
-    /// What sealed since `after` (ms; the first look: the last minute).
+    /// What completed since `after` (ms; the first look: the last minute).
     pub async fn recent(&self, after: Option<i64>) -> Result<Recent> {
         let (dynamo, table) = (&self.clients.dynamo, self.resources.event_table.as_str());
         let unit = settings::time_unit(dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
-        let Some(end) = watermark::read(dynamo, table).await?.sealed_end(unit) else {
-            return Ok(Recent { sealed_end: None, events: vec![] });
+        let Some(end) = watermark::read(dynamo, table).await?.complete_end(unit) else {
+            return Ok(Recent { complete_end: None, events: vec![] });
         };
         let from = after.unwrap_or(end - FIRST_LOOK_MS).max(end - FIRST_LOOK_MS);
         let (slots, _) = read_index(dynamo, table, slot_of(from, unit), end).await?;
@@ -77,6 +77,6 @@ impl Glance {
             ControlFlow::Continue(())
         };
         reader.each_event(slots, Checkpoint::at_slot(slot_of(from, unit)), &mut recent, keep).await?;
-        Ok(Recent { sealed_end: Some(end), events: events.into() })
+        Ok(Recent { complete_end: Some(end), events: events.into() })
     }
 }

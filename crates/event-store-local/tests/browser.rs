@@ -109,7 +109,7 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
         assert_eq!(event.source_ip.as_deref(), Some("127.0.0.1"));
     }
 
-    // The page is the store at a glance: its chart counts both hits, and its list shows them as they seal.
+    // The page is the store at a glance: its chart counts both hits, and its list shows them as their slots complete.
     let (total, recent) = glance(&browser, 2).await;
     assert_eq!(total, 2, "the ingest chart: {recent:?}");
     assert!(recent.iter().any(|l| l.contains("\"path\":\"/track.gif\"")), "{recent:?}");

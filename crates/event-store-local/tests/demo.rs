@@ -9,7 +9,7 @@ use common::{figure, run_demo};
 use event_store_emulator::{answers, free_port};
 
 /// With no override: the template's settings, as a deployment runs them (the
-/// scan on its minute schedule, sealing because the pump wakes it; the
+/// scan on its minute schedule, completing slots because the pump wakes it; the
 /// subscription's runners started by the ticks the awake scan starts).
 #[test]
 fn a_small_demo_stores_and_plays_back_every_event_in_order() {

@@ -1,4 +1,4 @@
-//! The archiver: sealed slots older than the hot retention move from the
+//! The archiver: complete slots older than the hot retention move from the
 //! event table to S3 ([`crate::archive`]), one object at a time, oldest
 //! first, each within one hour of slots (laid
 //! out `date=…/hour=…` for Athena) and cut at [`ArchiveConfig::object_bytes`]:
@@ -141,11 +141,11 @@ impl Archiver {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let unit = settings::time_unit(dynamo, table).await?.unwrap_or(crate::config::DEFAULT_TIME_UNIT_MS);
         let mut summary = ArchiveSummary::default();
-        let Some(sealed_end) = watermark::read(dynamo, table).await?.sealed_end(unit) else {
+        let Some(complete_end) = watermark::read(dynamo, table).await?.complete_end(unit) else {
             return Ok(summary);
         };
         let retention = i64::try_from(self.config.hot_retention.as_millis()).unwrap_or(i64::MAX);
-        let cutoff = slot_of(sealed_end.min(now.saturating_sub(retention)), unit);
+        let cutoff = slot_of(complete_end.min(now.saturating_sub(retention)), unit);
         let mut head = store::head(dynamo, table).await?;
         loop {
             let boundary = store::boundary(dynamo, table).await?;

@@ -52,9 +52,8 @@ pub struct Sealed {
 pub(crate) fn seal(key: &[u8; 32], generation: u64, aad: &[u8], plaintext: &[u8]) -> Result<Sealed> {
     let cipher = Aes256Gcm::new(key.into());
     let nonce = Nonce::generate();
-    let sealed = cipher
-        .encrypt(&nonce, Payload { msg: plaintext, aad })
-        .map_err(|_| Error::Payload("sealing a payload failed".into()))?;
+    let sealed =
+        cipher.encrypt(&nonce, Payload { msg: plaintext, aad }).map_err(|_| Error::Payload("sealing failed".into()))?;
     let b64 = base64::engine::general_purpose::STANDARD;
     Ok(Sealed { v: SEALED_VERSION, g: generation, n: b64.encode(nonce.as_slice()), c: b64.encode(sealed), z: None })
 }

@@ -31,7 +31,7 @@ pub enum Error {
     /// Records that Kinesis kept rejecting after our retries.
     #[error("kinesis {operation}: {failed} records still failing after retries ({code})")]
     KinesisPartial { operation: &'static str, failed: usize, code: String },
-    /// An SQS call (the re-drive of a dead-letter queue) failed.
+    /// An SQS call (draining a dead-letter queue) failed.
     #[error("sqs {operation}: {}", chain(source.as_ref()))]
     Sqs { operation: &'static str, source: Source },
     /// An S3 call (the archive) failed after the SDK's own retries.

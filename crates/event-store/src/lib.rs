@@ -1,26 +1,35 @@
-//! Core of the time-ordered event store: everything the seven Lambda
-//! functions do, so each `functions/<name>/src/main.rs` is a short adapter.
-//! The invariants every module keeps are in `docs/design.md`.
+//! Core of the time-ordered event store: everything the ten Lambda functions
+//! do, so each `functions/<name>/src/main.rs` is a short adapter. The
+//! invariants every module keeps are in `docs/design.md`, the words it uses
+//! in its glossary, the file map in `docs/layout.md`.
 //!
 //! # Layout
-//! - Stages, one module each, in the order an event travels:
-//!   [`load`] (HTTP → event stream), [`pump`] (event stream → buffer table),
-//!   [`scan`] (buffer table → event table), [`playback`] (event table → playback stream),
-//!   [`subscription`] (the sealed log → subscribers' targets, forever, checkpointed);
-//!   [`entity`] (entity streams: appends with a version check, reads, snapshots;
-//!   its relay puts every append on the event stream);
-//!   [`redrive`] puts back what the pump's event source gave up on;
-//!   [`status`] reads what they all record and judges the store's health.
-//! - The shapes an event takes between them: [`envelope`] (load's JSON),
-//!   [`buffer_item`], [`event_item`] (table codecs and keys), [`chunk`] (many
-//!   events in one item), [`encoding`] (zstd); and where a reader stands in
-//!   the sealed log: [`position`].
-//! - [`bookkeeping`]: the event table's bookkeeping partition: the slot
-//!   index, the completeness watermark, shard positions, scan passes,
-//!   settings (playback keeps its leases and checkpoints there too).
+//! - **Stages**, peers that never import each other, in the order an event
+//!   travels: [`load`] (HTTP → event stream), [`pump`] (event stream → buffer
+//!   table; re-buffering what its event source gave up on), [`scan`] (buffer
+//!   table → event table, the watermark), [`playback`] (a window of the
+//!   complete log → playback stream), [`subscription`] (the complete log →
+//!   subscribers' targets, forever, checkpointed), [`entity`] (entity streams:
+//!   appends with a version check, reads, snapshots; its relay puts every
+//!   append on the event stream), [`archiver`] (complete slots → the cold
+//!   tier in S3), privacy's [`privacy::manage`] (forget, and making keys), and
+//!   [`status`] (what they all record, read back and judged).
+//! - **Floors** they stand on: [`log`] (the complete log as readers see it:
+//!   window, filter, reader across tiers, the played record, copies dropped),
+//!   [`readers`] (where playbacks and subscriptions stand), [`position`] (the
+//!   checkpoint), [`bookkeeping`] (the event table's bookkeeping partition:
+//!   slot index, watermark, frontier, shard and entity positions, leases),
+//!   [`archive`] (the cold tier's format and items), [`privacy`] (subjects'
+//!   keys and the one door to sealing and opening), [`crypto`].
+//! - The shapes an event takes: [`envelope`] (load's JSON), [`buffer_item`],
+//!   [`event_item`] (table codecs and keys), [`chunk`] (many events in one
+//!   item), [`encoding`] (zstd), [`aggregation`] (KPL records), [`offload`]
+//!   (bodies stored in S3 by their hash).
 //! - Shared mechanics: [`batch`] (limits, chunking, backoff), [`dynamo`] and
-//!   [`kinesis`] (batch APIs with partial-failure retries), [`invoke`] (the
-//!   asynchronous self-invocation port), [`time`] (slots), [`config`], [`error`].
+//!   [`kinesis`] (batch APIs with partial-failure retries), [`queue`]
+//!   (draining dead-letter queues), [`invoke`] (the asynchronous
+//!   self-invocation port), [`metrics`], [`time`] (slots), and at the bottom
+//!   [`config`] and [`error`].
 //!
 //! What only runs outside Lambda (the emulator, resources, the event source
 //! mapping, in-process invocations) is in the `event-store-emulator` crate.

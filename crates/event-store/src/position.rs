@@ -1,4 +1,4 @@
-//! Where a reader of the sealed log stands: every event before a slot,
+//! Where a reader of the complete log stands: every event before a slot,
 //! and in it up to a sort key, delivered; the sequence number the next
 //! delivered record gets. Playback runs, subscription partitions and the
 //! lease items that hold them all keep one, so the concept sits below them.

@@ -1,4 +1,4 @@
-//! Draining a dead-letter queue: each message handed to the caller's re-drive
+//! Draining a dead-letter queue: each message handed to the caller
 //! (the pump's re-buffer, the relay's re-relay) and deleted only once that
 //! succeeded; a message that fails stays in the queue, logged.
 
@@ -10,17 +10,17 @@ use crate::error::{Error, Result};
 /// What draining a dead-letter queue did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Drained {
-    /// Messages re-driven in full and deleted.
+    /// Messages handled in full and deleted.
     pub messages: usize,
     pub records: usize,
     /// Messages left in the queue (unreadable, or not every record buffered); their reasons are logged.
     pub left: usize,
 }
 
-/// Re-drives every message of a dead-letter queue with `redrive_one` (its
+/// Drains a dead-letter queue: every message goes to `handle_one` (its
 /// body in, how many records or versions it put back out); a message is
-/// deleted only after `redrive_one` succeeded, and left (logged) otherwise.
-pub async fn drain_with<F, Fut>(sqs: &aws_sdk_sqs::Client, queue_url: &str, mut redrive_one: F) -> Result<Drained>
+/// deleted only after `handle_one` succeeded, and left (logged) otherwise.
+pub async fn drain_with<F, Fut>(sqs: &aws_sdk_sqs::Client, queue_url: &str, mut handle_one: F) -> Result<Drained>
 where
     F: FnMut(String) -> Fut,
     Fut: std::future::Future<Output = Result<usize>>,
@@ -32,7 +32,7 @@ where
             .receive_message()
             .queue_url(queue_url)
             .max_number_of_messages(10)
-            // Long enough to re-drive a message before another receiver could see it.
+            // Long enough to handle a message before another receiver could see it.
             .visibility_timeout(300)
             .send()
             .await
@@ -46,7 +46,7 @@ where
             if !seen.insert(message.message_id().unwrap_or_default().to_owned()) {
                 return Ok(drained);
             }
-            match redrive_one(message.body().unwrap_or_default().to_owned()).await {
+            match handle_one(message.body().unwrap_or_default().to_owned()).await {
                 Ok(records) => {
                     sqs.delete_message()
                         .queue_url(queue_url)
@@ -58,7 +58,7 @@ where
                     drained.records += records;
                 }
                 Err(err) => {
-                    warn!(error = %err, message = message.message_id(), "message not re-driven: it stays");
+                    warn!(error = %err, message = message.message_id(), "message not handled: it stays");
                     drained.left += 1;
                 }
             }

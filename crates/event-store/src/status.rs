@@ -1,7 +1,7 @@
 //! A store's health at a glance (`event-store status`): what the stages
 //! already record, read back and judged. Nothing here writes.
 //!
-//! - the watermark (the sealed end of the log) and how far it is behind now;
+//! - the watermark (the complete end of the log) and how far it is behind now;
 //! - events moved per minute over the last hour (the scan's ingest count);
 //! - per event-stream shard, where the pump stands and the arrival of the
 //!   oldest record it has not buffered yet (the scan's own probe);
@@ -49,7 +49,7 @@ pub struct Limits {
     pub watermark_lag_ms: i64,
     /// The pump's oldest unbuffered record older than this.
     pub pump_behind_ms: i64,
-    /// A subscription partition further behind the sealed end than this.
+    /// A subscription partition further behind the complete end than this.
     pub subscription_lag_ms: i64,
 }
 
@@ -101,7 +101,7 @@ pub struct ShardStatus {
 pub struct SubscriptionLine {
     pub name: String,
     pub state: String,
-    /// The largest partition lag behind the sealed end (ms).
+    /// The largest partition lag behind the complete end (ms).
     pub lag_ms: Option<i64>,
     pub delivered: u64,
     pub parked: usize,
@@ -172,7 +172,7 @@ pub(crate) fn verdict(status: &Status, limits: &Limits) -> Verdict {
             } else if sub.state == "active" && p.lag_ms.is_some_and(|lag| lag > limits.subscription_lag_ms) {
                 let lag = p.lag_ms.unwrap_or_default();
                 problems.push(format!(
-                    "subscription {} partition {} lagging at {} ({} behind the sealed end)",
+                    "subscription {} partition {} lagging at {} ({} behind the complete end)",
                     sub.name,
                     p.partition,
                     p.position,
@@ -182,7 +182,7 @@ pub(crate) fn verdict(status: &Status, limits: &Limits) -> Verdict {
         }
         if sub.parked > 0 {
             problems.push(format!(
-                "subscription {}: {} (re-drive them)",
+                "subscription {}: {} (re-deliver them)",
                 sub.name,
                 count(sub.parked as u64, "parked event")
             ));
@@ -225,7 +225,7 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
     let (dynamo, table) = (&clients.dynamo, resources.event_table.as_str());
     let mark = watermark::read(dynamo, table).await?;
     let unit = bookkeeping::settings::time_unit(dynamo, table).await?.unwrap_or(crate::config::DEFAULT_TIME_UNIT_MS);
-    let sealed_end = mark.sealed_end(unit);
+    let complete_end = mark.complete_end(unit);
     let mut status = Status {
         at: format_ms(now),
         watermark: mark.time.map(format_ms),
@@ -238,7 +238,7 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
         queues: queues(&clients.sqs, &resources.queues).await?,
         ..Status::default()
     };
-    for line in subscriptions::statuses(dynamo, table, sealed_end, unit).await? {
+    for line in subscriptions::statuses(dynamo, table, complete_end, unit).await? {
         let sub = &line.subscription;
         let parked = subscriptions::parked(dynamo, table, sub).await?.len();
         status.subscriptions.push(SubscriptionLine {
@@ -435,9 +435,9 @@ mod tests {
         assert_eq!(
             problems,
             [
-                "subscription orders partition 1 lagging at 2026-11-25T09:00:00Z (60 min behind the sealed end)",
+                "subscription orders partition 1 lagging at 2026-11-25T09:00:00Z (60 min behind the complete end)",
                 "subscription orders partition 2 stopped at 2026-11-25T09:00:00Z: poison",
-                "subscription orders: 1 parked event (re-drive them)",
+                "subscription orders: 1 parked event (re-deliver them)",
             ]
         );
     }

@@ -1,4 +1,4 @@
-//! The archiver: sealed slots into S3 as Parquet, against a real emulator
+//! The archiver: complete slots into S3 as Parquet, against a real emulator
 //! (moto: DynamoDB and S3), the objects read back by pyarrow, a reader
 //! nobody here wrote.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -82,7 +82,7 @@ fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
 /// across the tiers (also while the boundary moves), playback, the chain,
 /// and pyarrow.
 #[tokio::test(flavor = "multi_thread")]
-async fn sealed_slots_move_to_s3_verified_chained_read_across_tiers_and_by_pyarrow() {
+async fn complete_slots_move_to_s3_verified_chained_read_across_tiers_and_by_pyarrow() {
     let env = TestEnv::start(1).await;
     // Three hours of events, 36 s apart, one of them not JSON.
     let records: Vec<_> = (0..EVENTS)

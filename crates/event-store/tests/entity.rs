@@ -695,7 +695,7 @@ async fn a_stream_that_cannot_be_relayed_is_held_then_redriven_in_order_from_the
     let relay = &relay;
     let drain = || async {
         event_store::queue::drain_with(&sqs, &queue, |body| async move {
-            relay.redrive_message(&body).await.map(|done| done.versions)
+            relay.rerelay_message(&body).await.map(|done| done.versions)
         })
         .await
         .unwrap()

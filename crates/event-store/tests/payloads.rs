@@ -172,7 +172,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
         assert!(pump.handle(batch).await.batch_item_failures.is_empty());
     }
     let done = now_ms();
-    // Past the window's last slot: the scan seals it.
+    // Past the window's last slot: the scan completes it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let scan = ScanConfig { segments: 1, watermark_lag_ms: 0, ..runs::scan_config(&env.names) };
     for pass in

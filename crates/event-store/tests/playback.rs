@@ -20,7 +20,7 @@ use event_store_emulator::invoke::LocalInvoker;
 use event_store_emulator::runs::{self, deadline_in, run_playback, run_scan};
 use serde_json::{json, Value};
 
-/// Weeks before any run of these tests: sealed as soon as a scan pass ends.
+/// Weeks before any run of these tests: complete as soon as a scan pass ends.
 const T0: i64 = 1_790_000_000_000;
 
 /// Fills the event table through pump and scan: `n` events for 5 entities, spread over `slots` seconds.
@@ -185,7 +185,7 @@ async fn empty_and_invalid_windows() {
 
     let sample: Value = serde_json::from_str(&sample_event("playback.json")).unwrap();
     let before_any_pass = playback.handle(sample.clone(), later).await.unwrap();
-    assert_eq!((before_any_pass.status, before_any_pass.events), (Status::Incomplete, 0), "nothing sealed yet");
+    assert_eq!((before_any_pass.status, before_any_pass.events), (Status::Incomplete, 0), "nothing complete yet");
     scan_pass(&env, scan_config(&env, 0)).await;
     env.counter.reset();
     let empty = playback.handle(sample, later).await.unwrap();
@@ -304,11 +304,11 @@ async fn a_playback_that_dies_mid_window_and_is_run_again_delivers_everything_in
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomplete() {
+async fn incomplete_slots_are_never_played_and_a_later_end_waits_or_answers_incomplete() {
     let env = TestEnv::start(1).await;
     let lag: i64 = 100;
     let later = || SystemTime::now() + Duration::from_secs(900);
-    // Batch A now; then, once A's slot is over, batch B: the next pass seals A's slot but not B's.
+    // Batch A now; then, once A's slot is over, batch B: the next pass completes A's slot but not B's.
     let a = now_ms();
     buffer_through_pump(&env, &[("k".into(), json!({"n": 1}).to_string().into_bytes(), a)]).await;
     let a_slot_end = a - a.rem_euclid(1000) + 1000;
@@ -322,15 +322,15 @@ async fn unsealed_slots_are_never_played_and_a_later_end_waits_or_answers_incomp
     let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
     let past_the_watermark = playback.handle(window(a - 1000, b + 1), later()).await.unwrap();
     assert_eq!((past_the_watermark.status, past_the_watermark.events), (Status::Incomplete, 0));
-    assert!(played_events(&env).await.is_empty(), "nothing of an unsealed slot went out");
+    assert!(played_events(&env).await.is_empty(), "nothing of an incomplete slot went out");
 
-    // Default end: the sealed bound. A is played, B (moved, but its slot not sealed) is not.
+    // Default end: the complete end. A is played, B (moved, but its slot not sealed) is not.
     let sealed = playback.handle(json!({"start": format_ms(a - 1000)}), later()).await.unwrap();
     assert_eq!((sealed.status, sealed.events), (Status::Complete, 1), "{sealed:?}");
     let ns: Vec<i64> = played(&env).await.into_values().flatten().collect();
     assert_eq!(ns, vec![1]);
 
-    // Waiting: a pass that starts while playback waits seals B's slot.
+    // Waiting: a pass that starts while playback waits completes B's slot.
     let b_slot_end = b - b.rem_euclid(1000) + 1000;
     let sealer = async {
         tokio::time::sleep(Duration::from_millis((b_slot_end + lag + 300 - now_ms()).max(0) as u64)).await;
@@ -364,7 +364,7 @@ async fn arrivals_in_stream(env: &TestEnv) -> Vec<i64> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_busy_shard_seals_on_its_own_arrivals_an_idle_one_on_the_clock() {
+async fn a_busy_shard_completes_slots_on_its_own_arrivals_an_idle_one_on_the_clock() {
     let env = TestEnv::start(1).await;
     let pump = common::pump(&env);
     put_on_event_stream(&env, 0..20).await;
@@ -802,9 +802,9 @@ async fn a_retried_open_ended_request_reuses_its_first_window() {
 }
 
 /// Anyone allowed to invoke playback can send a payload: where to resume
-/// and whether the window is sealed never come from it.
+/// and whether the window is complete never come from it.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_forged_payload_cannot_play_an_unsealed_window() {
+async fn a_forged_payload_cannot_play_an_incomplete_window() {
     let env = TestEnv::start(1).await;
     let now = now_ms();
     buffer_through_pump(&env, &[("k".into(), json!({"n": 1}).to_string().into_bytes(), now - 5_000)]).await;
@@ -812,16 +812,16 @@ async fn a_forged_payload_cannot_play_an_unsealed_window() {
     let (invoker, _rx) = LocalInvoker::channel();
     let playback = Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(invoker));
     let later = SystemTime::now() + Duration::from_secs(900);
-    let unsealed = window(now - 60_000, now + 60_000);
-    let mut resume = unsealed.clone();
+    let incomplete = window(now - 60_000, now + 60_000);
+    let mut resume = incomplete.clone();
     resume["resume"] = json!({"slot": now - 60_000, "seq": 0});
     assert!(matches!(playback.handle(resume, later).await, Err(Error::BadInput(_))), "an unknown field");
-    let mut lease = unsealed.clone();
+    let mut lease = incomplete.clone();
     lease["lease"] = json!("0123456789abcdef");
     lease["hop"] = json!(5);
     let answer = playback.handle(lease, later).await.unwrap();
     assert_eq!((answer.status, answer.events), (Status::Incomplete, 0));
-    assert!(played_events(&env).await.is_empty(), "nothing of an unsealed window went out");
+    assert!(played_events(&env).await.is_empty(), "nothing of an incomplete window went out");
 }
 
 #[tokio::test(flavor = "multi_thread")]

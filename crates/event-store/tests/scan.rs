@@ -327,8 +327,8 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     let first = watermark::read(&env.dynamo, table).await.unwrap().time.unwrap();
     assert!(first >= before - 1 && first <= now_ms(), "pass start, no lag allowed in this config: {first} vs {before}");
     // The lag metric's watermark, read as each segment's pass ends: none until all four have
-    // a part (nothing is sealed before), then the watermark itself.
-    let ends: Vec<i64> = summaries.iter().filter_map(|s| s.sealed_to).collect();
+    // a part (nothing is complete before), then the watermark itself.
+    let ends: Vec<i64> = summaries.iter().filter_map(|s| s.complete_to).collect();
     assert!(ends.contains(&first) && ends.iter().all(|w| *w <= first), "{ends:?} vs {first}");
 
     env.counter.reset();
@@ -339,7 +339,7 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     // when it moved); each segment's end the watermark then, for the lag metric.
     let found: Vec<i64> = summaries.iter().filter_map(|s| s.watermark_at_start).collect();
     assert_eq!(found, vec![first], "the scheduled run, and only it, reads the watermark at its start");
-    let ends: Vec<i64> = summaries.iter().filter_map(|s| s.sealed_to).collect();
+    let ends: Vec<i64> = summaries.iter().filter_map(|s| s.complete_to).collect();
     assert!(ends.contains(&second) && ends.iter().all(|w| (first..=second).contains(w)), "{ends:?}");
     common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
 }
@@ -515,13 +515,13 @@ async fn a_page_whose_slots_are_not_indexed_stays_in_the_buffer() {
     assert_eq!(slots.iter().map(|s| s.slot).collect::<Vec<_>>(), vec![base, base + 1000, base + 2000]);
 }
 
-/// Sealing in seconds without the schedule (docs/http-api.md, the awake
+/// Slots complete in seconds without the schedule (docs/http-api.md, the awake
 /// scan): a pump batch that buffered records wakes the scan, whose awake run
-/// passes until the records' slot is sealed, telling the subscriptions each
+/// passes until the records' slot is complete, telling the subscriptions each
 /// time the watermark moved, then gives its lease up and ends; the next
 /// batch wakes a new run.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_pump_batch_wakes_the_scan_which_seals_it_without_the_schedule_then_stops() {
+async fn a_pump_batch_wakes_the_scan_which_completes_its_slot_without_the_schedule_then_stops() {
     let env = TestEnv::start(1).await;
     let (invoker, mut invocations) = LocalInvoker::with_recursion(recursive_loop("ScanFunction"));
     let pump = common::pump(&env).with_scan(Some(Arc::new(invoker.clone())));

@@ -22,7 +22,7 @@ use event_store_emulator::lambda_target::{Answer, LambdaTarget};
 use event_store_emulator::runs::{self, deadline_in, run_scan, run_subscriptions};
 use serde_json::{json, Value};
 
-/// Weeks before any run of these tests: sealed as soon as a scan pass ends.
+/// Weeks before any run of these tests: complete as soon as a scan pass ends.
 const T0: i64 = 1_790_000_000_000;
 const CONSUMER: &str = "consumer";
 
@@ -256,7 +256,7 @@ async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..700, 7), 0);
 }
 
-/// A runner follows the sealed log while it brings events and ends once none
+/// A runner follows the complete log while it brings events and ends once none
 /// came for `follow`; one the tick starts when nothing came ends after its
 /// first look (at idle a tick's runner costs a request or two, not a Lambda
 /// following for most of the minute). Near its deadline, with events lately,
@@ -275,13 +275,13 @@ async fn a_runner_follows_while_events_come_an_idle_one_ends_at_once_and_a_busy_
     let follow = Duration::from_secs(5);
     let config =
         SubscriptionConfig { follow, poll: Duration::from_millis(100), ..runs::subscription_config(&env.names) };
-    // Nothing sealed since the start: the tick's runner looks once and ends.
+    // No slot completed since the start: the tick's runner looks once and ends.
     let looked = Instant::now();
     let runs = tick(&env, &target, config.clone()).await;
     assert_eq!(runs.iter().map(|r| (r.status, r.delivered)).collect::<Vec<_>>(), vec![(RunStatus::CaughtUp, 0)]);
     assert!(looked.elapsed() < follow, "an idle runner does not follow: {:?}", looked.elapsed());
 
-    // Events: the runner delivers them, then follows, delivering what the next pass seals
+    // Events: the runner delivers them, then follows, delivering what the next pass completes
     // within `follow` of them, and ends `follow` after the last.
     stored_events(&env, 0..50, 5, now_ms() - 2_000, 1_000).await;
     let later = async {

@@ -1,4 +1,4 @@
-//! `archive` Lambda: scheduled and self-continued, sealed slots older than
+//! `archive` Lambda: scheduled and self-continued, complete slots older than
 //! the hot retention → Parquet objects in S3. All logic is in
 //! `event_store::archiver`; continuations go through the Lambda `Invoke` API.
 

@@ -33,7 +33,7 @@ async fn main() -> Result<(), Error> {
         // Embedded metric format: CloudWatch reads the watermark's lag from this log line, written
         // by each segment's pass as it ends: how far behind now the watermark (all segments) is
         // then (seconds while it works; a stalled pump, a stuck item or a failing segment grows it).
-        if let Some(watermark) = summary.sealed_to {
+        if let Some(watermark) = summary.complete_to {
             println!("{}", metrics::watermark_lag_line(namespace, watermark, now_ms()));
         }
         Ok::<_, event_store::Error>(summary)

@@ -1,4 +1,4 @@
-//! "Seconds, not a minute": what sealing and delivering within seconds costs a month, idle and busy.
+//! "Seconds, not a minute": what completing slots and delivering within seconds costs a month, idle and busy.
 
 use super::prices::{
     DYNAMO_PER_MILLION_RRU, DYNAMO_PER_MILLION_WRU, KINESIS_SHARD_HOUR, LAMBDA_ARM_PER_GB_SECOND,
@@ -42,7 +42,7 @@ fn is_write(operation: &str) -> bool {
         .any(|w| operation.ends_with(w))
 }
 
-/// What keeping sealing and delivery in seconds costs a month: at idle (the
+/// What keeping completion and delivery in seconds costs a month: at idle (the
 /// stack's requests measured while idle, the schedules' invocations), and the
 /// fixed part while events come (the awake scan, its ticks, followers).
 pub(super) fn in_seconds(idle_per_minute: &std::collections::BTreeMap<String, f64>, date: &str) -> String {
@@ -92,7 +92,7 @@ pub(super) fn in_seconds(idle_per_minute: &std::collections::BTreeMap<String, f6
     let total = |parts: &[f64; 4]| parts.iter().sum::<f64>();
     format!(
         "\n## Seconds, not a minute: what it costs\n\n\
-         A deployed stack seals and delivers within seconds ([subscriptions.md](subscriptions.md#latency)): \
+         A deployed stack completes slots and delivers within seconds ([subscriptions.md](subscriptions.md#latency)): \
          the pump wakes the scan, which passes every half second while events come and starts the \
          subscriptions' tick; runners follow while events come. At idle nothing runs but the schedules: the \
          scan's and the tick's minute, whose runners look once and end. A month (730 h), one subscription of \

@@ -40,7 +40,7 @@ pub(super) struct PayloadRun {
     names: Names,
     raw: Names,
     events: usize,
-    /// A week ago: sealed as soon as the scan has passed.
+    /// A week ago: complete as soon as the scan has passed.
     pub(super) t0: i64,
     pub(super) stages: Vec<StageResult>,
     /// Capacity units by operation, summed over the stages.

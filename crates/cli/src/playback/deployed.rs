@@ -43,8 +43,8 @@ pub async fn deployed(stack: &Stack, function: &str, request: PlaybackRequest, j
     // A run of this id holding its lease: followed, not invoked again (the invocation would only wait to answer busy).
     let live = run.is_live();
     let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
-    if !live && wait.is_zero() && run.sealed_end.is_none_or(|sealed| run.window.end > sealed) {
-        run.report_incomplete(run.sealed_end);
+    if !live && wait.is_zero() && run.complete_end.is_none_or(|sealed| run.window.end > sealed) {
+        run.report_incomplete(run.complete_end);
         return Ok(Ended::NotDone);
     }
     run.start_unless_live(stack, function, &request, live).await?;
@@ -65,8 +65,8 @@ struct Run<'a> {
     table: &'a str,
     /// The slot size the stack recorded.
     unit: u64,
-    /// The end of the last sealed slot when the command began.
-    sealed_end: Option<i64>,
+    /// The end of the last complete slot when the command began.
+    complete_end: Option<i64>,
     /// The run's id: `--id`, or named by the window and filter.
     id: String,
     /// The window the function will play: the one the id is bound to.
@@ -87,8 +87,8 @@ impl<'a> Run<'a> {
         let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
         let table = stack.resources.event_table.as_str();
         let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
-        let sealed_end = watermark::read(&dynamo, table).await?.sealed_end(unit);
-        let asked = request.window(sealed_end.unwrap_or_else(now_ms), max_window()?)?;
+        let complete_end = watermark::read(&dynamo, table).await?.complete_end(unit);
+        let asked = request.window(complete_end.unwrap_or_else(now_ms), max_window()?)?;
         let open_ended = request.id.is_none() && request.end.is_none();
         let id = match (&request.id, &request.end) {
             (Some(id), _) => id.clone(),
@@ -100,7 +100,7 @@ impl<'a> Run<'a> {
         // The window the function will play: the one the id is bound to (a request naming another is refused).
         let stored = before.clone().unwrap_or_default();
         let (window, _) = bound_window(&id, request, asked, &stored, open_ended && done_before)?;
-        Ok(Self { dynamo, table, unit, sealed_end, id, window, before, done_before, open_ended, json_out })
+        Ok(Self { dynamo, table, unit, complete_end, id, window, before, done_before, open_ended, json_out })
     }
 
     /// True when a run of this id, not done before, holds its lease now.
@@ -189,10 +189,10 @@ impl<'a> Run<'a> {
         let id = &self.id;
         // The function waits up to --wait for the watermark, then answers incomplete and writes nothing.
         if !wait.is_zero() && started.elapsed() > wait + WAIT_SLACK {
-            let sealed_end = watermark::read(&self.dynamo, self.table).await?.sealed_end(self.unit);
-            if sealed_end.is_none_or(|sealed| self.window.end > sealed) {
+            let complete_end = watermark::read(&self.dynamo, self.table).await?.complete_end(self.unit);
+            if complete_end.is_none_or(|sealed| self.window.end > sealed) {
                 bar.finish_and_clear();
-                self.report_incomplete(sealed_end);
+                self.report_incomplete(complete_end);
                 return Ok(true);
             }
         }
@@ -240,8 +240,8 @@ impl<'a> Run<'a> {
         });
     }
 
-    /// Says the window is not sealed yet, with where the watermark is (`sealed_end`).
-    fn report_incomplete(&self, sealed_end: Option<i64>) {
+    /// Says the window is not complete yet, with where the watermark is (`complete_end`).
+    fn report_incomplete(&self, complete_end: Option<i64>) {
         let (id, window) = (&self.id, &self.window);
         report(self.json_out, id, "incomplete", window, 0, || {
             format!(
@@ -249,7 +249,7 @@ impl<'a> Run<'a> {
                  try again later or pass --wait SECONDS",
                 format_ms(window.start),
                 format_ms(window.end),
-                sealed_end.map_or("- (no complete scan pass yet)".into(), format_ms)
+                complete_end.map_or("- (no complete scan pass yet)".into(), format_ms)
             )
         });
     }

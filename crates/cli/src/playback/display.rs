@@ -62,7 +62,7 @@ pub fn print_summary(total: &PlaybackSummary, runs: usize) {
             }
             if total.late_events > 0 {
                 println!(
-                    "note: {} late events so far (moved after their slot was sealed; see docs/http-api.md)",
+                    "note: {} late events so far (moved after their slot was complete; see docs/http-api.md)",
                     total.late_events
                 );
             }

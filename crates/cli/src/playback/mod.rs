@@ -1,4 +1,4 @@
-//! `event-store playback`: a window of the sealed log onto the playback
+//! `event-store playback`: a window of the complete log onto the playback
 //! stream, in order. Locally the run goes in this process, as the function
 //! would run it; on a deployed stack the playback function is invoked
 //! asynchronously and the run's checkpoint followed. Both draw a progress
@@ -27,7 +27,7 @@ pub struct Args {
     /// Window start, ISO 8601 (e.g. 2026-11-21T06:00:00Z) or epoch ms; default: 15 minutes before the end.
     #[arg(long)]
     start: Option<String>,
-    /// Window end (exclusive); default: the end of the last sealed slot (the watermark).
+    /// Window end (exclusive); default: the end of the last complete slot (the watermark).
     #[arg(long)]
     end: Option<String>,
     /// When END is past the watermark, wait up to this many seconds for it.
@@ -50,7 +50,7 @@ pub struct Args {
 impl Args {
     /// The request the function takes; bad arguments are refused here, by
     /// the function's own rules, before anything is sent. `now` (epoch ms)
-    /// stands in for the sealed end: a start after it, or a window longer
+    /// stands in for the complete end: a start after it, or a window longer
     /// than `max` ([`max_window`]), is refused.
     pub fn request(self, now: i64, max: Duration) -> Result<PlaybackRequest> {
         for (name, time) in [("--start", &self.start), ("--end", &self.end)] {

@@ -65,8 +65,8 @@ pub struct SubscriptionReport {
     /// Where that time goes: event arrival to the watermark passing it
     /// (pump, scan, `WATERMARK_LAG_MS`, the scan interval), then to its
     /// delivery (the runner's poll, reading, the put), ms.
-    pub sealing_p50_ms: Option<i64>,
-    pub sealing_p99_ms: Option<i64>,
+    pub completing_p50_ms: Option<i64>,
+    pub completing_p99_ms: Option<i64>,
     pub delivering_p50_ms: Option<i64>,
     pub delivering_p99_ms: Option<i64>,
     /// Idle probes' arrival to delivery, ms, in the order sent (`--idle-probes`).
@@ -108,7 +108,7 @@ impl Report {
         let delivered_at = &run.delivered.delivered_at;
         let delivery_latencies: Vec<i64> =
             delivered_at.iter().map(|(arrival, delivered)| delivered - arrival).collect();
-        let (sealing, delivering) = breakdown(delivered_at, &run.delivered.seals);
+        let (completing, delivering) = breakdown(delivered_at, &run.delivered.completions);
         let mut report = check(stored, played, accepted);
         let subscription_check = check(stored, subscribed, accepted);
         let entity_run = &run.entities.run;
@@ -119,8 +119,8 @@ impl Report {
         report.subscribed = SubscriptionReport {
             latency_p50_ms: quantile(&delivery_latencies, 0.5),
             latency_p99_ms: quantile(&delivery_latencies, 0.99),
-            sealing_p50_ms: quantile(&sealing, 0.5),
-            sealing_p99_ms: quantile(&sealing, 0.99),
+            completing_p50_ms: quantile(&completing, 0.5),
+            completing_p99_ms: quantile(&completing, 0.99),
             delivering_p50_ms: quantile(&delivering, 0.5),
             delivering_p99_ms: quantile(&delivering, 0.99),
             idle_latencies_ms: idle.latencies_ms,
@@ -231,9 +231,9 @@ pub fn print(report: &Report) {
     );
     let ms = |v: Option<i64>| v.map_or("-".into(), |v| v.to_string());
     println!(
-        "  where it goes       arrival to sealed (pump, scan, watermark lag) p50 {} ms, p99 {} ms; sealed to delivered (poll, read, put) p50 {} ms, p99 {} ms",
-        ms(sub.sealing_p50_ms),
-        ms(sub.sealing_p99_ms),
+        "  where it goes       arrival to complete (pump, scan, watermark lag) p50 {} ms, p99 {} ms; complete to delivered (poll, read, put) p50 {} ms, p99 {} ms",
+        ms(sub.completing_p50_ms),
+        ms(sub.completing_p99_ms),
         ms(sub.delivering_p50_ms),
         ms(sub.delivering_p99_ms)
     );
@@ -285,8 +285,8 @@ impl Report {
             "subscription_out_of_order": self.subscribed.out_of_order,
             "subscription_latency_p50_ms": self.subscribed.latency_p50_ms,
             "subscription_latency_p99_ms": self.subscribed.latency_p99_ms,
-            "subscription_sealing_p50_ms": self.subscribed.sealing_p50_ms,
-            "subscription_sealing_p99_ms": self.subscribed.sealing_p99_ms,
+            "subscription_sealing_p50_ms": self.subscribed.completing_p50_ms,
+            "subscription_sealing_p99_ms": self.subscribed.completing_p99_ms,
             "subscription_delivering_p50_ms": self.subscribed.delivering_p50_ms,
             "subscription_delivering_p99_ms": self.subscribed.delivering_p99_ms,
             "subscription_idle_latencies_ms": self.subscribed.idle_latencies_ms,

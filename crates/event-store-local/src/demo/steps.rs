@@ -31,7 +31,7 @@ const ENTITY_APPENDS: u64 = 8;
 pub(super) struct Demo {
     /// The watermark watcher, and the `(seen at, watermark)` it records as the watermark moves.
     watching: JoinHandle<()>,
-    sealed: Arc<Mutex<Vec<(i64, i64)>>>,
+    completions: Arc<Mutex<Vec<(i64, i64)>>>,
     subscriptions: Subscriptions,
     /// The demo's subscription.
     subscription: String,
@@ -85,7 +85,7 @@ pub(super) struct Delivered {
     pub(super) played: HashMap<String, Vec<String>>,
     pub(super) subscribed: HashMap<String, Vec<String>>,
     pub(super) delivered_at: Vec<Timed>,
-    pub(super) seals: Vec<(i64, i64)>,
+    pub(super) completions: Vec<(i64, i64)>,
 }
 
 /// Starts the stack and its services, creates the demo's subscription, and watches the watermark.
@@ -102,10 +102,13 @@ pub(super) async fn start(settings: Settings) -> Result<Demo> {
         stack.settings.names.subscription_stream
     );
     let subscriptions = crate::subscriptions::local_with(&stack)?;
-    // The watermark as it moves (read every 100 ms): when each event was sealed, for the latency's breakdown.
-    let sealed: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
-    let watching =
-        tokio::spawn(watch_watermark(stack.dynamo.clone(), stack.settings.names.event_table.clone(), sealed.clone()));
+    // The watermark as it moves (read every 100 ms): when each event's slot completed, for the latency's breakdown.
+    let completions: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let watching = tokio::spawn(watch_watermark(
+        stack.dynamo.clone(),
+        stack.settings.names.event_table.clone(),
+        completions.clone(),
+    ));
     subscriptions
         .manage(Manage::Create(NewSubscription {
             name: subscription.clone(),
@@ -115,7 +118,7 @@ pub(super) async fn start(settings: Settings) -> Result<Demo> {
             ..Default::default()
         }))
         .await?;
-    Ok(Demo { watching, sealed, subscriptions, subscription, window_start, run_id, services, stop, stack })
+    Ok(Demo { watching, completions, subscriptions, subscription, window_start, run_id, services, stop, stack })
 }
 
 /// Appends to entity streams over `/streams`: the Todo flow, the Counter, the account streams, the contended one.
@@ -240,9 +243,9 @@ pub(super) async fn read_back(demo: &Demo, stored: &Stored) -> Result<Delivered>
     let (played, _) = read_played(stack, &stack.settings.names.playback_stream, &demo.run_id).await?;
     println!("== waiting until subscription {} has delivered every event, then checking order", demo.subscription);
     let (subscribed, delivered_at) = wait_until_delivered(stack, &demo.run_id, &stored.items).await?;
-    let seals = demo.sealed.lock().map(|s| s.clone()).unwrap_or_default();
+    let completions = demo.completions.lock().map(|s| s.clone()).unwrap_or_default();
     demo.watching.abort();
-    Ok(Delivered { played, subscribed, delivered_at, seals })
+    Ok(Delivered { played, subscribed, delivered_at, completions })
 }
 
 /// The idle probes, when asked for (`--idle-probes`): none measured otherwise.

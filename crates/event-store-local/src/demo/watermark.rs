@@ -26,18 +26,18 @@ pub(super) async fn watch_watermark(
 }
 
 /// Splits each delivery's latency where the watermark first passed the
-/// event's arrival: (arrival to sealed, sealed to delivered), ms each. An
-/// event sealed before the watermark was first seen counts from then.
-pub fn breakdown(delivered: &[(i64, i64)], seals: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
-    let mut sealing = Vec::new();
+/// event's arrival: (arrival to complete, complete to delivered), ms each. An
+/// event complete before the watermark was first seen counts from then.
+pub fn breakdown(delivered: &[(i64, i64)], completions: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
+    let mut completing = Vec::new();
     let mut delivering = Vec::new();
     for &(arrival, at) in delivered {
-        let Some(&(sealed_at, _)) = seals.iter().find(|(_, watermark)| *watermark > arrival) else { continue };
-        let sealed_at = sealed_at.min(at);
-        sealing.push(sealed_at - arrival);
-        delivering.push(at - sealed_at);
+        let Some(&(complete_at, _)) = completions.iter().find(|(_, watermark)| *watermark > arrival) else { continue };
+        let complete_at = complete_at.min(at);
+        completing.push(complete_at - arrival);
+        delivering.push(at - complete_at);
     }
-    (sealing, delivering)
+    (completing, delivering)
 }
 
 #[cfg(test)]
@@ -46,8 +46,8 @@ mod tests {
 
     #[test]
     fn a_delivery_is_split_where_the_watermark_first_passed_its_event() {
-        let seals = [(1_000, 500), (2_000, 1_500), (3_000, 2_500)];
-        let (sealing, delivering) = breakdown(&[(600, 2_300), (1_600, 3_100), (4_000, 4_200)], &seals);
-        assert_eq!((sealing, delivering), (vec![1_400, 1_400], vec![300, 100]), "the last is never seen sealed");
+        let completions = [(1_000, 500), (2_000, 1_500), (3_000, 2_500)];
+        let (completing, delivering) = breakdown(&[(600, 2_300), (1_600, 3_100), (4_000, 4_200)], &completions);
+        assert_eq!((completing, delivering), (vec![1_400, 1_400], vec![300, 100]), "the last is never seen complete");
     }
 }

@@ -1,4 +1,4 @@
-//! The cold tier's format and bookkeeping: sealed slots as Parquet objects
+//! The cold tier's format and bookkeeping: complete slots as Parquet objects
 //! in S3 ([`columns`]), chained by a manifest ([`manifest`]) whose entries,
 //! object pointers and boundary live in the event table's bookkeeping
 //! partition ([`store`]). The archiver that writes them is [`crate::archiver`];

@@ -102,7 +102,7 @@ pub(crate) fn held(until: Option<i64>, now: i64) -> bool {
 }
 
 /// Whether an awake run passes again at `now`: the last want is at most
-/// `linger_ms` old (long enough for the wanted work's slots to be sealed).
+/// `linger_ms` old (long enough for the wanted work's slots to be complete).
 pub(crate) fn keep_going(wanted_at: Option<i64>, now: i64, linger_ms: i64) -> bool {
     wanted_at.is_some_and(|wanted| now - wanted <= linger_ms)
 }

@@ -17,7 +17,7 @@
 //!     one (whatever order the table's stream shards deliver them in). While
 //!     the stream's puts keep failing, `failing_since`; after the hold
 //!     limit, `held_at` and `held_reason`: the relay leaves the stream alone
-//!     until a re-drive relays it from the table.
+//!     until a re-relay relays it from the table.
 //!   - `_log`, written by the pump: `logged`, the last version buffered. A
 //!     record of a version at or below it is a copy (a relay retry whose
 //!     first answer was lost, two relays racing on one stream) and is
@@ -76,7 +76,7 @@ pub struct RelayPosition {
     /// Since when (ms) the stream's puts have been failing, unbroken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failing_since: Option<i64>,
-    /// When (ms) the relay gave up on the stream; until a re-drive, it stays held.
+    /// When (ms) the relay gave up on the stream; until a re-relay, it stays held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_at: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -327,7 +327,7 @@ impl Positions {
     }
 
     /// Holds the stream, if it is still failing since `since` and not held
-    /// (a re-drive that released it in between wins): the relay leaves it
+    /// (a re-relay that released it in between wins): the relay leaves it
     /// alone until [`Self::release`].
     pub(crate) async fn hold(&self, stream: &str, since: i64, now: i64, reason: &str) -> Result<()> {
         let values = [(":now", n(now)), (":since", n(since)), (":reason", AttributeValue::S(reason.to_owned()))];
@@ -335,7 +335,7 @@ impl Positions {
         self.update(stream, "SET held_at = :now, held_reason = :reason", Some(condition), &values).await
     }
 
-    /// Lets the relay handle the stream again (a re-drive, before it relays what was held).
+    /// Lets the relay handle the stream again (a re-relay, before it relays what was held).
     pub(crate) async fn release(&self, stream: &str) -> Result<()> {
         self.update(stream, "REMOVE held_at, held_reason, failing_since", Some(TRACKED), &[]).await
     }

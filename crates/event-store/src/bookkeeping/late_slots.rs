@@ -1,5 +1,5 @@
 //! Slots that received events after the watermark had passed them (late
-//! events: a re-drive days later, say). The scan marks such a slot before
+//! events: a re-buffer days later, say). The scan marks such a slot before
 //! it writes the events; a reader of an archived slot reads the marked ones
 //! from the event table too, where the late events stay (the archive's
 //! objects are never rewritten).

@@ -119,7 +119,7 @@ const FLOOR_SECONDS: i64 = 14 * 24 * 3600;
 /// Records the floor the arrivals of a shard's records from `sequence` on
 /// were made non-decreasing from (the arrival of the record before it),
 /// when the pump hands them back to the event source. Should the source
-/// give them up, a re-drive starts from the same floor, so every record
+/// give them up, a re-buffer starts from the same floor, so every record
 /// stored ahead of the failure gets its stored arrival (and sort key) again.
 pub(crate) async fn save_floor(
     dynamo: &aws_sdk_dynamodb::Client,

@@ -18,11 +18,11 @@
 //!
 //! Every event is therefore either in the buffer when the pass starts (and
 //! the pass moves it or is held back by it), or stored later with an arrival
-//! at or after the stream bound. So a busy shard seals on its own arrival
+//! at or after the stream bound. So a busy shard completes slots on its own arrival
 //! stamps, and only a shard that has been idle for longer than the lag
 //! holds the watermark at the clock allowance. The watermark is the lowest
 //! part of the newest complete set of segments; every slot before the
-//! watermark's slot is sealed.
+//! watermark's slot is complete.
 
 use std::collections::HashMap;
 
@@ -103,9 +103,9 @@ pub struct Watermark {
 }
 
 impl Watermark {
-    /// The end of the sealed part of the log: every slot before the
+    /// The end of the complete part of the log: every slot before the
     /// watermark's own slot is complete. `None` before the first watermark.
-    pub fn sealed_end(&self, unit_ms: u64) -> Option<i64> {
+    pub fn complete_end(&self, unit_ms: u64) -> Option<i64> {
         self.time.map(|t| slot_of(t, unit_ms))
     }
 }
@@ -220,10 +220,10 @@ mod tests {
     }
 
     #[test]
-    fn the_sealed_end_is_the_start_of_the_watermarks_slot() {
+    fn the_complete_end_is_the_start_of_the_watermarks_slot() {
         let w = Watermark { time: Some(12_345), late: 0 };
-        assert_eq!(w.sealed_end(1000), Some(12_000));
-        assert_eq!(Watermark { time: None, late: 0 }.sealed_end(1000), None);
+        assert_eq!(w.complete_end(1000), Some(12_000));
+        assert_eq!(Watermark { time: None, late: 0 }.complete_end(1000), None);
     }
 
     #[test]

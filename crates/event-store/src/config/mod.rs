@@ -161,7 +161,7 @@ pub const MAX_SLOT_SUBKEYS: u32 = 1000;
 
 /// Default `WATERMARK_LAG_MS`: a clock allowance, far above what NTP-synced hosts differ by
 /// (Lambda's hosts and Kinesis keep time with the Amazon Time Sync Service, within a
-/// millisecond). A single event after a quiet spell is sealed no sooner than this after it
+/// millisecond). A single event after a quiet spell is complete no sooner than this after it
 /// arrived, so it bounds the latency of idle delivery; a record stamped more than this
 /// behind the scan's clock is not lost but stored as a late event (counted, logged).
 pub const DEFAULT_WATERMARK_LAG_MS: u64 = 1_000;
@@ -298,7 +298,7 @@ pub struct SubscriptionConfig {
     pub dedupe_window_ms: u64,
     /// Continuations one partition run may chain (`MAX_CONTINUATIONS`); the next tick goes on.
     pub max_continuations: u32,
-    /// How long a caught-up runner keeps following the sealed log after it last brought events
+    /// How long a caught-up runner keeps following the complete log after it last brought events
     /// (`SUBSCRIPTION_FOLLOW_SECONDS`, default 10): past a gap in traffic this long the runner ends,
     /// and the awake scan's tick starts one again when events come; one that found none ends at once.
     pub follow: Duration,

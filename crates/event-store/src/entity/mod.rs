@@ -17,8 +17,8 @@ pub mod http;
 pub mod model;
 mod offload;
 mod read;
-pub(crate) mod redrive;
 pub mod relay;
+pub(crate) mod rerelay;
 mod sealing;
 mod snapshot;
 

@@ -1,4 +1,4 @@
-//! The sealed log as its readers see it: the floor that playback,
+//! The complete log as its readers see it: the floor that playback,
 //! subscriptions, the archiver, status and `tail` all stand on, each as a peer. Where a
 //! reader stands in it ([`crate::position`]) sits below, with the bookkeeping
 //! that stores it.

@@ -1,4 +1,4 @@
-//! What part of the sealed log a reader wants: a window of arrival time and
+//! What part of the complete log a reader wants: a window of arrival time and
 //! filters on the events' JSON. Pure: no I/O.
 
 use std::time::Duration;

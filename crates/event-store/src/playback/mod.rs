@@ -1,6 +1,6 @@
 //! `playback`: event table → playback stream, for a time window `[start, end)`.
 //!
-//! - Only sealed slots: the window must end at or before the slot holding
+//! - Only complete slots: the window must end at or before the slot holding
 //!   the completeness watermark (by default it ends there); a later `end`
 //!   waits up to `wait_seconds`, or the run answers `incomplete`.
 //! - Only non-empty slots: the slot index names them, so an empty slot costs
@@ -156,8 +156,8 @@ impl Playback {
         let table = self.config.event_table.as_str();
         self.ensure_time_unit().await?;
         let watermark = self.wait_for_watermark(&request, deadline).await?;
-        let sealed_end = watermark.sealed_end(unit);
-        let Bound { id, window, fresh, stored, start } = self.bind(&request, sealed_end).await?;
+        let complete_end = watermark.complete_end(unit);
+        let Bound { id, window, fresh, stored, start } = self.bind(&request, complete_end).await?;
         let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
         let mut summary = PlaybackSummary {
             id: id.clone(),
@@ -168,7 +168,7 @@ impl Playback {
             ..Default::default()
         };
         // Checked on every run, continuations too: nothing in a payload skips it.
-        if sealed_end.is_none_or(|sealed_end| window.end > sealed_end) {
+        if complete_end.is_none_or(|complete_end| window.end > complete_end) {
             info!(id, end = %summary.end, watermark = ?summary.watermark, "window not yet complete");
             summary.status = Status::Incomplete;
             return Ok(summary);
@@ -228,10 +228,10 @@ impl Playback {
     /// The run `request` asks for: its id, its window (bound to the id by
     /// its first run), whether it starts over, what is stored under the id,
     /// and the window's first position.
-    async fn bind(&self, request: &PlaybackRequest, sealed_end: Option<i64>) -> Result<Bound> {
+    async fn bind(&self, request: &PlaybackRequest, complete_end: Option<i64>) -> Result<Bound> {
         let unit = self.config.time_unit_ms;
         // Without a watermark yet, `end` defaults to now: the window is valid but not complete.
-        let asked = request.window(sealed_end.unwrap_or_else(now_ms), self.config.max_window)?;
+        let asked = request.window(complete_end.unwrap_or_else(now_ms), self.config.max_window)?;
         let (id, open_ended) = match (&request.id, &request.end) {
             (Some(id), _) => (id.clone(), false),
             (None, Some(_)) => (run_id(&asked, &request.filter), false),
@@ -300,7 +300,7 @@ impl Playback {
         };
         let waited = Instant::now();
         while !wait.is_zero()
-            && watermark.sealed_end(self.config.time_unit_ms).is_none_or(|s| s < end)
+            && watermark.complete_end(self.config.time_unit_ms).is_none_or(|s| s < end)
             && waited.elapsed() < wait
             && remaining(deadline) > self.config.deadline_margin
         {

@@ -21,7 +21,7 @@ pub const DEFAULT_WINDOW_MS: i64 = 15 * 60 * 1000;
 pub struct PlaybackRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<String>,
-    /// Default: the end of the last sealed slot (the watermark's slot).
+    /// Default: the end of the last complete slot (the watermark's slot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<String>,
     /// When `end` is past the watermark: how long to wait for it (default 0: answer `incomplete`).
@@ -84,7 +84,7 @@ impl PlaybackRequest {
     }
 
     /// The window the request names: `end` defaults to `default_end` (the
-    /// sealed bound), `start` to 15 minutes before `end`; checked as
+    /// complete end), `start` to 15 minutes before `end`; checked as
     /// [`Window::checked`] does.
     pub fn window(&self, default_end: i64, max: Duration) -> Result<Window> {
         let end = self.end_ms()?.unwrap_or(default_end);
@@ -126,7 +126,7 @@ mod tests {
     const DAY: Duration = Duration::from_secs(86_400);
 
     #[test]
-    fn window_defaults_to_the_15_minutes_before_the_sealed_bound() {
+    fn window_defaults_to_the_15_minutes_before_the_complete_end() {
         let sealed = 1_800_000_000_000;
         let w = PlaybackRequest::default().window(sealed, DAY).unwrap();
         assert_eq!((w.start, w.end), (sealed - 900_000, sealed));

@@ -225,7 +225,7 @@ mod tests {
         moved["id"] = json!("e-2");
         let moved = SealedRecord::find(&serde_json::to_vec(&moved).unwrap(), false).unwrap().unwrap();
         assert!(moved.open(&Key::Active(key)).unwrap_err().is_unreadable());
-        // Unsealed records are not touched; a client body holding "sealed" is not a sealed record.
+        // Incomplete records are not touched; a client body holding "sealed" is not a sealed record.
         assert!(SealedRecord::find(&serde_json::to_vec(&envelope()).unwrap(), false).unwrap().is_none());
         let client = json!({"id": "x", "body": {"sealed": {"v": 1}}});
         assert!(SealedRecord::find(&serde_json::to_vec(&client).unwrap(), false).unwrap().is_none());

@@ -1,4 +1,4 @@
-//! Re-driving records the pump's event source gave up on: written again
+//! Re-buffering records the pump's event source gave up on: written again
 //! from their dead-letter record, with the arrivals they were first stored
 //! with where the pump handed them back (`docs/operations.md`).
 
@@ -12,7 +12,7 @@ use super::{by_shard, Pump};
 use crate::bookkeeping::shard_position::{self, non_decreasing};
 
 impl Pump {
-    /// Buffers records given up on earlier (re-driven from the failure
+    /// Buffers records given up on earlier (re-buffered from the failure
     /// destination): every record is written whatever the shard's position
     /// says (it has moved past them), with its own arrival made
     /// non-decreasing along the batch; the position is left alone. Returns
@@ -21,7 +21,7 @@ impl Pump {
         self.buffer_again_after(event, None).await.0
     }
 
-    /// [`Self::buffer_again`] for a later part of one shard's re-driven
+    /// [`Self::buffer_again`] for a later part of one shard's re-buffered
     /// range: its arrivals go on from `carried`, the last arrival the part
     /// before it was stored with. Returns that of this part too.
     pub(crate) async fn buffer_again_after(
@@ -84,7 +84,7 @@ impl Pump {
                 .collect();
             copies.ids.retain(|(i, _, _)| written.contains(records[*i].kinesis.sequence_number.as_str()));
             if let Err(err) = self.save_logged(&copies, records.len()).await {
-                error!(error = %err, shard_id, "client ids not saved: buffered again on the next re-drive");
+                error!(error = %err, shard_id, "client ids not saved: buffered again on the next re-buffer");
                 failed.extend(all());
                 continue;
             }

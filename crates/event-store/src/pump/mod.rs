@@ -283,7 +283,7 @@ impl Pump {
 
     /// The sequence numbers of `new[from..]`, for the event source to deliver
     /// again, after recording the floor their arrivals were made from (should
-    /// the source give them up, a re-drive starts from the same floor, so
+    /// the source give them up, a re-buffer starts from the same floor, so
     /// what was stored ahead gets its stored sort keys again).
     async fn hand_back(
         &self,

@@ -20,7 +20,7 @@ pub const AWAKE_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Scan {
     /// How long after the last want an awake run keeps passing: until a
-    /// pass starts late enough to seal the wanted events' slot (a caught-up
+    /// pass starts late enough to complete the wanted events' slot (a caught-up
     /// shard holds the watermark `WATERMARK_LAG_MS` behind a pass's start),
     /// and a slot more for the passes in flight.
     fn linger_ms(&self) -> i64 {

@@ -274,7 +274,7 @@ impl Scan {
                         if summary.watermark.is_some() {
                             // The watermark of all segments now, for the lag metric (best effort).
                             let table = &self.config.event_table;
-                            summary.sealed_to = watermark::read(&self.dynamo, table).await.ok().and_then(|w| w.time);
+                            summary.complete_to = watermark::read(&self.dynamo, table).await.ok().and_then(|w| w.time);
                         }
                         return Ok(());
                     }

@@ -56,8 +56,8 @@ pub struct ScanSummary {
     pub watermark: Option<i64>,
     /// The watermark (the lowest of all segments' parts) once this run's pass ended and moved
     /// its part: the watermark-lag metric is now less this (a segment that stalls holds it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sealed_to: Option<i64>,
+    #[serde(default, rename = "sealed_to", skip_serializing_if = "Option::is_none")]
+    pub complete_to: Option<i64>,
     /// A starting run: the watermark when it started the segments (ms); the awake run tells
     /// the subscriptions when it moved (absent until every segment has finished a pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,4 +1,4 @@
-//! When a caught-up runner keeps following the sealed log, ends, or hands
+//! When a caught-up runner keeps following the complete log, ends, or hands
 //! the partition to a continuation (pure; [`super::runner`] does the I/O).
 //!
 //! A runner follows while the log brings events, its partition's or others'

@@ -58,8 +58,8 @@ impl Subscriptions {
                 json!({ "created": sub })
             }
             Manage::List => {
-                let (sealed_end, subscriptions) = self.statuses().await?;
-                json!({ "sealed_end": sealed_end.map(crate::time::format_ms), "subscriptions": subscriptions })
+                let (complete_end, subscriptions) = self.statuses().await?;
+                json!({ "sealed_end": complete_end.map(crate::time::format_ms), "subscriptions": subscriptions })
             }
             Manage::Pause { name } => {
                 subscriptions::set_state(dynamo, table, &name, State::Paused).await?;
@@ -84,16 +84,16 @@ impl Subscriptions {
                 let sub = subscriptions::existing(dynamo, table, &name).await?;
                 json!({ "parked": subscriptions::parked(dynamo, table, &sub).await? })
             }
-            Manage::Redrive { name, event_ids } => self.redrive(&name, &event_ids).await?,
+            Manage::Redrive { name, event_ids } => self.redeliver(&name, &event_ids).await?,
         };
         Ok(answer)
     }
 
     /// Delivers the parked events of `name` (all, or those named) once each.
-    async fn redrive(&self, name: &str, event_ids: &[String]) -> Result<Value> {
+    async fn redeliver(&self, name: &str, event_ids: &[String]) -> Result<Value> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let sub = subscriptions::existing(dynamo, table, name).await?;
-        let mut redriven = Vec::new();
+        let mut redelivered = Vec::new();
         let mut failed = Vec::new();
         for parked in subscriptions::parked(dynamo, table, &sub).await? {
             if !event_ids.is_empty() && !event_ids.contains(&parked.event_id) {
@@ -129,15 +129,20 @@ impl Subscriptions {
             match attempt {
                 Attempt::Delivered => {
                     subscriptions::unpark(dynamo, table, name, &parked).await?;
-                    redriven.push(parked.event_id);
+                    redelivered.push(parked.event_id);
                 }
                 Attempt::FailedFrom(_, error) | Attempt::Unavailable(error) => {
                     failed.push(json!({ "event_id": parked.event_id, "error": error }));
                 }
             }
         }
-        info!(subscription = name, redriven = redriven.len(), failed = failed.len(), "parked events re-driven");
-        Ok(json!({ "redriven": redriven, "failed": failed }))
+        info!(
+            subscription = name,
+            redelivered = redelivered.len(),
+            failed = failed.len(),
+            "parked events re-delivered"
+        );
+        Ok(json!({ "redriven": redelivered, "failed": failed }))
     }
 
     /// A parked event, read from the event table, as it is delivered.
@@ -161,7 +166,7 @@ impl Subscriptions {
             redriven: true,
             event: PlayedEvent::new(&event, json, &bytes, parked.seq),
         };
-        // As the runner delivers it: a marker, not a record Kinesis would refuse on every re-drive.
+        // As the runner delivers it: a marker, not a record Kinesis would refuse on every re-delivery.
         let data = delivered.record(&event, to, readable.offloaded.as_ref())?;
         Ok(Delivery {
             seq: parked.seq,

@@ -1,7 +1,7 @@
 //! Subscription lag as CloudWatch metrics, in the embedded metric format
 //! ([`crate::metrics`]).
 //!
-//! Metric `SubscriptionLagSeconds` (the watermark's sealed end less the
+//! Metric `SubscriptionLagSeconds` (the watermark's complete end less the
 //! slowest partition's position), once per subscription (dimension
 //! `Subscription`) and once without dimensions: the largest of all, 0 with
 //! no subscription, which the template's alarm watches. The tick writes

@@ -1,11 +1,11 @@
-//! Subscriptions: durable, checkpointed consumers of the sealed log.
+//! Subscriptions: durable, checkpointed consumers of the complete log.
 //!
 //! A subscription ([`spec`]) delivers every event that arrived from its
 //! start on, and passes its filter, to its target ([`target`]: a Kinesis
 //! stream or a Lambda function), in order per partition key, forever. Its
 //! events are split over N partitions by a hash of their partition key;
 //! each partition has one runner at a time ([`runner`]), which reads only
-//! sealed slots (so a late writer cannot be missed: the completeness
+//! complete slots (so a late writer cannot be missed: the completeness
 //! watermark, not a backtracking heuristic) and saves its checkpoint
 //! after every delivery, fenced by its lease ([`store`]).
 //!
@@ -198,21 +198,21 @@ impl Subscriptions {
     /// The watermark itself (ms): every event that arrived before it is in
     /// the event table, so a runner delivers up to it, mid-slot too (a slot
     /// boundary would add up to a slot's length to every delivery's latency).
-    pub(crate) async fn sealed_to(&self) -> Result<Option<i64>> {
+    pub(crate) async fn complete_to(&self) -> Result<Option<i64>> {
         Ok(watermark::read(&self.dynamo, &self.config.event_table).await?.time)
     }
 
-    /// The end of the last sealed slot, if every scan segment has finished a pass.
-    pub(crate) async fn sealed_end(&self) -> Result<Option<i64>> {
+    /// The end of the last complete slot, if every scan segment has finished a pass.
+    pub(crate) async fn complete_end(&self) -> Result<Option<i64>> {
         let watermark = watermark::read(&self.dynamo, &self.config.event_table).await?;
-        Ok(watermark.sealed_end(self.config.time_unit_ms))
+        Ok(watermark.complete_end(self.config.time_unit_ms))
     }
 
     /// Every subscription's status (lag per partition).
     pub async fn statuses(&self) -> Result<(Option<i64>, Vec<SubscriptionStatus>)> {
-        let sealed_end = self.sealed_end().await?;
-        let out = statuses(&self.dynamo, &self.config.event_table, sealed_end, self.config.time_unit_ms).await?;
-        Ok((sealed_end, out))
+        let complete_end = self.complete_end().await?;
+        let out = statuses(&self.dynamo, &self.config.event_table, complete_end, self.config.time_unit_ms).await?;
+        Ok((complete_end, out))
     }
 
     /// The schedule's tick: every subscription's lag, and a runner started
@@ -220,7 +220,7 @@ impl Subscriptions {
     /// lease free or expired) and is not stopped.
     pub(crate) async fn tick(&self) -> Result<TickSummary> {
         self.ensure_time_unit().await?;
-        let (sealed_end, subscriptions) = self.statuses().await?;
+        let (complete_end, subscriptions) = self.statuses().await?;
         let mut started = 0;
         for sub in subscriptions.iter().filter(|s| s.subscription.state == State::Active) {
             for partition in sub.partitions.iter().filter(|p| p.stopped.is_none() && p.leased_until.is_none()) {
@@ -234,7 +234,7 @@ impl Subscriptions {
             }
         }
         info!(subscriptions = subscriptions.len(), started, "subscriptions tick");
-        Ok(TickSummary { watermark: sealed_end.map(format_ms), subscriptions, started })
+        Ok(TickSummary { watermark: complete_end.map(format_ms), subscriptions, started })
     }
 }
 

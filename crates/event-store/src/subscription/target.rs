@@ -56,7 +56,7 @@ pub struct DeliveredEvent {
     pub subscription_id: String,
     pub partition: u32,
     pub position: Position,
-    /// A parked event delivered by `redrive`: out of its key's order by
+    /// A parked event re-delivered (the `redrive` action): out of its key's order by
     /// nature (later events went on), never delivered before; take it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub redriven: bool,

@@ -58,7 +58,7 @@ pub const AWS_ACTIONS: &[&str] = &[
     "sqs:SendMessage",
 ];
 
-/// Versions one read of the table fetches when filling a gap or re-driving.
+/// Versions one read of the table fetches when filling a gap or re-relaying.
 const READ_PAGE: usize = 1000;
 /// Versions of one stream one delivery puts at most: a key's records go one
 /// request each (the next only once the one before is stored), so a long gap
@@ -182,7 +182,7 @@ impl Relay {
                 }
                 Ok(None) => Outcome::Relayed,
                 Err((position, reason)) if position.held() => {
-                    info!(stream = name, reason, "held: left for a re-drive");
+                    info!(stream = name, reason, "held: left for a re-relay");
                     Outcome::Held
                 }
                 Err((position, reason)) => self.failed(&position, position.next(), &reason, now).await,
@@ -334,7 +334,7 @@ impl Relay {
                     stream,
                     next = failed_at,
                     reason,
-                    "entity stream held: re-drive it from the relay dead-letter queue"
+                    "entity stream held: re-relay it (drain the relay dead-letter queue)"
                 );
                 Outcome::Held
             }
@@ -345,7 +345,7 @@ impl Relay {
         }
     }
 
-    /// Holds `stream` (unless a re-drive released it or another relay holds it
+    /// Holds `stream` (unless a re-relay released it or another relay holds it
     /// since the failure was seen), then announces it on the dead-letter queue;
     /// without a queue to announce it on, a stream is never held (the
     /// delivery is retried, and the iterator-age alarm fires).

@@ -420,7 +420,7 @@ pub struct Parked {
     pub event_sort_key: String,
     pub event_id: String,
     pub partition_key: String,
-    /// The partition's delivery sequence number it had (a re-drive delivers it with the same).
+    /// The partition's delivery sequence number it had (a re-delivery delivers it with the same).
     #[serde(default)]
     pub seq: u64,
     pub error: String,

@@ -1,5 +1,5 @@
 //! A subscription's partitions: where each stands and how far behind the
-//! sealed end, from their stored items (the tick, `list` and status report it).
+//! complete end, from their stored items (the tick, `list` and status report it).
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,7 @@ pub struct PartitionStatus {
     pub partition: u32,
     /// Where the partition stands: every event before it is delivered (ISO 8601).
     pub position: String,
-    /// The watermark's sealed end less the position (ms), when there is a watermark.
+    /// The watermark's complete end less the position (ms), when there is a watermark.
     pub lag_ms: Option<i64>,
     pub delivered: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,8 +39,8 @@ pub fn position_ms(checkpoint: &Checkpoint) -> i64 {
     checkpoint.after.as_deref().and_then(|k| k.get(..13)).and_then(|ms| ms.parse().ok()).unwrap_or(checkpoint.slot)
 }
 
-/// The status of `sub`'s partitions from their stored items, against the sealed end.
-pub fn status(sub: &Subscription, stored: &[Partition], sealed_end: Option<i64>, unit: u64) -> SubscriptionStatus {
+/// The status of `sub`'s partitions from their stored items, against the complete end.
+pub fn status(sub: &Subscription, stored: &[Partition], complete_end: Option<i64>, unit: u64) -> SubscriptionStatus {
     let partitions: Vec<PartitionStatus> = (0..sub.partitions)
         .map(|partition| {
             let item = stored.iter().find(|p| p.partition == partition);
@@ -50,7 +50,7 @@ pub fn status(sub: &Subscription, stored: &[Partition], sealed_end: Option<i64>,
             PartitionStatus {
                 partition,
                 position: format_ms(at),
-                lag_ms: sealed_end.map(|end| (end - at).max(0)),
+                lag_ms: complete_end.map(|end| (end - at).max(0)),
                 delivered: checkpoint.events,
                 stopped: item.and_then(|p| p.stopped.clone()),
                 leased_until: item
@@ -64,17 +64,17 @@ pub fn status(sub: &Subscription, stored: &[Partition], sealed_end: Option<i64>,
     SubscriptionStatus { subscription: sub.clone(), lag_ms, partitions }
 }
 
-/// Every stored subscription's status against `sealed_end`.
+/// Every stored subscription's status against `complete_end`.
 pub async fn statuses(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    sealed_end: Option<i64>,
+    complete_end: Option<i64>,
     unit: u64,
 ) -> Result<Vec<SubscriptionStatus>> {
     let mut out = Vec::new();
     for sub in list(dynamo, table).await? {
         let stored = partitions(dynamo, table, &sub).await?;
-        out.push(status(&sub, &stored, sealed_end, unit));
+        out.push(status(&sub, &stored, complete_end, unit));
     }
     Ok(out)
 }

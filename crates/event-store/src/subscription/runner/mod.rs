@@ -1,7 +1,7 @@
 //! One partition's runner: takes the partition's lease, then delivers the
 //! partition's newly sealed events from its checkpoint, in rounds (each up
-//! to the sealed end the watermark gives), saving the checkpoint after every
-//! delivery while it holds the lease. Caught up, it follows the sealed log
+//! to the complete end the watermark gives), saving the checkpoint after every
+//! delivery while it holds the lease. Caught up, it follows the complete log
 //! (a look at the watermark every `SUBSCRIPTION_POLL_MS`) as [`super::follow`]
 //! decides; near its deadline with more to deliver, it hands the lease to a
 //! continuation, like playback.
@@ -37,7 +37,7 @@ const PENDING_BYTES: usize = 8 << 20;
 /// How often a following runner asks whether its subscription was paused or deleted.
 const STATE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// How a round (one pass up to a sealed end) ended.
+/// How a round (one pass up to a complete end) ended.
 enum Round {
     Done,
     HandOver,
@@ -144,7 +144,7 @@ impl Runner<'_> {
         let mut follow = Follow::new(config.follow, task.lease.is_some(), Instant::now());
         let mut state_checked = Instant::now();
         loop {
-            if let Some(end) = self.subs.sealed_to().await?.filter(|end| delivered_to < *end) {
+            if let Some(end) = self.subs.complete_to().await?.filter(|end| delivered_to < *end) {
                 match self.round(end).await? {
                     Round::Done => {
                         delivered_to = end;
@@ -199,14 +199,14 @@ impl Runner<'_> {
         Ok(recent)
     }
 
-    /// Delivers the partition's events from the position up to `sealed_end`
+    /// Delivers the partition's events from the position up to `complete_end`
     /// (ms: the watermark; events that arrived before it).
-    async fn round(&mut self, sealed_end: i64) -> Result<Round> {
+    async fn round(&mut self, complete_end: i64) -> Result<Round> {
         let subs = self.subs;
         let (dynamo, table) = (&subs.dynamo, subs.config.event_table.as_str());
         // Where to start within a slot is in the position (`after`), not in the window.
-        let window = Window { start: 0, end: sealed_end };
-        let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, sealed_end).await?;
+        let window = Window { start: 0, end: complete_end };
+        let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, complete_end).await?;
         slots.retain(|s| s.slot >= self.position.slot);
         self.summary.queries += index_queries;
         let reader = subs.reader(&window);
@@ -255,8 +255,8 @@ impl Runner<'_> {
             if let Some(end) = self.deliver_pending().await? {
                 return Ok(end);
             }
-            // Everything before the sealed end is done, events of other partitions included.
-            let end = Checkpoint::starting_at(sealed_end, subs.config.time_unit_ms);
+            // Everything before the complete end is done, events of other partitions included.
+            let end = Checkpoint::starting_at(complete_end, subs.config.time_unit_ms);
             self.save(Checkpoint { slot: end.slot, after: end.after, ..self.delivered_through() }).await?;
             Ok(Round::Done)
         };

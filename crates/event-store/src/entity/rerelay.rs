@@ -1,4 +1,4 @@
-//! Re-driving the relay: a held stream, or every stream behind its tip, is
+//! Re-relaying: a held stream, or every stream behind its tip, is
 //! relayed from the entity table (the source of truth; the table's stream
 //! keeps only 24 hours), from its position, in version order.
 
@@ -6,29 +6,29 @@ use super::relay::{Outcome, Plan, Relay, MAX_VERSIONS_PER_DELIVERY};
 use super::EntityError;
 use crate::error::{Error, Result};
 
-/// What a re-drive relayed.
+/// What a re-relay relayed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Redriven {
+pub struct Rerelayed {
     pub streams: usize,
     pub versions: usize,
-    /// Streams that could not be relayed (a whole-table re-drive goes on past them).
+    /// Streams that could not be relayed (a whole-table re-relay goes on past them).
     pub failed: Vec<String>,
 }
 
 impl Relay {
-    /// Re-drives what one message of the relay's dead-letter queue stands
+    /// Re-relays what one message of the relay's dead-letter queue stands
     /// for: a held stream (the relay's own notice), or, for the event
     /// source's failure record (which names table-stream shards, not
     /// streams), every stream behind its tip.
-    pub async fn redrive_message(&self, body: &str) -> Result<Redriven> {
+    pub async fn rerelay_message(&self, body: &str) -> Result<Rerelayed> {
         let message: serde_json::Value =
             serde_json::from_str(body).map_err(|e| Error::BadInput(format!("relay dead letter: {e}")))?;
         if let Some(stream) = message.get("heldStream").and_then(|s| s.as_str()) {
-            let versions = self.redrive_stream(stream).await?;
-            return Ok(Redriven { streams: 1, versions, failed: vec![] });
+            let versions = self.rerelay_stream(stream).await?;
+            return Ok(Rerelayed { streams: 1, versions, failed: vec![] });
         }
         if message.get("DDBStreamBatchInfo").is_some() {
-            let done = self.redrive_all().await?;
+            let done = self.rerelay_all().await?;
             return match done.failed.is_empty() {
                 true => Ok(done),
                 false => Err(Error::KinesisPartial {
@@ -44,7 +44,7 @@ impl Relay {
     /// Re-drives one stream: releases its hold, then relays every version
     /// after its position up to its tip, from the table, in order. Returns
     /// how many versions it put.
-    pub(crate) async fn redrive_stream(&self, stream: &str) -> Result<usize> {
+    pub(crate) async fn rerelay_stream(&self, stream: &str) -> Result<usize> {
         self.positions.release(stream).await?;
         let mut versions = 0;
         loop {
@@ -82,24 +82,24 @@ impl Relay {
     /// delivery). A `Scan` of the table (`dynamodb:Scan`, which the relay's
     /// own role does not have): for an operator's rare repairs. Goes on past
     /// a stream that fails, and names it.
-    pub(crate) async fn redrive_all(&self) -> Result<Redriven> {
+    pub(crate) async fn rerelay_all(&self) -> Result<Rerelayed> {
         let names = self.store.stream_names("").await.map_err(|e| match e {
             EntityError::Store(err) => err,
             other => Error::Malformed(other.to_string()),
         })?;
-        let mut total = Redriven::default();
+        let mut total = Rerelayed::default();
         for name in names {
             // A stream without a position was relayed before positions existed: nothing is known held.
             if !self.positions.relay_position(&name).await?.known {
                 continue;
             }
-            match self.redrive_stream(&name).await {
+            match self.rerelay_stream(&name).await {
                 Ok(versions) => {
                     total.versions += versions;
                     total.streams += usize::from(versions > 0);
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, stream = name, "stream not re-driven");
+                    tracing::warn!(error = %err, stream = name, "stream not re-relayed");
                     total.failed.push(name);
                 }
             }
