@@ -89,8 +89,8 @@ fn markdown(latency: &Value, subscription: &Value, date: &str, machine: &str) ->
          pass), the subscriptions' tick the scan starts and a runner's start.\n\n\
          Where the steady figure goes, split where the watermark (read every 100 ms) first passed each event:\n\n\
          | part | what waits | p50 ms | p99 ms |\n|---|---|---|---|\n\
-         | arrival to sealed | the pump's poll, the awake scan's next pass and its length | {} | {} |\n\
-         | sealed to delivered | the runner's poll, its read of the slot, the put | {} | {} |\n\n\
+         | arrival to complete | the pump's poll, the awake scan's next pass and its length | {} | {} |\n\
+         | complete to delivered | the runner's poll, its read of the slot, the put | {} | {} |\n\n\
          The stack's own requests per minute while idle (from 15 s after a delivery: the schedules alone, \
          and the local event source's polls of the event and playback streams, a second each): {}.\n",
         latency["sent"],
