@@ -314,7 +314,10 @@ async fn a_runner_follows_while_events_come_an_idle_one_ends_at_once_and_a_busy_
         event_store::readers::subscriptions::take(&env.dynamo, table, (&sub, 0), ("handed", None), far_ms, now_ms())
             .await;
     assert!(
-        matches!(held.unwrap(), event_store::readers::subscriptions::Taken::Held(_)),
+        matches!(
+            held.unwrap(),
+            event_store::readers::subscriptions::Take::Lease(event_store::bookkeeping::lease::Taken::Held(_))
+        ),
         "the predecessor's hand-over"
     );
     manage(&env, &target, json!({"action": "pause", "name": "busy"})).await.unwrap();

@@ -44,6 +44,15 @@ pub(crate) fn checkpoint_of(item: &HashMap<String, AttributeValue>) -> Result<Op
         .transpose()
 }
 
+/// What taking a lease found: the one outcome of every lease's take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// The lease is ours; the checkpoint stored with it (none: from the reader's start).
+    Held(Option<Checkpoint>),
+    /// Another runner holds it until this time (ms).
+    Busy(i64),
+}
+
 /// Who holds a lease, until when (ms).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {

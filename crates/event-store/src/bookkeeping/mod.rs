@@ -27,7 +27,7 @@ pub mod entity_positions;
 pub(crate) mod frontier;
 pub mod ingest;
 pub mod late_slots;
-pub(crate) mod lease;
+pub mod lease;
 pub(crate) mod segment_pass;
 pub mod settings;
 pub mod shard_position;

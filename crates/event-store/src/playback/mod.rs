@@ -38,6 +38,7 @@ pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Statu
 
 use crate::archive::object::Bucket;
 use crate::batch::Backoff;
+use crate::bookkeeping::lease::Taken;
 use crate::bookkeeping::settings;
 use crate::bookkeeping::slot_index::read_index;
 use crate::bookkeeping::watermark::{self, Watermark};
@@ -264,8 +265,8 @@ impl Playback {
             claim.now = now_ms();
             claim.until = claim.now + self.config.lease.as_millis() as i64;
             let until = match playbacks::take(&self.dynamo, table, id, claim).await? {
-                playbacks::Taken::Held(position) => return Ok(Ok(position)),
-                playbacks::Taken::Busy(until) => until,
+                Taken::Held(position) => return Ok(Ok(position)),
+                Taken::Busy(until) => until,
             };
             let lapse = Duration::from_millis((until + 1 - now_ms()).max(0) as u64);
             if waited || remaining(deadline) <= self.config.deadline_margin + lapse + self.config.lease {

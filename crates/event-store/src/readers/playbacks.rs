@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 
 pub use crate::bookkeeping::lease::Lease;
-use crate::bookkeeping::lease::{self, checkpoint_value, n, s, CHECKPOINT, LEASE_FREE};
+use crate::bookkeeping::lease::{self, checkpoint_value, n, s, Taken, CHECKPOINT, LEASE_FREE};
 use crate::bookkeeping::{self, unless_condition_failed};
 use crate::error::{Error, Result};
 use crate::log::Filter;
@@ -73,15 +73,6 @@ pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> R
         .await
         .map_err(|e| Error::dynamo("GetItem", e))?;
     out.item().map(Stored::from_item).transpose()
-}
-
-/// What [`take`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Taken {
-    /// The lease is ours; the checkpoint to start from (none: from the window's start).
-    Held(Option<Checkpoint>),
-    /// Another runner holds the lease until this time (ms).
-    Busy(i64),
 }
 
 /// What a runner asks [`take`] for.

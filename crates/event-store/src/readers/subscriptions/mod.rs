@@ -16,7 +16,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnConsumedCapac
 use serde::Serialize;
 
 use crate::batch::Backoff;
-use crate::bookkeeping::lease::{self, n, s, Lease, CHECKPOINT, LEASE_FREE};
+use crate::bookkeeping::lease::{self, n, s, Lease, Taken, CHECKPOINT, LEASE_FREE};
 use crate::bookkeeping::{key, query_range, sort_key_of, unless_condition_failed};
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
@@ -184,13 +184,11 @@ pub(crate) async fn partitions(
     Ok(stored)
 }
 
-/// What [`take`] found.
+/// What [`take`] found: the lease (taken, with the checkpoint to go on from,
+/// none meaning the subscription's start; or busy), or a partition not to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Taken {
-    /// The lease is ours; the checkpoint to go on from (none: the subscription's start).
-    Held(Option<Checkpoint>),
-    /// Another runner holds it until this time (ms).
-    Busy(i64),
+pub enum Take {
+    Lease(Taken),
     /// The partition stopped on a parked event (the error); `resume` goes on.
     Stopped(String),
     /// The subscription was deleted (or deleted and created again) since the caller read it.
@@ -208,7 +206,7 @@ pub async fn take(
     (owner, previous): (&str, Option<&str>),
     until: i64,
     now: i64,
-) -> Result<Taken> {
+) -> Result<Take> {
     let item_key = key(partition_key(&sub.name, partition));
     let result = dynamo
         .update_item()
@@ -228,14 +226,14 @@ pub async fn take(
         .send()
         .await;
     if let Some(out) = unless_condition_failed(result)? {
-        return Ok(Taken::Held(out.attributes().map(lease::checkpoint_of).transpose()?.flatten()));
+        return Ok(Take::Lease(Taken::Held(out.attributes().map(lease::checkpoint_of).transpose()?.flatten())));
     }
     let stored = partition_items(dynamo, table, &sub.name).await?.into_iter().find(|p| p.partition == partition);
     match stored {
         Some(Partition { sub_id: Some(other), .. }) if other != sub.id => {
             // Left by an earlier subscription of this name, or this runner is the stale one.
             if get(dynamo, table, &sub.name).await?.is_none_or(|current| current.id != sub.id) {
-                return Ok(Taken::Gone);
+                return Ok(Take::Gone);
             }
             let mut fresh = item_key;
             fresh.insert("sub_id".into(), s(&sub.id));
@@ -251,15 +249,15 @@ pub async fn take(
                 .send()
                 .await;
             match replaced {
-                Ok(_) => Ok(Taken::Held(None)),
+                Ok(_) => Ok(Take::Lease(Taken::Held(None))),
                 Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
-                    Ok(Taken::Busy(now))
+                    Ok(Take::Lease(Taken::Busy(now)))
                 }
                 Err(e) => Err(Error::dynamo("PutItem", e)),
             }
         }
-        Some(Partition { stopped: Some(error), .. }) => Ok(Taken::Stopped(error)),
-        stored => Ok(Taken::Busy(stored.and_then(|p| p.lease).map_or(now, |lease| lease.until.max(now)))),
+        Some(Partition { stopped: Some(error), .. }) => Ok(Take::Stopped(error)),
+        stored => Ok(Take::Lease(Taken::Busy(stored.and_then(|p| p.lease).map_or(now, |lease| lease.until.max(now))))),
     }
 }
 

@@ -17,6 +17,7 @@ use super::follow::{Follow, Next};
 use super::run::{PartitionTask, RunStatus, RunSummary};
 use super::target::Delivery;
 use super::Subscriptions;
+use crate::bookkeeping::lease::Taken;
 use crate::bookkeeping::slot_index::read_index;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
@@ -26,7 +27,7 @@ use crate::log::reader::{Page, PAGES_AHEAD};
 use crate::log::Window;
 use crate::position::Checkpoint;
 use crate::readers::subscriptions::spec::{partition_of, State, Subscription};
-use crate::readers::subscriptions::{self, Parked, Taken};
+use crate::readers::subscriptions::{self, Parked, Take};
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).
@@ -75,15 +76,15 @@ impl Subscriptions {
         let place = (name.as_str(), task.partition);
         let claim = (owner.as_str(), task.lease.as_deref());
         let position = match subscriptions::take(dynamo, table, (&sub, task.partition), claim, until, now_ms()).await? {
-            Taken::Held(checkpoint) => {
+            Take::Lease(Taken::Held(checkpoint)) => {
                 checkpoint.unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, self.config.time_unit_ms))
             }
-            Taken::Gone => return Ok(RunSummary { status: RunStatus::Gone, ..summary }),
-            Taken::Busy(until) => {
+            Take::Gone => return Ok(RunSummary { status: RunStatus::Gone, ..summary }),
+            Take::Lease(Taken::Busy(until)) => {
                 summary.busy_until = Some(format_ms(until));
                 return Ok(RunSummary { status: RunStatus::Busy, ..summary });
             }
-            Taken::Stopped(error) => {
+            Take::Stopped(error) => {
                 return Ok(RunSummary { status: RunStatus::Stopped, error: Some(error), ..summary })
             }
         };
