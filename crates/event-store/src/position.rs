@@ -1,10 +1,15 @@
 //! Where a reader of the complete log stands: every event before a slot,
 //! and in it up to a sort key, delivered; the sequence number the next
 //! delivered record gets. Playback runs, subscription partitions and the
-//! lease items that hold them all keep one, so the concept sits below them.
+//! lease items that hold them all keep one, so the concept sits below them;
+//! with it, its stored form (one map attribute of the item that holds it).
 
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::event_item::sort_key_floor;
 use crate::time::slot_of;
 
@@ -70,6 +75,23 @@ pub struct Lookback {
     pub from_ms: i64,
     pub from_key: String,
     pub to_key: String,
+}
+
+/// The checkpoint's fields live in one map attribute (its `slot` would clash with the key's).
+pub const CHECKPOINT: &str = "checkpoint";
+
+pub(crate) fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
+    serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
+        .map(AttributeValue::M)
+        .map_err(|e| Error::encode("checkpoint", e))
+}
+
+/// The checkpoint stored in an item, if any.
+pub(crate) fn checkpoint_of(item: &HashMap<String, AttributeValue>) -> Result<Option<Checkpoint>> {
+    item.get(CHECKPOINT)
+        .and_then(|value| value.as_m().ok())
+        .map(|fields| serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}"))))
+        .transpose()
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
 use super::unless_condition_failed;
-use crate::error::{Error, Result};
-use crate::position::Checkpoint;
+use crate::error::Result;
+use crate::position::{checkpoint_value, Checkpoint, CHECKPOINT};
 
 /// The lease is free, expired before `:now`, handed on by the caller's
 /// predecessor (`:previous`), or already the caller's own (`:me`: the SDK's
@@ -19,29 +19,12 @@ use crate::position::Checkpoint;
 pub const LEASE_FREE: &str =
     "(attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :previous OR lease_owner = :me)";
 
-/// The checkpoint's fields live in one map attribute (its `slot` would clash with the key's).
-pub const CHECKPOINT: &str = "checkpoint";
-
 pub(crate) fn n(value: i64) -> AttributeValue {
     AttributeValue::N(value.to_string())
 }
 
 pub(crate) fn s(value: &str) -> AttributeValue {
     AttributeValue::S(value.to_owned())
-}
-
-pub(crate) fn checkpoint_value(checkpoint: &Checkpoint) -> Result<AttributeValue> {
-    serde_dynamo::to_item::<_, HashMap<String, AttributeValue>>(checkpoint)
-        .map(AttributeValue::M)
-        .map_err(|e| Error::encode("checkpoint", e))
-}
-
-/// The checkpoint stored in an item, if any.
-pub(crate) fn checkpoint_of(item: &HashMap<String, AttributeValue>) -> Result<Option<Checkpoint>> {
-    item.get(CHECKPOINT)
-        .and_then(|value| value.as_m().ok())
-        .map(|fields| serde_dynamo::from_item(fields.clone()).map_err(|e| Error::Malformed(format!("checkpoint: {e}"))))
-        .transpose()
 }
 
 /// What taking a lease found: the one outcome of every lease's take.

@@ -13,11 +13,12 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 
 pub use crate::bookkeeping::lease::Lease;
-use crate::bookkeeping::lease::{self, checkpoint_value, n, s, Taken, CHECKPOINT, LEASE_FREE};
+use crate::bookkeeping::lease::{self, n, s, Taken, LEASE_FREE};
 use crate::bookkeeping::{self, unless_condition_failed};
 use crate::error::{Error, Result};
 use crate::log::Filter;
 use crate::position::Checkpoint;
+use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 
 /// The sort-key prefix of playback items.
 pub const KEY_PREFIX: &str = "playback#";
@@ -58,7 +59,7 @@ impl Stored {
             (Some(start), Some(end), Some(filter)) => Some(Binding { start, end, filter }),
             _ => None,
         };
-        Ok(Self { binding, lease: lease::lease_of(item), checkpoint: lease::checkpoint_of(item)? })
+        Ok(Self { binding, lease: lease::lease_of(item), checkpoint: checkpoint_of(item)? })
     }
 }
 

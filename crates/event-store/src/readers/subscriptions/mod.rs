@@ -16,12 +16,13 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnConsumedCapac
 use serde::Serialize;
 
 use crate::batch::Backoff;
-use crate::bookkeeping::lease::{self, n, s, Lease, Taken, CHECKPOINT, LEASE_FREE};
+use crate::bookkeeping::lease::{self, n, s, Lease, Taken, LEASE_FREE};
 use crate::bookkeeping::{key, query_range, sort_key_of, unless_condition_failed};
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::position::Checkpoint;
+use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 
 pub mod spec;
 pub mod status;
@@ -160,7 +161,7 @@ impl Partition {
         Ok(Self {
             partition,
             sub_id: item.get("sub_id").and_then(|v| v.as_s().ok()).cloned(),
-            checkpoint: lease::checkpoint_of(item)?,
+            checkpoint: checkpoint_of(item)?,
             lease: lease::lease_of(item),
             stopped: item.get("stopped").and_then(|v| v.as_s().ok()).cloned(),
         })
@@ -226,7 +227,7 @@ pub async fn take(
         .send()
         .await;
     if let Some(out) = unless_condition_failed(result)? {
-        return Ok(Take::Lease(Taken::Held(out.attributes().map(lease::checkpoint_of).transpose()?.flatten())));
+        return Ok(Take::Lease(Taken::Held(out.attributes().map(checkpoint_of).transpose()?.flatten())));
     }
     let stored = partition_items(dynamo, table, &sub.name).await?.into_iter().find(|p| p.partition == partition);
     match stored {
@@ -306,7 +307,7 @@ pub(crate) async fn stop(
         .condition_expression("lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq)")
         .expression_attribute_names("#checkpoint", CHECKPOINT)
         .expression_attribute_names("#seq", "seq")
-        .expression_attribute_values(":checkpoint", lease::checkpoint_value(checkpoint)?)
+        .expression_attribute_values(":checkpoint", checkpoint_value(checkpoint)?)
         .expression_attribute_values(":seq", n(checkpoint.seq as i64))
         .expression_attribute_values(":error", s(error))
         .expression_attribute_values(":zero", n(0))
@@ -359,7 +360,7 @@ pub(crate) async fn reset(
             // A runner of this subscription may have delivered one batch past its last save
             // (a crash, or this reset's fence came just before its save): skip its numbers.
             Some(old) => {
-                let before = lease::checkpoint_of(old)?;
+                let before = checkpoint_of(old)?;
                 let (seq, events) = before.map_or((0, 0), |c| (c.seq, c.events));
                 (seq + sub.batch_size as u64, events)
             }
@@ -373,7 +374,7 @@ pub(crate) async fn reset(
             .update_expression("SET #checkpoint = :checkpoint, lease_until = :zero REMOVE stopped")
             .condition_expression("lease_owner = :fence")
             .expression_attribute_names("#checkpoint", CHECKPOINT)
-            .expression_attribute_values(":checkpoint", lease::checkpoint_value(&checkpoint)?)
+            .expression_attribute_values(":checkpoint", checkpoint_value(&checkpoint)?)
             .expression_attribute_values(":fence", s(&fence))
             .expression_attribute_values(":zero", n(0))
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
