@@ -63,16 +63,16 @@ local: tools-moto local-bin ## run the whole pipeline locally until Ctrl-C (pixe
 status: local-bin ## the store at a glance: watermark, pump, subscriptions, playbacks, queues, verdict (the local stack; STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') status
 
-playback: local-bin ## play back START..END (ISO 8601; default the 15 sealed minutes before the watermark) [WAIT= RATE= FILTER= RESTART=true] (STACK=<name> for a deployed one)
+playback: local-bin ## play back START..END (ISO 8601; default the 15 complete minutes before the watermark) [WAIT= RATE= FILTER= RESTART=true] (STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') playback $(if $(START),--start '$(START)') $(if $(END),--end '$(END)') $(if $(WAIT),--wait '$(WAIT)') $(if $(RATE),--rate '$(RATE)') $(if $(FILTER),--filter '$(FILTER)') $(if $(filter-out false 0,$(RESTART)),--restart)
 
-tail: local-bin ## print the sealed log's events as their slots seal: FROM=now|beginning|<time> [FILTER=/path=/track.gif] (STACK=<name> for a deployed one)
+tail: local-bin ## print the complete log's events as their slots complete: FROM=now|beginning|<time> [FILTER=/path=/track.gif] (STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') tail --from '$(or $(FROM),now)' $(if $(FILTER),--filter '$(FILTER)')
 
 subscription: local-bin ## manage subscriptions: ARGS='list' | ARGS='create NAME --target kinesis:S --start beginning' | pause/resume/reset/delete/parked/redrive (STACK=<name> for a deployed one)
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') subscription $(or $(ARGS),list)
 
-redrive: local-bin ## re-drive the dead-letter queues: STACK=<name> (both, from its outputs; PUMP=1 or RELAY=1 for one), or QUEUE=<url> with PUMP=1 or RELAY=1
+redrive: local-bin ## drain the dead-letter queues (re-buffer, re-relay): STACK=<name> (both, from its outputs; PUMP=1 or RELAY=1 for one), or QUEUE=<url> with PUMP=1 or RELAY=1
 	$(CLI_BIN) $(if $(filter command line environment,$(origin STACK)),--stack '$(STACK)') redrive $(if $(PUMP),--pump) $(if $(RELAY),--relay) $(if $(QUEUE),--queue '$(QUEUE)')
 
 invoke: tools tools-container build local-bin ## run FN's deployed artefact in a container (sam local invoke) against `make local`: FN=playback|load|... [EVENT=events/FN.json]

@@ -68,7 +68,7 @@ enum Command {
         #[command(subcommand)]
         action: subscription::Action,
     },
-    /// Re-drive the pump's and the relay's dead-letter queues (the stack's outputs, or --queue).
+    /// Drain the pump's and the relay's dead-letter queues (re-buffer, re-relay) (the stack's outputs, or --queue).
     Redrive(redrive::Args),
     /// Read and append entity streams through their HTTP API (signed with your AWS credentials on a stack).
     Streams {

@@ -46,7 +46,7 @@ pub struct Stack {
     pub playback_function: Option<String>,
     /// The stream playbacks go to (`PlaybackStreamName`, or the stage's).
     pub playback_stream: Option<String>,
-    /// The buffer and entity tables (`BufferTableName`, `EntityTableName`, or the stage's), for re-drives.
+    /// The buffer and entity tables (`BufferTableName`, `EntityTableName`, or the stage's), for draining the dead-letter queues.
     pub buffer_table: Option<String>,
     pub entity_table: Option<String>,
     /// The entity streams' HTTP API (`StreamsUrl`; locally `make local`'s server on `PORT`).

@@ -32,10 +32,11 @@ pub struct Glance {
     pub keys: Option<std::sync::Arc<event_store::privacy::keys::Keys>>,
 }
 
-/// The events sealed in `[from, complete_end)`, the newest [`RECENT_EVENTS`].
+/// The events of the complete log in `[from, complete_end)`, the newest [`RECENT_EVENTS`].
 #[derive(Debug, Serialize)]
 pub struct Recent {
     /// Where the next look starts (`?after=`); `None` before the first scan pass.
+    #[serde(rename = "sealed_end")]
     pub complete_end: Option<i64>,
     pub events: Vec<PlayedEvent>,
 }

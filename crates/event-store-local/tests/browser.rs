@@ -1,7 +1,7 @@
 //! The local stack's page in a real browser: headless Chromium opens it
 //! (which loads the pixel), clicks the button (which posts an event); both
 //! events must reach the event table with the page's referer and the
-//! browser's user agent, and the page's chart and list of sealed events
+//! browser's user agent, and the page's chart and list of complete events
 //! must show them, then two entity appends sent with `event-store streams`.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -157,7 +157,7 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     let _ = std::fs::remove_dir_all(&profile);
 }
 
-/// The page's event total once it reaches `want` (or 60 s passed), and its list of sealed events.
+/// The page's event total once it reaches `want` (or 60 s passed), and its list of complete events.
 async fn glance(browser: &fantoccini::Client, want: u64) -> (u64, Vec<String>) {
     let started = Instant::now();
     loop {

@@ -77,7 +77,7 @@ pub struct Load {
     kinesis: aws_sdk_kinesis::Client,
     config: LoadConfig,
     backoff: Backoff,
-    payloads: Option<Offloads>,
+    offloads: Option<Offloads>,
     subjects: Option<Subjects>,
 }
 
@@ -85,12 +85,12 @@ impl Load {
     pub fn new(kinesis: aws_sdk_kinesis::Client, config: LoadConfig) -> Self {
         // Short: API Gateway gives up after 30 s, and a client retry would duplicate.
         let backoff = Backoff { base: Duration::from_millis(50), cap: Duration::from_millis(500), max_attempts: 4 };
-        Self { kinesis, config, backoff, payloads: None, subjects: None }
+        Self { kinesis, config, backoff, offloads: None, subjects: None }
     }
 
     /// Offloads events larger than `INLINE_MAX_BYTES` into `bucket` (the one `ARCHIVE_BUCKET` names).
     pub fn with_archive(mut self, bucket: Option<Bucket>) -> Self {
-        self.payloads = bucket.map(|bucket| Offloads { bucket, inline_max: self.config.inline_max_bytes });
+        self.offloads = bucket.map(|bucket| Offloads { bucket, inline_max: self.config.inline_max_bytes });
         self
     }
 
@@ -282,21 +282,21 @@ impl Load {
             let sealer = subjects.sealer(&id).await.map_err(unavailable)?;
             sealer.seal_envelope(&mut envelope).map_err(|e| internal(e.to_string()))?;
             data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
-            if self.payloads.is_none() && data.len() > MAX_EVENT_BYTES_LIMIT {
+            if self.offloads.is_none() && data.len() > MAX_EVENT_BYTES_LIMIT {
                 return Err(Reject::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     format!("sealed, the event is {} bytes; the limit is {MAX_EVENT_BYTES_LIMIT}", data.len()),
                 ));
             }
         }
-        if let Some(payloads) = self.payloads.as_ref().filter(|p| data.len() > p.inline_max) {
+        if let Some(offloads) = self.offloads.as_ref().filter(|p| data.len() > p.inline_max) {
             let content = match (&envelope.body, &envelope.sealed) {
                 (Some(body), _) => serde_json::to_vec(body),
                 (None, Some(sealed)) => serde_json::to_vec(sealed),
                 (None, None) => return Ok((envelope, OutgoingRecord { partition_key, data })),
             }
             .map_err(|e| internal(e.to_string()))?;
-            let stored = payloads.store(content).await.map_err(unavailable)?;
+            let stored = offloads.store(content).await.map_err(unavailable)?;
             debug!(id = %envelope.id, payload = %stored.location(), bytes = stored.bytes, "payload offloaded");
             if envelope.body.take().is_some() {
                 envelope.body_ref = Some(stored);

@@ -46,7 +46,7 @@ impl Checkpoint {
     }
 
     /// The part of the log just before this position a run reads first, to
-    /// know the envelope ids already delivered (`dedupe::RecentIds`): sort
+    /// know the envelope ids already delivered (`log::copies::RecentIds`): sort
     /// keys from `lookback_ms` before the position up to it (both inclusive,
     /// for a `BETWEEN`), and the slot that range starts in's first ms.
     pub(crate) fn lookback(&self, window_start: i64, lookback_ms: u64) -> Lookback {

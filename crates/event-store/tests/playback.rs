@@ -324,7 +324,7 @@ async fn incomplete_slots_are_never_played_and_a_later_end_waits_or_answers_inco
     assert_eq!((past_the_watermark.status, past_the_watermark.events), (Status::Incomplete, 0));
     assert!(played_events(&env).await.is_empty(), "nothing of an incomplete slot went out");
 
-    // Default end: the complete end. A is played, B (moved, but its slot not sealed) is not.
+    // Default end: the complete end. A is played, B (moved, but its slot not complete) is not.
     let sealed = playback.handle(json!({"start": format_ms(a - 1000)}), later()).await.unwrap();
     assert_eq!((sealed.status, sealed.events), (Status::Complete, 1), "{sealed:?}");
     let ns: Vec<i64> = played(&env).await.into_values().flatten().collect();

@@ -328,7 +328,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let on_stream = env.read_stream(&env.names.event_stream).await.len();
     let carol = json!({"EntityId": "carol-1", "page": "/carol"});
     assert_eq!(blocked.handle(post(&json!([carol]))).await.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(env.read_stream(&env.names.event_stream).await.len(), on_stream, "nothing stored incomplete");
+    assert_eq!(env.read_stream(&env.names.event_stream).await.len(), on_stream, "nothing stored unsealed");
     let delivered_so_far = delivered(&env).await.len();
     let answers = runs::run_subscriptions(
         subscriptions_with(&through_proxy),

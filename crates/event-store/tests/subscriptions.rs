@@ -249,7 +249,7 @@ async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
     assert_eq!(created["created"]["start_ms"], two_days_ago);
     let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
     assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 600);
-    // New events, sealed by the next pass, are followed.
+    // New events, complete after the next pass, are followed.
     stored_events(&env, 600..700, 7, now_ms() - 2_000, 1_000).await;
     let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
     assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 100);

@@ -245,7 +245,7 @@ impl<'a> Run<'a> {
         let (id, window) = (&self.id, &self.window);
         report(self.json_out, id, "incomplete", window, 0, || {
             format!(
-                "window [{}, {}) is not complete yet: the watermark is at {} (the scan has not sealed it); \
+                "window [{}, {}) is not complete yet: the watermark is at {} (the scan has not completed it); \
                  try again later or pass --wait SECONDS",
                 format_ms(window.start),
                 format_ms(window.end),

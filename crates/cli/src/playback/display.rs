@@ -25,7 +25,7 @@ pub fn print_summary(total: &PlaybackSummary, runs: usize) {
     let window = format!("[{}, {})", total.start, total.end);
     match total.status {
         Status::Incomplete => println!(
-            "window {window} is not complete yet: the watermark is at {} (the scan has not sealed it); \
+            "window {window} is not complete yet: the watermark is at {} (the scan has not completed it); \
              try again later or pass --wait SECONDS",
             total.watermark.as_deref().unwrap_or("- (no complete scan pass yet)")
         ),

@@ -7,7 +7,7 @@
 //!   `EntityId` in that namespace, so an anonymous hit never passes for an
 //!   entity event, and a reader's `partition_key` filter selects one stream.
 //! - **Two small items per stream** in the entity table, beside its tip (and
-//!   the appends' request records, `_req#…`, see `model::RequestItem`). Their
+//!   the appends' request records, `_req#…`, see `entity::model::RequestItem`). Their
 //!   sort keys start with `_`, below every batch key (`e…`), so reads of a
 //!   stream's events never meet them:
 //!   - `_relay`, written by the relay: `relayed`, the last version stored on

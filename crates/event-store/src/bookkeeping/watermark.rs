@@ -1,6 +1,6 @@
 //! The completeness watermark, the whole rule in one place: what a scan
 //! pass observes, how the segments' parts are stored and combined, and
-//! which slots a reader may treat as sealed
+//! which slots a reader may treat as complete
 //! (`docs/design.md#4-completeness-the-watermark`).
 //!
 //! A pass starts with a look at the event stream ([`super::frontier`]):

@@ -53,7 +53,7 @@ pub const MAX_EVENTS_PER_POST: usize = 500;
 /// arithmetic is beside the template's parameters). Larger ones are opt-in, up to [`MAX_EVENT_BYTES_LIMIT`].
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 2 * 1024;
 /// The most `MAX_EVENT_BYTES` may be without a bucket to offload to: 384 KiB, leaving room in a DynamoDB item
-/// (400 KB) for its other attributes. With `ARCHIVE_BUCKET`, up to [`crate::MAX_LARGE_EVENT_BYTES`].
+/// (400 KB) for its other attributes. With `ARCHIVE_BUCKET`, up to [`MAX_LARGE_EVENT_BYTES`].
 pub const MAX_EVENT_BYTES_LIMIT: usize = 384 * 1024;
 
 impl LoadConfig {

@@ -88,7 +88,7 @@ pub struct PumpConfig {
     /// if its own `TIME_UNIT` differs, so this only decides how records are grouped).
     pub time_unit_ms: u64,
     /// The entity table, where the pump records each entity stream's logged
-    /// version to drop copies of entity events (`entity::log`); without it,
+    /// version to drop copies of entity events (`bookkeeping::entity_positions`); without it,
     /// copies from the relay's retries reach the log.
     pub entity_table: Option<String>,
     /// The scan function (`SCAN_FUNCTION`), woken when records are buffered

@@ -106,7 +106,7 @@ pub struct EntityStore {
     table: String,
     backoff: Backoff,
     /// Where large event data goes ([`crate::offload`]); `None`: every event inline.
-    payloads: Option<Offloads>,
+    offloads: Option<Offloads>,
     /// Seals subjects' streams' data ([`crate::privacy`]); `keys` opens it.
     subjects: Option<crate::privacy::Subjects>,
     keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>,
@@ -128,7 +128,7 @@ impl EntityStore {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         // Transaction conflicts between writers of one stream clear in milliseconds.
         let backoff = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(500), max_attempts: 8 };
-        Self { dynamo, table: table.into(), backoff, payloads: None, subjects: None, keys: None }
+        Self { dynamo, table: table.into(), backoff, offloads: None, subjects: None, keys: None }
     }
 
     pub fn table(&self) -> &str {

@@ -41,7 +41,7 @@ impl Relay {
         Err(Error::BadInput("neither a held stream nor a DynamoDB stream failure record".into()))
     }
 
-    /// Re-drives one stream: releases its hold, then relays every version
+    /// Re-relays one stream: releases its hold, then relays every version
     /// after its position up to its tip, from the table, in order. Returns
     /// how many versions it put.
     pub(crate) async fn rerelay_stream(&self, stream: &str) -> Result<usize> {
@@ -77,7 +77,7 @@ impl Relay {
         }
     }
 
-    /// Re-drives every stream that relay positions track and whose position
+    /// Re-relays every stream that relay positions track and whose position
     /// is behind its tip (after the event source itself gave up on a
     /// delivery). A `Scan` of the table (`dynamodb:Scan`, which the relay's
     /// own role does not have): for an operator's rare repairs. Goes on past

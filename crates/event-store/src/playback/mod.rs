@@ -5,17 +5,17 @@
 //!   waits up to `wait_seconds`, or the run answers `incomplete`.
 //! - Only non-empty slots: the slot index names them, so an empty slot costs
 //!   no query.
-//! - Pipelined: the next slots are queried ([`reader`]) while the current
+//! - Pipelined: the next slots are queried ([`crate::log::reader`]) while the current
 //!   batch is put ([`run`]); records go out in order with `PutRecords` in
 //!   requests of 500, paced ([`pacer`]) to `max_records_per_second`
 //!   (default: the stream's open shards × 1,000).
 //! - Resumable, one runner at a time: the run's id is bound to its window
 //!   and filter, and leased by one runner (continuations keep the lease);
-//!   after every put a [`checkpoint`] is saved while the lease is held. The
+//!   after every put a checkpoint ([`crate::readers::playbacks`]) is saved while the lease is held. The
 //!   same request again, or the continuation handed over near the deadline,
 //!   starts from it, so a crash repeats at most one batch.
 //! - Bounded chains: a run continues itself at most `MAX_CONTINUATIONS` times.
-//! - Every [`record`] carries the original event time and a playback sequence
+//! - Every record ([`crate::log::record`]) carries the original event time and a playback sequence
 //!   number, so consumers can check order and drop duplicates.
 
 pub(crate) mod pacer;

@@ -418,7 +418,7 @@ impl Scan {
             warn!(
                 late = outcome.late,
                 first_slot = outcome.first_late_slot.map(format_ms),
-                "late events: moved into slots already sealed"
+                "late events: moved into slots already complete"
             );
         }
         outcome

@@ -1,13 +1,13 @@
 //! Subscriptions: durable, checkpointed consumers of the complete log.
 //!
-//! A subscription ([`spec`]) delivers every event that arrived from its
+//! A subscription ([`crate::readers::subscriptions::spec`]) delivers every event that arrived from its
 //! start on, and passes its filter, to its target ([`target`]: a Kinesis
 //! stream or a Lambda function), in order per partition key, forever. Its
 //! events are split over N partitions by a hash of their partition key;
 //! each partition has one runner at a time ([`runner`]), which reads only
 //! complete slots (so a late writer cannot be missed: the completeness
 //! watermark, not a backtracking heuristic) and saves its checkpoint
-//! after every delivery, fenced by its lease ([`store`]).
+//! after every delivery, fenced by its lease ([`crate::readers::subscriptions`]).
 //!
 //! One Lambda function does it all, by payload:
 //! - a schedule event (anything without `action` or `run`): the **tick**:
