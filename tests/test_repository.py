@@ -85,8 +85,8 @@ def test_relative_links_in_the_readme_and_docs_resolve():
     assert not broken, "\n".join(broken)
 
 
-def module_of(path: Path) -> str:
-    parts = list(path.relative_to(CORE).with_suffix("").parts)
+def module_of(path: Path, root: Path = CORE) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] in ("mod", "lib"):
         parts = parts[:-1]
     return "::".join(parts)
@@ -231,7 +231,7 @@ def public_fns(core: Path) -> tuple:
     code = {}
     for p in core.rglob("*.rs"):
         if p.name != "tests.rs":
-            code[module_of_in(p, core)] = re.split(r"#\[cfg\(test\)\]\s*mod tests", p.read_text())[0]
+            code[module_of(p, core)] = re.split(r"#\[cfg\(test\)\]\s*mod tests", p.read_text())[0]
     public, grew = {""}, True
     while grew:
         grew = False
@@ -259,13 +259,6 @@ def public_fns(core: Path) -> tuple:
             if impl is not None and depth <= impl_depth:
                 impl = None
     return total, reachable
-
-
-def module_of_in(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[-1] in ("mod", "lib"):
-        parts = parts[:-1]
-    return "::".join(parts)
 
 
 def test_the_public_surface_is_counted(tmp_path):
