@@ -300,6 +300,10 @@ async fn verify(stack: &Stack, from: i64, to: i64, json: bool) -> Exit {
             _ => String::new(),
         };
         match &verified.first_break {
+            None if verified.entries == 0 => format!(
+                "archive of {}: nothing is archived yet in that window, nothing to verify (HotRetentionDays 0 archives nothing)",
+                stack.label
+            ),
             None => format!(
                 "archive of {}: {} objects ({} events){span} verified: the chain is intact",
                 stack.label, verified.entries, verified.events

@@ -208,6 +208,10 @@ async fn subscriptions_are_managed_and_the_complete_log_is_followed_from_the_com
     // The cold tier: the four events archived to the stage's bucket; tail reads them from there, and
     // verify checks the chain against S3, then finds the object altered (exit 1).
     let bucket = event_store::archive::object::Bucket::new(&stack.sdk, names.archive_bucket.clone());
+    let nothing = event_store(&["verify"], moto.port);
+    let said = String::from_utf8_lossy(&nothing.stdout);
+    assert_eq!(nothing.status.code(), Some(0), "{said} {}", stderr(&nothing));
+    assert!(said.contains("nothing is archived yet") && !said.contains("intact"), "{said}");
     let mut config = ArchiveConfig::for_names(names.event_table.clone(), bucket.name.clone()).unwrap();
     config.hot_retention = Duration::from_millis(1);
     let archiver = Archiver { dynamo: dynamo.clone(), bucket: bucket.clone(), config };

@@ -255,6 +255,25 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let items_before = env.scan_table(&env.names.key_table).await.len();
     assert_eq!(forgetting.forget(&unknown, "someone").await.unwrap(), Forgot::Unknown);
     assert_eq!(env.scan_table(&env.names.key_table).await.len(), items_before);
+    // A forget that stopped after marking the head forgotten: the next one destroys what it left, and says so.
+    let carol = crypto::subject_hash(HASH_KEY.as_bytes(), "carol");
+    event_store::privacy::manage::make_key(&writer_keys, json!({"subject": carol})).await.unwrap();
+    let head = HashMap::from([
+        ("subject".to_owned(), AttributeValue::S(carol.clone())),
+        ("item".to_owned(), AttributeValue::S("head".into())),
+    ]);
+    env.dynamo
+        .update_item()
+        .table_name(&env.names.key_table)
+        .set_key(Some(head))
+        .update_expression("SET #state = :forgotten")
+        .expression_attribute_names("#state", "state")
+        .expression_attribute_values(":forgotten", AttributeValue::S("forgotten".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forgetting.forget(&carol, "dpo").await.unwrap(), Forgot::Done { generations: 1 });
+    assert_eq!(forgetting.forget(&carol, "dpo").await.unwrap(), Forgot::Already);
     // Who forgot whom and when, without alice's id.
     let key_items = env.scan_table(&env.names.key_table).await;
     let record: Vec<&HashMap<String, AttributeValue>> =

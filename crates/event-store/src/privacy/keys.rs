@@ -68,9 +68,10 @@ impl std::fmt::Debug for Key {
 /// What [`Keys::forget`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forgot {
-    /// The subject's keys are destroyed now; `generations` of them.
+    /// The subject's keys are destroyed now; `generations` of them (also
+    /// when an earlier forget marked it and stopped before destroying them).
     Done { generations: usize },
-    /// It was forgotten before (whatever was left of it is destroyed now).
+    /// It was forgotten before, and nothing of it was left.
     Already,
     /// No key was ever made for it: nothing written, nothing to forget.
     Unknown,
@@ -300,7 +301,8 @@ impl Keys {
         }
         lock(&self.opened).retain(|(s, _), _| s != subject);
         lock(&self.current).remove(subject);
-        Ok(if first { Forgot::Done { generations: destroyed } } else { Forgot::Already })
+        // A forget that stopped half-way left generations: destroying them now is this forget's work.
+        Ok(if first || destroyed > 0 { Forgot::Done { generations: destroyed } } else { Forgot::Already })
     }
 
     /// One item of `subject`'s partition, read strongly consistent.
