@@ -24,7 +24,7 @@
 //! them in ([`crate::log::tiers`]); a chunk that cannot be decoded is
 //! held back with an error.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::{Instant, SystemTime};
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
@@ -39,7 +39,7 @@ use crate::archive::object::Bucket;
 use crate::archive::{anchor, object_key, store, HOUR_MS};
 use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
-use crate::bookkeeping::{settings, watermark};
+use crate::bookkeeping::{late_slots, settings, watermark};
 use crate::chunk::decode_item;
 use crate::config::ArchiveConfig;
 use crate::dynamo::{query_partition, write_all, Table};
@@ -207,11 +207,8 @@ impl Archiver {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let (slots, _) = read_index(dynamo, table, start, end).await?;
         let (rows, end) = self.read_rows(slots, start, end, unit).await?;
-        let object = columns::write(&rows)?;
-        let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
-        let facts = Facts::of(&object, &keys);
         let key = object_key(&self.config.prefix, start);
-        self.put_verified(&key, object, &rows).await?;
+        let (facts, rows) = self.put_once(&key, rows).await?;
         let entry = Entry::next(head, key, start, end, &facts);
         if !store::append(dynamo, table, &entry).await? {
             return Err(Error::Archive(format!("archive manifest entry {} is taken: another archiver ran", entry.seq)));
@@ -290,15 +287,45 @@ impl Archiver {
         read
     }
 
-    /// Puts the object, then reads it back and checks it holds `rows`, byte for byte.
-    async fn put_verified(&self, key: &str, object: Vec<u8>, rows: &[Row]) -> Result<()> {
+    /// Puts the object made of `rows` once (`If-None-Match: *`: the role may
+    /// not put any other way), reads it back and checks it; returns the
+    /// facts of the object stored and the rows it holds. An object already
+    /// there is a repeat's after a crash: the same bytes are done; an earlier
+    /// attempt's that misses events read since (late ones, written between
+    /// the crash and this repeat) is kept as it is, and those events stay in
+    /// the table with their slots marked late, where readers find them; any
+    /// other object is an error (the errors alarm), and nothing is archived
+    /// past it.
+    async fn put_once(&self, key: &str, rows: Vec<Row>) -> Result<(Facts, Vec<Row>)> {
+        let object = columns::write(&rows)?;
         let sha256 = manifest::sha256_hex(&object);
-        self.bucket.put(key, object).await?;
+        let written = self.bucket.put_new(key, object, columns::CONTENT_TYPE).await?;
         let bytes = self.bucket.get(key).await?;
-        if manifest::sha256_hex(&bytes) != sha256 || columns::read(bytes)? != rows {
-            return Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted")));
+        let facts = |rows: &[Row]| Facts::of(&bytes, &rows.iter().map(|r| r.sort_key.as_str()).collect::<Vec<_>>());
+        let stored = columns::read(bytes.clone());
+        if written || manifest::sha256_hex(&bytes) == sha256 {
+            return match stored {
+                Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored == rows => Ok((facts(&rows), rows)),
+                _ => Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted"))),
+            };
         }
-        Ok(())
+        let stored = match stored {
+            Ok(stored) if in_order_among(&stored, &rows) => stored,
+            _ => {
+                return Err(Error::Archive(format!(
+                    "{key} is already there and is not an object of these slots' events: not replaced, nothing archived past it (event-store verify)"
+                )))
+            }
+        };
+        let kept: HashSet<&str> = stored.iter().map(|r| r.sort_key.as_str()).collect();
+        let late: BTreeSet<i64> = rows.iter().filter(|r| !kept.contains(r.sort_key.as_str())).map(|r| r.slot).collect();
+        warn!(
+            key,
+            missed = rows.len() - stored.len(),
+            "an earlier attempt's object kept; the events it misses stay in the table as late ones"
+        );
+        late_slots::mark(&self.dynamo, &self.config.event_table, &late).await?;
+        Ok((facts(&stored), stored))
     }
 
     /// Deletes the items of the slots in `[start, end)` (each sub-key) whose
@@ -359,5 +386,44 @@ impl Archiver {
             return Ok(None);
         }
         Ok(Some(kept))
+    }
+}
+
+/// Whether every row of `stored` is one of `rows`, in the same order.
+fn in_order_among(stored: &[Row], rows: &[Row]) -> bool {
+    let mut rows = rows.iter();
+    stored.iter().all(|s| rows.any(|r| r == s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(n: i64) -> Row {
+        let id = format!("shardId-000000000000:{n}");
+        Row::of(&crate::event_item::EventItem {
+            slot: 1_795_000_000_000,
+            sort_key: crate::event_item::sort_key(1_795_000_000_000 + n, &id),
+            event_id: id,
+            arrival: 1_795_000_000_000 + n,
+            partition_key: "k".into(),
+            data: Some(format!("{{\"n\":{n}}}").into_bytes()),
+            encoding: None,
+            payload: None,
+            expires_at: None,
+            moved_at: None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn an_earlier_object_is_kept_only_when_its_rows_are_among_the_ones_read_now_in_order() {
+        let rows: Vec<Row> = (0..5).map(row).collect();
+        assert!(in_order_among(&rows, &rows));
+        assert!(in_order_among(&[row(0), row(2), row(4)], &rows), "late events missed");
+        assert!(in_order_among(&[], &rows));
+        assert!(!in_order_among(&[row(2), row(0)], &rows), "reordered");
+        assert!(!in_order_among(&[row(0), row(9)], &rows), "an event never read");
+        assert!(!in_order_among(&[row(1), row(1)], &rows), "one event twice");
     }
 }

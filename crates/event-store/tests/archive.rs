@@ -564,4 +564,77 @@ async fn an_archiver_crash_at_any_step_repeats_it_and_never_loses_or_doubles_an_
         .filter(|slot| (T0..boundary).contains(slot))
         .count();
     assert_eq!(archived_left, 0, "every archived slot left the event table");
+
+    // Objects are written once. A crash right after an object's put, then a late event into its
+    // first slot (on a shard of its own, so that its arrival stands), then the repeat: the object
+    // already there misses the late event and is kept as it is; the late event stays in the table
+    // and is read once, in its place.
+    let next = boundary;
+    let range = (next - T0) / RANGE;
+    let put = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dies = DiesAfterPut { put: put.clone() };
+    let crashing = Archiver {
+        dynamo: aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&env.sdk).interceptor(dies.clone()).build(),
+        ),
+        bucket: Bucket {
+            s3: aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).interceptor(dies).build(),
+            ),
+            name: BUCKET.into(),
+        },
+        config: healthy.config.clone(),
+    };
+    assert!(crashing.run(next + RANGE, Instant::now() + Duration::from_secs(60)).await.is_err());
+    assert!(put.load(std::sync::atomic::Ordering::SeqCst), "it died after putting an object");
+    let late = [("user-9".to_owned(), json!({"n": -1}).to_string().into_bytes(), next + 500)];
+    let pump = common::pump(&env);
+    let pumped = pump.handle(common::kinesis_event_on(common::TEST_ARN, "shardId-000000000009", &late)).await;
+    assert!(pumped.batch_item_failures.is_empty());
+    let scan = event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(600))).await
+    {
+        pass.unwrap();
+    }
+    let repeated = healthy.run(next + RANGE, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!(repeated.boundary, next + RANGE);
+    let first = range * PER_RANGE;
+    assert_eq!(read((range, range + 1)).await, [first, -1, first + 1, first + 2, first + 3], "the late event once");
+    // Any other object already at an object's key is not replaced: the archiver stops there, with an error.
+    let key = event_store::archive::object_key("events/", next + RANGE);
+    s3.put_object().bucket(BUCKET).key(&key).body(b"not an object of ours".to_vec().into()).send().await.unwrap();
+    let refused = healthy.run(next + 2 * RANGE, Instant::now() + Duration::from_secs(60)).await.unwrap_err();
+    assert!(refused.to_string().contains("is already there"), "{refused}");
+    assert_eq!(store::boundary(&env.dynamo, table).await.unwrap().archived_to, next + RANGE);
+    let verified = audit::verify(&env.dynamo, table, &bucket, T0, next + RANGE).await.unwrap();
+    assert_eq!(verified.first_break, None);
+}
+
+/// A process that dies right after it puts an archive object: every request after it fails.
+#[derive(Debug, Clone)]
+struct DiesAfterPut {
+    put: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for DiesAfterPut {
+    fn name(&self) -> &'static str {
+        "DiesAfterPut"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        if self.put.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("injected: the archiver died here".into());
+        }
+        let request = context.request();
+        if request.method() == "PUT" && request.uri().contains("/events/") {
+            self.put.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
 }

@@ -674,3 +674,40 @@ fn the_stores_bucket_is_private_encrypted_versioned_and_archiving_only_with_hot_
         assert_eq!(resources[conditional]["Condition"].as_str(), Some("ArchiveEnabled"), "{conditional}");
     }
 }
+
+/// Every object the stack writes is written once (offloaded bodies under
+/// their hash, archive objects, the manifest's anchors): so every role that may
+/// put an object may do so only with `If-None-Match: *`, and none may replace
+/// one (with old versions expiring, a replaced object would be gone a week later).
+#[test]
+fn every_object_put_is_write_once_in_iam() {
+    let template = template();
+    let mut puts = 0;
+    for (name, resource) in template["Resources"].as_mapping().unwrap() {
+        let policies = &resource["Properties"]["Policies"];
+        let statements = policies
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default());
+        for statement in statements {
+            if statement["Effect"].as_str() != Some("Allow")
+                || !strings(&statement["Action"]).iter().any(|a| a.starts_with("s3:Put"))
+            {
+                continue;
+            }
+            puts += 1;
+            assert_eq!(
+                strings(&statement["Action"]),
+                ["s3:PutObject"],
+                "{name:?}: a put statement grants nothing else"
+            );
+            assert_eq!(
+                statement["Condition"]["StringEquals"]["s3:if-none-match"].as_str(),
+                Some("*"),
+                "{name:?}: {statement:?} puts without If-None-Match"
+            );
+        }
+    }
+    assert_eq!(puts, 4, "load's and streams' payloads, the archiver's objects and anchors");
+}

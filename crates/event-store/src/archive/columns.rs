@@ -122,6 +122,9 @@ pub(crate) fn schema() -> SchemaRef {
 
 /// The Parquet file of `rows` (zstd, statistics per column chunk, so a
 /// query on arrival or partition key skips row groups it does not need).
+/// What an object is, for S3's `Content-Type`.
+pub(crate) const CONTENT_TYPE: &str = "application/vnd.apache.parquet";
+
 pub(crate) fn write(rows: &[Row]) -> Result<Vec<u8>> {
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))

@@ -16,7 +16,7 @@ pub const HOUR_MS: i64 = 3_600_000;
 /// The object's key: by date and hour of its first slot, then that slot.
 /// Not by its end, which depends on when it was cut: a repeat after a crash
 /// overwrites its own first attempt instead of leaving a second copy beside it.
-pub(crate) fn object_key(prefix: &str, start: i64) -> String {
+pub fn object_key(prefix: &str, start: i64) -> String {
     let at = chrono::DateTime::from_timestamp_millis(start).unwrap_or_default();
     format!("{prefix}date={}/hour={}/{start:013}.parquet", at.format("%Y-%m-%d"), at.format("%H"))
 }

@@ -20,23 +20,6 @@ impl Bucket {
         Self { s3: aws_sdk_s3::Client::new(aws), name }
     }
 
-    pub(crate) async fn put(&self, key: &str, object: Vec<u8>) -> Result<()> {
-        self.put_as(key, object, "application/vnd.apache.parquet").await
-    }
-
-    pub(crate) async fn put_as(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<()> {
-        self.s3
-            .put_object()
-            .bucket(&self.name)
-            .key(key)
-            .content_type(content_type)
-            .body(ByteStream::from(object))
-            .send()
-            .await
-            .map_err(|e| Error::s3("PutObject", e))?;
-        Ok(())
-    }
-
     /// Puts `object` only if there is no object at `key` (`If-None-Match: *`):
     /// true when it was written, false when one was already there.
     pub(crate) async fn put_new(&self, key: &str, object: Vec<u8>, content_type: &str) -> Result<bool> {
