@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::chunk::{self, ChunkEvent, Packed};
-use crate::encoding::{decode, ZSTD};
+use crate::encoding::decode;
 use crate::error::{Error, Result};
 use crate::event_item::{item_size, sort_key, EventItem, MAX_ITEM_BYTES};
 use crate::time::slot_of;
@@ -67,10 +67,12 @@ pub fn buffer_key(event_source_arn: &str, event_id: &str) -> String {
 impl BufferItem {
     /// The event-table form of a single buffered record (not a chunk): its stored bytes and
     /// encoding are copied as they are (no recompression). An unknown encoding
-    /// or an item over DynamoDB's limit is an error (the scan quarantines it).
+    /// is a newer version's ([`Error::Newer`]: the scan leaves it in place); an
+    /// item over DynamoDB's limit is an error (the scan quarantines it).
     pub fn to_event_item(&self, time_unit_ms: u64) -> Result<EventItem> {
-        if let Some(other) = self.encoding.as_deref().filter(|e| *e != ZSTD) {
-            return Err(Error::Malformed(format!("event {} has unknown encoding {other:?}", self.event_id)));
+        if !crate::encoding::known(self.encoding.as_deref()) {
+            let other = self.encoding.as_deref().unwrap_or_default();
+            return Err(Error::Newer(format!("buffer item of event {} in encoding {other:?}", self.event_id)));
         }
         let item = EventItem {
             slot: slot_of(self.arrival, time_unit_ms),

@@ -63,7 +63,7 @@ pub(crate) fn seal(key: &[u8; 32], generation: u64, aad: &[u8], plaintext: &[u8]
 pub(crate) fn open(key: &[u8; 32], aad: &[u8], sealed: &Sealed) -> Result<Vec<u8>> {
     let bad = |what: &str| Error::Payload(format!("a sealed payload {what}"));
     if sealed.v != SEALED_VERSION {
-        return Err(bad(&format!("of version {}", sealed.v)));
+        return Err(Error::Newer(format!("a sealed payload of version {}", sealed.v)));
     }
     let b64 = base64::engine::general_purpose::STANDARD;
     let nonce = b64.decode(&sealed.n).map_err(|_| bad("with a nonce that is not base64"))?;

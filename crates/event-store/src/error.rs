@@ -64,6 +64,13 @@ pub enum Error {
     /// A stored item does not have the shape this code writes.
     #[error("malformed item: {0}")]
     Malformed(String),
+    /// Stored data in a format, version or dictionary this code does not
+    /// know: a newer version of the store wrote it (during a deploy the old
+    /// code runs on for up to 15 minutes; an older CLI reads a newer stack).
+    /// Not the data's fault, so never unreadable: readers stop where they
+    /// are and go on once upgraded.
+    #[error("written by a newer version of the event store ({0}): upgrade this reader")]
+    Newer(String),
     /// Another runner took over the lease of this work (this one was too
     /// slow, or presumed crashed): this one stops without writing progress.
     #[error("lease lost: {0}")]
@@ -162,6 +169,7 @@ impl Error {
             Error::Payload(_) => "PayloadError",
             Error::Key(_) | Error::Kms { .. } => "SubjectKeyError",
             Error::LeaseLost(_) => "LeaseLost",
+            Error::Newer(_) => "NewerFormat",
         }
     }
 
@@ -170,6 +178,11 @@ impl Error {
     /// so readers count or park it where it stands.
     pub fn is_unreadable(&self) -> bool {
         matches!(self, Error::Malformed(_) | Error::Payload(_))
+    }
+
+    /// True when a newer version of the store wrote what this code read ([`Error::Newer`]).
+    pub fn is_newer(&self) -> bool {
+        matches!(self, Error::Newer(_))
     }
 }
 

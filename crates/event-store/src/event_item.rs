@@ -234,10 +234,10 @@ mod tests {
     }
 
     #[test]
-    fn unknown_encodings_are_refused() {
+    fn unknown_encodings_are_a_newer_versions() {
         let mut odd = buffered(1, "s:1", b"x");
         odd.encoding = Some("lz4".into());
-        assert!(matches!(odd.to_event_item(1000), Err(Error::Malformed(m)) if m.contains("lz4")));
+        assert!(matches!(odd.to_event_item(1000), Err(Error::Newer(m)) if m.contains("lz4")));
     }
 
     #[test]

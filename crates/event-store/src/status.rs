@@ -169,6 +169,11 @@ pub(crate) fn verdict(status: &Status, limits: &Limits) -> Verdict {
                     "subscription {} partition {} stopped at {}: {reason}",
                     sub.name, p.partition, p.position
                 ));
+            } else if let Some(reason) = &p.waiting {
+                problems.push(format!(
+                    "subscription {} partition {} waits at {}: {reason}",
+                    sub.name, p.partition, p.position
+                ));
             } else if sub.state == "active" && p.lag_ms.is_some_and(|lag| lag > limits.subscription_lag_ms) {
                 let lag = p.lag_ms.unwrap_or_default();
                 problems.push(format!(
@@ -420,6 +425,7 @@ mod tests {
                     partition(0, 1_000, None),
                     partition(1, 3_600_000, None),
                     partition(2, 0, Some("poison")),
+                    PartitionStatus { waiting: Some("written by a newer version".into()), ..partition(3, 0, None) },
                 ],
                 ..Default::default()
             },
@@ -437,6 +443,7 @@ mod tests {
             [
                 "subscription orders partition 1 lagging at 2026-11-25T09:00:00Z (60 min behind the complete end)",
                 "subscription orders partition 2 stopped at 2026-11-25T09:00:00Z: poison",
+                "subscription orders partition 3 waits at 2026-11-25T09:00:00Z: written by a newer version",
                 "subscription orders: 1 parked event (re-deliver them)",
             ]
         );

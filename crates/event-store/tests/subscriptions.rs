@@ -13,7 +13,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::{buffer_through_pump, TestEnv};
 use event_store::batch::Backoff;
+use event_store::bookkeeping::slot_index::read_index;
 use event_store::config::{ScanConfig, SubscriptionConfig};
+use event_store::log::copies::RecentIds;
+use event_store::log::reader::Reader;
+use event_store::log::tiers::Tiers;
+use event_store::log::Window;
+use event_store::playback::Playback;
+use event_store::position::Checkpoint;
 use event_store::subscription::{PartitionTask, RunStatus, RunSummary, Subscriptions};
 use event_store::time::{format_ms, now_ms};
 use event_store::Error;
@@ -554,7 +561,7 @@ async fn what_an_earlier_subscription_of_the_name_left_is_not_taken_and_unreadab
             && event_store::chunk::decode_item(T0, i).events.unwrap()[0].partition_key == "user-3"
     });
     let mut broken = items.swap_remove(0);
-    broken.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("lz77000".into()));
+    broken.insert("data".into(), aws_sdk_dynamodb::types::AttributeValue::B(b"damaged".to_vec().into()));
     let broken_id = format!("chunk {}", broken["sort_key"].as_s().unwrap());
     env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(broken)).send().await.unwrap();
     // The same name again, from the same start: all of it again, from its own start.
@@ -581,7 +588,7 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
             && event_store::chunk::decode_item(T0, i).events.unwrap()[0].bytes().unwrap() == br#"{"n":5}"#
     });
     let mut broken = items.swap_remove(0);
-    broken.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("lz77000".into()));
+    broken.insert("data".into(), aws_sdk_dynamodb::types::AttributeValue::B(b"damaged".to_vec().into()));
     env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(broken)).send().await.unwrap();
     target.consume_with(|payload| match payload["events"].as_array().unwrap().iter().any(|e| e["data"]["n"] == 15) {
         true => Answer::FunctionError("cannot handle n = 15".into()),
@@ -602,6 +609,79 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
     tick(&env, &target, runs::subscription_config(&env.names)).await;
     let delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
     assert_eq!(delivered, (0..20).filter(|n| *n != 5 && *n != 15).collect::<Vec<_>>());
+
+    // An item a newer version wrote (a chunk encoding this code does not know) is no damage: every
+    // reader stops at it, none skips or parks it. The subscription delivers what comes before it and
+    // waits there, status says why, and once the item reads (the upgrade) it goes on from there.
+    // Past where the subscription stands (the complete end it caught up with), and complete once a pass ends.
+    let base = now_ms() + 100;
+    let records: Vec<_> =
+        (20..30).map(|i| ("user-1".to_owned(), json!({"n": i}).to_string().into_bytes(), base + i * 10)).collect();
+    common::buffer_one_by_one(&env, &records).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    scan_pass(&env).await;
+    let mut items = env.scan_table(&env.names.event_table).await;
+    items.retain(|i| {
+        i["slot"].as_n().unwrap() != "-2"
+            && event_store::chunk::decode_item(base, i).events.is_ok_and(|e| e[0].bytes().unwrap() == br#"{"n":25}"#)
+    });
+    let original = items.swap_remove(0);
+    let mut newer = original.clone();
+    newer.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("chunk2".into()));
+    env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(newer)).send().await.unwrap();
+    let config = runs::subscription_config(&env.names);
+    let make = {
+        let (env, target) = (&env, &target);
+        move |invoker| {
+            Subscriptions::new(env.dynamo.clone(), env.kinesis.clone(), lambda_client(env, target), config, invoker)
+                .with_backoff(quick())
+        }
+    };
+    let answers = run_subscriptions(make, json!({"source": "aws.events"}), deadline_in(Duration::from_secs(300))).await;
+    let failed: Vec<String> = answers.iter().filter_map(|a| a.as_ref().err()).map(ToString::to_string).collect();
+    assert!(failed.len() == 1 && failed[0].contains("written by a newer version"), "{answers:?}");
+    let delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
+    assert_eq!(delivered[18..], [20, 21, 22, 23, 24], "up to the newer item, nothing past it");
+    let table = env.names.event_table.as_str();
+    let statuses = event_store::readers::subscriptions::status::statuses(&env.dynamo, table, None, 1000).await.unwrap();
+    let waiting = statuses[0].partitions[0].waiting.clone().unwrap_or_default();
+    assert!(waiting.contains("written by a newer version") && waiting.contains("chunk2"), "{statuses:?}");
+    // A playback of the window stops there too, and so does a reader that follows the log (tail, the page).
+    let (start, end) = (format_ms(base), format_ms(base + 1000));
+    let played = runs::run_playback(
+        |invoker| Playback::new(env.dynamo.clone(), env.kinesis.clone(), runs::playback_config(&env.names), invoker),
+        json!({"start": start, "end": end}),
+        deadline_in(Duration::from_secs(300)),
+    )
+    .await;
+    assert!(played.iter().any(|r| r.as_ref().is_err_and(|e| e.is_newer() && !e.is_unreadable())), "{played:?}");
+    let window = Window { start: base, end: base + 1000 };
+    let (slots, _) = read_index(&env.dynamo, table, base - 1000, base + 1000).await.unwrap();
+    let tiers = Tiers::new(None);
+    let reader = Reader {
+        dynamo: &env.dynamo,
+        table,
+        time_unit_ms: 1000,
+        page_items: None,
+        dedupe_window_ms: 0,
+        window: &window,
+        tiers: &tiers,
+    };
+    let mut followed = Vec::new();
+    let keep = |_: &event_store::event_item::EventItem, json: Option<Value>, _: &[u8]| {
+        followed.push(json.unwrap()["n"].as_i64().unwrap());
+        std::ops::ControlFlow::Continue(())
+    };
+    let stopped = reader.each_event(slots, Checkpoint::at_slot(base - 1000), &mut RecentIds::new(0), keep).await;
+    assert!(stopped.is_err_and(|e| e.is_newer()));
+    assert_eq!(followed.last(), Some(&24), "{followed:?}");
+    // Upgraded (the item reads again): the partition goes on from where it waited, and no longer waits.
+    env.dynamo.put_item().table_name(table).set_item(Some(original)).send().await.unwrap();
+    tick(&env, &target, runs::subscription_config(&env.names)).await;
+    let delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
+    assert_eq!(delivered[18..], (20..30).collect::<Vec<_>>());
+    let statuses = event_store::readers::subscriptions::status::statuses(&env.dynamo, table, None, 1000).await.unwrap();
+    assert_eq!(statuses[0].partitions[0].waiting, None);
 }
 
 #[tokio::test(flavor = "multi_thread")]

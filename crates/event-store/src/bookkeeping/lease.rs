@@ -66,9 +66,10 @@ pub(crate) async fn save(
         .update_item()
         .table_name(table)
         .set_key(Some(key))
+        // Progress clears what held the runner up (`waiting`, see [`release_waiting`]).
         .update_expression(match until {
-            Some(_) => "SET #checkpoint = :checkpoint, lease_until = :until",
-            None => "SET #checkpoint = :checkpoint",
+            Some(_) => "SET #checkpoint = :checkpoint, lease_until = :until REMOVE waiting",
+            None => "SET #checkpoint = :checkpoint REMOVE waiting",
         })
         // `<=`: the SDK's own retry of an applied save passes; anything further on is another run's.
         .condition_expression("lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq)")
@@ -92,16 +93,33 @@ pub(crate) async fn release(
     key: HashMap<String, AttributeValue>,
     owner: &str,
 ) -> Result<()> {
-    let result = dynamo
+    release_waiting(dynamo, table, key, owner, None).await
+}
+
+/// [`release`], recording `why` the runner could not go on (`waiting`: an
+/// item of a newer version at its checkpoint, say) until its next progress.
+pub(crate) async fn release_waiting(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    key: HashMap<String, AttributeValue>,
+    owner: &str,
+    why: Option<&str>,
+) -> Result<()> {
+    let mut update = dynamo
         .update_item()
         .table_name(table)
         .set_key(Some(key))
-        .update_expression("SET lease_until = :zero")
+        .update_expression(if why.is_some() {
+            "SET lease_until = :zero, waiting = :why"
+        } else {
+            "SET lease_until = :zero"
+        })
         .condition_expression("lease_owner = :me")
         .expression_attribute_values(":zero", n(0))
         .expression_attribute_values(":me", s(owner))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await;
-    unless_condition_failed(result).map(|_| ())
+        .return_consumed_capacity(ReturnConsumedCapacity::Total);
+    if let Some(why) = why {
+        update = update.expression_attribute_values(":why", s(why));
+    }
+    unless_condition_failed(update.send().await).map(|_| ())
 }

@@ -321,7 +321,10 @@ pub struct Decoded {
 pub fn decode_item(slot: i64, item: &HashMap<String, AttributeValue>) -> Decoded {
     let sort_key = item.get(event_item::RANGE_KEY).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
     let encoding = item.get("encoding").and_then(|v| v.as_s().ok()).map(String::as_str);
-    let events = if encoding == Some(CHUNK) {
+    let events = if encoding != Some(CHUNK) && !crate::encoding::known(encoding) {
+        // A chunk (or an event) of a format this code does not know: stop, do not skip.
+        Err(Error::Newer(format!("item {sort_key} of encoding {:?}", encoding.unwrap_or_default())))
+    } else if encoding == Some(CHUNK) {
         match item.get("data").and_then(|v| v.as_b().ok()) {
             Some(data) => {
                 unpack(data.as_ref()).map(|events| events.into_iter().map(|e| e.into_event_item(slot)).collect())

@@ -351,9 +351,14 @@ impl<'a> SlotRead<'a> {
             let decoded = decode_item(self.slot.slot, item);
             match decoded.events {
                 Ok(mut decoded) => events.append(&mut decoded),
+                // In its place, so that a reader stops there (and after an upgrade reads it).
+                Err(err) if err.is_newer() => {
+                    warn!(slot = self.slot.slot, sort_key = decoded.sort_key, error = %err, "item of a newer version: a reader stops at it");
+                    events.push(in_its_place(self.slot.slot, &decoded.sort_key, item, false));
+                }
                 Err(err) if decoded.sort_key.contains(chunk::SEPARATOR) => {
                     warn!(slot = self.slot.slot, sort_key = decoded.sort_key, error = %err, "chunk that cannot be read: handed on as one unreadable event");
-                    events.push(unreadable_chunk(self.slot.slot, &decoded.sort_key, item));
+                    events.push(in_its_place(self.slot.slot, &decoded.sort_key, item, true));
                 }
                 Err(err) => {
                     warn!(slot = self.slot.slot, error = %err, "event item skipped");
@@ -366,11 +371,14 @@ impl<'a> SlotRead<'a> {
     }
 }
 
-/// A chunk that does not decode, as one event at its first key whose bytes
-/// are an error (readers park it or count it as unreadable, never skip it silently).
-fn unreadable_chunk(slot: i64, sort_key: &str, item: &HashMap<String, AttributeValue>) -> EventItem {
+/// An item that does not decode, as one event at its first key whose bytes
+/// are an error: [unreadable](Error::is_unreadable) (readers park it or count
+/// it, never skip it silently), or, for an item of a newer version, its own
+/// encoding, which stops a reader there ([`Error::Newer`]).
+fn in_its_place(slot: i64, sort_key: &str, item: &HashMap<String, AttributeValue>, unreadable: bool) -> EventItem {
     let first = chunk::first_key_of(sort_key).to_owned();
     let encoding = item.get("encoding").and_then(|v| v.as_s().ok()).cloned().unwrap_or_else(|| "none".into());
+    let encoding = if unreadable { format!("{}{encoding}", crate::encoding::UNREADABLE) } else { encoding };
     EventItem {
         slot,
         arrival: first.get(..13).and_then(|ms| ms.parse().ok()).unwrap_or(slot),
@@ -378,8 +386,8 @@ fn unreadable_chunk(slot: i64, sort_key: &str, item: &HashMap<String, AttributeV
         event_id: format!("chunk {sort_key}"),
         partition_key: String::new(),
         data: item.get("data").and_then(|v| v.as_b().ok()).map(|b| b.as_ref().to_vec()).or(Some(Vec::new())),
-        // An encoding no reader decodes: `bytes()` says why the chunk cannot be read.
-        encoding: Some(format!("unreadable {encoding}")),
+        // `bytes()` says why the item cannot be read.
+        encoding: Some(encoding),
         payload: None,
         expires_at: None,
         moved_at: None,

@@ -65,8 +65,11 @@ pub(super) fn open_bytes(sealed: &Sealed, key: &[u8; 32], place: &str) -> Result
 fn decompress(plaintext: Vec<u8>, encoding: Option<&str>) -> Result<Vec<u8>> {
     match encoding {
         None => Ok(plaintext),
-        encoding => crate::encoding::decode_up_to(&plaintext, encoding, MAX_PLAINTEXT_BYTES)
-            .map_err(|e| Error::Payload(format!("sealed parts that do not decompress: {e}"))),
+        encoding => crate::encoding::decode_up_to(&plaintext, encoding, MAX_PLAINTEXT_BYTES).map_err(|e| match e {
+            // A dictionary or encoding of a newer version: stop, not unreadable.
+            Error::Newer(_) => e,
+            e => Error::Payload(format!("sealed parts that do not decompress: {e}")),
+        }),
     }
 }
 
@@ -224,7 +227,22 @@ mod tests {
         let mut moved: Value = serde_json::from_slice(&record).unwrap();
         moved["id"] = json!("e-2");
         let moved = SealedRecord::find(&serde_json::to_vec(&moved).unwrap(), false).unwrap().unwrap();
-        assert!(moved.open(&Key::Active(key)).unwrap_err().is_unreadable());
+        assert!(moved.open(&Key::Active(key.clone())).unwrap_err().is_unreadable());
+        // A newer version's block (its version, or a dictionary this code lacks): stop, not unreadable.
+        let mut newer: Value = serde_json::from_slice(&record).unwrap();
+        newer["sealed"]["v"] = json!(2);
+        let newer = SealedRecord::find(&serde_json::to_vec(&newer).unwrap(), false).unwrap().unwrap();
+        let err = newer.open(&Key::Active(key.clone())).unwrap_err();
+        assert!(err.is_newer() && !err.is_unreadable(), "{err}");
+        let mut sealed = crypto::seal(&key, 1, b"here|zstd-d9", b"compressed with a dictionary to come").unwrap();
+        sealed.z = Some("zstd-d9".into());
+        let err = open_bytes(&sealed, &key, "here").unwrap_err();
+        assert!(err.is_newer() && !err.is_unreadable(), "{err}");
+        sealed.z = Some("zstd-d8".into());
+        assert!(
+            open_bytes(&sealed, &key, "here").unwrap_err().is_unreadable(),
+            "z altered: its AAD no longer opens it"
+        );
         // Incomplete records are not touched; a client body holding "sealed" is not a sealed record.
         assert!(SealedRecord::find(&serde_json::to_vec(&envelope()).unwrap(), false).unwrap().is_none());
         let client = json!({"id": "x", "body": {"sealed": {"v": 1}}});

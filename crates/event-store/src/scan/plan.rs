@@ -165,6 +165,11 @@ impl PagePlan {
                         writes.push((key, id.clone(), chunk.to_item()));
                     }
                 }
+                // A newer version's item: not this code's to judge. It waits, holding the watermark, for the upgrade.
+                Err(err) if err.is_newer() => {
+                    error!(id, reason = %err, "buffer item left in place, holding the watermark");
+                    plan.stuck.push((format!("{id} ({err})"), arrival));
+                }
                 Err(err) => match quarantine_item(&id, &err.to_string(), attributes, moving.now_ms) {
                     Some(item) => {
                         warn!(id, reason = %err, "buffer item quarantined");
@@ -366,6 +371,18 @@ mod tests {
         pass.saw(outcome.oldest_left);
         assert_eq!(pass.watermark(0), None, "the pass moves no watermark");
         assert!(outcome.stuck[0].contains("without a string id") && outcome.stuck[0].contains("other"));
+    }
+
+    #[test]
+    fn a_newer_versions_buffer_item_is_not_quarantined_but_waits_holding_the_watermark() {
+        let mut newer = buffered("newer", T + 40, T + 90);
+        newer.insert("encoding".into(), AttributeValue::S("chunk2".into()));
+        let mut plan = PagePlan::new(vec![buffered("a", T + 10, T + 90), newer], moving(), &BTreeSet::new());
+        assert_eq!(plan.quarantined, 0);
+        let settled = plan.settle(&[]);
+        let outcome = plan.outcome(settled, &[], None);
+        assert_eq!((outcome.moved, outcome.oldest_left), (1, Some(T + 40)));
+        assert!(outcome.stuck[0].starts_with("newer (written by a newer version"), "{:?}", outcome.stuck);
     }
 
     #[test]

@@ -150,6 +150,8 @@ pub struct Partition {
     pub lease: Option<Lease>,
     /// Why the partition stopped (a parked event, with `on_poison: stop`), until `resume`.
     pub stopped: Option<String>,
+    /// Why its last run could not go on (an item of a newer version at its checkpoint), until it does.
+    pub waiting: Option<String>,
 }
 
 impl Partition {
@@ -164,6 +166,7 @@ impl Partition {
             checkpoint: checkpoint_of(item)?,
             lease: lease::lease_of(item),
             stopped: item.get("stopped").and_then(|v| v.as_s().ok()).cloned(),
+            waiting: item.get("waiting").and_then(|v| v.as_s().ok()).cloned(),
         })
     }
 }
@@ -279,13 +282,15 @@ pub(crate) async fn save(
     Err(Error::LeaseLost(format!("subscription {name} partition {partition}: another runner holds it now")))
 }
 
+/// Gives the partition's lease up, with `why` it could not go on, if that is worth showing (`status`).
 pub(crate) async fn release(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (name, partition): (&str, u32),
     owner: &str,
+    why: Option<&str>,
 ) -> Result<()> {
-    lease::release(dynamo, table, key(partition_key(name, partition)), owner).await
+    lease::release_waiting(dynamo, table, key(partition_key(name, partition)), owner, why).await
 }
 
 /// Saves `checkpoint` (just past a parked event) and stops the partition in

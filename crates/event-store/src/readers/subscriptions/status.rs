@@ -20,6 +20,9 @@ pub struct PartitionStatus {
     pub delivered: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+    /// Why its last run could not go on (written by a newer version: upgrade), until it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leased_until: Option<String>,
 }
@@ -53,6 +56,7 @@ pub fn status(sub: &Subscription, stored: &[Partition], complete_end: Option<i64
                 lag_ms: complete_end.map(|end| (end - at).max(0)),
                 delivered: checkpoint.events,
                 stopped: item.and_then(|p| p.stopped.clone()),
+                waiting: item.and_then(|p| p.waiting.clone()),
                 leased_until: item
                     .and_then(|p| p.lease.as_ref())
                     .filter(|l| l.until > now_ms())

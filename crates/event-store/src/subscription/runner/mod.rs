@@ -64,7 +64,7 @@ impl Subscriptions {
         if sub.state == State::Paused {
             // A lease handed to this run is given up, so a resume does not wait for it to expire.
             if let Some(handed) = task.lease.as_deref() {
-                subscriptions::release(dynamo, table, (&sub.name, task.partition), handed).await?;
+                subscriptions::release(dynamo, table, (&sub.name, task.partition), handed, None).await?;
             }
             return Ok(RunSummary { status: RunStatus::Paused, ..summary });
         }
@@ -106,7 +106,9 @@ impl Subscriptions {
         let result = runner.run(&task).await;
         if let Err(err) = &result {
             if !matches!(err, Error::LeaseLost(_)) {
-                if let Err(release) = subscriptions::release(dynamo, table, place, &owner).await {
+                // A newer version's item: the partition waits at its checkpoint, and status says why.
+                let why = err.is_newer().then(|| err.to_string());
+                if let Err(release) = subscriptions::release(dynamo, table, place, &owner, why.as_deref()).await {
                     warn!(error = %release, "lease not released");
                 }
             }
@@ -227,7 +229,15 @@ impl Runner<'_> {
                 self.summary.other_partitions += others.len();
                 let mut opened = subs.tiers.opened(mine);
                 while let Some((event, readable)) = futures::StreamExt::next(&mut opened).await {
-                    self.queue(event, readable)?;
+                    if let Err(err) = self.queue(event, readable) {
+                        // An item of a newer version: what came before it is delivered, then the run stops at it.
+                        if err.is_newer() {
+                            if let Some(end) = self.deliver_pending().await? {
+                                return Ok(end);
+                            }
+                        }
+                        return Err(err);
+                    }
                     if self.pending.iter().map(|d| d.data.len()).sum::<usize>() >= PENDING_BYTES {
                         if let Some(end) = self.deliver_pending().await? {
                             return Ok(end);
@@ -287,7 +297,7 @@ impl Runner<'_> {
             kept.or_else(|err| if matches!(err, Error::LeaseLost(_)) { Ok(()) } else { Err(err) })?;
         } else if status != RunStatus::Stopped {
             // Unreadable events before the saved position are parked already; later ones are met again.
-            subscriptions::release(dynamo, table, (&self.sub.name, self.partition), &self.owner).await?;
+            subscriptions::release(dynamo, table, (&self.sub.name, self.partition), &self.owner, None).await?;
         }
         self.summary.status = status;
         self.summary.position = Some(format_ms(super::position_ms(&self.position).max(self.sub.start_ms)));
