@@ -21,17 +21,20 @@
 //! run holds the archive's lease, and a second one finds it taken and stops.
 //!
 //! Late events in archived slots stay in the event table, and readers merge
-//! them in ([`crate::log::tiers`]); a chunk that cannot be decoded is
-//! held back with an error.
+//! them in ([`crate::log::tiers`]). An item whose bytes do not decode
+//! (damaged) is not archived: it moves to the quarantine partition with the
+//! reason, as the pump's and the scan's do, is counted (`QuarantinedItems`,
+//! alarmed; `status`), and the archiver goes on. An item of a newer version
+//! is no damage: the run stops there with [`Error::Newer`] until upgraded.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Instant, SystemTime};
 
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::archive::columns::{self, Row};
 use crate::archive::manifest::{self, Entry, Facts};
@@ -44,7 +47,7 @@ use crate::chunk::decode_item;
 use crate::config::ArchiveConfig;
 use crate::dynamo::{query_partition, write_all, Table};
 use crate::error::{Error, Result};
-use crate::event_item::{HASH_KEY, RANGE_KEY};
+use crate::event_item::{quarantine_item, HASH_KEY, RANGE_KEY};
 use crate::invoke::{continue_with, Invoker};
 use crate::log::reader::{Page, Reader, PAGES_AHEAD};
 use crate::log::tiers::Tiers;
@@ -67,6 +70,8 @@ pub struct ArchiveSummary {
     pub kept: u64,
     /// Another run holds the lease: this one did nothing.
     pub busy: bool,
+    /// Damaged items moved to the quarantine partition instead of the archive.
+    pub quarantined: u64,
 }
 
 /// The AWS actions the archive function calls (its role grants exactly these; `tests/template.rs`).
@@ -109,8 +114,15 @@ impl Archiver {
             more = summary.more,
             kept = summary.kept,
             busy = summary.busy,
+            quarantined = summary.quarantined,
             "archive run"
         );
+        if summary.quarantined > 0 {
+            println!(
+                "{}",
+                crate::metrics::quarantined_line(&self.config.metrics_namespace, summary.quarantined, now_ms())
+            );
+        }
         if summary.more && request.continuation < self.config.max_continuations {
             continue_with(invoker, &json!({"continuation": request.continuation + 1})).await?;
         }
@@ -229,13 +241,14 @@ impl Archiver {
         deadline: Instant,
     ) -> Result<bool> {
         let archived: HashSet<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
-        let Some(kept) = self.delete_archived(entry.start, entry.end, &archived, deadline).await? else {
+        let Some((kept, quarantined)) = self.delete_archived(entry.start, entry.end, &archived, deadline).await? else {
             return Ok(false);
         };
         if kept > 0 {
             warn!(kept, start = entry.start, end = entry.end, "items of late events kept in archived slots");
         }
         summary.kept += kept;
+        summary.quarantined += quarantined;
         store::mark_cleared(&self.dynamo, &self.config.event_table, entry.end).await?;
         Ok(true)
     }
@@ -260,22 +273,19 @@ impl Archiver {
             let mut rx = rx;
             let (mut rows, mut bytes, mut cut) = (Vec::new(), 0usize, end);
             while let Some(page) = rx.recv().await {
+                // Damaged items are not archived: the clear step quarantines them.
                 let page = page?;
-                if page.unreadable > 0 {
-                    // Deleting the slot would lose them: held back until someone looks (they are logged).
-                    let slot = page.slot;
-                    return Err(Error::Archive(format!(
-                        "{} unreadable items in slot {slot}: not archived",
-                        page.unreadable
-                    )));
-                }
                 let past_size = bytes >= self.config.object_bytes;
                 if past_size && rows.last().is_some_and(|r: &Row| r.slot < page.slot) {
                     cut = page.slot;
                     break;
                 }
                 for event in &page.events {
-                    let row = Row::of(event)?;
+                    let row = match Row::of(event) {
+                        Ok(row) => row,
+                        Err(err) if err.is_unreadable() => continue,
+                        Err(err) => return Err(err),
+                    };
                     bytes +=
                         row.payload.as_ref().map_or(0, String::len) + row.payload_bytes.as_ref().map_or(0, Vec::len);
                     rows.push(row);
@@ -329,18 +339,19 @@ impl Archiver {
     }
 
     /// Deletes the items of the slots in `[start, end)` (each sub-key) whose
-    /// events are all `archived`; returns how many items it kept, or `None`
-    /// when the deadline came first.
+    /// events are all `archived`, and the damaged ones once their quarantine
+    /// copy is written; returns how many items it kept and how many it
+    /// quarantined, or `None` when the deadline came first.
     async fn delete_archived(
         &self,
         start: i64,
         end: i64,
         archived: &HashSet<&str>,
         deadline: Instant,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<(u64, u64)>> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let (slots, _) = read_index(dynamo, table, start, end).await?;
-        let (mut requests, mut kept) = (Vec::new(), 0);
+        let (mut requests, mut kept, mut quarantined) = (Vec::new(), 0, 0);
         let events = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
         // Flushed as they gather, so that a run stopped by its deadline keeps what it deleted.
         // False when the deadline stopped the retries; deletes still failing with time left are
@@ -363,13 +374,19 @@ impl Archiver {
                 let storage = (HASH_KEY, AttributeValue::N((slot.slot + sub).to_string()));
                 for item in query_partition(dynamo, table, storage).await? {
                     let decoded = decode_item(slot.slot, &item);
-                    let all_archived = decoded
-                        .events
-                        .as_ref()
-                        .is_ok_and(|events| events.iter().all(|e| archived.contains(e.sort_key.as_str())));
-                    if !all_archived {
-                        kept += 1;
-                        continue;
+                    match &decoded.events {
+                        Ok(events) if events.iter().all(|e| archived.contains(e.sort_key.as_str())) => {}
+                        Err(err) if err.is_unreadable() => {
+                            if !self.quarantine(&item, err, deadline).await? {
+                                kept += 1;
+                                continue;
+                            }
+                            quarantined += 1;
+                        }
+                        _ => {
+                            kept += 1;
+                            continue;
+                        }
                     }
                     let key = item.into_iter().filter(|(name, _)| name == HASH_KEY || name == RANGE_KEY).collect();
                     let delete =
@@ -385,7 +402,34 @@ impl Archiver {
         if !flush(requests).await? {
             return Ok(None);
         }
-        Ok(Some(kept))
+        Ok(Some((kept, quarantined)))
+    }
+
+    /// Copies a damaged item of the event table, with `why`, into the
+    /// quarantine partition (its key: `event#<storage slot>#<sort key>`); true
+    /// once the copy is durable, false when even the copy does not fit an
+    /// item (the item then stays in the table, logged).
+    async fn quarantine(
+        &self,
+        item: &std::collections::HashMap<String, AttributeValue>,
+        why: &Error,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let text =
+            |name: &str| item.get(name).and_then(|v| v.as_s().ok().or(v.as_n().ok())).cloned().unwrap_or_default();
+        let id = format!("event#{}#{}", text(HASH_KEY), text(RANGE_KEY));
+        let Some(copy) = quarantine_item(&id, &why.to_string(), item.clone(), now_ms()) else {
+            error!(id, reason = %why, "damaged item too large to quarantine: left in the table");
+            return Ok(false);
+        };
+        let put = PutRequest::builder().set_item(Some(copy)).build().map_err(|e| Error::encode("quarantine", e))?;
+        let events = Table { name: &self.config.event_table, key: &[HASH_KEY, RANGE_KEY] };
+        let request = vec![((), WriteRequest::builder().put_request(put).build())];
+        if !write_all(&self.dynamo, events, request, &Backoff::default(), Some(deadline)).await.is_empty() {
+            return Err(Error::Archive(format!("{id}: its quarantine copy could not be written")));
+        }
+        warn!(id, reason = %why, "damaged item quarantined instead of archived");
+        Ok(true)
     }
 }
 

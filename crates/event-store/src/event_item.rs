@@ -118,7 +118,8 @@ impl EventItem {
     }
 }
 
-/// The quarantine item for a buffer item that cannot become an event: its
+/// The quarantine item for a stored item that cannot be read (a buffer item
+/// that cannot become an event, a damaged item of the event table): its
 /// original attributes and the reason. `None` when even that would not fit
 /// in an item (the buffer item then stays where it is, logged).
 pub(crate) fn quarantine_item(

@@ -11,6 +11,9 @@ use serde_json::{json, Map, Value};
 /// `now_ms` less the completeness watermark, written by every scheduled scan run.
 pub const WATERMARK_LAG_METRIC: &str = "WatermarkLagSeconds";
 
+/// Items the archiver found damaged and moved to the quarantine partition, per run (alarmed when any).
+pub const QUARANTINED_METRIC: &str = "QuarantinedItems";
+
 /// One EMF line: `metric` = `value` (seconds) in `namespace`, with
 /// `dimensions` (name, value) (none: the metric without dimensions).
 pub(crate) fn seconds_line(
@@ -20,6 +23,15 @@ pub(crate) fn seconds_line(
     dimensions: &[(&str, &str)],
     now_ms: i64,
 ) -> String {
+    line(namespace, (metric, "Seconds"), value, dimensions, now_ms)
+}
+
+/// The archiver's line: how many damaged items it quarantined.
+pub fn quarantined_line(namespace: &str, items: u64, now_ms: i64) -> String {
+    line(namespace, (QUARANTINED_METRIC, "Count"), items as f64, &[], now_ms)
+}
+
+fn line(namespace: &str, (metric, unit): (&str, &str), value: f64, dimensions: &[(&str, &str)], now_ms: i64) -> String {
     let names: Vec<&str> = dimensions.iter().map(|(name, _)| *name).collect();
     let mut doc = Map::new();
     doc.insert(
@@ -29,7 +41,7 @@ pub(crate) fn seconds_line(
             "CloudWatchMetrics": [{
                 "Namespace": namespace,
                 "Dimensions": [names],
-                "Metrics": [{"Name": metric, "Unit": "Seconds"}],
+                "Metrics": [{"Name": metric, "Unit": unit}],
             }],
         }),
     );
@@ -61,5 +73,8 @@ mod tests {
         let lag: Value = serde_json::from_str(&watermark_lag_line("N", 10_000, 72_500)).unwrap();
         assert_eq!(lag[WATERMARK_LAG_METRIC], 62.5);
         assert_eq!(lag["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([[]]), "the alarm's metric: no dimensions");
+        let quarantined: Value = serde_json::from_str(&quarantined_line("N", 2, 7)).unwrap();
+        assert_eq!(quarantined[QUARANTINED_METRIC], 2.0);
+        assert_eq!(quarantined["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Unit"], "Count");
     }
 }

@@ -197,7 +197,7 @@ pub(crate) fn verdict(status: &Status, limits: &Limits) -> Verdict {
         problems.push(format!("{} in the {} ({})", count(queue.messages, "message"), queue.name, queue.url));
     }
     if status.quarantined > 0 {
-        problems.push(format!("{} quarantined (slot -1)", count(status.quarantined, "buffer item")));
+        problems.push(format!("{} quarantined (slot -1)", count(status.quarantined, "item")));
     }
     Verdict { healthy: problems.is_empty(), problems }
 }
@@ -398,12 +398,12 @@ mod tests {
         );
         assert!(problems[1].contains("pump behind on shardId-0: records from 2026-11-25T09:57:00Z"), "{problems:?}");
         assert!(problems[2].starts_with("3 messages in the pump dead-letter queue"), "{problems:?}");
-        assert!(problems[3].starts_with("2 buffer items quarantined"), "{problems:?}");
+        assert!(problems[3].starts_with("2 items quarantined"), "{problems:?}");
         status.queues[0].messages = 1;
         status.quarantined = 1;
         let problems = verdict(&status, &limits).problems;
         assert!(problems[2].starts_with("1 message in the pump dead-letter queue"), "{problems:?}");
-        assert!(problems[3].starts_with("1 buffer item quarantined"), "{problems:?}");
+        assert!(problems[3].starts_with("1 item quarantined"), "{problems:?}");
     }
 
     #[test]

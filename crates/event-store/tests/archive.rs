@@ -74,6 +74,7 @@ fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
             deadline_margin: Duration::from_secs(1),
             lease: Duration::from_secs(60),
             max_continuations: 0,
+            metrics_namespace: "EventStore/test".into(),
         },
     }
 }
@@ -608,6 +609,35 @@ async fn an_archiver_crash_at_any_step_repeats_it_and_never_loses_or_doubles_an_
     assert!(refused.to_string().contains("is already there"), "{refused}");
     assert_eq!(store::boundary(&env.dynamo, table).await.unwrap().archived_to, next + RANGE);
     let verified = audit::verify(&env.dynamo, table, &bucket, T0, next + RANGE).await.unwrap();
+    assert_eq!(verified.first_break, None);
+
+    // A damaged item (bytes that do not decode) is quarantined, not archived, and holds nothing back:
+    // the archiver goes on, and status counts it.
+    s3.delete_object().bucket(BUCKET).key(&key).send().await.unwrap();
+    let (from, to) = (next + RANGE, next + 2 * RANGE);
+    let mut items = env.scan_table(table).await;
+    items.retain(|i| i["slot"].as_n().unwrap().parse::<i64>().is_ok_and(|slot| (from..to).contains(&slot)));
+    let mut damaged = items.swap_remove(0);
+    let slot = damaged["slot"].as_n().unwrap().parse::<i64>().unwrap();
+    let lost: Vec<i64> = event_store::chunk::decode_item(slot, &damaged)
+        .events
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::from_slice::<Value>(&e.bytes().unwrap()).unwrap()["n"].as_i64().unwrap())
+        .collect();
+    damaged.insert("data".into(), aws_sdk_dynamodb::types::AttributeValue::B(b"damaged".to_vec().into()));
+    env.dynamo.put_item().table_name(table).set_item(Some(damaged)).send().await.unwrap();
+    let went_on = healthy.run(to, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((went_on.boundary, went_on.quarantined), (to, 1), "{went_on:?}");
+    let expected: Vec<i64> = sent((range + 1, range + 2)).into_iter().filter(|n| !lost.contains(n)).collect();
+    assert_eq!(read((range + 1, range + 2)).await, expected);
+    let quarantine = aws_sdk_dynamodb::types::AttributeValue::N("-1".into());
+    let quarantined: Vec<_> = env.scan_table(table).await.into_iter().filter(|i| i["slot"] == quarantine).collect();
+    assert_eq!(quarantined.len(), 1);
+    assert!(quarantined[0]["sort_key"].as_s().unwrap().starts_with(&format!("event#{slot}#")), "{quarantined:?}");
+    assert!(quarantined[0]["reason"].as_s().unwrap().contains("does not"), "{quarantined:?}");
+    assert_eq!(quarantined[0]["original"].as_m().unwrap()["data"].as_b().unwrap().as_ref(), b"damaged");
+    let verified = audit::verify(&env.dynamo, table, &bucket, T0, to).await.unwrap();
     assert_eq!(verified.first_break, None);
 }
 

@@ -385,6 +385,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
             deadline_margin: Duration::from_secs(1),
             lease: Duration::from_secs(60),
             max_continuations: 0,
+            metrics_namespace: "EventStore/test".into(),
         },
     };
     let archived = archiver.run(now_ms(), std::time::Instant::now() + Duration::from_secs(120)).await.unwrap();

@@ -601,7 +601,11 @@ fn the_dashboard_is_json_and_shows_every_function_queue_and_metric_the_code_writ
         .flat_map(|w| w["properties"]["metrics"].as_array().unwrap())
         .map(|m| (m[0].as_str().unwrap().to_owned(), m[1].as_str().unwrap().to_owned()))
         .collect();
-    for metric in [event_store::metrics::WATERMARK_LAG_METRIC, event_store::subscription::metrics::LAG_METRIC] {
+    for metric in [
+        event_store::metrics::WATERMARK_LAG_METRIC,
+        event_store::subscription::metrics::LAG_METRIC,
+        event_store::metrics::QUARANTINED_METRIC,
+    ] {
         assert!(shown.contains(&("EventStore/x-x".to_owned(), metric.to_owned())), "{metric} in {shown:?}");
     }
 }

@@ -27,6 +27,8 @@ pub struct ArchiveConfig {
     pub lease: Duration,
     /// Continuations one run may chain (`MAX_CONTINUATIONS`); then the schedule goes on.
     pub max_continuations: u32,
+    /// The CloudWatch namespace of the quarantine metric (`METRICS_NAMESPACE`).
+    pub metrics_namespace: String,
 }
 
 /// Default [`ArchiveConfig::lease`]: Lambda's longest run, and a minute.
@@ -42,6 +44,7 @@ impl ArchiveConfig {
             "DEDUPE_WINDOW_MS",
             "DEADLINE_MARGIN_MS",
             "MAX_CONTINUATIONS",
+            "METRICS_NAMESPACE",
         ],
     };
 
@@ -76,6 +79,7 @@ impl ArchiveConfig {
             deadline_margin: env.deadline_margin()?,
             lease: DEFAULT_ARCHIVE_LEASE,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
+            metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
         })
     }
 }
