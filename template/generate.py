@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes template.yaml from template/: template.src.yaml with its repeated parts filled in.
 
-template.yaml has one errors alarm per function and a CloudWatch dashboard whose
+template.yaml has one errors alarm and one log group per function and a CloudWatch dashboard whose
 body is some 400 lines of JSON. CloudFormation's Fn::ForEach could say each alarm
 once, but neither the SAM translator nor moto's CloudFormation (which the
 deployment tests deploy into) expands it, so the repetition is generated here, with
@@ -60,6 +60,26 @@ def errors_alarms(table: dict, names: list) -> str:
     return "\n\n".join(alarms)
 
 
+LOG_GROUP = """\
+{Name}LogGroup:
+  Type: AWS::Logs::LogGroup{condition}
+  Properties:
+    # The stack's own name: Lambda made /aws/lambda/<function> in stacks deployed before, and
+    # declaring that name would fail their update.
+    LogGroupName: !Sub /event-store/${{Service}}-${{Stage}}/{name}
+    RetentionInDays: !Ref LogRetentionDays"""
+
+
+def log_groups(table: dict, names: list) -> str:
+    """The <Name>LogGroup resources of these functions (under the condition their errors alarm has)."""
+    groups = []
+    for name in names:
+        condition = table[name].get("condition")
+        groups.append(LOG_GROUP.format(Name=name.capitalize(), name=name,
+                                       condition=f"\n  Condition: {condition}" if condition else ""))
+    return "\n\n".join(groups)
+
+
 def dashboard(widgets: list) -> str:
     """The dashboard's body: its widgets as JSON, indented two spaces a level."""
     body = []
@@ -80,7 +100,7 @@ def render(source: str, parts: dict) -> str:
     lines = source.split("\n")
     while lines[0].startswith("#"):
         lines.pop(0)
-    out, placed = [HEADER.rstrip("\n")], []
+    out, placed, logged = [HEADER.rstrip("\n")], [], []
     for line in lines:
         if not line.lstrip().startswith(MARK):
             out.append(line)
@@ -90,6 +110,9 @@ def render(source: str, parts: dict) -> str:
         if part == "errors-alarms":
             text = errors_alarms(parts["errors-alarms"], names)
             placed += names
+        elif part == "log-groups":
+            text = log_groups(parts["errors-alarms"], names)
+            logged += names
         elif part == "dashboard":
             text = dashboard(parts["dashboard"])
         else:
@@ -97,6 +120,8 @@ def render(source: str, parts: dict) -> str:
         out += [indent + t if t else t for t in text.split("\n")]
     if sorted(placed) != sorted(parts["errors-alarms"]):
         raise ValueError(f"each of parts.toml's errors-alarms must be placed once: placed {placed}")
+    if sorted(logged) != sorted(parts["errors-alarms"]):
+        raise ValueError(f"each function (parts.toml's errors-alarms) needs its log group once: placed {logged}")
     return "\n".join(out)
 
 

@@ -715,3 +715,33 @@ fn every_object_put_is_write_once_in_iam() {
     }
     assert_eq!(puts, 4, "load's and streams' payloads, the archiver's objects and anchors");
 }
+
+/// Every function logs to a group of the stack's own (Lambda's default
+/// `/aws/lambda/<function>` already exists in stacks deployed before, and
+/// declaring it would fail their update) kept `LogRetentionDays`, 30 by
+/// default: stream names appear in the logs, and nothing personal is kept for ever.
+#[test]
+fn every_function_logs_to_its_own_group_with_a_retention() {
+    let template = template();
+    let resources = template["Resources"].as_mapping().unwrap();
+    assert_eq!(template["Parameters"]["LogRetentionDays"]["Default"].as_u64(), Some(30));
+    let mut functions = 0;
+    for (name, resource) in resources {
+        if resource["Type"].as_str() != Some("AWS::Serverless::Function") {
+            continue;
+        }
+        functions += 1;
+        let group = referenced(&resource["Properties"]["LoggingConfig"]["LogGroup"]).unwrap_or_default();
+        let group_resource = &resources[group.as_str()];
+        assert_eq!(group_resource["Type"].as_str(), Some("AWS::Logs::LogGroup"), "{name:?}: {group}");
+        assert_eq!(referenced(&group_resource["Properties"]["RetentionInDays"]).as_deref(), Some("LogRetentionDays"));
+        let group_name = sub_text(&group_resource["Properties"]["LogGroupName"]);
+        assert!(group_name.starts_with("/event-store/${Service}-${Stage}/"), "{name:?}: {group_name}");
+        assert_eq!(
+            group_resource.get("Condition"),
+            resource.get("Condition"),
+            "{name:?}: exists when its function does"
+        );
+    }
+    assert_eq!(functions, 10);
+}
