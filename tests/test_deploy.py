@@ -562,7 +562,12 @@ def drive_the_deployed_stack(lam, api, env, kinesis, dynamo, sqs, outputs, moto_
     [record] = [i for name, i in keys.items() if name.startswith("forgot#")]
     assert record["by"]["S"].startswith("arn:aws:"), "the caller, from STS"
     code, out, err = event_store(["--json", "forget", "user-42"], env)
-    assert code == 0 and json.loads(out) == {"subject": user_42, "forgotten": "already", "generations": 0}, out
+    # The stream of that name too, under the streams' own hash (crypto::stream_subject_hash), recomputed here.
+    streams_key = hmac.new(PARAMETERS["SubjectHashKey"].encode(), b"event-store: entity streams as data subjects, v1",
+                           hashlib.sha256).digest()
+    stream_42 = hmac.new(streams_key, b"user-42", hashlib.sha256).hexdigest()
+    assert code == 0 and json.loads(out) == {"subject": user_42, "stream_subject": stream_42, "forgotten": "already",
+                                             "generations": 0}, out
     code, out, err = event_store(["forget", "nobody"], env)
     assert code == 2 and "nothing to forget" in out, out + err
 

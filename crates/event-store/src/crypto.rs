@@ -21,10 +21,27 @@ pub const SEALED_VERSION: u8 = 1;
 /// found and forgotten), and without the key it cannot be reversed or guessed
 /// from a list of ids.
 pub fn subject_hash(secret: &[u8], subject: &str) -> String {
+    hex::encode(hmac(secret, subject.as_bytes()))
+}
+
+/// An entity stream's subject as the log keeps it, beside the stream's name
+/// (which stays in the clear): HMAC-SHA256 under a key derived from the
+/// store's secret for streams alone. So a record pairs a name with a hash
+/// that no other record carries: it tells nothing of [`subject_hash`] of
+/// the same id (a pixel's hashed partition key, say), which a pair of the
+/// name and that hash would let anyone look up. `forget` hashes an id both ways.
+pub fn stream_subject_hash(secret: &[u8], stream: &str) -> String {
+    hex::encode(hmac(&hmac(secret, STREAMS_DOMAIN), stream.as_bytes()))
+}
+
+/// What derives the streams' key from the store's secret.
+const STREAMS_DOMAIN: &[u8] = b"event-store: entity streams as data subjects, v1";
+
+fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
     // HMAC takes a key of any length.
-    let mut mac = <Hmac<Sha256> as hmac::KeyInit>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
-    mac.update(subject.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+    let mut mac = <Hmac<Sha256> as hmac::KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 /// A payload sealed under one generation of a subject's data key.
@@ -87,6 +104,11 @@ mod tests {
         assert_eq!(one, subject_hash(b"secret", "user-42"));
         assert_ne!(one, subject_hash(b"secret", "user-43"));
         assert_ne!(one, subject_hash(b"other secret", "user-42"), "without the key it cannot be recomputed");
+        let stream = stream_subject_hash(b"secret", "user-42");
+        assert_eq!(stream, stream_subject_hash(b"secret", "user-42"));
+        assert_ne!(stream, one, "a stream's hash is not the same id's subject hash");
+        assert_ne!(stream, stream_subject_hash(b"other secret", "user-42"));
+        assert_eq!(stream.len(), 64);
         assert!(one.len() == 64 && one.bytes().all(|b| b.is_ascii_hexdigit()));
     }
 

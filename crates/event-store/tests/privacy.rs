@@ -534,11 +534,26 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     let user = of(&logged, "user-7");
     assert_eq!((&user[0]["data"], &user[1]["data"]), (&small, &large), "opened, in version order");
     assert_eq!(of(&logged, "order-1")[0]["data"], json!({"n": 1}));
+    // The name stays in the clear, so no record pairs it with the subject hash of that id (what a
+    // pixel's hashed partition key for the id would be): the stream's events carry a hash of its own.
+    let id_hash = crypto::subject_hash(HASH_KEY.as_bytes(), "user-7");
+    let subject = crypto::stream_subject_hash(HASH_KEY.as_bytes(), "user-7");
+    assert!(user.iter().all(|e| e["subject"] == subject.as_str()), "{user:?}");
+    let raw: Vec<String> =
+        records.iter().map(|(_, r)| String::from_utf8_lossy(r.data().as_ref()).into_owned()).collect();
+    let entity_items = format!("{:?}", env.scan_table(&env.names.entity_table).await);
+    assert!(!raw.iter().any(|r| r.contains(&id_hash)) && !entity_items.contains(&id_hash), "{raw:?}");
+    assert!(logged.iter().all(|e| !e.to_string().contains(&id_hash)));
 
-    // Forgotten by the stream's name: reads, the state and the log show it forgotten, in place.
-    let forgetting = keys(&env, &kms, Duration::ZERO);
-    let subject = crypto::subject_hash(HASH_KEY.as_bytes(), "user-7");
-    assert_eq!(forgetting.forget(&subject, "dpo").await.unwrap(), Forgot::Done { generations: 1 });
+    // Forgotten by the stream's name (the privacy function hashes it both ways): reads, the state and
+    // the log show it forgotten, in place.
+    let privacy = event_store::privacy::manage::Privacy::new(
+        keys(&env, &kms, Duration::ZERO),
+        &event_store::config::PrivacyConfig { key_table: env.names.key_table.clone(), hash_key: HASH_KEY.into() },
+    );
+    let forgot = privacy.handle(json!({"action": "forget", "subject": "user-7", "by": "dpo"})).await.unwrap();
+    assert_eq!((forgot["forgotten"].as_str(), forgot["generations"].as_u64()), (Some("done"), Some(1)), "{forgot}");
+    assert_eq!(forgot["stream_subject"], subject.as_str());
     let reader = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
         .with_archive(Some(bucket.clone()), 64 * 1024)
         .with_keys(Some(keys(&env, &kms, Duration::ZERO)));

@@ -15,7 +15,7 @@ use tracing::info;
 use super::keys::{Forgot, Keys};
 use super::maker::{MadeAnswer, MakeRequest};
 use crate::config::PrivacyConfig;
-use crate::crypto::subject_hash;
+use crate::crypto::{stream_subject_hash, subject_hash};
 use crate::error::{Error, Result};
 
 /// The AWS actions this function calls, and so the only ones its IAM role grants.
@@ -46,7 +46,9 @@ impl Privacy {
         Self { keys, hash_key: config.hash_key.as_bytes().to_vec() }
     }
 
-    /// Answers one action: `{"subject": <hash>, "forgotten": "done" | "already" | "unknown", "generations": n}`.
+    /// Answers one action: `{"subject": <hash>, "stream_subject": <hash>, "forgotten": "done" | "already" |
+    /// "unknown", "generations": n}`. The id is forgotten as both: the subject of ingested events (and
+    /// of streams before streams had a hash of their own), and the stream of that name.
     pub async fn handle(&self, payload: Value) -> Result<Value> {
         let request: Request = serde_json::from_value(payload)
             .map_err(|e| Error::BadInput(format!("expected {{\"action\": \"forget\", \"subject\": ...}}: {e}")))?;
@@ -56,14 +58,20 @@ impl Privacy {
                     return Err(Error::BadInput("an empty subject".into()));
                 }
                 let hash = subject_hash(&self.hash_key, &subject);
+                let stream = stream_subject_hash(&self.hash_key, &subject);
                 let by = by.filter(|b| !b.trim().is_empty()).unwrap_or_else(|| "unnamed (see CloudTrail)".into());
-                let (outcome, generations) = match self.keys.forget(&hash, &by).await? {
-                    Forgot::Done { generations } => ("done", generations),
-                    Forgot::Already => ("already", 0),
-                    Forgot::Unknown => ("unknown", 0),
-                };
-                info!(subject = %hash, by = %by, outcome, generations, "forget");
-                Ok(json!({ "subject": hash, "forgotten": outcome, "generations": generations }))
+                let (mut outcome, mut generations) = ("unknown", 0);
+                for forgot in [self.keys.forget(&hash, &by).await?, self.keys.forget(&stream, &by).await?] {
+                    match forgot {
+                        Forgot::Done { generations: n } => (outcome, generations) = ("done", generations + n),
+                        Forgot::Already if outcome == "unknown" => outcome = "already",
+                        Forgot::Already | Forgot::Unknown => {}
+                    }
+                }
+                info!(subject = %hash, stream_subject = %stream, by = %by, outcome, generations, "forget");
+                Ok(
+                    json!({ "subject": hash, "stream_subject": stream, "forgotten": outcome, "generations": generations }),
+                )
             }
         }
     }

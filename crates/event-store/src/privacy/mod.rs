@@ -69,6 +69,11 @@ impl Subjects {
     pub fn hash(&self, id: &str) -> String {
         crypto::subject_hash(&self.hash_key, id)
     }
+
+    /// The entity stream `stream`, a subject, as the log keeps it beside its name.
+    pub fn stream_hash(&self, stream: &str) -> String {
+        crypto::stream_subject_hash(&self.hash_key, stream)
+    }
 }
 
 /// The rules `config` names (none for a reader's).
