@@ -13,8 +13,9 @@ MOTO_PIN    := moto[server]==5.2.5
 # AWS's KPL deaggregator (with its protobuf) to read the playback stream as a consumer would,
 # and pyarrow to read the archive's Parquet objects as a user's tools would.
 TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1
-# The stricter second pair of emulators (npm), installed into .node.
-NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3
+# The stricter second pair of emulators, and the IAM policy simulator the tests evaluate the
+# functions' requests with against their roles (tests/iam/simulate.cjs): npm, installed into .node.
+NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3 @cloud-copilot/iam-simulate@0.1.173
 FUNCTIONS   := load pump scan playback subscriptions streams relay archive privacy keys
 STACK       ?= event-store-prod
 CARGO       ?= cargo
@@ -218,12 +219,12 @@ $(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS)): | $(BIN)/python
 
 tools: tools-moto $(VENV)/.tools-$(subst $(space),_,$(TOOLS_PINS))
 
-$(CURDIR)/.node/.pins-$(subst $(space),_,$(NODE_PINS)):
+$(CURDIR)/.node/.pins-$(subst /,_,$(subst $(space),_,$(NODE_PINS))):
 	@echo "== installing $(NODE_PINS) into .node"
 	npm install --prefix .node --no-save --no-package-lock --no-audit --no-fund $(NODE_PINS)
 	touch '$@'
 
-tools-node: $(CURDIR)/.node/.pins-$(subst $(space),_,$(NODE_PINS))
+tools-node: $(CURDIR)/.node/.pins-$(subst /,_,$(subst $(space),_,$(NODE_PINS)))
 
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }

@@ -10,9 +10,11 @@
 //! - [`runs`]: a scan pass, a playback or a subscriptions tick with all its forks and continuations;
 //! - [`lambda_target`]: a subscription's Lambda target (the `Invoke` API, answered by a programmable consumer);
 //! - [`request_counter`]: AWS requests and capacity units, counted by an SDK interceptor;
+//! - [`iam`]: what IAM sees of those requests, and the template's policies to evaluate them against;
 //! - [`watchdog`]: a hung test ends its binary with the emulators' state, not CI's whole run.
 
 pub mod event_source;
+pub mod iam;
 pub mod invoke;
 pub mod lambda_target;
 pub mod process;

@@ -13,13 +13,27 @@ use aws_sdk_dynamodb::config::interceptors::{
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::BoxError;
 
+use crate::iam::IamRecorder;
+
 #[derive(Debug, Clone, Default)]
 pub struct RequestCounter {
     counts: Arc<Mutex<BTreeMap<String, u64>>>,
     capacity: Arc<Mutex<BTreeMap<String, f64>>>,
+    /// What IAM sees of each request, when asked to record it (the tests).
+    iam: Option<IamRecorder>,
 }
 
 impl RequestCounter {
+    /// A counter that also records what IAM sees of each request ([`crate::iam`]).
+    pub fn recording(iam: IamRecorder) -> Self {
+        Self { iam: Some(iam), ..Self::default() }
+    }
+
+    /// The requests recorded since the last reset, as IAM authorizes them (none unless [`Self::recording`]).
+    pub fn iam_requests(&self) -> Vec<crate::iam::IamRequest> {
+        self.iam.as_ref().map(IamRecorder::requests).unwrap_or_default()
+    }
+
     /// Requests so far by operation, named like `DynamoDB.BatchWriteItem`.
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
         self.counts.lock().map(|c| c.clone()).unwrap_or_default()
@@ -47,6 +61,9 @@ impl RequestCounter {
         }
         if let Ok(mut capacity) = self.capacity.lock() {
             capacity.clear();
+        }
+        if let Some(iam) = &self.iam {
+            iam.reset();
         }
     }
 }
@@ -103,6 +120,9 @@ impl Intercept for RequestCounter {
         });
         if let Ok(mut counts) = self.counts.lock() {
             *counts.entry(operation).or_default() += 1;
+        }
+        if let Some(iam) = &self.iam {
+            iam.record(context);
         }
         Ok(())
     }

@@ -153,6 +153,11 @@ impl Archiver {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let unit = settings::time_unit(dynamo, table).await?.unwrap_or(crate::config::DEFAULT_TIME_UNIT_MS);
         let mut summary = ArchiveSummary::default();
+        // Readers follow anchored entries only: entries from before anchors get theirs, once.
+        let anchored = anchor::backfill(dynamo, table, &self.bucket).await?;
+        if anchored > 0 {
+            info!(anchored, "entries appended before anchors are anchored now");
+        }
         let Some(complete_end) = watermark::read(dynamo, table).await?.complete_end(unit) else {
             return Ok(summary);
         };
@@ -173,7 +178,11 @@ impl Archiver {
                 if last.end > boundary.cleared_to {
                     // What decides the deletes is the object as its entry describes it, checked again.
                     let bytes = self.bucket.get(&last.key).await?;
-                    let rows = columns::read(bytes.clone())?;
+                    let rows = off_the_runtime({
+                        let bytes = bytes.clone();
+                        move || columns::read(bytes)
+                    })
+                    .await?;
                     let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
                     if !last.matches(&Facts::of(&bytes, &keys)) {
                         return Err(Error::Archive(format!(
@@ -307,12 +316,14 @@ impl Archiver {
     /// other object is an error (the errors alarm), and nothing is archived
     /// past it.
     async fn put_once(&self, key: &str, rows: Vec<Row>) -> Result<(Facts, Vec<Row>)> {
-        let object = columns::write(&rows)?;
+        // Encoding and decoding Parquet is CPU work (and deep): off the runtime's threads.
+        let (object, rows) = off_the_runtime(move || columns::write(&rows).map(|object| (object, rows))).await?;
         let sha256 = manifest::sha256_hex(&object);
         let written = self.bucket.put_new(key, object, columns::CONTENT_TYPE).await?;
         let bytes = self.bucket.get(key).await?;
         let facts = |rows: &[Row]| Facts::of(&bytes, &rows.iter().map(|r| r.sort_key.as_str()).collect::<Vec<_>>());
-        let stored = columns::read(bytes.clone());
+        let read_back = bytes.clone();
+        let stored = off_the_runtime(move || Ok(columns::read(read_back))).await?;
         if written || manifest::sha256_hex(&bytes) == sha256 {
             return match stored {
                 Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored == rows => Ok((facts(&rows), rows)),
@@ -377,7 +388,7 @@ impl Archiver {
                     match &decoded.events {
                         Ok(events) if events.iter().all(|e| archived.contains(e.sort_key.as_str())) => {}
                         Err(err) if err.is_unreadable() => {
-                            if !self.quarantine(&item, err, deadline).await? {
+                            if !Box::pin(self.quarantine(&item, err, deadline)).await? {
                                 kept += 1;
                                 continue;
                             }
@@ -431,6 +442,11 @@ impl Archiver {
         warn!(id, reason = %why, "damaged item quarantined instead of archived");
         Ok(true)
     }
+}
+
+/// `work`'s answer, run on a blocking thread.
+async fn off_the_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| Error::Archive(format!("a blocking task failed: {e}")))?
 }
 
 /// Whether every row of `stored` is one of `rows`, in the same order.

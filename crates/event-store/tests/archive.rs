@@ -37,26 +37,7 @@ const BURST: i64 = 40;
 /// Every event in `[start, end)`, in log order, read as readers read it
 /// (from the event table, or from the archive before its boundary): (sort key, bytes).
 async fn log(env: &TestEnv, archive: Option<Bucket>, start: i64, end: i64) -> Vec<(String, Vec<u8>)> {
-    let table = env.names.event_table.as_str();
-    let (slots, _) = read_index(&env.dynamo, table, start, end).await.unwrap();
-    let window = Window { start, end };
-    let tiers = Tiers::new(archive);
-    let reader = Reader {
-        dynamo: &env.dynamo,
-        table,
-        time_unit_ms: 1000,
-        page_items: None,
-        dedupe_window_ms: 0,
-        window: &window,
-        tiers: &tiers,
-    };
-    let mut out = Vec::new();
-    let keep = |event: &event_store::event_item::EventItem, _: Option<Value>, bytes: &[u8]| {
-        out.push((event.sort_key.clone(), bytes.to_vec()));
-        ControlFlow::Continue(())
-    };
-    reader.each_event(slots, Checkpoint::at_slot(start), &mut RecentIds::new(0), keep).await.unwrap();
-    out
+    try_log(env, archive, start, end).await.unwrap()
 }
 
 fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
@@ -84,6 +65,11 @@ fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
 /// and pyarrow.
 #[tokio::test(flavor = "multi_thread")]
 async fn complete_slots_move_to_s3_verified_chained_read_across_tiers_and_by_pyarrow() {
+    // On the heap: the whole test's future would outgrow the test thread's stack.
+    Box::pin(archive_read_and_verify()).await;
+}
+
+async fn archive_read_and_verify() {
     let env = TestEnv::start(1).await;
     // Three hours of events, 36 s apart, one of them not JSON.
     let records: Vec<_> = (0..EVENTS)
@@ -364,11 +350,15 @@ print(json.dumps({
     let expected = format!("entry {}: object {} is not what was archived", entries[0].seq, entries[0].key);
     assert_eq!(reordered.entries, 0);
     assert!(reordered.first_break.as_deref().is_some_and(|b| b.starts_with(&expected)), "{reordered:?}");
+    // Readers check each object against its entry before they hand out an event of it.
+    let refused = try_log(&env, Some(bucket.clone()), T0, entries[1].end).await.unwrap_err();
+    assert!(refused.to_string().contains("is not the object entry"), "{refused}");
     for (key, body) in [(&entries[0].key, one), (&entries[1].key, two)] {
         s3.put_object().bucket(BUCKET).key(key).body(body.into_bytes().into()).send().await.unwrap();
     }
     assert_eq!(verify(T0).await.unwrap().first_break, None, "put back in order");
     let victim = &entries[2];
+    let victim_object = bytes_of(victim.key.clone()).await.into_bytes();
     s3.put_object().bucket(BUCKET).key(&victim.key).body(b"PAR1 not parquet".to_vec().into()).send().await.unwrap();
     let altered = verify(T0).await.unwrap();
     let expected = format!("entry {}: object {} is not what was archived", victim.seq, victim.key);
@@ -390,6 +380,7 @@ print(json.dumps({
         assert_eq!(anchor::get(&bucket, entry.seq).await.unwrap().as_ref(), Some(entry), "anchored");
     }
     let (head, before) = (&entries[entries.len() - 1], &entries[entries.len() - 2]);
+    let head_object = bytes_of(head.key.clone()).await.into_bytes();
     let forged_object = bytes_of(entries[3].key.clone()).await.into_bytes();
     let forged_rows = columns::read(forged_object.clone()).unwrap();
     let forged_keys: Vec<&str> = forged_rows.iter().map(|r| r.sort_key.as_str()).collect();
@@ -407,6 +398,16 @@ print(json.dumps({
     let rewritten = verify(head.start).await.unwrap();
     let expected = format!("entry {}: it is not the entry its anchor {}", head.seq, anchor::key(head.seq));
     assert!(rewritten.first_break.as_deref().is_some_and(|b| b.starts_with(&expected)), "{rewritten:?}");
+    // A reader does not follow it either: it reads the head's object only as its anchored entry says.
+    let refused = try_log(&env, Some(bucket.clone()), head.start, head.end).await.unwrap_err();
+    assert!(refused.to_string().contains("is not what its anchor"), "{refused}");
+    let mut item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> =
+        serde_dynamo::to_item(head).unwrap();
+    item.extend(event_store::bookkeeping::key(format!("archive#entry#{:012}", head.seq)));
+    env.dynamo.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
+    s3.put_object().bucket(BUCKET).key(&head.key).body(head_object.into()).send().await.unwrap();
+    s3.put_object().bucket(BUCKET).key(&victim.key).body(victim_object.into()).send().await.unwrap();
+    assert_eq!(verify(T0).await.unwrap().first_break, None, "put back");
 
     // Hours without events are archived without an object (the boundary jumps them). A late event
     // into such a slot is read from the table: a reader finds no object and nothing lost.
@@ -448,6 +449,89 @@ print(json.dumps({
         [format!("{quiet:013}"), format!("{busy:013}")],
         "the late event in the quiet hour, then the archived one"
     );
+
+    // Boxed: the test's future would outgrow the test thread's stack.
+    Box::pin(tamper_with_what_readers_follow(&env, &bucket)).await;
+}
+
+/// What readers follow besides the chain, tampered with as a role that may write the bookkeeping
+/// partition could: each is an error for readers (never an empty range) and a break for verify.
+async fn tamper_with_what_readers_follow(env: &TestEnv, bucket: &Bucket) {
+    let table = env.names.event_table.as_str();
+    let entries = store::entries_from(&env.dynamo, table, 0).await.unwrap();
+    let last = entries.last().unwrap().clone();
+    let whole = audit::verify(&env.dynamo, table, bucket, T0, last.end).await.unwrap();
+    assert_eq!(whole.first_break, None);
+    let bookkeeping = |sort_key: String| event_store::bookkeeping::key(sort_key);
+    // A pointer deleted: its range reads as an error, not as 55 events gone.
+    let victim = &entries[4];
+    let pointer_key = format!("archive#object#{:013}#{:012}", victim.start, victim.seq);
+    let (saved, _) =
+        event_store::bookkeeping::query_range(&env.dynamo, table, pointer_key.clone(), pointer_key.clone())
+            .await
+            .unwrap();
+    env.dynamo.delete_item().table_name(table).set_key(Some(bookkeeping(pointer_key))).send().await.unwrap();
+    let refused = try_log(env, Some(bucket.clone()), victim.start, victim.end).await.unwrap_err();
+    assert!(refused.to_string().contains("no object holds it"), "{refused}");
+    let broken = audit::verify(&env.dynamo, table, bucket, T0, last.end).await.unwrap().first_break.unwrap();
+    assert!(broken.contains(&format!("entry {}'s pointer is missing", victim.seq)), "{broken}");
+    env.dynamo.put_item().table_name(table).set_item(Some(saved[0].clone())).send().await.unwrap();
+    assert_eq!(try_log(env, Some(bucket.clone()), victim.start, victim.end).await.unwrap().len() as u64, victim.count);
+    // The boundary moved past the last entry: the slots after it would read as archived and empty.
+    let boundary_key = || bookkeeping("archive#boundary".into());
+    let moved = env.dynamo.update_item().table_name(table).set_key(Some(boundary_key()));
+    let moved = moved.update_expression("SET archived_to = :to");
+    let to = aws_sdk_dynamodb::types::AttributeValue::N((last.end + 3_600_000).to_string());
+    moved.expression_attribute_values(":to", to).send().await.unwrap();
+    let broken = audit::verify(&env.dynamo, table, bucket, T0, last.end).await.unwrap().first_break.unwrap();
+    assert!(broken.starts_with("the archive's boundary is at"), "{broken}");
+    let put_back = env.dynamo.update_item().table_name(table).set_key(Some(boundary_key()));
+    let put_back = put_back.update_expression("SET archived_to = :to");
+    let to = aws_sdk_dynamodb::types::AttributeValue::N(last.end.to_string());
+    put_back.expression_attribute_values(":to", to).send().await.unwrap();
+    // A late mark deleted: the late event in the archived slot would be passed over.
+    let mark = bookkeeping(format!("late#{:013}", T0 + 360_000));
+    env.dynamo.delete_item().table_name(table).set_key(Some(mark)).send().await.unwrap();
+    let broken = audit::verify(&env.dynamo, table, bucket, T0, last.end).await.unwrap().first_break.unwrap();
+    assert!(broken.contains("no late mark"), "{broken}");
+    // The last entry and its pointer deleted (its object cannot be, by any role): its anchor gives it away.
+    let last_key = bookkeeping(format!("archive#entry#{:012}", last.seq));
+    env.dynamo.delete_item().table_name(table).set_key(Some(last_key)).send().await.unwrap();
+    let last_pointer = bookkeeping(format!("archive#object#{:013}#{:012}", last.start, last.seq));
+    env.dynamo.delete_item().table_name(table).set_key(Some(last_pointer)).send().await.unwrap();
+    let before_last = &entries[entries.len() - 2];
+    let broken = audit::verify(&env.dynamo, table, bucket, before_last.start, before_last.end).await.unwrap();
+    let broken = broken.first_break.unwrap();
+    assert!(broken.contains(&format!("entry {} is anchored", last.seq)), "{broken}");
+}
+
+/// [`log`], or the error a reader stopped with.
+async fn try_log(
+    env: &TestEnv,
+    archive: Option<Bucket>,
+    start: i64,
+    end: i64,
+) -> event_store::Result<Vec<(String, Vec<u8>)>> {
+    let table = env.names.event_table.as_str();
+    let (slots, _) = read_index(&env.dynamo, table, start, end).await?;
+    let window = Window { start, end };
+    let tiers = Tiers::new(archive);
+    let reader = Reader {
+        dynamo: &env.dynamo,
+        table,
+        time_unit_ms: 1000,
+        page_items: None,
+        dedupe_window_ms: 0,
+        window: &window,
+        tiers: &tiers,
+    };
+    let mut out = Vec::new();
+    let keep = |event: &event_store::event_item::EventItem, _: Option<Value>, bytes: &[u8]| {
+        out.push((event.sort_key.clone(), bytes.to_vec()));
+        ControlFlow::Continue(())
+    };
+    reader.each_event(slots, Checkpoint::at_slot(start), &mut RecentIds::new(0), keep).await?;
+    Ok(out)
 }
 
 /// A process that dies after `after` requests, counted across every client
@@ -627,7 +711,23 @@ async fn an_archiver_crash_at_any_step_repeats_it_and_never_loses_or_doubles_an_
         .collect();
     damaged.insert("data".into(), aws_sdk_dynamodb::types::AttributeValue::B(b"damaged".to_vec().into()));
     env.dynamo.put_item().table_name(table).set_item(Some(damaged)).send().await.unwrap();
-    let went_on = healthy.run(to, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    // Its S3 requests counted too: what the archive function asks is checked against its role below.
+    let counted = Archiver {
+        dynamo: env.dynamo.clone(),
+        bucket: Bucket {
+            s3: aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(&env.sdk)
+                    .force_path_style(true)
+                    .interceptor(env.counter.clone())
+                    .build(),
+            ),
+            name: BUCKET.into(),
+        },
+        config: healthy.config.clone(),
+    };
+    env.counter.reset();
+    let went_on = counted.run(to, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    common::assert_allowed_by_the_template(&env.counter, "ArchiveFunction");
     assert_eq!((went_on.boundary, went_on.quarantined), (to, 1), "{went_on:?}");
     let expected: Vec<i64> = sent((range + 1, range + 2)).into_iter().filter(|n| !lost.contains(n)).collect();
     assert_eq!(read((range + 1, range + 2)).await, expected);

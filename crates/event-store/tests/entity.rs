@@ -159,6 +159,7 @@ async fn the_todo_flow_counter_and_every_precondition_answer() {
     let declared: Vec<&str> =
         event_store::entity::AWS_ACTIONS.iter().copied().chain(["dynamodb:TransactWriteItems"]).collect();
     common::assert_only_declared_actions(&env.counter, &declared);
+    common::assert_allowed_by_the_template(&env.counter, "StreamsFunction");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -36,6 +36,7 @@ async fn pixel_hit_answers_the_gif_and_puts_one_envelope() {
     assert_eq!(response.body().as_ref(), &PIXEL[..]);
     let sequence = response.headers()["x-sequence-number"].to_str().unwrap().to_owned();
     common::assert_only_declared_actions(&env.counter, event_store::load::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "LoadFunction");
 
     let records = env.read_stream(&env.names.event_stream).await;
     assert_eq!(records.len(), 1);
@@ -128,6 +129,7 @@ async fn posted_events_go_out_one_request_per_event_of_the_busiest_entity() {
     // order-1's "paid" goes only once its "created" is stored (PutRecords keeps no order within a request).
     assert_eq!(env.counter.get("Kinesis.PutRecords"), 2);
     common::assert_only_declared_actions(&env.counter, event_store::load::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "LoadFunction");
 
     let records = env.read_stream(&env.names.event_stream).await;
     assert_eq!(records.len(), 3);

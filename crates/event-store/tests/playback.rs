@@ -122,6 +122,7 @@ async fn a_window_plays_back_in_order_per_partition_key_at_under_1_request_per_1
     assert_eq!(summary.first_event.as_deref(), Some(format_ms(T0).as_str()));
     let kinesis = env.counter.service_total("Kinesis");
     common::assert_only_declared_actions(&env.counter, event_store::playback::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "PlaybackFunction");
     println!(
         "playback: {kinesis} Kinesis requests for 1500 events = {:.4} per event; {:?}",
         kinesis as f64 / 1500.0,

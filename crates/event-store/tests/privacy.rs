@@ -257,7 +257,9 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     assert_eq!(env.scan_table(&env.names.key_table).await.len(), items_before);
     // A forget that stopped after marking the head forgotten: the next one destroys what it left, and says so.
     let carol = crypto::subject_hash(HASH_KEY.as_bytes(), "carol");
+    env.counter.reset();
     event_store::privacy::manage::make_key(&writer_keys, json!({"subject": carol})).await.unwrap();
+    common::assert_allowed_by_the_template(&env.counter, "KeysFunction");
     let head = HashMap::from([
         ("subject".to_owned(), AttributeValue::S(carol.clone())),
         ("item".to_owned(), AttributeValue::S("head".into())),
@@ -521,7 +523,9 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
     let mut table_stream =
         TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    env.counter.reset();
     deliver_all(&mut table_stream, &mut VecDeque::new(), 10, 50, |event| relay.handle(event)).await.unwrap();
+    common::assert_allowed_by_the_template(&env.counter, "RelayFunction");
     let records = env.read_stream(&env.names.event_stream).await;
     assert_eq!(records.len(), 3);
     assert!(records.iter().all(|(_, r)| in_the_clear(r.data().as_ref()).is_none()), "the event stream");
@@ -551,7 +555,9 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
         keys(&env, &kms, Duration::ZERO),
         &event_store::config::PrivacyConfig { key_table: env.names.key_table.clone(), hash_key: HASH_KEY.into() },
     );
+    env.counter.reset();
     let forgot = privacy.handle(json!({"action": "forget", "subject": "user-7", "by": "dpo"})).await.unwrap();
+    common::assert_allowed_by_the_template(&env.counter, "PrivacyFunction");
     assert_eq!((forgot["forgotten"].as_str(), forgot["generations"].as_u64()), (Some("done"), Some(1)), "{forgot}");
     assert_eq!(forgot["stream_subject"], subject.as_str());
     let reader = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())

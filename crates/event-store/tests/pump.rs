@@ -111,11 +111,15 @@ async fn a_batch_of_500_is_packed_into_one_chunk_one_request_and_two_for_the_sha
     let env = TestEnv::start(1).await;
     let records: Vec<_> =
         (0..500).map(|i| (format!("pk-{}", i % 10), vec![b'x'; 200], 1_795_327_124_000 + i)).collect();
-    let event = kinesis_event("arn:aws:kinesis:us-east-1:123456789012:stream/s", &records);
+    // From the stack's event stream: the only one the pump's role may read (its shards, when it asks).
+    let stream = env.stream_arn(&env.names.event_stream).await;
+    env.counter.reset();
+    let event = kinesis_event(&stream, &records);
     let response = pump(&env, &env.names.buffer_table).handle(event).await;
     assert!(response.batch_item_failures.is_empty());
     let requests = env.counter.service_total("DynamoDB");
     common::assert_only_declared_actions(&env.counter, event_store::pump::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "PumpFunction");
     println!("pump: {requests} DynamoDB requests for 500 events = {:.3} per event", requests as f64 / 500.0);
     assert_eq!(buffer(&env).await.len(), 500);
     assert_eq!(buffer_items(&env).await.len(), 1, "one shard, one slot: one chunk");

@@ -148,6 +148,7 @@ async fn moving_costs_at_most_one_request_per_10_events_and_overlapping_scans_do
     scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     let requests = env.counter.service_total("DynamoDB");
     common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "ScanFunction");
     println!(
         "scan: {requests} DynamoDB requests for 1000 events = {:.3} per event: {:?}",
         requests as f64 / 1000.0,
@@ -342,6 +343,7 @@ async fn a_pass_indexes_the_non_empty_slots_and_moves_the_watermark_forward_only
     let ends: Vec<i64> = summaries.iter().filter_map(|s| s.complete_to).collect();
     assert!(ends.contains(&second) && ends.iter().all(|w| (first..=second).contains(w)), "{ends:?}");
     common::assert_only_declared_actions(&env.counter, event_store::scan::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "ScanFunction");
 }
 
 /// Anyone allowed to invoke scan can send a segment payload: a pass's start

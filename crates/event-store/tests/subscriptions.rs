@@ -171,6 +171,7 @@ async fn ten_thousand_events_over_8_partitions_reach_a_kinesis_and_a_lambda_targ
     assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
     assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 20_000);
     common::assert_only_declared_actions(&env.counter, event_store::subscription::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "SubscriptionsFunction");
 
     let streamed = on_stream(&env, &stream).await;
     assert_eq!(assert_all_in_key_order(&streamed, 0..10_000, 50), 0, "no duplicates without a fault");

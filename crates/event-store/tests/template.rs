@@ -745,3 +745,60 @@ fn every_function_logs_to_its_own_group_with_a_retention() {
     }
     assert_eq!(functions, 10);
 }
+
+/// What the docs say a role may not do, evaluated against the template's
+/// policies as AWS would (`event_store_emulator::iam`, `tests/iam/simulate.cjs`):
+/// each is denied. (What each role's code does ask is allowed: checked on the
+/// requests it really makes, in the integration tests of each stage.)
+#[test]
+fn what_the_docs_say_a_role_may_not_do_is_denied() {
+    use event_store_emulator::iam::{self, IamRequest, ACCOUNT, REGION};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let template = template();
+    let stack = iam::Stack { service: "es".into(), stage: "ci".into(), physical: Default::default() };
+    let table = |name: &str| format!("arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/es-ci-{name}");
+    let object = |key: &str| format!("arn:aws:s3:::es-ci-archive-{ACCOUNT}-{REGION}/{key}");
+    let keyed = |action: &str, arn: String, key: &str| {
+        IamRequest::new(action, arn).with("dynamodb:LeadingKeys", vec![key.to_owned()])
+    };
+    let subject = "ab".repeat(32);
+    let forbidden = [
+        // Writers never write the key table: they ask the keys function, whose code only adds generations.
+        ("LoadFunction", keyed("dynamodb:PutItem", table("key-table"), &subject)),
+        ("StreamsFunction", keyed("dynamodb:UpdateItem", table("key-table"), &subject)),
+        // Only the privacy function destroys keys; the keys function cannot delete one.
+        ("KeysFunction", keyed("dynamodb:DeleteItem", table("key-table"), &subject)),
+        // Ingest writes the event stream only: never the event table, nor the buffer.
+        ("LoadFunction", keyed("dynamodb:PutItem", table("event-table"), "1795000000000")),
+        ("LoadFunction", keyed("dynamodb:BatchWriteItem", table("buffer-table"), "abc")),
+        // Readers read: they delete no object, put none, and write no event.
+        ("PlaybackFunction", IamRequest::new("s3:DeleteObject", object("events/date=2026-11-28/hour=06/1.parquet"))),
+        ("SubscriptionsFunction", IamRequest::new("s3:PutObject", object("events/date=2026-11-28/hour=06/1.parquet"))),
+        ("PlaybackFunction", keyed("dynamodb:UpdateItem", table("event-table"), "1795000000000")),
+        ("SubscriptionsFunction", keyed("dynamodb:PutItem", table("event-table"), "1795000000000")),
+        // No role of the stack deletes an object or replaces one (write-once: only with If-None-Match).
+        ("ArchiveFunction", IamRequest::new("s3:DeleteObject", object("events/date=2026-11-28/hour=06/1.parquet"))),
+        ("ArchiveFunction", IamRequest::new("s3:PutObject", object("events/date=2026-11-28/hour=06/1.parquet"))),
+        ("ArchiveFunction", IamRequest::new("s3:PutObject", object("manifest/000000000001.json"))),
+        ("LoadFunction", IamRequest::new("s3:PutObject", object("payloads/sha256/ab"))),
+        ("StreamsFunction", IamRequest::new("s3:PutObject", object("payloads/sha256/ab"))),
+        // The archiver's bookkeeping grant is the bookkeeping partition's, not the events'.
+        ("ArchiveFunction", keyed("dynamodb:PutItem", table("event-table"), "1795000000000")),
+    ];
+    let cases: Vec<_> = forbidden.iter().map(|(f, r)| (iam::policies(&template, f, &stack), r.clone())).collect();
+    let results = iam::evaluate(&root, &cases).unwrap();
+    for ((function, request), result) in forbidden.iter().zip(&results) {
+        assert!(result.ends_with("Denied"), "{function} may {request:?}: {result}");
+    }
+    // The evaluation sees the difference: the same requests as the roles' own are allowed.
+    let allowed = [
+        (
+            "LoadFunction",
+            IamRequest::new("s3:PutObject", object("payloads/sha256/ab")).with("s3:if-none-match", vec!["*".into()]),
+        ),
+        ("ArchiveFunction", keyed("dynamodb:UpdateItem", table("event-table"), "-2")),
+        ("PlaybackFunction", IamRequest::new("s3:GetObject", object("manifest/000000000001.json"))),
+    ];
+    let cases: Vec<_> = allowed.iter().map(|(f, r)| (iam::policies(&template, f, &stack), r.clone())).collect();
+    assert_eq!(iam::evaluate(&root, &cases).unwrap(), ["Allowed"; 3]);
+}

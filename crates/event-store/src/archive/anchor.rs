@@ -42,3 +42,45 @@ pub(crate) async fn stored(bucket: &Bucket, seq: u64) -> Result<Option<Option<En
     let Some(bytes) = bucket.get_if_there(&key(seq)).await? else { return Ok(None) };
     Ok(Some(serde_json::from_slice(&bytes).ok()))
 }
+
+/// Anchors the entries appended before anchors existed, once, so that
+/// readers may follow anchored entries only ([`super::vouch`]); the number
+/// anchored. Sound only from a chain that holds: from the first entry on,
+/// each entry's hash its own and linked to the one before, up to the first
+/// entry with an anchor, which must be the entry as stored (it pins the
+/// chain before it). With no anchor at all the chain's head is trusted as
+/// stored, as it was before anchors.
+pub(crate) async fn backfill(dynamo: &aws_sdk_dynamodb::Client, table: &str, bucket: &Bucket) -> Result<u64> {
+    if stored(bucket, 0).await?.is_some() {
+        return Ok(0);
+    }
+    let entries = super::store::entries_from(dynamo, table, 0).await?;
+    let mut unanchored = Vec::new();
+    for entry in &entries {
+        match stored(bucket, entry.seq).await? {
+            None => unanchored.push(entry),
+            Some(Some(anchored)) if anchored == *entry => break,
+            Some(_) => {
+                return Err(Error::Archive(format!(
+                    "entry {} is not what its anchor holds (event-store verify)",
+                    entry.seq
+                )))
+            }
+        }
+    }
+    let mut previous: Option<&Entry> = None;
+    for (i, entry) in entries.iter().take(unanchored.len() + 1).enumerate() {
+        let linked = entry.prev == previous.map_or(super::manifest::GENESIS, |p| p.hash.as_str());
+        if entry.seq != i as u64 || entry.content_hash() != entry.hash || !linked {
+            return Err(Error::Archive(format!(
+                "entry {}: the chain before the first anchor does not hold; nothing anchored (event-store verify)",
+                entry.seq
+            )));
+        }
+        previous = Some(entry);
+    }
+    for entry in &unanchored {
+        put(bucket, entry).await?;
+    }
+    Ok(unanchored.len() as u64)
+}

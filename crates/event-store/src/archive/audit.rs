@@ -11,6 +11,8 @@ use super::columns;
 use super::manifest::{self, Break, Entry, Facts};
 use super::object::Bucket;
 use super::store;
+use crate::bookkeeping::late_slots;
+use crate::bookkeeping::slot_index::read_index;
 use crate::error::Result;
 
 /// What a verification found.
@@ -65,12 +67,22 @@ pub async fn verify(
         (Err(chain), Some(anchor)) if anchor.seq() < chain.seq() => Some(anchor),
         (Err(chain), _) => Some(chain),
     };
+    // The chain holds: then what readers follow besides it (pointers, the boundary, late marks, anchors).
+    let broken = match broken {
+        // Boxed: its requests' futures would make every caller's future larger.
+        None => Box::pin(followed(dynamo, table, bucket, &all, &chosen)).await?,
+        broken => broken.map(|b| b.to_string()),
+    };
     Ok(match broken {
         None => Verified { entries: chosen.len() as u64, events, start, end, first_break: None },
+        Some(broken) if !broken.starts_with("entry ") => {
+            Verified { entries: chosen.len() as u64, events, start, end, first_break: Some(broken) }
+        }
         Some(broken) => {
             // The entries before the broken one passed.
-            let entries = broken.seq().saturating_sub(chosen.first().map_or(0, |e| e.seq));
-            Verified { entries, events, start, end, first_break: Some(broken.to_string()) }
+            let seq = broken["entry ".len()..].split(':').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+            let entries = seq.saturating_sub(chosen.first().map_or(0, |e| e.seq));
+            Verified { entries, events, start, end, first_break: Some(broken) }
         }
     })
 }
@@ -82,4 +94,81 @@ async fn facts_of(bucket: &Bucket, key: &str) -> Result<Option<Facts>> {
     let rows = columns::read(bytes.clone()).unwrap_or_default();
     let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
     Ok(Some(Facts::of(&bytes, &keys)))
+}
+
+/// The first problem in what readers follow besides the chain, for the
+/// `chosen` entries of `all`: each entry's pointer as the entry says, and no
+/// pointer without its entry; at the head, the boundary at its end, nothing
+/// cleared past the boundary, and no anchor after it (an entry removed with
+/// its object); late events in archived slots marked, so readers see them.
+async fn followed(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    bucket: &Bucket,
+    all: &[Entry],
+    chosen: &[&Entry],
+) -> Result<Option<String>> {
+    let (Some(first), Some(last)) = (chosen.first(), chosen.last()) else { return Ok(None) };
+    let pointers = store::pointers(dynamo, table).await?;
+    for entry in chosen {
+        let theirs: Vec<&store::Pointer> = pointers.iter().filter(|p| p.seq == entry.seq).collect();
+        let right = |p: &&store::Pointer| {
+            p.object == entry.key && (p.start, p.end, p.count) == (entry.start, entry.end, entry.count)
+        };
+        match theirs.as_slice() {
+            [] => {
+                return Ok(Some(format!(
+                    "entry {}'s pointer is missing: readers would not find {}",
+                    entry.seq, entry.key
+                )))
+            }
+            [one] if right(one) => {}
+            _ => return Ok(Some(format!("the pointer to entry {} is not what the entry says", entry.seq))),
+        }
+    }
+    let head = all.last().map_or(0, |e| e.seq);
+    let in_window = |p: &&store::Pointer| p.end > first.start && p.start < last.end;
+    if let Some(stray) = pointers.iter().filter(in_window).find(|p| p.seq > head || !all.iter().any(|e| e.seq == p.seq))
+    {
+        return Ok(Some(format!("a pointer to {} names entry {}, which the manifest lacks", stray.object, stray.seq)));
+    }
+    let boundary = store::boundary(dynamo, table).await?;
+    if last.seq == head {
+        if anchor::stored(bucket, head + 1).await?.is_some() {
+            return Ok(Some(format!(
+                "entry {} is anchored ({}) but not in the manifest: removed, with what it held",
+                head + 1,
+                anchor::key(head + 1)
+            )));
+        }
+        if boundary.archived_to != last.end {
+            return Ok(Some(format!(
+                "the archive's boundary is at {}, the last entry ends at {} (a run that stopped puts it right; else it was moved)",
+                crate::time::format_ms(boundary.archived_to),
+                crate::time::format_ms(last.end)
+            )));
+        }
+        if boundary.cleared_to > boundary.archived_to {
+            return Ok(Some("items are recorded as cleared past the archive's boundary".into()));
+        }
+    }
+    // Up to where the archived items are deleted (a run that stopped may have deletes left).
+    let cleared = last.end.min(boundary.cleared_to);
+    let (slots, _) = read_index(dynamo, table, first.start, cleared).await?;
+    let marked = late_slots::in_range(dynamo, table, first.start, cleared).await?;
+    for slot in slots.iter().filter(|s| !marked.contains(&s.slot)) {
+        for sub in 0..i64::from(slot.subkeys.max(1)) {
+            let storage = (
+                crate::event_item::HASH_KEY,
+                aws_sdk_dynamodb::types::AttributeValue::N((slot.slot + sub).to_string()),
+            );
+            if !crate::dynamo::query_partition(dynamo, table, storage).await?.is_empty() {
+                return Ok(Some(format!(
+                    "slot {} is archived and the table still holds events of it, with no late mark: readers would not see them",
+                    crate::time::format_ms(slot.slot)
+                )));
+            }
+        }
+    }
+    Ok(None)
 }

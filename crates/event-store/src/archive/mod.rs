@@ -1,8 +1,9 @@
 //! The cold tier's format and bookkeeping: complete slots as Parquet objects
 //! in S3 ([`columns`]), chained by a manifest ([`manifest`]) whose entries,
 //! object pointers and boundary live in the event table's bookkeeping
-//! partition ([`store`]). The archiver that writes them is [`crate::archiver`];
-//! below everything that reads or writes the archive.
+//! partition ([`store`]), each followed by readers only once checked
+//! ([`vouch`]). The archiver that writes them is [`crate::archiver`]; below
+//! everything that reads or writes the archive.
 
 pub mod anchor;
 pub mod audit;
@@ -10,6 +11,7 @@ pub mod columns;
 pub mod manifest;
 pub mod object;
 pub mod store;
+pub(crate) mod vouch;
 
 pub const HOUR_MS: i64 = 3_600_000;
 

@@ -56,17 +56,10 @@ pub async fn entries_from(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u
     items.iter().map(decode_entry).collect()
 }
 
-/// The entry `seq`, if it exists.
+/// The entry `seq`, if it exists (a `Query`, which every reader of the log may send).
 pub(crate) async fn entry(dynamo: &aws_sdk_dynamodb::Client, table: &str, seq: u64) -> Result<Option<Entry>> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(entry_key(seq))))
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    out.item().map(decode_entry).transpose()
+    let (items, _) = query_range(dynamo, table, entry_key(seq), entry_key(seq)).await?;
+    items.first().map(decode_entry).transpose()
 }
 
 fn decode_entry(item: &HashMap<String, AttributeValue>) -> Result<Entry> {
@@ -132,8 +125,38 @@ pub struct Pointer {
 }
 
 /// The object that holds `slot`, if one does: the last pointer starting at
-/// or before it (one `Query`, newest first, one item).
+/// or before it, if it ends after it (as found: [`crate::archive::vouch`] checks it).
 pub async fn object_at(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Option<Pointer>> {
+    let pointer = nearest(dynamo, table, (OBJECT.to_owned(), format!("{OBJECT}{slot:013}#~")), false).await?;
+    Ok(pointer.filter(|p| p.end > slot))
+}
+
+/// The pointers around `slot`: the last one starting at or before it, and
+/// the first one starting after it (two `Query`s of one item each).
+pub(crate) async fn pointers_around(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    slot: i64,
+) -> Result<(Option<Pointer>, Option<Pointer>)> {
+    let before = nearest(dynamo, table, (OBJECT.to_owned(), format!("{OBJECT}{slot:013}#~")), false);
+    let after = nearest(dynamo, table, (format!("{OBJECT}{:013}#", slot + 1), format!("{OBJECT}~")), true);
+    let (before, after) = tokio::join!(before, after);
+    Ok((before?, after?))
+}
+
+/// Every pointer, in start order (`verify`).
+pub(crate) async fn pointers(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Pointer>> {
+    let (items, _) = query_range(dynamo, table, OBJECT.to_owned(), format!("{OBJECT}~")).await?;
+    items.iter().map(decode_pointer).collect()
+}
+
+/// The first (`forward`) or last pointer whose key lies in `[from, to]`.
+async fn nearest(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (from, to): (String, String),
+    forward: bool,
+) -> Result<Option<Pointer>> {
     let out = dynamo
         .query()
         .table_name(table)
@@ -141,16 +164,15 @@ pub async fn object_at(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64
         .expression_attribute_names("#slot", HASH_KEY)
         .expression_attribute_names("#key", RANGE_KEY)
         .expression_attribute_values(":slot", AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
-        .expression_attribute_values(":from", AttributeValue::S(OBJECT.to_owned()))
-        .expression_attribute_values(":to", AttributeValue::S(format!("{OBJECT}{slot:013}#~")))
-        .scan_index_forward(false)
+        .expression_attribute_values(":from", AttributeValue::S(from))
+        .expression_attribute_values(":to", AttributeValue::S(to))
+        .scan_index_forward(forward)
         .limit(1)
         .consistent_read(true)
         .send()
         .await
         .map_err(|e| Error::dynamo("Query", e))?;
-    let pointer = out.items().first().map(decode_pointer).transpose()?;
-    Ok(pointer.filter(|p| p.end > slot))
+    out.items().first().map(decode_pointer).transpose()
 }
 
 fn decode_pointer(item: &HashMap<String, AttributeValue>) -> Result<Pointer> {

@@ -29,6 +29,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use crate::archive::columns::{self, Row};
 use crate::archive::object::Bucket;
 use crate::archive::store::{self, Pointer};
+use crate::archive::vouch;
 use crate::bookkeeping::late_slots;
 use crate::bookkeeping::slot_index::SlotRef;
 use crate::chunk::decode_item;
@@ -234,8 +235,9 @@ impl Tiers {
 
     /// The archived events of `slot` in `(after, to]`, in log order (with
     /// the late ones the table holds, when the slot is marked). A slot before
-    /// the boundary that no object holds had no events when it was
-    /// archived: whatever the table holds for it came late.
+    /// the boundary that no object holds had no events when it was archived
+    /// (the manifest says so, or this is an error): whatever the table holds
+    /// for it came late.
     pub(crate) async fn events(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
@@ -243,7 +245,7 @@ impl Tiers {
         slot: SlotRef,
         (after, to): (&str, &str),
     ) -> Result<Vec<EventItem>> {
-        let Some(cold) = self.rows_of(dynamo, table, slot.slot).await? else {
+        let Some(cold) = Box::pin(self.rows_of(dynamo, table, slot.slot)).await? else {
             let mut late = late_events(dynamo, table, slot).await?;
             late.retain(|e| e.sort_key.as_str() > after && e.sort_key.as_str() <= to);
             late.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
@@ -281,7 +283,14 @@ impl Tiers {
         let fetch = match self.cached(|p| p.start <= slot && slot < p.end) {
             Some(fetch) => fetch,
             None => {
-                let Some(pointer) = store::object_at(dynamo, table, slot).await? else { return Ok(None) };
+                // Boxed, as the checks below: inline, they would grow every reader's future (and stack).
+                let pointer = match Box::pin(store::pointers_around(dynamo, table, slot)).await? {
+                    (Some(before), _) if before.end > slot => before,
+                    around => {
+                        Box::pin(vouch::empty_slot(dynamo, table, bucket, slot, around)).await?;
+                        return Ok(None);
+                    }
+                };
                 let mut objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
                 objects.retain(|(_, fetched, fetch)| usable(*fetched, fetch));
                 match objects.iter().find(|(p, _, _)| p.object == pointer.object) {
@@ -314,14 +323,22 @@ fn usable(fetched: Instant, fetch: &Fetch<Rows>) -> bool {
     fetched.elapsed() < OBJECT_TTL && !matches!(fetch.peek(), Some(Err(_)))
 }
 
-/// The object's rows, fetched and decoded once, for whoever awaits them
-/// first, and the late markers of its slots.
+/// The object's rows, fetched, checked against the entry its pointer names
+/// ([`vouch`]) and decoded once, for whoever awaits them first, and the late
+/// markers of its slots.
 fn fetch_rows(bucket: Bucket, (dynamo, table): (aws_sdk_dynamodb::Client, String), pointer: &Pointer) -> Fetch<Rows> {
-    let (key, start, end) = (pointer.object.clone(), pointer.start, pointer.end);
+    let pointer = pointer.clone();
     async move {
-        let bytes = bucket.get(&key).await.map_err(Arc::new)?;
-        // Decoding is CPU work: off the runtime's threads.
-        let decoded = tokio::task::spawn_blocking(move || columns::read(bytes));
+        let (key, start, end) = (pointer.object.clone(), pointer.start, pointer.end);
+        let entry = Box::pin(vouch::entry_of(&dynamo, &table, &bucket, &pointer));
+        let (entry, bytes) = tokio::join!(entry, bucket.get(&key));
+        let (entry, bytes) = (entry.map_err(Arc::new)?, bytes.map_err(Arc::new)?);
+        // Hashing and decoding are CPU work: off the runtime's threads.
+        let decoded = tokio::task::spawn_blocking(move || {
+            let rows = columns::read(bytes.clone())?;
+            vouch::check_object(&entry, &bytes, &rows)?;
+            Ok::<_, Error>(rows)
+        });
         let late = late_slots::in_range(&dynamo, &table, start, end);
         let (rows, late) = tokio::join!(decoded, late);
         let rows = rows

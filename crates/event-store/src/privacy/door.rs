@@ -46,17 +46,22 @@ impl Sealer {
 impl Subjects {
     /// The sealer of the subject `id` (hashed here): its current key, made when it has none.
     pub(crate) async fn sealer(&self, id: &str) -> Result<Sealer> {
-        let subject = self.hash(id);
-        let (generation, key) = self.keys.sealing_key(&subject).await?;
-        Ok(Sealer { subject, generation, key })
+        self.sealer_of(self.hash(id)).await
     }
 
-    /// The sealer of `stream`'s data, if the stream is a subject (`STREAM_SUBJECTS`).
+    /// The sealer of `stream`'s data, if the stream is a subject
+    /// (`STREAM_SUBJECTS`): under the stream's own hash, since its name stays
+    /// in the clear beside it ([`crate::crypto::stream_subject_hash`]).
     pub(crate) async fn stream_sealer(&self, stream: &str) -> Result<Option<Sealer>> {
         match self.streams.subject(stream) {
-            Some(id) => self.sealer(id).await.map(Some),
+            Some(name) => self.sealer_of(self.stream_hash(name)).await.map(Some),
             None => Ok(None),
         }
+    }
+
+    async fn sealer_of(&self, subject: String) -> Result<Sealer> {
+        let (generation, key) = self.keys.sealing_key(&subject).await?;
+        Ok(Sealer { subject, generation, key })
     }
 
     /// Fetches (or makes) the subject `id`'s key into the cache, so that sealing finds it there.

@@ -82,7 +82,15 @@ impl TestEnv {
             .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
             .load()
             .await;
-        let counter = RequestCounter::default();
+        let names = Names::for_stack("event-store-test");
+        // Each table's partition key, for the IAM requests the counter records (`dynamodb:LeadingKeys`).
+        let hash_keys = std::collections::HashMap::from([
+            (names.event_table.clone(), event_store::event_item::HASH_KEY.to_owned()),
+            (names.buffer_table.clone(), event_store::buffer_item::HASH_KEY.to_owned()),
+            (names.entity_table.clone(), event_store::bookkeeping::entity_positions::HASH_KEY.to_owned()),
+            (names.key_table.clone(), event_store::privacy::keys::HASH_KEY.to_owned()),
+        ]);
+        let counter = RequestCounter::recording(event_store_emulator::iam::IamRecorder::new(hash_keys));
         let dynamo = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone()).build(),
         );
@@ -92,7 +100,6 @@ impl TestEnv {
                 .interceptor(counter.clone())
                 .build(),
         );
-        let names = Names::for_stack("event-store-test");
         create_tables(&dynamo, &names).await.expect("tables");
         create_streams(&kinesis, &names, shards).await.expect("streams");
         counter.reset();
@@ -250,6 +257,43 @@ pub async fn buffered_events(env: &TestEnv) -> usize {
         .into_iter()
         .map(|item| event_store::buffer_item::BufferItem::from_item(item).unwrap().events().unwrap().len())
         .sum()
+}
+
+/// Every request counted so far, as IAM authorizes it (its action, resource
+/// and condition keys: `event_store_emulator::iam`), is allowed by the
+/// policies template.yaml gives `function` (a logical id), as AWS's policy
+/// logic evaluates them (`tests/iam/simulate.cjs`).
+pub fn assert_allowed_by_the_template(counter: &RequestCounter, function: &str) {
+    // The stack has one bucket, which the tests name their own way (locally it needs no account and region).
+    let bucket = format!("arn:aws:s3:::event-store-test-archive-{}-{}", event_store_emulator::iam::ACCOUNT, REGION);
+    let requests: Vec<_> = counter
+        .iam_requests()
+        .into_iter()
+        .map(|mut r| {
+            if let Some(path) = r.resource.strip_prefix("arn:aws:s3:::") {
+                r.resource = path.split_once('/').map_or(bucket.clone(), |(_, key)| format!("{bucket}/{key}"));
+            }
+            r
+        })
+        .collect();
+    assert!(!requests.is_empty(), "no request recorded");
+    let policies = template_policies(function);
+    let cases: Vec<_> = requests.iter().map(|r| (policies.clone(), r.clone())).collect();
+    let results = event_store_emulator::iam::evaluate(&repo_root(), &cases).expect("the IAM simulator");
+    let refused: Vec<_> = requests.iter().zip(&results).filter(|(_, result)| *result != "Allowed").collect();
+    assert!(refused.is_empty(), "{function}'s role would refuse what its code asks: {refused:#?}");
+}
+
+/// `function`'s policies in template.yaml, resolved for the tests' stack (`event-store-test`).
+pub fn template_policies(function: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(repo_root().join("template.yaml")).expect("template.yaml");
+    let template: serde_yaml::Value = serde_yaml::from_str(&text).expect("template.yaml parses");
+    let stack = event_store_emulator::iam::Stack {
+        service: "event-store".into(),
+        stage: "test".into(),
+        physical: std::collections::HashMap::new(),
+    };
+    event_store_emulator::iam::policies(&template, function, &stack)
 }
 
 /// Every AWS operation counted so far is one the stage declares in its
