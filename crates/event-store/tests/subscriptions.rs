@@ -630,6 +630,10 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
     let mut newer = original.clone();
     newer.insert("encoding".into(), aws_sdk_dynamodb::types::AttributeValue::S("chunk2".into()));
     env.dynamo.put_item().table_name(&env.names.event_table).set_item(Some(newer)).send().await.unwrap();
+    // A subscription of four partitions too: the item's events are unknown, so each of them waits on it.
+    let wide = json!({"action": "create", "name": "wide", "start": format_ms(base), "partitions": 4,
+        "target": {"kinesis": env.names.playback_stream}});
+    manage(&env, &target, wide).await.unwrap();
     let config = runs::subscription_config(&env.names);
     let make = {
         let (env, target) = (&env, &target);
@@ -640,13 +644,17 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
     };
     let answers = run_subscriptions(make, json!({"source": "aws.events"}), deadline_in(Duration::from_secs(300))).await;
     let failed: Vec<String> = answers.iter().filter_map(|a| a.as_ref().err()).map(ToString::to_string).collect();
-    assert!(failed.len() == 1 && failed[0].contains("written by a newer version"), "{answers:?}");
+    assert!(failed.len() == 5 && failed.iter().all(|f| f.contains("written by a newer version")), "{answers:?}");
     let delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
     assert_eq!(delivered[18..], [20, 21, 22, 23, 24], "up to the newer item, nothing past it");
     let table = env.names.event_table.as_str();
     let statuses = event_store::readers::subscriptions::status::statuses(&env.dynamo, table, None, 1000).await.unwrap();
-    let waiting = statuses[0].partitions[0].waiting.clone().unwrap_or_default();
-    assert!(waiting.contains("written by a newer version") && waiting.contains("chunk2"), "{statuses:?}");
+    let partitions: Vec<_> = statuses.iter().flat_map(|s| s.partitions.iter()).collect();
+    assert_eq!(partitions.len(), 5);
+    for partition in partitions {
+        let waiting = partition.waiting.clone().unwrap_or_default();
+        assert!(waiting.contains("written by a newer version") && waiting.contains("chunk2"), "{statuses:?}");
+    }
     // A playback of the window stops there too, and so does a reader that follows the log (tail, the page).
     let (start, end) = (format_ms(base), format_ms(base + 1000));
     let played = runs::run_playback(
@@ -682,7 +690,16 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
     let delivered: Vec<i64> = target.taken().iter().map(|e| e["data"]["n"].as_i64().unwrap()).collect();
     assert_eq!(delivered[18..], (20..30).collect::<Vec<_>>());
     let statuses = event_store::readers::subscriptions::status::statuses(&env.dynamo, table, None, 1000).await.unwrap();
-    assert_eq!(statuses[0].partitions[0].waiting, None);
+    assert!(statuses.iter().flat_map(|s| s.partitions.iter()).all(|p| p.waiting.is_none()), "{statuses:?}");
+    let wide: Vec<i64> = on_stream(&env, &env.names.playback_stream)
+        .await
+        .iter()
+        .filter(|e| e["subscription"] == "wide")
+        .map(|e| e["data"]["n"].as_i64().unwrap())
+        .collect();
+    let mut wide_sorted = wide.clone();
+    wide_sorted.sort();
+    assert_eq!(wide_sorted, (20..30).collect::<Vec<_>>(), "each event once, none skipped: {wide:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -51,7 +51,8 @@ pub(crate) async fn stored(bucket: &Bucket, seq: u64) -> Result<Option<Option<En
 /// chain before it). With no anchor at all the chain's head is trusted as
 /// stored, as it was before anchors.
 pub(crate) async fn backfill(dynamo: &aws_sdk_dynamodb::Client, table: &str, bucket: &Bucket) -> Result<u64> {
-    if stored(bucket, 0).await?.is_some() {
+    // Nothing archived yet, or the first entry anchored (an S3 GET that may find nothing: the role may list).
+    if super::store::head(dynamo, table).await?.is_none() || stored(bucket, 0).await?.is_some() {
         return Ok(0);
     }
     let entries = super::store::entries_from(dynamo, table, 0).await?;

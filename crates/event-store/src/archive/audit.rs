@@ -108,9 +108,20 @@ async fn followed(
     all: &[Entry],
     chosen: &[&Entry],
 ) -> Result<Option<String>> {
-    let (Some(first), Some(last)) = (chosen.first(), chosen.last()) else { return Ok(None) };
+    let boundary = store::boundary(dynamo, table).await?;
+    let (Some(first), Some(last)) = (chosen.first(), chosen.last()) else {
+        // Nothing chosen: a manifest emptied while an anchor or the boundary says something was archived.
+        if all.is_empty() && (boundary.archived_to > 0 || anchor::stored(bucket, 0).await?.is_some()) {
+            return Ok(Some(
+                "the manifest is empty, yet entry 0 is anchored or the boundary has moved: entries removed".into(),
+            ));
+        }
+        return Ok(None);
+    };
     let pointers = store::pointers(dynamo, table).await?;
-    for entry in chosen {
+    // A run that stopped after appending its entry has not written the pointer yet (nor moved the
+    // boundary past it): readers do not look for it until it does, and the next run writes it.
+    for entry in chosen.iter().filter(|e| e.end <= boundary.archived_to) {
         let theirs: Vec<&store::Pointer> = pointers.iter().filter(|p| p.seq == entry.seq).collect();
         let right = |p: &&store::Pointer| {
             p.object == entry.key && (p.start, p.end, p.count) == (entry.start, entry.end, entry.count)
@@ -118,12 +129,12 @@ async fn followed(
         match theirs.as_slice() {
             [] => {
                 return Ok(Some(format!(
-                    "entry {}'s pointer is missing: readers would not find {}",
+                    "entry {}: its pointer is missing, so readers would not find {}",
                     entry.seq, entry.key
                 )))
             }
             [one] if right(one) => {}
-            _ => return Ok(Some(format!("the pointer to entry {} is not what the entry says", entry.seq))),
+            _ => return Ok(Some(format!("entry {}: its pointer is not what the entry says", entry.seq))),
         }
     }
     let head = all.last().map_or(0, |e| e.seq);
@@ -132,18 +143,18 @@ async fn followed(
     {
         return Ok(Some(format!("a pointer to {} names entry {}, which the manifest lacks", stray.object, stray.seq)));
     }
-    let boundary = store::boundary(dynamo, table).await?;
     if last.seq == head {
-        if anchor::stored(bucket, head + 1).await?.is_some() {
+        // Read again before saying so: a run may have appended it since the manifest was read.
+        if anchor::stored(bucket, head + 1).await?.is_some() && store::entry(dynamo, table, head + 1).await?.is_none() {
             return Ok(Some(format!(
-                "entry {} is anchored ({}) but not in the manifest: removed, with what it held",
+                "entry {}: it is anchored ({}) but not in the manifest: removed, with what it held",
                 head + 1,
                 anchor::key(head + 1)
             )));
         }
-        if boundary.archived_to != last.end {
+        if boundary.archived_to > last.end {
             return Ok(Some(format!(
-                "the archive's boundary is at {}, the last entry ends at {} (a run that stopped puts it right; else it was moved)",
+                "the archive's boundary is at {}, past the last entry's end at {}: slots between would read as archived",
                 crate::time::format_ms(boundary.archived_to),
                 crate::time::format_ms(last.end)
             )));

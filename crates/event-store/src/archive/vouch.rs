@@ -30,7 +30,13 @@ pub(crate) async fn entry_of(
     };
     match anchored? {
         Some(Some(anchored)) if anchored == entry => {}
-        None => return Err(broken(format!("entry {}'s anchor {} is missing", entry.seq, anchor::key(entry.seq)))),
+        None => {
+            return Err(broken(format!(
+                "entry {}'s anchor {} is missing (an entry appended before anchors gets its own at the archive function's next run)",
+                entry.seq,
+                anchor::key(entry.seq)
+            )))
+        }
         Some(_) => {
             return Err(broken(format!("entry {} is not what its anchor {} holds", entry.seq, anchor::key(entry.seq))))
         }

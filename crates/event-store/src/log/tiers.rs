@@ -293,7 +293,8 @@ impl Tiers {
                 };
                 let mut objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
                 objects.retain(|(_, fetched, fetch)| usable(*fetched, fetch));
-                match objects.iter().find(|(p, _, _)| p.object == pointer.object) {
+                // The whole pointer: one naming a cached object with other slots is checked afresh.
+                match objects.iter().find(|(p, _, _)| *p == pointer) {
                     Some((_, _, fetch)) => fetch.clone(),
                     None => {
                         let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer);
@@ -358,6 +359,7 @@ async fn late_events(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: SlotR
         for item in query_partition(dynamo, table, storage).await? {
             match decode_item(slot.slot, &item).events {
                 Ok(decoded) => events.extend(decoded),
+                Err(err) if err.is_newer() => return Err(err),
                 Err(err) => return Err(Error::Archive(format!("a late item of archived slot {}: {err}", slot.slot))),
             }
         }

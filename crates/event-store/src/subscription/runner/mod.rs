@@ -224,8 +224,10 @@ impl Runner<'_> {
                 self.summary.unreadable += page.unreadable;
                 // Read whole (a payload fetched from S3, sealed parts opened) only in its partition's runner.
                 let (n, partition) = (self.sub.partitions, self.partition);
-                let (mine, others): (Vec<_>, Vec<_>) =
-                    page.events.into_iter().partition(|e: &EventItem| partition_of(&e.partition_key, n) == partition);
+                let (mine, others): (Vec<_>, Vec<_>) = page
+                    .events
+                    .into_iter()
+                    .partition(|e: &EventItem| e.in_its_place() || partition_of(&e.partition_key, n) == partition);
                 self.summary.other_partitions += others.len();
                 let mut opened = subs.tiers.opened(mine);
                 while let Some((event, readable)) = futures::StreamExt::next(&mut opened).await {

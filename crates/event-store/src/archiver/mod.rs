@@ -27,7 +27,7 @@
 //! alarmed; `status`), and the archiver goes on. An item of a newer version
 //! is no damage: the run stops there with [`Error::Newer`] until upgraded.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::time::{Instant, SystemTime};
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
@@ -37,12 +37,12 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::archive::columns::{self, Row};
-use crate::archive::manifest::{self, Entry, Facts};
+use crate::archive::manifest::{Entry, Facts};
 use crate::archive::object::Bucket;
 use crate::archive::{anchor, object_key, store, HOUR_MS};
 use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
-use crate::bookkeeping::{late_slots, settings, watermark};
+use crate::bookkeeping::{settings, watermark};
 use crate::chunk::decode_item;
 use crate::config::ArchiveConfig;
 use crate::dynamo::{query_partition, write_all, Table};
@@ -54,6 +54,9 @@ use crate::log::tiers::Tiers;
 use crate::log::Window;
 use crate::position::Checkpoint;
 use crate::time::{effective_deadline, now_ms, remaining, slot_of};
+
+mod once;
+use once::off_the_runtime;
 
 /// What one run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -83,6 +86,7 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:BatchWriteItem",
     "s3:PutObject",
     "s3:GetObject",
+    "s3:ListBucket",
     "lambda:InvokeFunction",
 ];
 
@@ -117,12 +121,6 @@ impl Archiver {
             quarantined = summary.quarantined,
             "archive run"
         );
-        if summary.quarantined > 0 {
-            println!(
-                "{}",
-                crate::metrics::quarantined_line(&self.config.metrics_namespace, summary.quarantined, now_ms())
-            );
-        }
         if summary.more && request.continuation < self.config.max_continuations {
             continue_with(invoker, &json!({"continuation": request.continuation + 1})).await?;
         }
@@ -226,9 +224,17 @@ impl Archiver {
     /// Steps 1 to 4 for the slots from `start` up to at most `end`.
     async fn archive_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<(Entry, Vec<Row>)> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        let (slots, _) = read_index(dynamo, table, start, end).await?;
-        let (rows, end) = self.read_rows(slots, start, end, unit).await?;
         let key = object_key(&self.config.prefix, start);
+        // A repeat after a crash may find its first attempt's object: it reads at least up to that
+        // one's last slot (late events since could have moved the size cut before it), so the two compare.
+        let earlier = match self.bucket.get_if_there(&key).await? {
+            Some(bytes) => off_the_runtime(move || Ok(columns::read(bytes).ok())).await?,
+            None => None,
+        };
+        let cut_from =
+            earlier.as_ref().and_then(|rows| rows.last()).map_or(start, |last| slot_of(last.slot, unit) + unit as i64);
+        let (slots, _) = read_index(dynamo, table, start, end).await?;
+        let (rows, end) = self.read_rows(slots, (start, end), unit, cut_from).await?;
         let (facts, rows) = self.put_once(&key, rows).await?;
         let entry = Entry::next(head, key, start, end, &facts);
         if !store::append(dynamo, table, &entry).await? {
@@ -263,8 +269,15 @@ impl Archiver {
     }
 
     /// The events of `slots` in `[start, end)`, in log order, as rows; cut
-    /// at the first slot past the object size. Returns them and where they end.
-    async fn read_rows(&self, slots: Vec<SlotRef>, start: i64, end: i64, unit: u64) -> Result<(Vec<Row>, i64)> {
+    /// at the first slot past the object size, but not before `cut_from`.
+    /// Returns them and where they end.
+    async fn read_rows(
+        &self,
+        slots: Vec<SlotRef>,
+        (start, end): (i64, i64),
+        unit: u64,
+        cut_from: i64,
+    ) -> Result<(Vec<Row>, i64)> {
         let window = Window { start, end };
         let reader = Reader {
             dynamo: &self.dynamo,
@@ -284,7 +297,7 @@ impl Archiver {
             while let Some(page) = rx.recv().await {
                 // Damaged items are not archived: the clear step quarantines them.
                 let page = page?;
-                let past_size = bytes >= self.config.object_bytes;
+                let past_size = bytes >= self.config.object_bytes && page.slot >= cut_from;
                 if past_size && rows.last().is_some_and(|r: &Row| r.slot < page.slot) {
                     cut = page.slot;
                     break;
@@ -304,49 +317,6 @@ impl Archiver {
         };
         let ((), read) = tokio::join!(reader.fetch_pages(slots, Checkpoint::at_slot(start), tx), collect);
         read
-    }
-
-    /// Puts the object made of `rows` once (`If-None-Match: *`: the role may
-    /// not put any other way), reads it back and checks it; returns the
-    /// facts of the object stored and the rows it holds. An object already
-    /// there is a repeat's after a crash: the same bytes are done; an earlier
-    /// attempt's that misses events read since (late ones, written between
-    /// the crash and this repeat) is kept as it is, and those events stay in
-    /// the table with their slots marked late, where readers find them; any
-    /// other object is an error (the errors alarm), and nothing is archived
-    /// past it.
-    async fn put_once(&self, key: &str, rows: Vec<Row>) -> Result<(Facts, Vec<Row>)> {
-        // Encoding and decoding Parquet is CPU work (and deep): off the runtime's threads.
-        let (object, rows) = off_the_runtime(move || columns::write(&rows).map(|object| (object, rows))).await?;
-        let sha256 = manifest::sha256_hex(&object);
-        let written = self.bucket.put_new(key, object, columns::CONTENT_TYPE).await?;
-        let bytes = self.bucket.get(key).await?;
-        let facts = |rows: &[Row]| Facts::of(&bytes, &rows.iter().map(|r| r.sort_key.as_str()).collect::<Vec<_>>());
-        let read_back = bytes.clone();
-        let stored = off_the_runtime(move || Ok(columns::read(read_back))).await?;
-        if written || manifest::sha256_hex(&bytes) == sha256 {
-            return match stored {
-                Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored == rows => Ok((facts(&rows), rows)),
-                _ => Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted"))),
-            };
-        }
-        let stored = match stored {
-            Ok(stored) if in_order_among(&stored, &rows) => stored,
-            _ => {
-                return Err(Error::Archive(format!(
-                    "{key} is already there and is not an object of these slots' events: not replaced, nothing archived past it (event-store verify)"
-                )))
-            }
-        };
-        let kept: HashSet<&str> = stored.iter().map(|r| r.sort_key.as_str()).collect();
-        let late: BTreeSet<i64> = rows.iter().filter(|r| !kept.contains(r.sort_key.as_str())).map(|r| r.slot).collect();
-        warn!(
-            key,
-            missed = rows.len() - stored.len(),
-            "an earlier attempt's object kept; the events it misses stay in the table as late ones"
-        );
-        late_slots::mark(&self.dynamo, &self.config.event_table, &late).await?;
-        Ok((facts(&stored), stored))
     }
 
     /// Deletes the items of the slots in `[start, end)` (each sub-key) whose
@@ -384,8 +354,14 @@ impl Archiver {
             for sub in 0..i64::from(slot.subkeys.max(1)) {
                 let storage = (HASH_KEY, AttributeValue::N((slot.slot + sub).to_string()));
                 for item in query_partition(dynamo, table, storage).await? {
-                    let decoded = decode_item(slot.slot, &item);
-                    match &decoded.events {
+                    // An item whose events' bytes do not decode is as damaged as one that does not decode.
+                    let events = decode_item(slot.slot, &item).events.and_then(|events| {
+                        match events.iter().map(crate::event_item::EventItem::bytes).find_map(Result::err) {
+                            Some(err) => Err(err),
+                            None => Ok(events),
+                        }
+                    });
+                    match &events {
                         Ok(events) if events.iter().all(|e| archived.contains(e.sort_key.as_str())) => {}
                         Err(err) if err.is_unreadable() => {
                             if !Box::pin(self.quarantine(&item, err, deadline)).await? {
@@ -440,50 +416,8 @@ impl Archiver {
             return Err(Error::Archive(format!("{id}: its quarantine copy could not be written")));
         }
         warn!(id, reason = %why, "damaged item quarantined instead of archived");
+        // Counted as it happens: a run that fails later still has it alarmed.
+        println!("{}", crate::metrics::quarantined_line(&self.config.metrics_namespace, 1, now_ms()));
         Ok(true)
-    }
-}
-
-/// `work`'s answer, run on a blocking thread.
-async fn off_the_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| Error::Archive(format!("a blocking task failed: {e}")))?
-}
-
-/// Whether every row of `stored` is one of `rows`, in the same order.
-fn in_order_among(stored: &[Row], rows: &[Row]) -> bool {
-    let mut rows = rows.iter();
-    stored.iter().all(|s| rows.any(|r| r == s))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(n: i64) -> Row {
-        let id = format!("shardId-000000000000:{n}");
-        Row::of(&crate::event_item::EventItem {
-            slot: 1_795_000_000_000,
-            sort_key: crate::event_item::sort_key(1_795_000_000_000 + n, &id),
-            event_id: id,
-            arrival: 1_795_000_000_000 + n,
-            partition_key: "k".into(),
-            data: Some(format!("{{\"n\":{n}}}").into_bytes()),
-            encoding: None,
-            payload: None,
-            expires_at: None,
-            moved_at: None,
-        })
-        .unwrap()
-    }
-
-    #[test]
-    fn an_earlier_object_is_kept_only_when_its_rows_are_among_the_ones_read_now_in_order() {
-        let rows: Vec<Row> = (0..5).map(row).collect();
-        assert!(in_order_among(&rows, &rows));
-        assert!(in_order_among(&[row(0), row(2), row(4)], &rows), "late events missed");
-        assert!(in_order_among(&[], &rows));
-        assert!(!in_order_among(&[row(2), row(0)], &rows), "reordered");
-        assert!(!in_order_among(&[row(0), row(9)], &rows), "an event never read");
-        assert!(!in_order_among(&[row(1), row(1)], &rows), "one event twice");
     }
 }
