@@ -259,6 +259,23 @@ pub async fn buffered_events(env: &TestEnv) -> usize {
         .sum()
 }
 
+/// Runs `test` on a multi-threaded runtime, blocked on from a thread with a
+/// 16 MiB stack (a test thread has 2 MiB), for tests whose unoptimized
+/// futures poll deeper than that.
+pub fn on_a_large_stack<F: std::future::Future<Output = ()> + 'static>(test: fn() -> F) {
+    let thread = std::thread::Builder::new().stack_size(16 << 20).spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_stack_size(16 << 20)
+            .build()
+            .expect("a runtime");
+        runtime.block_on(Box::pin(test()));
+    });
+    if let Err(panic) = thread.expect("a thread").join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// Every request counted so far, as IAM authorizes it (its action, resource
 /// and condition keys: `event_store_emulator::iam`), is allowed by the
 /// policies template.yaml gives `function` (a logical id), as AWS's policy
