@@ -307,10 +307,16 @@ async fn shards(clients: &Clients, resources: &Resources, now: i64) -> Result<Ve
 
 async fn playbacks(dynamo: &aws_sdk_dynamodb::Client, table: &str, unit: u64, now: i64) -> Result<Vec<PlaybackRun>> {
     let prefix = crate::readers::playbacks::KEY_PREFIX;
-    let (items, _) =
-        bookkeeping::query_range(dynamo, table, prefix.to_owned(), format!("{prefix}{}", char::MAX)).await?;
+    // Those not taken since they moved are still where they were (`bookkeeping::moving`).
+    let mut items = std::collections::BTreeMap::new();
+    for family in [bookkeeping::Family::legacy(), bookkeeping::Family::Playbacks] {
+        let range = (prefix.to_owned(), format!("{prefix}{}", char::MAX));
+        for item in bookkeeping::query_in(dynamo, table, family, range).await?.0 {
+            items.insert(item.get(RANGE_KEY).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default(), item);
+        }
+    }
     let mut runs = Vec::new();
-    for item in &items {
+    for item in items.values() {
         let id = item.get(RANGE_KEY).and_then(|v| v.as_s().ok()).and_then(|k| k.strip_prefix(prefix)).unwrap_or("");
         let stored = match Stored::from_item(item) {
             Ok(stored) => stored,

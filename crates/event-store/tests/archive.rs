@@ -13,6 +13,7 @@ use event_store::archive::object::Bucket;
 use event_store::archive::{anchor, audit, columns, manifest, store};
 use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
+use event_store::bookkeeping::Family;
 use event_store::config::ArchiveConfig;
 use event_store::config::PlaybackConfig;
 use event_store::log::copies::RecentIds;
@@ -253,8 +254,12 @@ async fn archive_read_and_verify() {
     store::release_lease(&env.dynamo, table, "another-run").await.unwrap();
     let again = archiver.run(end + 3_600_000, Instant::now() + Duration::from_secs(60)).await.unwrap();
     assert_eq!((again.objects, again.boundary, again.busy), (0, boundary.archived_to, false), "nothing twice");
-    let pointers =
-        event_store::bookkeeping::query_range(&env.dynamo, table, "archive#object#".into(), "archive#object#~".into());
+    let pointers = event_store::bookkeeping::query_in(
+        &env.dynamo,
+        table,
+        Family::Archive,
+        ("archive#object#".into(), "archive#object#~".into()),
+    );
     assert_eq!(pointers.await.unwrap().0.len(), entries.len(), "a pointer per object, for readers");
 
     // A late event (a re-drive days later, say) into an archived slot: the scan marks the slot first,
@@ -391,7 +396,7 @@ print(json.dumps({
     s3.put_object().bucket(BUCKET).key(&head.key).body(forged_object.into()).send().await.unwrap();
     let mut item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> =
         serde_dynamo::to_item(&forged).unwrap();
-    item.extend(event_store::bookkeeping::key(format!("archive#entry#{:012}", head.seq)));
+    item.extend(event_store::bookkeeping::key_in(Family::Archive, format!("archive#entry#{:012}", head.seq)));
     env.dynamo.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
     let chain: Vec<manifest::Entry> = store::entries_from(&env.dynamo, table, head.seq).await.unwrap();
     assert_eq!(chain, std::slice::from_ref(&forged), "the forged head is stored");
@@ -405,7 +410,7 @@ print(json.dumps({
     assert!(refused.to_string().contains("is not what its anchor"), "{refused}");
     let mut item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> =
         serde_dynamo::to_item(head).unwrap();
-    item.extend(event_store::bookkeeping::key(format!("archive#entry#{:012}", head.seq)));
+    item.extend(event_store::bookkeeping::key_in(Family::Archive, format!("archive#entry#{:012}", head.seq)));
     env.dynamo.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
     s3.put_object().bucket(BUCKET).key(&head.key).body(head_object.into()).send().await.unwrap();
     s3.put_object().bucket(BUCKET).key(&victim.key).body(victim_object.into()).send().await.unwrap();
@@ -464,14 +469,18 @@ async fn tamper_with_what_readers_follow(env: &TestEnv, bucket: &Bucket) {
     let last = entries.last().unwrap().clone();
     let whole = audit::verify(&env.dynamo, table, bucket, T0, last.end).await.unwrap();
     assert_eq!(whole.first_break, None);
-    let bookkeeping = |sort_key: String| event_store::bookkeeping::key(sort_key);
+    let bookkeeping = |sort_key: String| event_store::bookkeeping::key_in(Family::Archive, sort_key);
     // A pointer deleted: its range reads as an error, not as 55 events gone.
     let victim = &entries[4];
     let pointer_key = format!("archive#object#{:013}#{:012}", victim.start, victim.seq);
-    let (saved, _) =
-        event_store::bookkeeping::query_range(&env.dynamo, table, pointer_key.clone(), pointer_key.clone())
-            .await
-            .unwrap();
+    let (saved, _) = event_store::bookkeeping::query_in(
+        &env.dynamo,
+        table,
+        Family::Archive,
+        (pointer_key.clone(), pointer_key.clone()),
+    )
+    .await
+    .unwrap();
     env.dynamo.delete_item().table_name(table).set_key(Some(bookkeeping(pointer_key))).send().await.unwrap();
     let refused = try_log(env, Some(bucket.clone()), victim.start, victim.end).await.unwrap_err();
     assert!(refused.to_string().contains("no object holds it"), "{refused}");
@@ -492,7 +501,8 @@ async fn tamper_with_what_readers_follow(env: &TestEnv, bucket: &Bucket) {
     let to = aws_sdk_dynamodb::types::AttributeValue::N(last.end.to_string());
     put_back.expression_attribute_values(":to", to).send().await.unwrap();
     // A late mark deleted: the late event in the archived slot would be passed over.
-    let mark = bookkeeping(format!("late#{:013}", T0 + 360_000));
+    // (The scan marked it, in its own partition.)
+    let mark = event_store::bookkeeping::key(format!("late#{:013}", T0 + 360_000));
     env.dynamo.delete_item().table_name(table).set_key(Some(mark)).send().await.unwrap();
     let broken = audit::verify(&env.dynamo, table, bucket, T0, last.end).await.unwrap().first_break.unwrap();
     assert!(broken.contains("no late mark"), "{broken}");

@@ -1,5 +1,5 @@
-//! The archive's bookkeeping items, in the event table's bookkeeping
-//! partition: the manifest entries (`archive#entry#<seq>`), one time-ordered
+//! The archive's bookkeeping items, in its own partition of the event
+//! table (slot -4; moved from slot -2 by [`adopt`]): the manifest entries (`archive#entry#<seq>`), one time-ordered
 //! pointer per object for readers (`archive#object#<start>#<seq>`), and the
 //! boundary (`archive#boundary`: slots before it are read from S3).
 
@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
 use super::manifest::Entry;
-use crate::bookkeeping::{key, moved_forward, query_range, unless_condition_failed, BOOKKEEPING_SLOT};
+use crate::bookkeeping::{self, moved_forward, moving, query_in, unless_condition_failed, Family};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 
@@ -17,6 +17,22 @@ const ENTRY: &str = "archive#entry#";
 const OBJECT: &str = "archive#object#";
 const BOUNDARY: &str = "archive#boundary";
 const LEASE: &str = "archive#lease";
+
+/// The archive's partition key.
+const SLOT: i64 = Family::Archive.slot();
+
+fn key(sort_key: String) -> HashMap<String, AttributeValue> {
+    bookkeeping::key_in(Family::Archive, sort_key)
+}
+
+async fn query_range(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    from: String,
+    to: String,
+) -> Result<(Vec<HashMap<String, AttributeValue>>, usize)> {
+    query_in(dynamo, table, Family::Archive, (from, to)).await
+}
 
 fn entry_key(seq: u64) -> String {
     format!("{ENTRY}{seq:012}")
@@ -39,7 +55,7 @@ pub(crate) async fn head(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Resu
         .key_condition_expression("#slot = :slot AND begins_with(#key, :prefix)")
         .expression_attribute_names("#slot", HASH_KEY)
         .expression_attribute_names("#key", RANGE_KEY)
-        .expression_attribute_values(":slot", AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
+        .expression_attribute_values(":slot", AttributeValue::N(SLOT.to_string()))
         .expression_attribute_values(":prefix", AttributeValue::S(ENTRY.to_owned()))
         .scan_index_forward(false)
         .limit(1)
@@ -163,7 +179,7 @@ async fn nearest(
         .key_condition_expression("#slot = :slot AND #key BETWEEN :from AND :to")
         .expression_attribute_names("#slot", HASH_KEY)
         .expression_attribute_names("#key", RANGE_KEY)
-        .expression_attribute_values(":slot", AttributeValue::N(BOOKKEEPING_SLOT.to_string()))
+        .expression_attribute_values(":slot", AttributeValue::N(SLOT.to_string()))
         .expression_attribute_values(":from", AttributeValue::S(from))
         .expression_attribute_values(":to", AttributeValue::S(to))
         .scan_index_forward(forward)
@@ -197,19 +213,41 @@ pub struct Boundary {
     pub cleared_to: i64,
 }
 
+/// Where the archive stands. Before the archiver's first run since its
+/// items moved to slot -4, the boundary it left in slot -2: readers then
+/// know which slots are archived (and fail on them, finding no pointer,
+/// rather than read their cleared items as empty) until it moves them.
 pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Boundary> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(BOUNDARY.to_owned())))
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    let number = |name: &str| {
-        out.item().and_then(|i| i.get(name)).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    let item = match bookkeeping::get_in(dynamo, table, Family::Archive, BOUNDARY.to_owned()).await? {
+        Some(item) => Some(item),
+        None => bookkeeping::get_in(dynamo, table, Family::legacy(), BOUNDARY.to_owned()).await?,
     };
-    Ok(Boundary { archived_to: number("archived_to"), cleared_to: number("cleared_to") })
+    let number =
+        |name: &str| item.as_ref().and_then(|i| i.get(name)).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok());
+    Ok(Boundary { archived_to: number("archived_to").unwrap_or(0), cleared_to: number("cleared_to").unwrap_or(0) })
+}
+
+/// Moves the archive's items from slot -2 (see [`moving`]) unless they moved
+/// already: every one but the old lease, the boundary last (so a move cut
+/// short is repeated whole, and readers follow the old boundary until then).
+/// The caller holds the archive's lease; `Ok(Some(until))` while an
+/// archiver of the version before holds the old one.
+pub(crate) async fn adopt(dynamo: &aws_sdk_dynamodb::Client, table: &str, now: i64) -> Result<Option<i64>> {
+    if bookkeeping::get_in(dynamo, table, Family::Archive, BOUNDARY.to_owned()).await?.is_some() {
+        return Ok(None);
+    }
+    let old = bookkeeping::get_in(dynamo, table, Family::legacy(), LEASE.to_owned()).await?;
+    if let Some(until) = old.as_ref().and_then(|lease| moving::held_until(lease, now)) {
+        return Ok(Some(until));
+    }
+    let (items, _) = query_in(dynamo, table, Family::legacy(), ("archive#".to_owned(), "archive#~".to_owned())).await?;
+    let (boundary, rest): (Vec<_>, Vec<_>) = items
+        .into_iter()
+        .filter(|item| bookkeeping::sort_key_of(item) != Some(LEASE))
+        .partition(|item| bookkeeping::sort_key_of(item) == Some(BOUNDARY));
+    moving::copy(dynamo, table, Family::Archive, rest).await?;
+    moving::copy(dynamo, table, Family::Archive, boundary).await?;
+    Ok(None)
 }
 
 /// Moves `archived_to` (readers go to S3 below it) forward to `to`, never back.

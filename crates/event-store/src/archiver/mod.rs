@@ -139,7 +139,14 @@ impl Archiver {
             info!("another archiver holds the lease: nothing done");
             return Ok(ArchiveSummary { busy: true, ..ArchiveSummary::default() });
         }
-        let result = self.archive_due(now, deadline).await;
+        let result = match store::adopt(dynamo, table, wall).await {
+            Ok(None) => self.archive_due(now, deadline).await,
+            Ok(Some(until)) => {
+                info!(until, "the previous version's archiver holds its lease: its items move once it lets go");
+                Ok(ArchiveSummary { busy: true, ..ArchiveSummary::default() })
+            }
+            Err(err) => Err(err),
+        };
         if let Err(err) = store::release_lease(dynamo, table, &owner).await {
             // It expires on its own.
             tracing::warn!(error = %err, "archive lease not released");

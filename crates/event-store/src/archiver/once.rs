@@ -53,7 +53,7 @@ impl Archiver {
             missed = rows.len() - stored.len(),
             "an earlier attempt's object kept; the events it misses stay in the table as late ones"
         );
-        late_slots::mark(&self.dynamo, &self.config.event_table, &late).await?;
+        late_slots::mark(&self.dynamo, &self.config.event_table, crate::bookkeeping::Family::Archive, &late).await?;
         Ok((facts(&stored), stored))
     }
 }

@@ -5,13 +5,16 @@
 //! is recent, holding the item's lease, and stops once it is not. At idle
 //! nothing runs but the schedule.
 //!
+//! The want is the writer's item (the pump's family, slot -3), the lease
+//! the run's (the scan's, slot -2): each role writes only its own, and the
+//! run claims the lease itself when it starts.
+//!
 //! No want is lost between the two: the writer records its want *before*
-//! it looks at the lease, and the run gives its lease up and reads the
-//! want in *one* request before it stops. So either the writer sees the
-//! lease still held (and the run, which looks at the want again after,
-//! sees the new want), or the run sees the want when it gives up its lease
-//! (and takes the lease again), or the writer sees the lease free and
-//! starts a run itself. Both are single-item writes, so DynamoDB orders them.
+//! it reads the lease, and the run gives its lease up *before* it reads the
+//! want (all strongly consistent, so each read sees every write that
+//! finished before it). So either the writer sees the lease still held (and
+//! the run, whose read of the want comes after, sees the new want and takes
+//! the lease again), or the writer sees the lease free and starts a run.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,11 +23,11 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValu
 use serde::{Deserialize, Serialize};
 
 use super::lease::{n, s};
-use super::{key, unless_condition_failed};
+use super::{get_in, key_in, unless_condition_failed, Family};
 use crate::error::{Error, Result};
 use crate::invoke::{continue_with, Invoker};
 
-/// The scan's item: the pump wants it, the awake scan holds it.
+/// The scan's items: the pump's want, the awake scan's lease.
 pub const SCAN: &str = "awake#scan";
 
 /// How long a lease lasts past its last renewal: an awake run renews it
@@ -33,8 +36,8 @@ pub const SCAN: &str = "awake#scan";
 pub const LEASE_MS: i64 = 30_000;
 
 /// The payload of an awake run: `{"awake": {"owner": …, "hop": …}}`. The
-/// owner is only a name to hold the stored lease under: a run whose owner
-/// does not hold it does nothing.
+/// owner is only a name to hold the stored lease under: the first hop
+/// claims it, and a run whose owner does not hold it does nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AwakeRun {
@@ -72,22 +75,14 @@ impl Waker {
     }
 
     /// Records a want at `now` and starts an awake run unless one holds the
-    /// lease. True when this call started one.
+    /// lease (the run claims it: of two writers that both saw it free, one
+    /// run goes on and the other stops at once). True when this call started one.
     pub(crate) async fn wake(&self, now: i64) -> Result<bool> {
-        let (dynamo, table, which) = (&self.dynamo, self.table.as_str(), self.which);
-        if want(dynamo, table, which, now).await? {
+        if want(&self.dynamo, self.table.as_str(), self.which, now).await? {
             return Ok(false);
         }
-        let owner = uuid::Uuid::new_v4().simple().to_string();
-        if !claim(dynamo, table, which, &owner, now + LEASE_MS, now).await? {
-            return Ok(false);
-        }
-        let run = AwakeRun { owner, hop: 0 };
-        if let Err(err) = continue_with(self.invoker.as_ref(), &run.payload()).await {
-            // Given back, so the next want starts a run rather than waiting for the lease.
-            let _ = hold(dynamo, table, which, &run.owner, 0).await;
-            return Err(err);
-        }
+        let run = AwakeRun { owner: uuid::Uuid::new_v4().simple().to_string(), hop: 0 };
+        continue_with(self.invoker.as_ref(), &run.payload()).await?;
         Ok(true)
     }
 }
@@ -107,22 +102,22 @@ pub(crate) fn keep_going(wanted_at: Option<i64>, now: i64, linger_ms: i64) -> bo
     wanted_at.is_some_and(|wanted| now - wanted <= linger_ms)
 }
 
-/// Records a want at `now` and answers whether a run holds the lease
-/// (then the want is that run's to see; otherwise the caller should
-/// [`claim`] the lease and start one).
+/// Records a want at `now` (the writer's item) and answers whether a run
+/// holds the lease (then the want is that run's to see; otherwise the
+/// caller should start one).
 pub async fn want(dynamo: &aws_sdk_dynamodb::Client, table: &str, which: &str, now: i64) -> Result<bool> {
-    let out = dynamo
+    dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(which.to_owned())))
+        .set_key(Some(key_in(Family::Pump, which.to_owned())))
         .update_expression("SET wanted_at = :now")
         .expression_attribute_values(":now", n(now))
-        .return_values(ReturnValue::AllNew)
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await
         .map_err(|e| Error::dynamo("UpdateItem", e))?;
-    Ok(held(number(out.attributes(), "lease_until"), now))
+    let lease = get_in(dynamo, table, Family::Scan, which.to_owned()).await?;
+    Ok(held(number(lease.as_ref(), "lease_until"), now))
 }
 
 /// Takes the lease for `owner` until `until`, if no run holds it at `now`
@@ -138,7 +133,7 @@ pub async fn claim(
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(which.to_owned())))
+        .set_key(Some(key_in(Family::Scan, which.to_owned())))
         .update_expression("SET lease_owner = :me, lease_until = :until")
         .condition_expression("attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :me")
         .expression_attribute_values(":me", s(owner))
@@ -159,8 +154,9 @@ pub enum Held {
     Lost,
 }
 
-/// Extends `owner`'s lease to `until` (0: gives it up) and reads the last
-/// want in the same request.
+/// Extends `owner`'s lease to `until` (0: gives it up), then reads the
+/// last want (the writer's item; or, from a writer of the version before
+/// wants had an item of their own, the lease's item).
 pub async fn hold(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -171,7 +167,7 @@ pub async fn hold(
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(which.to_owned())))
+        .set_key(Some(key_in(Family::Scan, which.to_owned())))
         .update_expression("SET lease_until = :until")
         .condition_expression("lease_owner = :me")
         .expression_attribute_values(":me", s(owner))
@@ -180,10 +176,10 @@ pub async fn hold(
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await;
-    Ok(match unless_condition_failed(result)? {
-        Some(out) => Held::Mine { wanted_at: number(out.attributes(), "wanted_at") },
-        None => Held::Lost,
-    })
+    let Some(out) = unless_condition_failed(result)? else { return Ok(Held::Lost) };
+    let wanted = get_in(dynamo, table, Family::Pump, which.to_owned()).await?;
+    let wanted_at = number(wanted.as_ref(), "wanted_at").max(number(out.attributes(), "wanted_at"));
+    Ok(Held::Mine { wanted_at })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Settings the stored data depends on, recorded at first use: a slot size
 //! (`TIME_UNIT`) different from the one the table's slots were written with
 //! would make readers skip parts of old slots and the scan file a
-//! redelivered record under a second key, so it is refused.
+//! redelivered record under a second key, so it is refused. The scan's
+//! item: the scan records it, readers check theirs against it.
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
 
@@ -27,6 +28,16 @@ pub(crate) async fn ensure_time_unit(dynamo: &aws_sdk_dynamodb::Client, table: &
         .map_err(|e| Error::dynamo("UpdateItem", e))?;
     let recorded = out.attributes().and_then(|item| item.get(TIME_UNIT)).and_then(|v| v.as_n().ok());
     check(unit_ms, recorded.map(String::as_str), table)
+}
+
+/// Fails with a clear error if the table's slots were written with another
+/// slot size than `unit_ms` (a reader's check: nothing recorded yet means
+/// nothing is sealed yet, so nothing can be misread). One `GetItem`.
+pub(crate) async fn check_time_unit(dynamo: &aws_sdk_dynamodb::Client, table: &str, unit_ms: u64) -> Result<()> {
+    match time_unit(dynamo, table).await? {
+        Some(recorded) => check(unit_ms, Some(&recorded.to_string()), table),
+        None => Ok(()),
+    }
 }
 
 /// The table's recorded slot size, if any is recorded yet.

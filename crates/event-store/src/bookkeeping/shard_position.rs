@@ -4,12 +4,18 @@
 //! buffer writes, forward only; read by the pump (to continue the arrival
 //! order across batches and to skip redelivered records) and by the scan,
 //! which asks Kinesis what lies after it (`docs/design.md#4-completeness-the-watermark`).
+//!
+//! The pump's family (slot -3). A stack upgraded from when every family
+//! shared slot -2 has its positions there until the pump next writes each
+//! shard: a shard's position is the further of the two, so nothing moves
+//! (the event source hands a shard's batches to one pump at a time, so the
+//! old position is never further on than a new one).
 
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
-use super::{key, moved_forward, query_range, sort_key_of};
+use super::{get_in, key_in, moved_forward, query_in, sort_key_of, Family};
 use crate::error::{Error, Result};
 use crate::event_item::sortable_sequence;
 
@@ -30,6 +36,14 @@ impl ShardPosition {
     /// True when `sequence` is at or before this position (already buffered).
     pub(crate) fn covers(&self, sequence: &str) -> bool {
         sortable_sequence(sequence) <= sortable_sequence(&self.sequence)
+    }
+
+    /// The further of two positions of one shard.
+    fn further(self, other: Option<Self>) -> Self {
+        match other {
+            Some(other) if sortable_sequence(&other.sequence) > sortable_sequence(&self.sequence) => other,
+            _ => self,
+        }
     }
 
     fn from_item(item: &HashMap<String, AttributeValue>) -> Option<Self> {
@@ -64,22 +78,26 @@ pub(crate) async fn read(
     table: &str,
     shard_id: &str,
 ) -> Result<Option<ShardPosition>> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(position_key(shard_id))))
-        .consistent_read(true)
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    Ok(out.item().and_then(ShardPosition::from_item))
+    // Once the pump has written a shard's position here, it is the further one.
+    if let Some(item) = get_in(dynamo, table, Family::Pump, position_key(shard_id)).await? {
+        return Ok(ShardPosition::from_item(&item));
+    }
+    let legacy = get_in(dynamo, table, Family::legacy(), position_key(shard_id)).await?;
+    Ok(legacy.as_ref().and_then(ShardPosition::from_item))
 }
 
 /// Every shard's position, by shard id.
 pub(crate) async fn read_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<HashMap<String, ShardPosition>> {
-    let (items, _) = query_range(dynamo, table, PREFIX.to_owned(), format!("{PREFIX}~")).await?;
-    Ok(items.iter().filter_map(ShardPosition::from_item).map(|p| (p.shard_id.clone(), p)).collect())
+    let range = || (PREFIX.to_owned(), format!("{PREFIX}~"));
+    let mut positions: HashMap<String, ShardPosition> = HashMap::new();
+    for family in [Family::legacy(), Family::Pump] {
+        let (items, _) = query_in(dynamo, table, family, range()).await?;
+        for position in items.iter().filter_map(ShardPosition::from_item) {
+            let known = positions.remove(&position.shard_id);
+            positions.insert(position.shard_id.clone(), position.further(known));
+        }
+    }
+    Ok(positions)
 }
 
 /// Moves a shard's position forward to `position` (never backward: a
@@ -93,7 +111,7 @@ pub(crate) async fn advance(
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(position_key(&position.shard_id))))
+        .set_key(Some(key_in(Family::Pump, position_key(&position.shard_id))))
         .update_expression("SET #seq = :seq, sequence_key = :key, arrival = :arrival, updated_at = :now")
         .condition_expression("attribute_not_exists(sequence_key) OR sequence_key < :key")
         .expression_attribute_names("#seq", "sequence")
@@ -128,7 +146,7 @@ pub(crate) async fn save_floor(
     arrival: i64,
     now_ms: i64,
 ) -> Result<()> {
-    let mut item = key(floor_key(shard_id, sequence));
+    let mut item = key_in(Family::Pump, floor_key(shard_id, sequence));
     item.insert("arrival".into(), AttributeValue::N(arrival.to_string()));
     item.insert("expires_at".into(), AttributeValue::N((now_ms / 1000 + FLOOR_SECONDS).to_string()));
     dynamo
@@ -148,16 +166,11 @@ pub(crate) async fn floor(
     table: &str,
     (shard_id, sequence): (&str, &str),
 ) -> Result<Option<i64>> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(floor_key(shard_id, sequence))))
-        .consistent_read(true)
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    Ok(out.item().and_then(|item| item.get("arrival")?.as_n().ok()?.parse().ok()))
+    let arrival = |item: Option<HashMap<String, AttributeValue>>| item?.get("arrival")?.as_n().ok()?.parse().ok();
+    if let Some(floor) = arrival(get_in(dynamo, table, Family::Pump, floor_key(shard_id, sequence)).await?) {
+        return Ok(Some(floor));
+    }
+    Ok(arrival(get_in(dynamo, table, Family::legacy(), floor_key(shard_id, sequence)).await?))
 }
 
 /// Deletes every shard position, so the pump writes everything it is given
@@ -165,13 +178,15 @@ pub(crate) async fn floor(
 pub async fn forget_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<usize> {
     let positions = read_all(dynamo, table).await?;
     for shard_id in positions.keys() {
-        dynamo
-            .delete_item()
-            .table_name(table)
-            .set_key(Some(key(position_key(shard_id))))
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("DeleteItem", e))?;
+        for family in [Family::Pump, Family::legacy()] {
+            dynamo
+                .delete_item()
+                .table_name(table)
+                .set_key(Some(key_in(family, position_key(shard_id))))
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("DeleteItem", e))?;
+        }
     }
     Ok(positions.len())
 }
@@ -195,8 +210,16 @@ mod tests {
     }
 
     #[test]
+    fn of_two_positions_of_a_shard_the_further_counts() {
+        let at = |sequence: &str| ShardPosition { shard_id: "s".into(), sequence: sequence.into(), arrival: 0 };
+        assert_eq!(at("100").further(Some(at("99"))), at("100"));
+        assert_eq!(at("99").further(Some(at("100"))), at("100"), "numerically, not as text");
+        assert_eq!(at("7").further(None), at("7"));
+    }
+
+    #[test]
     fn positions_read_back_from_their_items() {
-        let mut item = key(position_key("shardId-000000000001"));
+        let mut item = key_in(Family::Pump, position_key("shardId-000000000001"));
         item.insert("sequence".into(), AttributeValue::S("4956".into()));
         item.insert("arrival".into(), AttributeValue::N("1700".into()));
         let p = ShardPosition::from_item(&item).unwrap();

@@ -57,6 +57,8 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:Query",
     "dynamodb:GetItem",
     "dynamodb:UpdateItem",
+    // A playback's item, moved from slot -2 at its first take (`bookkeeping::moving`).
+    "dynamodb:PutItem",
     "kinesis:PutRecords",
     "kinesis:DescribeStreamSummary",
     // Reading back after an ambiguous put failure.
@@ -285,10 +287,10 @@ impl Playback {
         })
     }
 
-    /// Records the slot size at first use; refuses another one (see [`settings`]).
+    /// Refuses a slot size other than the one the scan recorded (see [`settings`]).
     async fn ensure_time_unit(&self) -> Result<()> {
         let (dynamo, table, unit) = (&self.dynamo, &self.config.event_table, self.config.time_unit_ms);
-        self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
+        self.time_unit_checked.get_or_try_init(|| settings::check_time_unit(dynamo, table, unit)).await.map(|_| ())
     }
 
     /// The watermark, after waiting up to `wait_seconds` (and never into the

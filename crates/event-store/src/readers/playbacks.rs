@@ -1,4 +1,6 @@
-//! A playback id's item in the bookkeeping partition (`playback#<id>`):
+//! A playback id's item in the playbacks' bookkeeping partition (slot -5,
+//! `playback#<id>`; moved from slot -2 at its first take, see
+//! [`crate::bookkeeping::moving`]):
 //! - its **binding**: the window and filter of its first run; another
 //!   window or filter under the same id is refused;
 //! - its **lease**: one runner at a time, taken with a conditional write,
@@ -14,7 +16,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValu
 
 pub use crate::bookkeeping::lease::Lease;
 use crate::bookkeeping::lease::{self, n, s, Taken, LEASE_FREE};
-use crate::bookkeeping::{self, unless_condition_failed};
+use crate::bookkeeping::{self, moving, unless_condition_failed, Family};
 use crate::error::{Error, Result};
 use crate::log::Filter;
 use crate::position::Checkpoint;
@@ -23,8 +25,12 @@ use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 /// The sort-key prefix of playback items.
 pub const KEY_PREFIX: &str = "playback#";
 
+fn sort_key(id: &str) -> String {
+    format!("{KEY_PREFIX}{id}")
+}
+
 fn key(id: &str) -> HashMap<String, AttributeValue> {
-    bookkeeping::key(format!("{KEY_PREFIX}{id}"))
+    bookkeeping::key_in(Family::Playbacks, sort_key(id))
 }
 
 /// What a playback id is bound to at its first run: its window and filter.
@@ -63,17 +69,13 @@ impl Stored {
     }
 }
 
+/// The id's item (where it is before its first take since it moved: slot -2).
 pub async fn load(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str) -> Result<Option<Stored>> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(id)))
-        .consistent_read(true)
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    out.item().map(Stored::from_item).transpose()
+    let item = match bookkeeping::get_in(dynamo, table, Family::Playbacks, sort_key(id)).await? {
+        Some(item) => Some(item),
+        None => bookkeeping::get_in(dynamo, table, Family::legacy(), sort_key(id)).await?,
+    };
+    item.as_ref().map(Stored::from_item).transpose()
 }
 
 /// What a runner asks [`take`] for.
@@ -97,6 +99,9 @@ pub struct Claim<'a> {
 /// Unless starting fresh, the stored binding must be the claim's (or
 /// absent: the first run binds the id).
 pub(crate) async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
+    if let Some(until) = moving::adopt(dynamo, table, Family::Playbacks, &sort_key(id), claim.now).await? {
+        return Ok(Taken::Busy(until));
+    }
     let lease_free = LEASE_FREE;
     let same_binding =
         "(attribute_not_exists(window_start) OR (window_start = :ws AND window_end = :we AND #filter = :filter))";

@@ -39,6 +39,12 @@ impl Scan {
         let mut passes = 0u32;
         // The watermark the subscriptions were last told of.
         let mut told = None;
+        // A first hop claims the lease (its waker only wanted it); a continuation holds it already.
+        let now = now_ms();
+        if run.hop == 0 && !awake::claim(dynamo, table, awake::SCAN, &run.owner, now + awake::LEASE_MS, now).await? {
+            info!("another run holds the awake lease: this one stops");
+            return Ok(summary);
+        }
         loop {
             let started = Instant::now();
             let now = now_ms();

@@ -49,6 +49,7 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:BatchWriteItem",
     "dynamodb:UpdateItem",
     "dynamodb:Query",
+    "dynamodb:GetItem",
     "kinesis:ListShards",
     "kinesis:GetShardIterator",
     "kinesis:GetRecords",
@@ -396,7 +397,9 @@ impl Scan {
         let writes = std::mem::take(&mut plan.writes);
         // Late events' slots are marked first, so a reader of an archived slot finds them.
         let late: BTreeSet<i64> = plan.late_slots(sealed).difference(marked).copied().collect();
-        if let Err(err) = late_slots::mark(&self.dynamo, &self.config.event_table, &late).await {
+        if let Err(err) =
+            late_slots::mark(&self.dynamo, &self.config.event_table, crate::bookkeeping::Family::Scan, &late).await
+        {
             warn!(error = %err, slots = late.len(), "late slots not marked: the page stays in the buffer");
             let all: Vec<TableKey> = writes.into_iter().map(|(key, _)| key).collect();
             let settled = plan.settle(&all);

@@ -189,10 +189,10 @@ impl Subscriptions {
         })
     }
 
-    /// Records the slot size at first use; refuses another one (see [`settings`]).
+    /// Refuses a slot size other than the one the scan recorded (see [`settings`]).
     pub(crate) async fn ensure_time_unit(&self) -> Result<()> {
         let (dynamo, table, unit) = (&self.dynamo, &self.config.event_table, self.config.time_unit_ms);
-        self.time_unit_checked.get_or_try_init(|| settings::ensure_time_unit(dynamo, table, unit)).await.map(|_| ())
+        self.time_unit_checked.get_or_try_init(|| settings::check_time_unit(dynamo, table, unit)).await.map(|_| ())
     }
 
     /// The watermark itself (ms): every event that arrived before it is in

@@ -17,18 +17,39 @@ use serde::Serialize;
 
 use crate::batch::Backoff;
 use crate::bookkeeping::lease::{self, n, s, Lease, Taken, LEASE_FREE};
-use crate::bookkeeping::{key, query_range, sort_key_of, unless_condition_failed};
+use crate::bookkeeping::{self, moving, query_in, sort_key_of, unless_condition_failed, Family};
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 use crate::position::Checkpoint;
 use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 
+mod moved;
+mod parked;
 pub mod spec;
 pub mod status;
 
+use moved::{adopt, deleted_key};
+pub(crate) use parked::parked;
+pub use parked::{park, unpark, Parked};
+
 pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
 pub use status::{position_ms, status, statuses, PartitionStatus, SubscriptionStatus};
+
+/// The key of the subscriptions' item with sort key `sort_key` (their own
+/// partition, slot -6; moved from slot -2 by [`adopt`]).
+fn key(sort_key: String) -> HashMap<String, AttributeValue> {
+    bookkeeping::key_in(Family::Subscriptions, sort_key)
+}
+
+async fn query_range(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    from: String,
+    to: String,
+) -> Result<(Vec<HashMap<String, AttributeValue>>, usize)> {
+    query_in(dynamo, table, Family::Subscriptions, (from, to)).await
+}
 
 fn definition_key(name: &str) -> String {
     format!("sub#{name}")
@@ -61,6 +82,10 @@ fn encode(value: &impl Serialize, what: &'static str) -> Result<HashMap<String, 
 /// written, unless it is this very one (the SDK's retry of a put that was
 /// applied and then answered with an error: the same create's random id).
 pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
+    // One of that name still in slot -2 is one of that name already.
+    if let Some(until) = adopt(dynamo, table, &sub.name, crate::time::now_ms()).await? {
+        return Err(Error::LeaseLost(format!("subscription {} is still moving (until {until} ms)", sub.name)));
+    }
     let mut item = encode(sub, "subscription")?;
     item.extend(key(definition_key(&sub.name)));
     let result = dynamo
@@ -85,16 +110,17 @@ pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscr
 }
 
 pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Option<Subscription>> {
-    let out = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(definition_key(name))))
-        .consistent_read(true)
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    out.item().map(|item| decode(item, "subscription")).transpose()
+    if let Some(item) = bookkeeping::get_in(dynamo, table, Family::Subscriptions, definition_key(name)).await? {
+        return decode(&item, "subscription").map(Some);
+    }
+    if let Some(until) = adopt(dynamo, table, name, crate::time::now_ms()).await? {
+        return Err(Error::LeaseLost(format!(
+            "subscription {name} moves to its own partition once the previous version's runners have let \
+             its partitions go (by {until} ms)"
+        )));
+    }
+    let item = bookkeeping::get_in(dynamo, table, Family::Subscriptions, definition_key(name)).await?;
+    item.map(|item| decode(&item, "subscription")).transpose()
 }
 
 /// The subscription, or `BadInput` naming it.
@@ -102,8 +128,18 @@ pub(crate) async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, nam
     get(dynamo, table, name).await?.ok_or_else(|| Error::BadInput(format!("no subscription named {name:?}")))
 }
 
+/// Every subscription, those still in slot -2 moved first (those whose
+/// old runners still hold a partition are left out until they let go).
 pub(crate) async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Subscription>> {
-    let (items, _) = query_range(dynamo, table, definition_key(""), definition_key(LAST)).await?;
+    let range = || (definition_key(""), definition_key(LAST));
+    let (old, _) = query_in(dynamo, table, Family::legacy(), range()).await?;
+    let now = crate::time::now_ms();
+    for name in old.iter().filter_map(|item| sort_key_of(item)?.strip_prefix(&definition_key(""))) {
+        if let Some(until) = adopt(dynamo, table, name, now).await? {
+            tracing::warn!(subscription = name, until, "left out until the previous version's runners let it go");
+        }
+    }
+    let (items, _) = query_in(dynamo, table, Family::Subscriptions, range()).await?;
     items.iter().map(|item| decode(item, "subscription")).collect()
 }
 
@@ -411,65 +447,16 @@ pub(crate) async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: 
     Ok(())
 }
 
-/// An event a subscription's target kept refusing: where it is in the event table, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Parked {
-    /// The subscription's `id` (see [`Subscription::id`]).
-    #[serde(default)]
-    pub sub_id: String,
-    pub partition: u32,
-    /// Stored as `event_slot`: the item's own `slot` is the bookkeeping partition's.
-    #[serde(rename = "event_slot")]
-    pub slot: i64,
-    pub event_sort_key: String,
-    pub event_id: String,
-    pub partition_key: String,
-    /// The partition's delivery sequence number it had (a re-delivery delivers it with the same).
-    #[serde(default)]
-    pub seq: u64,
-    pub error: String,
-    pub parked_at: String,
-}
-
-/// Parks an event (an idempotent put: parking it again overwrites).
-pub async fn park(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, parked: &Parked) -> Result<()> {
-    let mut item = encode(parked, "parked event")?;
-    item.extend(key(parked_key(name, parked.slot, &parked.event_sort_key)));
-    dynamo
-        .put_item()
-        .table_name(table)
-        .set_item(Some(item))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("PutItem", e))?;
-    Ok(())
-}
-
-/// The parked events of `sub`, in log order.
-pub(crate) async fn parked(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<Vec<Parked>> {
-    let prefix = parked_prefix(&sub.name);
-    let (items, _) = query_range(dynamo, table, prefix.clone(), format!("{prefix}{LAST}")).await?;
-    let all: Vec<Parked> = items.iter().map(|item| decode(item, "parked event")).collect::<Result<_>>()?;
-    Ok(all.into_iter().filter(|p| p.sub_id == sub.id).collect())
-}
-
-pub async fn unpark(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, parked: &Parked) -> Result<()> {
-    dynamo
-        .delete_item()
-        .table_name(table)
-        .set_key(Some(key(parked_key(name, parked.slot, &parked.event_sort_key))))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("DeleteItem", e))?;
-    Ok(())
-}
-
 /// Deletes the subscription, its partitions and its parked events (runners
 /// still going stop at their next look at the definition, or lose their lease).
 pub(crate) async fn delete(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
     existing(dynamo, table, name).await?;
+    if bookkeeping::get_in(dynamo, table, Family::legacy(), definition_key(name)).await?.is_some() {
+        // Its old items stay in slot -2 (not this role's to delete): never move them again.
+        let mut word = key(deleted_key(name));
+        word.insert("deleted_at".into(), n(crate::time::now_ms()));
+        moving::copy(dynamo, table, Family::Subscriptions, vec![word]).await?;
+    }
     let mut keys = vec![definition_key(name)];
     for (from, to) in [
         (partition_key(name, 0), partition_key(name, 9_999)),
