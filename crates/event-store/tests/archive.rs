@@ -458,7 +458,28 @@ print(json.dumps({
     );
 
     // Boxed: the test's future would outgrow the test thread's stack.
+    let run_at = end + 4 * 3_600_000;
+    Box::pin(an_upgrade_moves_the_archive(&env, &bucket, &archiver, (end + 3 * 3_600_000, run_at))).await;
     Box::pin(tamper_with_what_readers_follow(&env, &bucket)).await;
+}
+
+/// The stack upgraded from the version that kept every bookkeeping item in slot -2: readers
+/// fail on archived slots (never read them as empty) until the archiver has moved the archive's
+/// items to its own partition, which it does once the old archiver's lease has lapsed.
+async fn an_upgrade_moves_the_archive(env: &TestEnv, bucket: &Bucket, archiver: &Archiver, (to, run_at): (i64, i64)) {
+    let table = env.names.event_table.as_str();
+    let before = log(env, Some(bucket.clone()), T0, to).await;
+    common::as_the_version_before(env, Family::Archive).await;
+    let refused = try_log(env, Some(bucket.clone()), T0, to).await.unwrap_err();
+    println!("before the move, a reader says: {refused}");
+    common::an_old_lease(env, "archive#lease", event_store::time::now_ms() + 60_000).await;
+    let busy = archiver.run(run_at, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert!(busy.busy && store::entries_from(&env.dynamo, table, 0).await.unwrap().is_empty(), "{busy:?}");
+    common::an_old_lease(env, "archive#lease", event_store::time::now_ms() - 1).await;
+    let moved = archiver.run(run_at, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert!(!moved.busy && moved.objects == 0, "{moved:?}");
+    assert_eq!(log(env, Some(bucket.clone()), T0, to).await, before, "read as before the upgrade");
+    assert_eq!(audit::verify(&env.dynamo, table, bucket, T0, to).await.unwrap().first_break, None);
 }
 
 /// What readers follow besides the chain, tampered with as a role that may write the bookkeeping

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::{buffer_through_pump, sample_event, TestEnv};
+use event_store::bookkeeping::Family;
 use event_store::config::{PlaybackConfig, ScanConfig};
 use event_store::log::PlayedEvent;
 use event_store::playback::{Playback, PlaybackSummary, Status};
@@ -674,9 +675,20 @@ async fn a_chain_stopped_at_max_continuations_goes_on_when_the_request_is_sent_a
     let summaries = play(&env, bounded, window(T0, T0 + 3000), no_time).await;
     assert_eq!(summaries.iter().filter(|s| s.status == Status::Stopped).count(), 1, "{summaries:?}");
     assert_eq!(summaries.iter().map(|s| s.events).sum::<usize>(), 4 * 50, "the first run and 3 continuations");
-    let rest = play(&env, config(&env, Some(50)), window(T0, T0 + 3000), no_time).await;
-    assert_eq!(rest.iter().map(|s| s.events).sum::<usize>(), 500, "the rest, from the checkpoint");
+    // Meanwhile the stack is upgraded from the version that kept every bookkeeping item in slot -2,
+    // where a run of that version holds the id's lease for a second and a half more.
+    common::as_the_version_before(&env, Family::Playbacks).await;
+    let id = event_store::playback::run_id(&event_store::log::Window { start: T0, end: T0 + 3000 }, &[]);
+    let old_lease_until = now_ms() + 1_500;
+    common::an_old_lease(&env, &format!("playback#{id}"), old_lease_until).await;
+    let later = || SystemTime::now() + Duration::from_secs(900);
+    let rest = play(&env, config(&env, Some(50)), window(T0, T0 + 3000), later).await;
+    assert!(now_ms() > old_lease_until, "it waited for the old run's lease to lapse");
+    assert_eq!(rest.iter().map(|s| s.events).sum::<usize>(), 500, "the rest, from the checkpoint it moved");
     assert_played_once_in_order(&env, 700).await;
+    let moved = event_store::bookkeeping::key_in(Family::Playbacks, format!("playback#{id}"));
+    let get = env.dynamo.get_item().table_name(&env.names.event_table).set_key(Some(moved));
+    assert!(get.send().await.unwrap().item().is_some(), "in its own partition now");
 }
 
 /// Issue 27, item 14: a run killed mid-window (out of memory, the sandbox

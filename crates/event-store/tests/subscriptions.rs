@@ -258,11 +258,30 @@ async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
     assert_eq!(created["created"]["start_ms"], two_days_ago);
     let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
     assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 600);
+    // The stack is upgraded from the version that kept every bookkeeping item in slot -2, where a
+    // runner of that version still holds partition 1: the subscription waits for it, then moves whole.
+    common::as_the_version_before(&env, Family::Subscriptions).await;
+    common::an_old_lease(&env, "subpart#history#0001", now_ms() + 60_000).await;
     // New events, complete after the next pass, are followed.
     stored_events(&env, 600..700, 7, now_ms() - 2_000, 1_000).await;
+    assert!(
+        tick(&env, &target, runs::subscription_config(&env.names)).await.is_empty(),
+        "not while the old runner may"
+    );
+    let ours = |sort_key: &str| {
+        let key = event_store::bookkeeping::key_in(Family::Subscriptions, sort_key.into());
+        env.dynamo.get_item().table_name(&env.names.event_table).set_key(Some(key)).send()
+    };
+    assert!(ours("sub#history").await.unwrap().item().is_none(), "not moved yet");
+    common::an_old_lease(&env, "subpart#history#0001", now_ms() - 1).await;
     let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
-    assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 100);
+    assert_eq!(runs.iter().map(|r| r.delivered).sum::<usize>(), 100, "from the checkpoints they moved with");
     assert_eq!(assert_all_in_key_order(&target.taken(), 0..700, 7), 0);
+    // Deleted, it stays deleted: its old items in slot -2 are never moved again.
+    manage(&env, &target, json!({"action": "delete", "name": "history"})).await.unwrap();
+    assert!(ours("sub#history").await.unwrap().item().is_none());
+    assert!(tick(&env, &target, runs::subscription_config(&env.names)).await.is_empty());
+    assert!(ours("sub#history").await.unwrap().item().is_none(), "not brought back");
 }
 
 /// A runner follows the complete log while it brings events and ends once none

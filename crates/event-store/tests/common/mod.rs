@@ -262,6 +262,35 @@ pub async fn buffered_events(env: &TestEnv) -> usize {
 /// Runs `test` on a multi-threaded runtime, blocked on from a thread with a
 /// 16 MiB stack (a test thread has 2 MiB), for tests whose unoptimized
 /// futures poll deeper than that.
+/// A stack upgraded from the version before each bookkeeping family had a
+/// partition of its own: `family`'s items where that version kept them
+/// (slot -2, every family's then), none in their own partition yet.
+#[allow(dead_code)]
+pub async fn as_the_version_before(env: &TestEnv, family: event_store::bookkeeping::Family) {
+    let table = env.names.event_table.as_str();
+    let own = AttributeValue::N(family.slot().to_string());
+    for item in env.scan_table(table).await.into_iter().filter(|item| item["slot"] == own) {
+        let mut old = item.clone();
+        old.insert("slot".into(), AttributeValue::N("-2".into()));
+        env.dynamo.put_item().table_name(table).set_item(Some(old)).send().await.expect("put");
+        let key = HashMap::from([("slot".to_owned(), own.clone()), ("sort_key".to_owned(), item["sort_key"].clone())]);
+        env.dynamo.delete_item().table_name(table).set_key(Some(key)).send().await.expect("delete");
+    }
+}
+
+/// Sets the lease of the bookkeeping item `sort_key` in slot -2 to `until` (ms), held by a runner of the version before.
+#[allow(dead_code)]
+pub async fn an_old_lease(env: &TestEnv, sort_key: &str, until: i64) {
+    let key = HashMap::from([
+        ("slot".to_owned(), AttributeValue::N("-2".into())),
+        ("sort_key".to_owned(), AttributeValue::S(sort_key.into())),
+    ]);
+    let update = env.dynamo.update_item().table_name(&env.names.event_table).set_key(Some(key));
+    let update = update.update_expression("SET lease_owner = :old, lease_until = :until");
+    let update = update.expression_attribute_values(":old", AttributeValue::S("a-runner-of-the-version-before".into()));
+    update.expression_attribute_values(":until", AttributeValue::N(until.to_string())).send().await.expect("update");
+}
+
 pub fn on_a_large_stack<F: std::future::Future<Output = ()> + 'static>(test: fn() -> F) {
     let thread = std::thread::Builder::new().stack_size(16 << 20).spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
