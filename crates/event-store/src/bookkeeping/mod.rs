@@ -3,7 +3,7 @@
 //! output is needed. Each family of items has one writing role and a
 //! partition key (a negative `slot`) of its own, so IAM's
 //! `dynamodb:LeadingKeys` (which sees only the partition key) lets each
-//! role write its own family and nothing else (`docs/design.md#16`):
+//! role write its own family and nothing else (`docs/design.md#15`):
 //!
 //! | slot | sort key | module | written by |
 //! |---|---|---|---|

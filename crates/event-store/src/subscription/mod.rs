@@ -169,9 +169,10 @@ impl Subscriptions {
     /// through the tick alias a tick, whatever the payload; otherwise as [`Self::handle`].
     pub async fn handle_invoked(&self, invoked_arn: &str, payload: Value, deadline: SystemTime) -> Result<Answer> {
         if through_tick_alias(invoked_arn) {
-            return Ok(Answer::Ticked(self.tick().await?));
+            return Ok(Answer::Ticked(Box::pin(self.tick()).await?));
         }
-        self.handle(payload, deadline).await
+        // Boxed: each kind of invocation's future is deep, and the compiler lays them out nested.
+        Box::pin(self.handle(payload, deadline)).await
     }
 
     /// One invocation: a tick, a partition run, or a management action (see the module doc).
@@ -179,13 +180,13 @@ impl Subscriptions {
         Ok(if payload.get("action").is_some() {
             let request: Manage =
                 serde_json::from_value(payload).map_err(|e| Error::BadInput(format!("subscription action: {e}")))?;
-            Answer::Managed(self.manage(request).await?)
+            Answer::Managed(Box::pin(self.manage(request)).await?)
         } else if let Some(task) = payload.get("run") {
             let task: PartitionTask =
                 serde_json::from_value(task.clone()).map_err(|e| Error::BadInput(format!("subscription run: {e}")))?;
-            Answer::Ran(self.run_partition(task, deadline).await?)
+            Answer::Ran(Box::pin(self.run_partition(task, deadline)).await?)
         } else {
-            Answer::Ticked(self.tick().await?)
+            Answer::Ticked(Box::pin(self.tick()).await?)
         })
     }
 

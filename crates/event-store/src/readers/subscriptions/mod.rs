@@ -83,7 +83,7 @@ fn encode(value: &impl Serialize, what: &'static str) -> Result<HashMap<String, 
 /// applied and then answered with an error: the same create's random id).
 pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
     // One of that name still in slot -2 is one of that name already.
-    if let Some(until) = adopt(dynamo, table, &sub.name, crate::time::now_ms()).await? {
+    if let Some(until) = Box::pin(adopt(dynamo, table, &sub.name, crate::time::now_ms())).await? {
         return Err(Error::LeaseLost(format!("subscription {} is still moving (until {until} ms)", sub.name)));
     }
     let mut item = encode(sub, "subscription")?;
@@ -113,7 +113,7 @@ pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> 
     if let Some(item) = bookkeeping::get_in(dynamo, table, Family::Subscriptions, definition_key(name)).await? {
         return decode(&item, "subscription").map(Some);
     }
-    if let Some(until) = adopt(dynamo, table, name, crate::time::now_ms()).await? {
+    if let Some(until) = Box::pin(adopt(dynamo, table, name, crate::time::now_ms())).await? {
         return Err(Error::LeaseLost(format!(
             "subscription {name} moves to its own partition once the previous version's runners have let \
              its partitions go (by {until} ms)"
@@ -135,7 +135,7 @@ pub(crate) async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Resu
     let (old, _) = query_in(dynamo, table, Family::legacy(), range()).await?;
     let now = crate::time::now_ms();
     for name in old.iter().filter_map(|item| sort_key_of(item)?.strip_prefix(&definition_key(""))) {
-        if let Some(until) = adopt(dynamo, table, name, now).await? {
+        if let Some(until) = Box::pin(adopt(dynamo, table, name, now)).await? {
             tracing::warn!(subscription = name, until, "left out until the previous version's runners let it go");
         }
     }
