@@ -202,8 +202,10 @@ async fn items_that_cannot_become_events_are_quarantined_with_the_reason_and_the
         request.send().await.unwrap();
     }
 
+    env.counter.reset();
     let summaries = scan_until_idle(&env, config(&env, None), plenty_of_time).await;
     assert_eq!(summaries.iter().map(|s| s.quarantined).sum::<usize>(), 3);
+    common::assert_allowed_by_the_template(&env.counter, "ScanFunction");
     assert!(env.scan_table(&env.names.buffer_table).await.is_empty(), "good items moved, bad ones quarantined");
     let all = env.scan_table(&env.names.event_table).await;
     // Bookkeeping partitions are slots below the quarantine's (-1).

@@ -786,6 +786,7 @@ fn each_role_writes_only_its_own_bookkeeping() {
     };
     let batches = [
         (batch("ScanFunction", &["1795000000000", "-2"]), true),
+        (batch("ScanFunction", &["1795000000000", "-1", "-2"]), true),
         (batch("ScanFunction", &["1795000000000", "-4"]), false),
         (batch("ArchiveFunction", &["1795000000000", "-1", "-4"]), true),
         (batch("ArchiveFunction", &["1795000000000", "-2"]), false),
