@@ -1,7 +1,11 @@
 //! The archive's bookkeeping items, in its own partition of the event
-//! table (slot -4; moved from slot -2 by [`adopt`]): the manifest entries (`archive#entry#<seq>`), one time-ordered
-//! pointer per object for readers (`archive#object#<start>#<seq>`), and the
-//! boundary (`archive#boundary`: slots before it are read from S3).
+//! table (slot -4): the manifest entries (`archive#entry#<seq>`), one
+//! time-ordered pointer per object for readers (`archive#object#<start>#<seq>`),
+//! and the boundary (`archive#boundary`: slots before it are read from S3).
+//!
+//! A stack upgraded from when they were in slot -2 has them there until the
+//! archiver's next run moves them ([`adopt`]; never, if archiving was turned
+//! off since): until then they are read there ([`read_from`]).
 
 use std::collections::HashMap;
 
@@ -18,11 +22,31 @@ const OBJECT: &str = "archive#object#";
 const BOUNDARY: &str = "archive#boundary";
 const LEASE: &str = "archive#lease";
 
-/// The archive's partition key.
-const SLOT: i64 = Family::Archive.slot();
-
 fn key(sort_key: String) -> HashMap<String, AttributeValue> {
     bookkeeping::key_in(Family::Archive, sort_key)
+}
+
+/// Where the archive's items are read: the archive's partition, unless only
+/// slot -2 has a boundary (an upgraded stack whose archive has not moved;
+/// the move copies the boundary last, so either place is whole).
+async fn read_from(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Family> {
+    Ok(match boundary_item(dynamo, table).await? {
+        Some((family, _)) => family,
+        None => Family::Archive,
+    })
+}
+
+/// The boundary item, and which partition it is in (see [`read_from`]).
+async fn boundary_item(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<Option<(Family, HashMap<String, AttributeValue>)>> {
+    for family in [Family::Archive, Family::legacy()] {
+        if let Some(item) = bookkeeping::get_in(dynamo, table, family, BOUNDARY.to_owned()).await? {
+            return Ok(Some((family, item)));
+        }
+    }
+    Ok(None)
 }
 
 async fn query_range(
@@ -31,7 +55,7 @@ async fn query_range(
     from: String,
     to: String,
 ) -> Result<(Vec<HashMap<String, AttributeValue>>, usize)> {
-    query_in(dynamo, table, Family::Archive, (from, to)).await
+    query_in(dynamo, table, read_from(dynamo, table).await?, (from, to)).await
 }
 
 fn entry_key(seq: u64) -> String {
@@ -49,13 +73,14 @@ fn with_key(sort_key: String, mut item: HashMap<String, AttributeValue>) -> Hash
 
 /// The last manifest entry, if any.
 pub(crate) async fn head(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Option<Entry>> {
+    let family = read_from(dynamo, table).await?;
     let out = dynamo
         .query()
         .table_name(table)
         .key_condition_expression("#slot = :slot AND begins_with(#key, :prefix)")
         .expression_attribute_names("#slot", HASH_KEY)
         .expression_attribute_names("#key", RANGE_KEY)
-        .expression_attribute_values(":slot", AttributeValue::N(SLOT.to_string()))
+        .expression_attribute_values(":slot", AttributeValue::N(family.slot().to_string()))
         .expression_attribute_values(":prefix", AttributeValue::S(ENTRY.to_owned()))
         .scan_index_forward(false)
         .limit(1)
@@ -143,7 +168,8 @@ pub struct Pointer {
 /// The object that holds `slot`, if one does: the last pointer starting at
 /// or before it, if it ends after it (as found: [`crate::archive::vouch`] checks it).
 pub async fn object_at(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Option<Pointer>> {
-    let pointer = nearest(dynamo, table, (OBJECT.to_owned(), format!("{OBJECT}{slot:013}#~")), false).await?;
+    let family = read_from(dynamo, table).await?;
+    let pointer = nearest(dynamo, table, family, (OBJECT.to_owned(), format!("{OBJECT}{slot:013}#~")), false).await?;
     Ok(pointer.filter(|p| p.end > slot))
 }
 
@@ -154,8 +180,9 @@ pub(crate) async fn pointers_around(
     table: &str,
     slot: i64,
 ) -> Result<(Option<Pointer>, Option<Pointer>)> {
-    let before = nearest(dynamo, table, (OBJECT.to_owned(), format!("{OBJECT}{slot:013}#~")), false);
-    let after = nearest(dynamo, table, (format!("{OBJECT}{:013}#", slot + 1), format!("{OBJECT}~")), true);
+    let family = read_from(dynamo, table).await?;
+    let before = nearest(dynamo, table, family, (OBJECT.to_owned(), format!("{OBJECT}{slot:013}#~")), false);
+    let after = nearest(dynamo, table, family, (format!("{OBJECT}{:013}#", slot + 1), format!("{OBJECT}~")), true);
     let (before, after) = tokio::join!(before, after);
     Ok((before?, after?))
 }
@@ -170,6 +197,7 @@ pub(crate) async fn pointers(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> 
 async fn nearest(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
+    family: Family,
     (from, to): (String, String),
     forward: bool,
 ) -> Result<Option<Pointer>> {
@@ -179,7 +207,7 @@ async fn nearest(
         .key_condition_expression("#slot = :slot AND #key BETWEEN :from AND :to")
         .expression_attribute_names("#slot", HASH_KEY)
         .expression_attribute_names("#key", RANGE_KEY)
-        .expression_attribute_values(":slot", AttributeValue::N(SLOT.to_string()))
+        .expression_attribute_values(":slot", AttributeValue::N(family.slot().to_string()))
         .expression_attribute_values(":from", AttributeValue::S(from))
         .expression_attribute_values(":to", AttributeValue::S(to))
         .scan_index_forward(forward)
@@ -213,15 +241,10 @@ pub struct Boundary {
     pub cleared_to: i64,
 }
 
-/// Where the archive stands. Before the archiver's first run since its
-/// items moved to slot -4, the boundary it left in slot -2: readers then
-/// know which slots are archived (and fail on them, finding no pointer,
-/// rather than read their cleared items as empty) until it moves them.
+/// Where the archive stands (read where [`read_from`] says: an upgraded
+/// stack's readers know which slots are archived before the archive moved).
 pub async fn boundary(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Boundary> {
-    let item = match bookkeeping::get_in(dynamo, table, Family::Archive, BOUNDARY.to_owned()).await? {
-        Some(item) => Some(item),
-        None => bookkeeping::get_in(dynamo, table, Family::legacy(), BOUNDARY.to_owned()).await?,
-    };
+    let item = boundary_item(dynamo, table).await?.map(|(_, item)| item);
     let number =
         |name: &str| item.as_ref().and_then(|i| i.get(name)).and_then(|v| v.as_n().ok()).and_then(|n| n.parse().ok());
     Ok(Boundary { archived_to: number("archived_to").unwrap_or(0), cleared_to: number("cleared_to").unwrap_or(0) })
