@@ -770,9 +770,9 @@ fn each_role_writes_only_its_own_bookkeeping() {
     for (function, own) in owners {
         for (_, family) in owners {
             let keys = vec![family.slot().to_string()];
-            for action in ["dynamodb:UpdateItem", "dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"]
-            {
-                let request = IamRequest::new(action, table.clone()).with("dynamodb:LeadingKeys", keys.clone());
+            let actions = ["UpdateItem", "PutItem", "DeleteItem", "BatchWriteItem", "ConditionCheckItem"];
+            for action in actions.map(|a| format!("dynamodb:{a}")) {
+                let request = IamRequest::new(&action, table.clone()).with("dynamodb:LeadingKeys", keys.clone());
                 cases.push((iam::policies(&template, function, &stack), request));
                 expected.push((function, action, family, family == own));
             }
@@ -821,6 +821,7 @@ fn each_role_writes_only_its_own_bookkeeping() {
         "SubscriptionsFunction dynamodb:PutItem",
         "SubscriptionsFunction dynamodb:DeleteItem",
         "SubscriptionsFunction dynamodb:BatchWriteItem",
+        "SubscriptionsFunction dynamodb:ConditionCheckItem",
     ];
     assert_eq!(owned, sent, "each writes its own with the requests it sends");
     let (cases, wanted): (Vec<_>, Vec<bool>) = batches.into_iter().unzip();

@@ -75,10 +75,15 @@ impl Waker {
     }
 
     /// Records a want at `now` and starts an awake run unless one holds the
-    /// lease (the run claims it: of two writers that both saw it free, one
-    /// run goes on and the other stops at once). True when this call started one.
+    /// lease, or a writer started one moments ago (it reads this want when it
+    /// claims the lease; of two started at once, one goes on and the other
+    /// stops at once). True when this call started one.
     pub(crate) async fn wake(&self, now: i64) -> Result<bool> {
-        if want(&self.dynamo, self.table.as_str(), self.which, now).await? {
+        let (dynamo, table, which) = (&self.dynamo, self.table.as_str(), self.which);
+        let lease = wanted(dynamo, table, which, now).await?;
+        if held(number(lease.as_ref(), "lease_until"), now)
+            || !starting(dynamo, table, which, now, number(lease.as_ref(), "claimed_at")).await?
+        {
             return Ok(false);
         }
         let run = AwakeRun { owner: uuid::Uuid::new_v4().simple().to_string(), hop: 0 };
@@ -106,6 +111,17 @@ pub(crate) fn keep_going(wanted_at: Option<i64>, now: i64, linger_ms: i64) -> bo
 /// holds the lease (then the want is that run's to see; otherwise the
 /// caller should start one).
 pub async fn want(dynamo: &aws_sdk_dynamodb::Client, table: &str, which: &str, now: i64) -> Result<bool> {
+    let lease = wanted(dynamo, table, which, now).await?;
+    Ok(held(number(lease.as_ref(), "lease_until"), now))
+}
+
+/// [`want`], answering with the lease's item as read after the want.
+async fn wanted(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    which: &str,
+    now: i64,
+) -> Result<Option<HashMap<String, AttributeValue>>> {
     dynamo
         .update_item()
         .table_name(table)
@@ -116,8 +132,37 @@ pub async fn want(dynamo: &aws_sdk_dynamodb::Client, table: &str, which: &str, n
         .send()
         .await
         .map_err(|e| Error::dynamo("UpdateItem", e))?;
-    let lease = get_in(dynamo, table, Family::Scan, which.to_owned()).await?;
-    Ok(held(number(lease.as_ref(), "lease_until"), now))
+    get_in(dynamo, table, Family::Scan, which.to_owned()).await
+}
+
+/// How long after a writer started a run that has not claimed the lease yet
+/// no other writer starts one: about as long as an asynchronous invocation
+/// takes to start (the run reads every want written before its claim).
+pub const STARTING_MS: i64 = 2_000;
+
+/// Records, in the writer's item, that a run is being started at `now`,
+/// unless one was within [`STARTING_MS`] and has not claimed the lease since
+/// (`claimed_at`, as the caller read it): true when the caller should start it.
+async fn starting(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    which: &str,
+    now: i64,
+    claimed_at: Option<i64>,
+) -> Result<bool> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key_in(Family::Pump, which.to_owned())))
+        .update_expression("SET started_at = :now")
+        .condition_expression("attribute_not_exists(started_at) OR started_at <= :recent OR started_at <= :claimed")
+        .expression_attribute_values(":now", n(now))
+        .expression_attribute_values(":recent", n(now - STARTING_MS))
+        .expression_attribute_values(":claimed", n(claimed_at.unwrap_or(i64::MIN)))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    Ok(unless_condition_failed(result)?.is_some())
 }
 
 /// Takes the lease for `owner` until `until`, if no run holds it at `now`
@@ -134,7 +179,8 @@ pub async fn claim(
         .update_item()
         .table_name(table)
         .set_key(Some(key_in(Family::Scan, which.to_owned())))
-        .update_expression("SET lease_owner = :me, lease_until = :until")
+        // `claimed_at`: writers start another run once the one they started has claimed (see `starting`).
+        .update_expression("SET lease_owner = :me, lease_until = :until, claimed_at = :now")
         .condition_expression("attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :me")
         .expression_attribute_values(":me", s(owner))
         .expression_attribute_values(":until", n(until))

@@ -66,22 +66,35 @@ pub(crate) async fn copy(
 /// Moves one leased item (a playback's, a subscription partition's) to
 /// `family` at its first use there: `Ok(None)` when `family` has it now (or
 /// there was none to move), `Ok(Some(until))` while a runner of the version
-/// before holds the old one (the caller is busy until then).
+/// before holds the old one (the caller is busy until then), unless that
+/// runner handed it to the caller (`handed`: a continuation it started).
 pub(crate) async fn adopt(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    family: Family,
-    sort_key: &str,
+    (family, sort_key): (Family, &str),
     now: i64,
+    handed: Option<&str>,
 ) -> Result<Option<i64>> {
     if get_in(dynamo, table, family, sort_key.to_owned()).await?.is_some() {
         return Ok(None);
     }
     let Some(old) = get_in(dynamo, table, Family::legacy(), sort_key.to_owned()).await? else { return Ok(None) };
-    if let Some(until) = held_until(&old, now) {
+    let handed_to_caller = handed.is_some() && lease_of(&old).map(|lease| lease.owner).as_deref() == handed;
+    if let Some(until) = held_until(&old, now).filter(|_| !handed_to_caller) {
         return Ok(Some(until));
     }
-    // Only if still absent: a runner of this version may have taken it meanwhile.
+    put_absent(dynamo, table, family, old).await?;
+    Ok(None)
+}
+
+/// Puts the old `item` into `family`'s partition unless an item is there
+/// under its key already (one written since is newer than the old one).
+pub(crate) async fn put_absent(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    family: Family,
+    old: HashMap<String, AttributeValue>,
+) -> Result<()> {
     let put = dynamo
         .put_item()
         .table_name(table)
@@ -92,8 +105,8 @@ pub(crate) async fn adopt(
         .send()
         .await;
     match put {
-        Ok(_) => Ok(None),
-        Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => Ok(None),
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => Ok(()),
         Err(e) => Err(Error::dynamo("PutItem", e)),
     }
 }

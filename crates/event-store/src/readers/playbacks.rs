@@ -99,7 +99,8 @@ pub struct Claim<'a> {
 /// Unless starting fresh, the stored binding must be the claim's (or
 /// absent: the first run binds the id).
 pub(crate) async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
-    if let Some(until) = moving::adopt(dynamo, table, Family::Playbacks, &sort_key(id), claim.now).await? {
+    let moved = (Family::Playbacks, sort_key(id));
+    if let Some(until) = moving::adopt(dynamo, table, (moved.0, &moved.1), claim.now, claim.previous).await? {
         return Ok(Taken::Busy(until));
     }
     let lease_free = LEASE_FREE;

@@ -60,6 +60,8 @@ pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:UpdateItem",
     "dynamodb:DeleteItem",
     "dynamodb:BatchWriteItem",
+    // An upgraded stack's subscription moved only if no delete left word since (a transaction's check).
+    "dynamodb:ConditionCheckItem",
     // Kinesis targets: put, check at create, read back after an ambiguous failure.
     "kinesis:PutRecords",
     "kinesis:DescribeStreamSummary",
@@ -221,6 +223,8 @@ impl Subscriptions {
     /// lease free or expired) and is not stopped.
     pub(crate) async fn tick(&self) -> Result<TickSummary> {
         self.ensure_time_unit().await?;
+        // An upgraded stack's subscriptions, still in slot -2, move (their partitions at their runners' takes).
+        crate::readers::subscriptions::move_all(&self.dynamo, &self.config.event_table).await?;
         let (complete_end, subscriptions) = self.statuses().await?;
         let mut started = 0;
         for sub in subscriptions.iter().filter(|s| s.subscription.state == State::Active) {

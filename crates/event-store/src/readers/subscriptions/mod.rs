@@ -29,7 +29,7 @@ mod parked;
 pub mod spec;
 pub mod status;
 
-use moved::{adopt, deleted_key};
+use moved::{adopt, deleted_key, unmoved};
 pub(crate) use parked::parked;
 pub use parked::{park, unpark, Parked};
 
@@ -83,9 +83,7 @@ fn encode(value: &impl Serialize, what: &'static str) -> Result<HashMap<String, 
 /// applied and then answered with an error: the same create's random id).
 pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
     // One of that name still in slot -2 is one of that name already.
-    if let Some(until) = Box::pin(adopt(dynamo, table, &sub.name, crate::time::now_ms())).await? {
-        return Err(Error::LeaseLost(format!("subscription {} is still moving (until {until} ms)", sub.name)));
-    }
+    Box::pin(adopt(dynamo, table, &sub.name)).await?;
     let mut item = encode(sub, "subscription")?;
     item.extend(key(definition_key(&sub.name)));
     let result = dynamo
@@ -113,12 +111,7 @@ pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> 
     if let Some(item) = bookkeeping::get_in(dynamo, table, Family::Subscriptions, definition_key(name)).await? {
         return decode(&item, "subscription").map(Some);
     }
-    if let Some(until) = Box::pin(adopt(dynamo, table, name, crate::time::now_ms())).await? {
-        return Err(Error::LeaseLost(format!(
-            "subscription {name} moves to its own partition once the previous version's runners have let \
-             its partitions go (by {until} ms)"
-        )));
-    }
+    Box::pin(adopt(dynamo, table, name)).await?;
     let item = bookkeeping::get_in(dynamo, table, Family::Subscriptions, definition_key(name)).await?;
     item.map(|item| decode(&item, "subscription")).transpose()
 }
@@ -128,19 +121,26 @@ pub(crate) async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, nam
     get(dynamo, table, name).await?.ok_or_else(|| Error::BadInput(format!("no subscription named {name:?}")))
 }
 
-/// Every subscription, those still in slot -2 moved first (those whose
-/// old runners still hold a partition are left out until they let go).
+/// Every subscription, with those an upgraded stack still has only in
+/// slot -2 (read there, not moved: see [`move_all`]).
 pub(crate) async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Subscription>> {
-    let range = || (definition_key(""), definition_key(LAST));
-    let (old, _) = query_in(dynamo, table, Family::legacy(), range()).await?;
-    let now = crate::time::now_ms();
-    for name in old.iter().filter_map(|item| sort_key_of(item)?.strip_prefix(&definition_key(""))) {
-        if let Some(until) = Box::pin(adopt(dynamo, table, name, now)).await? {
-            tracing::warn!(subscription = name, until, "left out until the previous version's runners let it go");
+    let (items, _) = query_range(dynamo, table, definition_key(""), definition_key(LAST)).await?;
+    let mut subs: Vec<Subscription> = items.iter().map(|item| decode(item, "subscription")).collect::<Result<_>>()?;
+    for name in unmoved(dynamo, table).await? {
+        if let Some(item) = bookkeeping::get_in(dynamo, table, Family::legacy(), definition_key(&name)).await? {
+            subs.push(decode(&item, "subscription")?);
         }
     }
-    let (items, _) = query_in(dynamo, table, Family::Subscriptions, range()).await?;
-    items.iter().map(|item| decode(item, "subscription")).collect()
+    Ok(subs)
+}
+
+/// Moves every subscription an upgraded stack still has only in slot -2
+/// (definitions and parked events; partitions move at their runners' takes).
+pub(crate) async fn move_all(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<()> {
+    for name in unmoved(dynamo, table).await? {
+        Box::pin(adopt(dynamo, table, &name)).await?;
+    }
+    Ok(())
 }
 
 /// Updates a stored subscription's fields (`SET` each); unknown: `BadInput`.
@@ -207,10 +207,18 @@ impl Partition {
     }
 }
 
-/// The stored partition items of `name` (those never run have none yet), whoever left them.
+/// The stored partition items of `name` (those never run have none yet),
+/// whoever left them; an upgraded stack's not yet moved, where they are.
 async fn partition_items(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Vec<Partition>> {
-    let (items, _) = query_range(dynamo, table, partition_key(name, 0), partition_key(name, 9_999)).await?;
-    items.iter().map(Partition::from_item).collect()
+    let mut by_number = std::collections::BTreeMap::new();
+    for family in [Family::legacy(), Family::Subscriptions] {
+        let range = (partition_key(name, 0), partition_key(name, 9_999));
+        for item in query_in(dynamo, table, family, range).await?.0 {
+            let partition = Partition::from_item(&item)?;
+            by_number.insert(partition.partition, partition);
+        }
+    }
+    Ok(by_number.into_values().collect())
 }
 
 /// The stored partitions of `sub` (not those an earlier subscription of its name left).
@@ -247,6 +255,10 @@ pub async fn take(
     until: i64,
     now: i64,
 ) -> Result<Take> {
+    let moved = (Family::Subscriptions, partition_key(&sub.name, partition));
+    if let Some(until) = moving::adopt(dynamo, table, (moved.0, &moved.1), now, previous).await? {
+        return Ok(Take::Lease(Taken::Busy(until)));
+    }
     let item_key = key(partition_key(&sub.name, partition));
     let result = dynamo
         .update_item()

@@ -1,10 +1,19 @@
-//! A subscription's items moved from slot -2, where every family's items
-//! were before each had a partition of its own ([`crate::bookkeeping::moving`]):
-//! a whole subscription at a time, at its first use.
+//! A subscription an upgraded stack still has in slot -2, where every
+//! family's items were before each had a partition of its own
+//! ([`crate::bookkeeping::moving`]): its definition and parked events move at
+//! its first use by name (and at every tick), each partition at its
+//! runner's first take, once a lease a runner of the version before held
+//! there has lapsed.
 
-use super::{definition_key, parked_prefix, partition_key, LAST};
-use crate::bookkeeping::{self, moving, query_in, Family};
-use crate::error::Result;
+use std::collections::HashSet;
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem};
+
+use super::{definition_key, key, parked_prefix, LAST};
+use crate::bookkeeping::{self, moving, query_in, sort_key_of, Family};
+use crate::error::{Error, Result};
+use crate::event_item::RANGE_KEY;
 
 /// Where a subscription deleted before it moved leaves word of it, so its
 /// old items are never moved again.
@@ -12,25 +21,64 @@ pub(super) fn deleted_key(name: &str) -> String {
     format!("moved#{name}")
 }
 
-/// Moves subscription `name` from slot -2 (see [`moving`]) unless it moved
-/// already or was deleted since: its partitions and parked events, then its
-/// definition (so a move cut short is repeated whole). `Ok(Some(until))`
-/// while a runner of the version before holds one of its partitions.
-pub(super) async fn adopt(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str, now: i64) -> Result<Option<i64>> {
+/// The names of the subscriptions still only in slot -2 (not moved, not deleted since).
+pub(super) async fn unmoved(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<String>> {
+    let names = |family, prefix: String| async move {
+        let (items, _) = query_in(dynamo, table, family, (prefix.clone(), format!("{prefix}{LAST}"))).await?;
+        let names: Vec<String> =
+            items.iter().filter_map(|item| Some(sort_key_of(item)?.strip_prefix(&prefix)?.to_owned())).collect();
+        Ok::<_, Error>(names)
+    };
+    let old = names(Family::legacy(), definition_key("")).await?;
+    if old.is_empty() {
+        return Ok(old);
+    }
+    let ours: HashSet<String> = names(Family::Subscriptions, definition_key("")).await?.into_iter().collect();
+    let deleted: HashSet<String> = names(Family::Subscriptions, deleted_key("")).await?.into_iter().collect();
+    Ok(old.into_iter().filter(|name| !ours.contains(name) && !deleted.contains(name)).collect())
+}
+
+/// Moves subscription `name`'s definition and parked events from slot -2,
+/// unless it moved already or was deleted since: its parked events first
+/// (each only where none is: never over one handled since), then its
+/// definition, in one transaction with the check that no `delete` left word
+/// since (so a slow move cannot bring a deleted subscription back).
+pub(super) async fn adopt(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
     let ours = |sort_key| bookkeeping::get_in(dynamo, table, Family::Subscriptions, sort_key);
     if ours(definition_key(name)).await?.is_some() || ours(deleted_key(name)).await?.is_some() {
-        return Ok(None);
+        return Ok(());
     }
     let Some(definition) = bookkeeping::get_in(dynamo, table, Family::legacy(), definition_key(name)).await? else {
-        return Ok(None);
+        return Ok(());
     };
-    let old = |from, to| query_in(dynamo, table, Family::legacy(), (from, to));
-    let (mut items, _) = old(partition_key(name, 0), partition_key(name, 9_999)).await?;
-    if let Some(until) = items.iter().filter_map(|item| moving::held_until(item, now)).max() {
-        return Ok(Some(until));
+    let range = (parked_prefix(name), format!("{}{LAST}", parked_prefix(name)));
+    for parked in query_in(dynamo, table, Family::legacy(), range).await?.0 {
+        moving::put_absent(dynamo, table, Family::Subscriptions, parked).await?;
     }
-    items.extend(old(parked_prefix(name), format!("{}{LAST}", parked_prefix(name))).await?.0);
-    moving::copy(dynamo, table, Family::Subscriptions, items).await?;
-    moving::copy(dynamo, table, Family::Subscriptions, vec![definition]).await?;
-    Ok(None)
+    let not_deleted = ConditionCheck::builder()
+        .table_name(table)
+        .set_key(Some(key(deleted_key(name))))
+        .condition_expression("attribute_not_exists(#sk)")
+        .expression_attribute_names("#sk", RANGE_KEY)
+        .build()?;
+    let put = Put::builder()
+        .table_name(table)
+        .set_item(Some(moving::into_family(Family::Subscriptions, definition)))
+        .condition_expression("attribute_not_exists(#sk)")
+        .expression_attribute_names("#sk", RANGE_KEY)
+        .build()?;
+    let moved = dynamo
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().condition_check(not_deleted).build())
+        .transact_items(TransactWriteItem::builder().put(put).build())
+        .send()
+        .await;
+    match moved {
+        Ok(_) => Ok(()),
+        // Deleted, or moved by another, meanwhile.
+        Err(e) if matches!(e.as_service_error(), Some(TransactWriteItemsError::TransactionCanceledException(_))) => {
+            Ok(())
+        }
+        Err(e) => Err(Error::dynamo("TransactWriteItems", e)),
+    }
 }
