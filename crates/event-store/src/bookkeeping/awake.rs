@@ -87,7 +87,11 @@ impl Waker {
             return Ok(false);
         }
         let run = AwakeRun { owner: uuid::Uuid::new_v4().simple().to_string(), hop: 0 };
-        continue_with(self.invoker.as_ref(), &run.payload()).await?;
+        if let Err(err) = continue_with(self.invoker.as_ref(), &run.payload()).await {
+            // No run is on its way: the next want starts one, not two seconds later.
+            let _ = not_starting(dynamo, table, which, now).await;
+            return Err(err);
+        }
         Ok(true)
     }
 }
@@ -163,6 +167,38 @@ async fn starting(
         .send()
         .await;
     Ok(unless_condition_failed(result)?.is_some())
+}
+
+/// Undoes [`starting`] at `now` (the run was not started).
+async fn not_starting(dynamo: &aws_sdk_dynamodb::Client, table: &str, which: &str, now: i64) -> Result<()> {
+    let result = dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key_in(Family::Pump, which.to_owned())))
+        .update_expression("REMOVE started_at")
+        .condition_expression("started_at = :now")
+        .expression_attribute_values(":now", n(now))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    unless_condition_failed(result).map(|_| ())
+}
+
+/// Records that a run started by a writer looked at the lease at `now` and
+/// found it held by another (which reads the writer's want): writers may
+/// start the next run without waiting out [`STARTING_MS`].
+pub async fn looked(dynamo: &aws_sdk_dynamodb::Client, table: &str, which: &str, now: i64) -> Result<()> {
+    dynamo
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key_in(Family::Scan, which.to_owned())))
+        .update_expression("SET claimed_at = :now")
+        .expression_attribute_values(":now", n(now))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("UpdateItem", e))?;
+    Ok(())
 }
 
 /// Takes the lease for `owner` until `until`, if no run holds it at `now`

@@ -42,6 +42,8 @@ impl Scan {
         // A first hop claims the lease (its waker only wanted it); a continuation holds it already.
         let now = now_ms();
         if run.hop == 0 && !awake::claim(dynamo, table, awake::SCAN, &run.owner, now + awake::LEASE_MS, now).await? {
+            // The run holding it reads the want that started this one; writers need not wait for this one.
+            awake::looked(dynamo, table, awake::SCAN, now).await?;
             info!("another run holds the awake lease: this one stops");
             return Ok(summary);
         }

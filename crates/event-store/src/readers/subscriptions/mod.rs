@@ -29,7 +29,7 @@ mod parked;
 pub mod spec;
 pub mod status;
 
-use moved::{adopt, deleted_key, unmoved};
+use moved::{adopt, deleted_key, move_partition, unmoved};
 pub(crate) use parked::parked;
 pub use parked::{park, unpark, Parked};
 
@@ -150,6 +150,7 @@ async fn update(
     name: &str,
     set: &[(&str, AttributeValue)],
 ) -> Result<()> {
+    Box::pin(adopt(dynamo, table, name)).await?;
     let mut request = dynamo
         .update_item()
         .table_name(table)
@@ -394,6 +395,7 @@ pub(crate) async fn reset(
     update(dynamo, table, &sub.name, &[("start_ms", n(to))]).await?;
     let fence = format!("reset-{}", uuid::Uuid::new_v4().simple());
     for partition in 0..sub.partitions {
+        move_partition(dynamo, table, &sub.name, partition).await?;
         let item_key = key(partition_key(&sub.name, partition));
         let fenced = dynamo
             .update_item()
@@ -446,15 +448,18 @@ pub(crate) async fn reset(
 /// Clears `stopped` on every partition of `sub`.
 pub(crate) async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: &Subscription) -> Result<()> {
     for partition in partitions(dynamo, table, sub).await?.into_iter().filter(|p| p.stopped.is_some()) {
-        dynamo
+        move_partition(dynamo, table, &sub.name, partition.partition).await?;
+        let result = dynamo
             .update_item()
             .table_name(table)
             .set_key(Some(key(partition_key(&sub.name, partition.partition))))
             .update_expression("REMOVE stopped")
+            .condition_expression("attribute_exists(#sk)")
+            .expression_attribute_names("#sk", RANGE_KEY)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
-            .await
-            .map_err(|e| Error::dynamo("UpdateItem", e))?;
+            .await;
+        unless_condition_failed(result)?;
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{ConditionCheck, Put, TransactWriteItem};
 
-use super::{definition_key, key, parked_prefix, LAST};
+use super::{definition_key, key, parked_prefix, partition_key, LAST};
 use crate::bookkeeping::{self, moving, query_in, sort_key_of, Family};
 use crate::error::{Error, Result};
 use crate::event_item::RANGE_KEY;
@@ -81,4 +81,25 @@ pub(super) async fn adopt(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: 
         }
         Err(e) => Err(Error::dynamo("TransactWriteItems", e)),
     }
+}
+
+/// Moves partition `partition` of `name` from slot -2 unless it moved
+/// already, whatever its lease: for the management writes that take no
+/// lease (`reset` takes it away from any runner; `resume` clears `stopped`,
+/// which only a partition without a runner has), so they never write an
+/// item of their own in its place (which would read as a fresh partition).
+pub(super) async fn move_partition(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    name: &str,
+    partition: u32,
+) -> Result<()> {
+    let sort_key = partition_key(name, partition);
+    if bookkeeping::get_in(dynamo, table, Family::Subscriptions, sort_key.clone()).await?.is_some() {
+        return Ok(());
+    }
+    if let Some(old) = bookkeeping::get_in(dynamo, table, Family::legacy(), sort_key).await? {
+        moving::put_absent(dynamo, table, Family::Subscriptions, old).await?;
+    }
+    Ok(())
 }
