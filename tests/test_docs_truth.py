@@ -37,7 +37,7 @@ def documented_grants(page: Path) -> dict:
     """The table under "The roles write these partitions" in docs/storage.md:
     `| `function` | slot | `Action`, `Action` |` rows."""
     text = page.read_text().split("The roles write these partitions", 1)[1]
-    rows = re.findall(r"^\| `(\w+)` \| (-\d+) \| ([^|]+) \|", text, re.M)
+    rows = re.findall(r"^\| `(\w+)` \| `?(-[\d?]+)`? \| ([^|]+) \|", text, re.M)
     return {(function, slot): set(re.findall(r"`(\w+)`", actions)) for function, slot, actions in rows}
 
 

@@ -273,7 +273,9 @@ async fn a_subscription_from_two_days_ago_catches_up_then_follows_new_events() {
     common::assert_allowed_by_the_template(&env.counter, "SubscriptionsFunction");
     assert_eq!(runs.iter().map(|r| r.partition).collect::<Vec<_>>(), [0], "not partition 1 while the old runner may");
     assert!(ours("sub#history").await.unwrap().item().is_some(), "its definition moved");
-    assert!(ours("subpart#history#0001").await.unwrap().item().is_none(), "partition 1 did not");
+    let moved = event_store::readers::subscriptions::partition_item_key("history", 1);
+    let partition_1 = env.dynamo.get_item().table_name(&env.names.event_table).set_key(Some(moved));
+    assert!(partition_1.send().await.unwrap().item().is_none(), "partition 1 did not");
     let first = runs[0].delivered;
     common::an_old_lease(&env, "subpart#history#0001", now_ms() - 1).await;
     env.counter.reset();
@@ -748,7 +750,7 @@ async fn a_reset_never_reuses_a_sequence_number_a_delivery_without_its_save_used
     env.dynamo
         .update_item()
         .table_name(&env.names.event_table)
-        .set_key(Some(event_store::bookkeeping::key_in(Family::Subscriptions, "subpart#r#0000".into())))
+        .set_key(Some(event_store::readers::subscriptions::partition_item_key("r", 0)))
         .update_expression("SET #c.#seq = :seq")
         .expression_attribute_names("#c", "checkpoint")
         .expression_attribute_names("#seq", "seq")
@@ -809,7 +811,7 @@ async fn a_consumer_following_the_readme_rule_gets_every_event_once_from_a_shard
     let subs = Subscriptions::new(env.dynamo.clone(), faulty, lambda_client(&env, &target), config, Arc::new(invoker))
         .with_backoff(quick());
     let run = || subs.run_partition(PartitionTask::first("c", 0), far());
-    let partition_key = || event_store::bookkeeping::key_in(Family::Subscriptions, "subpart#c#0000".into());
+    let partition_key = || event_store::readers::subscriptions::partition_item_key("c", 0);
 
     // user-5's shard refuses: the first batch is cut short, most of it stored.
     proxy.refuse_partition_key("user-5");

@@ -791,6 +791,10 @@ fn each_role_writes_only_its_own_bookkeeping() {
         (batch("ArchiveFunction", &["1795000000000", "-1", "-4"]), true),
         (batch("ArchiveFunction", &["1795000000000", "-2"]), false),
         (batch("SubscriptionsFunction", &["-6", "1795000000000"]), false),
+        // A subscription partition's own key is the subscriptions' alone.
+        (batch("SubscriptionsFunction", &["-600003", "-6"]), true),
+        (batch("ScanFunction", &["-600003"]), false),
+        (batch("ArchiveFunction", &["1795000000000", "-600003"]), false),
     ];
     let results = iam::evaluate(&root, &cases).unwrap();
     let mut wrong = Vec::new();

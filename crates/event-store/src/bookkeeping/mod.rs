@@ -18,7 +18,8 @@
 //! | -3 | `awake#scan` | [`awake`] | pump: the time it last left work |
 //! | -4 | `archive#entry#…`, `archive#object#…`, `archive#boundary`, `archive#lease` | [`crate::archive::store`] | the archiver, under its lease |
 //! | -5 | `playback#<id>` | [`crate::readers::playbacks`] | playback: binding, lease, and checkpoint after every put (lease-fenced) |
-//! | -6 | `sub#<name>`, `subpart#<name>#<n>`, `parked#<name>#…`, `moved#<name>` | [`crate::readers::subscriptions`] | management; a partition's lease holder (lease-fenced) |
+//! | -6 | `sub#<name>`, `parked#<name>#…`, `moved#<name>` | [`crate::readers::subscriptions`] | management; a partition's lease holder (parks) |
+//! | -600000 − n | `subpart#<name>#<n>` | [`crate::readers::subscriptions`] | partition n's lease holder (lease-fenced); `reset`, `resume` |
 //!
 //! Slot -2 was once every family's; the families that left it are moved by
 //! their owners ([`Family::legacy`]). Every item has one writer at a time;
@@ -148,10 +149,24 @@ pub(crate) async fn get_in(
     family: Family,
     sort_key: String,
 ) -> Result<Option<HashMap<String, AttributeValue>>> {
+    get_at(dynamo, table, family.slot(), sort_key).await
+}
+
+/// The bookkeeping item under partition key `slot` and sort key `sort_key`, if any (strongly consistent).
+pub(crate) async fn get_at(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    slot: i64,
+    sort_key: String,
+) -> Result<Option<HashMap<String, AttributeValue>>> {
+    let key = HashMap::from([
+        (HASH_KEY.to_owned(), AttributeValue::N(slot.to_string())),
+        (RANGE_KEY.to_owned(), AttributeValue::S(sort_key)),
+    ]);
     let out = dynamo
         .get_item()
         .table_name(table)
-        .set_key(Some(key_in(family, sort_key)))
+        .set_key(Some(key))
         .consistent_read(true)
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()

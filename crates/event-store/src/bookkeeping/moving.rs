@@ -16,18 +16,15 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, ReturnConsumedCapacity, WriteRequest};
 
 use super::lease::lease_of;
-use super::{get_in, sort_key_of, Family};
+use super::{get_at, get_in, sort_key_of, Family};
 use crate::batch::Backoff;
 use crate::dynamo::{write_all, Table};
 use crate::error::{Error, Result};
 use crate::event_item::{HASH_KEY, RANGE_KEY};
 
-/// `item` as `family`'s (its partition key replaced).
-pub(crate) fn into_family(
-    family: Family,
-    mut item: HashMap<String, AttributeValue>,
-) -> HashMap<String, AttributeValue> {
-    item.insert(HASH_KEY.to_owned(), AttributeValue::N(family.slot().to_string()));
+/// `item` under partition key `slot` (a family's, or one of its own keys).
+pub(crate) fn into_slot(slot: i64, mut item: HashMap<String, AttributeValue>) -> HashMap<String, AttributeValue> {
+    item.insert(HASH_KEY.to_owned(), AttributeValue::N(slot.to_string()));
     item
 }
 
@@ -49,7 +46,8 @@ pub(crate) async fn copy(
         .into_iter()
         .map(|item| {
             let sort_key = sort_key_of(&item).unwrap_or_default().to_owned();
-            let put = PutRequest::builder().set_item(Some(into_family(family, item))).build().map_err(Error::from)?;
+            let put =
+                PutRequest::builder().set_item(Some(into_slot(family.slot(), item))).build().map_err(Error::from)?;
             Ok((sort_key, WriteRequest::builder().put_request(put).build()))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -71,11 +69,11 @@ pub(crate) async fn copy(
 pub(crate) async fn adopt(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    (family, sort_key): (Family, &str),
+    (slot, sort_key): (i64, &str),
     now: i64,
     handed: Option<&str>,
 ) -> Result<Option<i64>> {
-    if get_in(dynamo, table, family, sort_key.to_owned()).await?.is_some() {
+    if get_at(dynamo, table, slot, sort_key.to_owned()).await?.is_some() {
         return Ok(None);
     }
     let Some(old) = get_in(dynamo, table, Family::legacy(), sort_key.to_owned()).await? else { return Ok(None) };
@@ -83,22 +81,22 @@ pub(crate) async fn adopt(
     if let Some(until) = held_until(&old, now).filter(|_| !handed_to_caller) {
         return Ok(Some(until));
     }
-    put_absent(dynamo, table, family, old).await?;
+    put_absent(dynamo, table, slot, old).await?;
     Ok(None)
 }
 
-/// Puts the old `item` into `family`'s partition unless an item is there
+/// Puts the old `item` under partition key `slot` unless an item is there
 /// under its key already (one written since is newer than the old one).
 pub(crate) async fn put_absent(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
-    family: Family,
+    slot: i64,
     old: HashMap<String, AttributeValue>,
 ) -> Result<()> {
     let put = dynamo
         .put_item()
         .table_name(table)
-        .set_item(Some(into_family(family, old)))
+        .set_item(Some(into_slot(slot, old)))
         .condition_expression("attribute_not_exists(#sk)")
         .expression_attribute_names("#sk", RANGE_KEY)
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
@@ -122,7 +120,7 @@ mod tests {
             (RANGE_KEY.to_owned(), AttributeValue::S("playback#p".into())),
             ("lease_owner".to_owned(), AttributeValue::S("a".into())),
         ]);
-        let moved = into_family(Family::Playbacks, item.clone());
+        let moved = into_slot(Family::Playbacks.slot(), item.clone());
         assert_eq!(moved[HASH_KEY], AttributeValue::N("-5".into()));
         assert_eq!((&moved[RANGE_KEY], &moved["lease_owner"]), (&item[RANGE_KEY], &item["lease_owner"]));
     }

@@ -100,7 +100,7 @@ pub struct Claim<'a> {
 /// absent: the first run binds the id).
 pub(crate) async fn take(dynamo: &aws_sdk_dynamodb::Client, table: &str, id: &str, claim: Claim<'_>) -> Result<Taken> {
     let moved = (Family::Playbacks, sort_key(id));
-    if let Some(until) = moving::adopt(dynamo, table, (moved.0, &moved.1), claim.now, claim.previous).await? {
+    if let Some(until) = moving::adopt(dynamo, table, (moved.0.slot(), &moved.1), claim.now, claim.previous).await? {
         return Ok(Taken::Busy(until));
     }
     let lease_free = LEASE_FREE;

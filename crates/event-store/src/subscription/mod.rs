@@ -56,6 +56,8 @@ use crate::time::format_ms;
 pub const AWS_ACTIONS: &[&str] = &[
     "dynamodb:Query",
     "dynamodb:GetItem",
+    // Its partitions' items, each under a key of its own.
+    "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
     "dynamodb:UpdateItem",
     "dynamodb:DeleteItem",

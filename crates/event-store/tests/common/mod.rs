@@ -268,12 +268,17 @@ pub async fn buffered_events(env: &TestEnv) -> usize {
 #[allow(dead_code)]
 pub async fn as_the_version_before(env: &TestEnv, family: event_store::bookkeeping::Family) {
     let table = env.names.event_table.as_str();
-    let own = AttributeValue::N(family.slot().to_string());
-    for item in env.scan_table(table).await.into_iter().filter(|item| item["slot"] == own) {
+    // Its partition, and any keys of its own under it (a subscription partition's: -600000 - n).
+    let own = family.slot().to_string();
+    let theirs = |item: &HashMap<String, AttributeValue>| item["slot"].as_n().is_ok_and(|slot| slot.starts_with(&own));
+    for item in env.scan_table(table).await.into_iter().filter(theirs) {
         let mut old = item.clone();
         old.insert("slot".into(), AttributeValue::N("-2".into()));
         env.dynamo.put_item().table_name(table).set_item(Some(old)).send().await.expect("put");
-        let key = HashMap::from([("slot".to_owned(), own.clone()), ("sort_key".to_owned(), item["sort_key"].clone())]);
+        let key = HashMap::from([
+            ("slot".to_owned(), item["slot"].clone()),
+            ("sort_key".to_owned(), item["sort_key"].clone()),
+        ]);
         env.dynamo.delete_item().table_name(table).set_key(Some(key)).send().await.expect("delete");
     }
 }

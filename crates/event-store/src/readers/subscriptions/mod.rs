@@ -26,12 +26,15 @@ use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 
 mod moved;
 mod parked;
+mod partitions;
 pub mod spec;
 pub mod status;
 
 use moved::{adopt, deleted_key, move_partition, unmoved};
 pub(crate) use parked::parked;
 pub use parked::{park, unpark, Parked};
+use partitions::partition_items;
+pub use partitions::{partition_item_key, partition_slot};
 
 pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
 pub use status::{position_ms, status, statuses, PartitionStatus, SubscriptionStatus};
@@ -208,27 +211,13 @@ impl Partition {
     }
 }
 
-/// The stored partition items of `name` (those never run have none yet),
-/// whoever left them; an upgraded stack's not yet moved, where they are.
-async fn partition_items(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Vec<Partition>> {
-    let mut by_number = std::collections::BTreeMap::new();
-    for family in [Family::legacy(), Family::Subscriptions] {
-        let range = (partition_key(name, 0), partition_key(name, 9_999));
-        for item in query_in(dynamo, table, family, range).await?.0 {
-            let partition = Partition::from_item(&item)?;
-            by_number.insert(partition.partition, partition);
-        }
-    }
-    Ok(by_number.into_values().collect())
-}
-
 /// The stored partitions of `sub` (not those an earlier subscription of its name left).
 pub(crate) async fn partitions(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     sub: &Subscription,
 ) -> Result<Vec<Partition>> {
-    let mut stored = partition_items(dynamo, table, &sub.name).await?;
+    let mut stored = partition_items(dynamo, table, &sub.name, sub.partitions).await?;
     stored.retain(|p| p.sub_id.as_deref() == Some(sub.id.as_str()));
     Ok(stored)
 }
@@ -256,11 +245,11 @@ pub async fn take(
     until: i64,
     now: i64,
 ) -> Result<Take> {
-    let moved = (Family::Subscriptions, partition_key(&sub.name, partition));
+    let moved = (partition_slot(partition), partition_key(&sub.name, partition));
     if let Some(until) = moving::adopt(dynamo, table, (moved.0, &moved.1), now, previous).await? {
         return Ok(Take::Lease(Taken::Busy(until)));
     }
-    let item_key = key(partition_key(&sub.name, partition));
+    let item_key = partition_item_key(&sub.name, partition);
     let result = dynamo
         .update_item()
         .table_name(table)
@@ -281,7 +270,8 @@ pub async fn take(
     if let Some(out) = unless_condition_failed(result)? {
         return Ok(Take::Lease(Taken::Held(out.attributes().map(checkpoint_of).transpose()?.flatten())));
     }
-    let stored = partition_items(dynamo, table, &sub.name).await?.into_iter().find(|p| p.partition == partition);
+    let stored = partition_items(dynamo, table, &sub.name, sub.partitions).await?;
+    let stored = stored.into_iter().find(|p| p.partition == partition);
     match stored {
         Some(Partition { sub_id: Some(other), .. }) if other != sub.id => {
             // Left by an earlier subscription of this name, or this runner is the stale one.
@@ -324,7 +314,7 @@ pub(crate) async fn save(
     checkpoint: &Checkpoint,
     until: Option<i64>,
 ) -> Result<()> {
-    let key = key(partition_key(name, partition));
+    let key = partition_item_key(name, partition);
     if lease::save(dynamo, table, key, owner, checkpoint, until).await? {
         return Ok(());
     }
@@ -339,7 +329,7 @@ pub(crate) async fn release(
     owner: &str,
     why: Option<&str>,
 ) -> Result<()> {
-    lease::release_waiting(dynamo, table, key(partition_key(name, partition)), owner, why).await
+    lease::release_waiting(dynamo, table, partition_item_key(name, partition), owner, why).await
 }
 
 /// Saves `checkpoint` (just past a parked event) and stops the partition in
@@ -356,7 +346,7 @@ pub(crate) async fn stop(
     let result = dynamo
         .update_item()
         .table_name(table)
-        .set_key(Some(key(partition_key(name, partition))))
+        .set_key(Some(partition_item_key(name, partition)))
         .update_expression("SET #checkpoint = :checkpoint, stopped = :error, lease_until = :zero")
         .condition_expression("lease_owner = :me AND (attribute_not_exists(#checkpoint) OR #checkpoint.#seq <= :seq)")
         .expression_attribute_names("#checkpoint", CHECKPOINT)
@@ -396,7 +386,7 @@ pub(crate) async fn reset(
     let fence = format!("reset-{}", uuid::Uuid::new_v4().simple());
     for partition in 0..sub.partitions {
         move_partition(dynamo, table, &sub.name, partition).await?;
-        let item_key = key(partition_key(&sub.name, partition));
+        let item_key = partition_item_key(&sub.name, partition);
         let fenced = dynamo
             .update_item()
             .table_name(table)
@@ -452,7 +442,7 @@ pub(crate) async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: 
         let result = dynamo
             .update_item()
             .table_name(table)
-            .set_key(Some(key(partition_key(&sub.name, partition.partition))))
+            .set_key(Some(partition_item_key(&sub.name, partition.partition)))
             .update_expression("REMOVE stopped")
             .condition_expression("attribute_exists(#sk)")
             .expression_attribute_names("#sk", RANGE_KEY)
@@ -474,19 +464,16 @@ pub(crate) async fn delete(dynamo: &aws_sdk_dynamodb::Client, table: &str, name:
         word.insert("deleted_at".into(), n(crate::time::now_ms()));
         moving::copy(dynamo, table, Family::Subscriptions, vec![word]).await?;
     }
-    let mut keys = vec![definition_key(name)];
-    for (from, to) in [
-        (partition_key(name, 0), partition_key(name, 9_999)),
-        (parked_prefix(name), format!("{}{LAST}", parked_prefix(name))),
-    ] {
-        let (items, _) = query_range(dynamo, table, from, to).await?;
-        keys.extend(items.iter().filter_map(|item| sort_key_of(item).map(str::to_owned)));
-    }
+    let mut keys = vec![key(definition_key(name))];
+    let (parked, _) = query_range(dynamo, table, parked_prefix(name), format!("{}{LAST}", parked_prefix(name))).await?;
+    keys.extend(parked.iter().filter_map(|item| sort_key_of(item).map(|k| key(k.to_owned()))));
+    // Every partition number there can be (an earlier subscription of the name may have had more).
+    keys.extend((0..spec::MAX_PARTITIONS).map(|partition| partition_item_key(name, partition)));
     let requests = keys
         .into_iter()
-        .map(|sort_key| {
-            let delete = DeleteRequest::builder().set_key(Some(key(sort_key.clone()))).build().map_err(Error::from)?;
-            Ok((sort_key, WriteRequest::builder().delete_request(delete).build()))
+        .map(|key| {
+            let delete = DeleteRequest::builder().set_key(Some(key)).build().map_err(Error::from)?;
+            Ok(((), WriteRequest::builder().delete_request(delete).build()))
         })
         .collect::<Result<Vec<_>>>()?;
     let bookkeeping = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };

@@ -53,7 +53,7 @@ pub(super) async fn adopt(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: 
     };
     let range = (parked_prefix(name), format!("{}{LAST}", parked_prefix(name)));
     for parked in query_in(dynamo, table, Family::legacy(), range).await?.0 {
-        moving::put_absent(dynamo, table, Family::Subscriptions, parked).await?;
+        moving::put_absent(dynamo, table, Family::Subscriptions.slot(), parked).await?;
     }
     let not_deleted = ConditionCheck::builder()
         .table_name(table)
@@ -63,7 +63,7 @@ pub(super) async fn adopt(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: 
         .build()?;
     let put = Put::builder()
         .table_name(table)
-        .set_item(Some(moving::into_family(Family::Subscriptions, definition)))
+        .set_item(Some(moving::into_slot(Family::Subscriptions.slot(), definition)))
         .condition_expression("attribute_not_exists(#sk)")
         .expression_attribute_names("#sk", RANGE_KEY)
         .build()?;
@@ -94,12 +94,12 @@ pub(super) async fn move_partition(
     name: &str,
     partition: u32,
 ) -> Result<()> {
-    let sort_key = partition_key(name, partition);
-    if bookkeeping::get_in(dynamo, table, Family::Subscriptions, sort_key.clone()).await?.is_some() {
+    let (slot, sort_key) = (super::partition_slot(partition), partition_key(name, partition));
+    if bookkeeping::get_at(dynamo, table, slot, sort_key.clone()).await?.is_some() {
         return Ok(());
     }
     if let Some(old) = bookkeeping::get_in(dynamo, table, Family::legacy(), sort_key).await? {
-        moving::put_absent(dynamo, table, Family::Subscriptions, old).await?;
+        moving::put_absent(dynamo, table, slot, old).await?;
     }
     Ok(())
 }
