@@ -89,8 +89,14 @@ pub fn key(sort_key: String) -> HashMap<String, AttributeValue> {
 
 /// The key of `family`'s item with sort key `sort_key`.
 pub fn key_in(family: Family, sort_key: String) -> HashMap<String, AttributeValue> {
+    key_at(family.slot(), sort_key)
+}
+
+/// The key of the bookkeeping item under partition key `slot` (a family's,
+/// or one of its own keys) with sort key `sort_key`.
+pub fn key_at(slot: i64, sort_key: String) -> HashMap<String, AttributeValue> {
     HashMap::from([
-        (HASH_KEY.to_owned(), AttributeValue::N(family.slot().to_string())),
+        (HASH_KEY.to_owned(), AttributeValue::N(slot.to_string())),
         (RANGE_KEY.to_owned(), AttributeValue::S(sort_key)),
     ])
 }
@@ -159,14 +165,10 @@ pub(crate) async fn get_at(
     slot: i64,
     sort_key: String,
 ) -> Result<Option<HashMap<String, AttributeValue>>> {
-    let key = HashMap::from([
-        (HASH_KEY.to_owned(), AttributeValue::N(slot.to_string())),
-        (RANGE_KEY.to_owned(), AttributeValue::S(sort_key)),
-    ]);
     let out = dynamo
         .get_item()
         .table_name(table)
-        .set_key(Some(key))
+        .set_key(Some(key_at(slot, sort_key)))
         .consistent_read(true)
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()

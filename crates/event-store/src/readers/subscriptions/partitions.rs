@@ -9,9 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
 use super::{partition_key, Partition};
-use crate::bookkeeping::{query_in, Family};
+use crate::bookkeeping::{key_at, query_in, Family};
 use crate::error::{Error, Result};
-use crate::event_item::{HASH_KEY, RANGE_KEY};
 
 /// The partition key of partition `partition`'s item: in the subscriptions'
 /// `LeadingKeys` range (`-6` followed by five digits).
@@ -21,10 +20,7 @@ pub fn partition_slot(partition: u32) -> i64 {
 
 /// The key of partition `partition` of subscription `name`.
 pub fn partition_item_key(name: &str, partition: u32) -> HashMap<String, AttributeValue> {
-    HashMap::from([
-        (HASH_KEY.to_owned(), AttributeValue::N(partition_slot(partition).to_string())),
-        (RANGE_KEY.to_owned(), AttributeValue::S(partition_key(name, partition))),
-    ])
+    key_at(partition_slot(partition), partition_key(name, partition))
 }
 
 /// The stored items of partitions `0..count` of `name` (those never run have
