@@ -191,6 +191,7 @@ pub(crate) async fn read_all(
             page_items: None,
             dedupe_window_ms: 0,
             window: &window,
+            keys: event_store::slices::KeyRange::ALL,
             tiers: &tiers,
         };
         let mut read = 0usize;

@@ -83,7 +83,7 @@ pub async fn scan(dynamo: &aws_sdk_dynamodb::Client, buffer: &str, events: &str,
     let mut puts = Vec::new();
     let mut slots = std::collections::BTreeSet::new();
     let mut deletes = Vec::new();
-    let moving = Moving { time_unit_ms: 1000, retention_days: None, now_ms: now, slot_subkeys: 1 };
+    let moving = Moving { time_unit_ms: 1000, retention_days: None, now_ms: now, slot_subkeys: 1, slices: 1 };
     let mut moved = 0;
     for attributes in &items {
         let buffered = BufferItem::from_item(attributes.clone())?;

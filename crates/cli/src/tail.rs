@@ -73,6 +73,7 @@ async fn follow(
                 page_items: config.page_items,
                 dedupe_window_ms: config.dedupe_window_ms,
                 window: &window,
+                keys: event_store::slices::KeyRange::ALL,
                 tiers,
             };
             let mut out = std::io::stdout().lock();

@@ -32,6 +32,7 @@ pub fn scan_config(names: &Names) -> ScanConfig {
         watermark_lag_ms: 0,
         max_continuations: event_store::config::DEFAULT_MAX_CONTINUATIONS,
         slot_subkeys: 1,
+        slices: 1,
         metrics_namespace: "EventStore".into(),
         subscriptions_tick: None,
     }

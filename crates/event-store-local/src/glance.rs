@@ -66,6 +66,7 @@ impl Glance {
             page_items: config.page_items,
             dedupe_window_ms: config.dedupe_window_ms,
             window: &window,
+            keys: event_store::slices::KeyRange::ALL,
             tiers: &tiers,
         };
         let mut events = VecDeque::with_capacity(RECENT_EVENTS);

@@ -23,7 +23,8 @@
 //!   keys and the one door to sealing and opening), [`crypto`].
 //! - The shapes an event takes: [`envelope`] (load's JSON), [`buffer_item`],
 //!   [`event_item`] (table codecs and keys), [`chunk`] (many events in one
-//!   item), [`encoding`] (zstd), [`aggregation`] (KPL records), [`offload`]
+//!   item), [`slices`] (key-hash ranges a reader can read alone),
+//!   [`encoding`] (zstd), [`aggregation`] (KPL records), [`offload`]
 //!   (bodies stored in S3 by their hash).
 //! - Shared mechanics: [`batch`] (limits, chunking, backoff), [`dynamo`] and
 //!   [`kinesis`] (batch APIs with partial-failure retries), [`queue`]
@@ -63,6 +64,7 @@ pub mod pump;
 pub mod queue;
 pub mod readers;
 pub mod scan;
+pub mod slices;
 pub mod status;
 pub mod subscription;
 pub mod time;

@@ -134,6 +134,7 @@ async fn archive_read_and_verify() {
         page_items: None,
         dedupe_window_ms: 0,
         window: &Window { start: T0, end },
+        keys: event_store::slices::KeyRange::ALL,
         tiers: &no_archive,
     };
     let err = reader
@@ -183,6 +184,7 @@ async fn archive_read_and_verify() {
         page_items: Some(1),
         dedupe_window_ms: 0,
         window: &window,
+        keys: event_store::slices::KeyRange::ALL,
         tiers: &tiers,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<event_store::error::Result<Page>>(PAGES_AHEAD);
@@ -562,6 +564,7 @@ async fn try_log(
         page_items: None,
         dedupe_window_ms: 0,
         window: &window,
+        keys: event_store::slices::KeyRange::ALL,
         tiers: &tiers,
     };
     let mut out = Vec::new();

@@ -83,6 +83,7 @@ async fn log(env: &TestEnv, tiers: &Tiers, start: i64, end: i64) -> event_store:
         page_items: None,
         dedupe_window_ms: 0,
         window: &window,
+        keys: event_store::slices::KeyRange::ALL,
         tiers,
     };
     let mut out = Vec::new();

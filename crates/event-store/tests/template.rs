@@ -888,3 +888,16 @@ fn what_the_docs_say_a_role_may_not_do_is_denied() {
     let cases: Vec<_> = allowed.iter().map(|(f, r)| (iam::policies(&template, f, &stack), r.clone())).collect();
     assert_eq!(iam::evaluate(&root, &cases).unwrap(), ["Allowed"; 4]);
 }
+
+#[test]
+fn the_slices_parameter_offers_exactly_the_counts_the_scan_takes_and_is_off_by_default() {
+    let template = template();
+    let slices = &template["Parameters"]["Slices"];
+    assert_eq!(slices["Default"].as_u64(), Some(1), "not cut by default: today's write units");
+    let allowed: Vec<u32> =
+        slices["AllowedValues"].as_sequence().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let taken: Vec<u32> = (0..=2048).filter(|n| event_store::config::check_slices(*n).is_ok()).collect();
+    assert_eq!(allowed, taken);
+    let env = &template["Resources"]["ScanFunction"]["Properties"]["Environment"]["Variables"];
+    assert!(format!("{:?}", env["SLICES"]).contains("Slices"));
+}

@@ -168,11 +168,8 @@ async fn followed(
     let (slots, _) = read_index(dynamo, table, first.start, cleared).await?;
     let marked = late_slots::in_range(dynamo, table, first.start, cleared).await?;
     for slot in slots.iter().filter(|s| !marked.contains(&s.slot)) {
-        for sub in 0..i64::from(slot.subkeys.max(1)) {
-            let storage = (
-                crate::event_item::HASH_KEY,
-                aws_sdk_dynamodb::types::AttributeValue::N((slot.slot + sub).to_string()),
-            );
+        for key in slot.all_storage_keys() {
+            let storage = (crate::event_item::HASH_KEY, aws_sdk_dynamodb::types::AttributeValue::N(key.to_string()));
             if !crate::dynamo::query_partition(dynamo, table, storage).await?.is_empty() {
                 return Ok(Some(format!(
                     "slot {} is archived and the table still holds events of it, with no late mark: readers would not see them",

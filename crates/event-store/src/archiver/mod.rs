@@ -293,6 +293,7 @@ impl Archiver {
             page_items: None,
             dedupe_window_ms: self.config.dedupe_window_ms,
             window: &window,
+            keys: crate::slices::KeyRange::ALL,
             // Its own range is past the boundary: the event table.
             tiers: &Tiers::new(None),
         };
@@ -358,8 +359,8 @@ impl Archiver {
                 flush(std::mem::take(&mut requests)).await?;
                 return Ok(None);
             }
-            for sub in 0..i64::from(slot.subkeys.max(1)) {
-                let storage = (HASH_KEY, AttributeValue::N((slot.slot + sub).to_string()));
+            for key in slot.all_storage_keys() {
+                let storage = (HASH_KEY, AttributeValue::N(key.to_string()));
                 for item in query_partition(dynamo, table, storage).await? {
                     // An item whose events' bytes do not decode is as damaged as one that does not decode.
                     let events = decode_item(slot.slot, &item).events.and_then(|events| {

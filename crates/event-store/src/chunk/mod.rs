@@ -239,6 +239,15 @@ pub(crate) fn storage_slot(slot: i64, sort_key: &str, subkeys: u32) -> i64 {
     slot + i64::from(n % subkeys)
 }
 
+/// Where a slot's chunk is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Under one of the slot's `K` sub-keys, drawn from the chunk's key (every key's events anywhere).
+    SubKeys(u32),
+    /// Under its slice's own key: every event of the chunk is of that slice ([`crate::slices`]).
+    Slice { slices: u32, slice: u32 },
+}
+
 /// Names of the attributes of a chunk item that are not the key.
 pub const LAST: &str = "last";
 const COUNT: &str = "count";
@@ -249,7 +258,9 @@ const COUNT: &str = "count";
 /// (with a retention) when it expires.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkItem {
-    /// The slot, plus the sub-key ([`storage_slot`]).
+    /// The slot of its events.
+    pub slot: i64,
+    /// The slot, plus the sub-key ([`storage_slot`]), or its slice's key.
     pub storage_slot: i64,
     pub sort_key: String,
     pub last: String,
@@ -260,11 +271,11 @@ pub struct ChunkItem {
 }
 
 impl ChunkItem {
-    /// The item of `packed` (events of `slot`, sorted), spread over `subkeys` sub-keys.
+    /// The item of `packed` (events of `slot`, sorted), stored at `place`.
     pub(crate) fn new(
         slot: i64,
         packed: &Packed,
-        subkeys: u32,
+        place: Place,
         moved_at: i64,
         retention_days: Option<u32>,
     ) -> Option<Self> {
@@ -273,7 +284,11 @@ impl ChunkItem {
         let first_arrival = packed.events.iter().map(|e| e.arrival).min()?;
         let sort_key = chunk_key(&first, &last);
         Some(Self {
-            storage_slot: storage_slot(slot, &sort_key, subkeys),
+            slot,
+            storage_slot: match place {
+                Place::SubKeys(subkeys) => storage_slot(slot, &sort_key, subkeys),
+                Place::Slice { slices, slice } => crate::slices::storage_key(slot, slices, slice),
+            },
             sort_key,
             last,
             count: packed.events.len(),
@@ -408,7 +423,7 @@ mod tests {
     #[test]
     fn chunk_items_round_trip_through_decode() {
         let packed = pack_to_fit((10..20).map(event).collect(), MAX_CHUNK_BYTES).remove(0).unwrap();
-        let item = ChunkItem::new(1_795_240_724_000, &packed, 1, 7, Some(30)).unwrap();
+        let item = ChunkItem::new(1_795_240_724_000, &packed, Place::SubKeys(1), 7, Some(30)).unwrap();
         assert!(item.fits());
         assert_eq!(item.sort_key, chunk_key(&event(10).sort_key(), &event(19).sort_key()));
         assert_eq!(item.expires_at, Some(1_795_240_724 + 30 * 86_400));

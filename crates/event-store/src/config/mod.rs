@@ -148,12 +148,27 @@ pub struct ScanConfig {
     /// Sub-keys a slot's chunks are spread over (`SLOT_SUBKEYS`, default 1): a partition takes at most
     /// 1,000 write units a second, so a slot written faster than about 1 MB/s of compressed events needs more.
     pub slot_subkeys: u32,
+    /// Slices each slot is cut into by key hash (`SLICES`, default 1: not cut), so that a reader of
+    /// some keys reads only their slices; a power of two up to 1,024, instead of sub-keys (`docs/storage.md#slices`).
+    pub slices: u32,
     /// The CloudWatch namespace of the watermark-lag metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
     /// The subscriptions function's tick-only alias (`SUBSCRIPTIONS_TICK`, `<function>:tick`),
     /// which an awake scan invokes when the watermark moved, so idle partitions get a runner
     /// within a second; through it the scan can start nothing but a tick.
     pub subscriptions_tick: Option<String>,
+}
+
+/// The most slices a slot may be cut into (`SLICES`), and the most parts of a reader's range.
+pub const MAX_SLICES: u32 = 1024;
+
+/// `n` as a slice count: a power of two from 1 to [`MAX_SLICES`] (so that
+/// every smaller power of two of readers' parts lines up with slices).
+pub fn check_slices(n: u32) -> Result<u32> {
+    if n == 0 || n > MAX_SLICES || !n.is_power_of_two() {
+        return Err(Error::Config(format!("SLICES={n}: a power of two from 1 to {MAX_SLICES}")));
+    }
+    Ok(n)
 }
 
 /// The most `SLOT_SUBKEYS` may be.
@@ -178,6 +193,7 @@ impl ScanConfig {
             "WATERMARK_LAG_MS",
             "MAX_CONTINUATIONS",
             "SLOT_SUBKEYS",
+            "SLICES",
             "METRICS_NAMESPACE",
             "SUBSCRIPTIONS_TICK",
         ],
@@ -197,6 +213,13 @@ impl ScanConfig {
                 "SLOT_SUBKEYS={slot_subkeys}: from 1 to {MAX_SLOT_SUBKEYS}, and at most TIME_UNIT ({time_unit_ms})"
             )));
         }
+        let slices = check_slices(env.var_or("SLICES", 1)?)?;
+        // Slices spread a slot's writes as sub-keys do, and keep each key in one item: one or the other.
+        if slices > 1 && slot_subkeys > 1 {
+            return Err(Error::Config(format!(
+                "SLICES={slices} and SLOT_SUBKEYS={slot_subkeys}: slices spread a slot's writes as sub-keys do; set one"
+            )));
+        }
         Ok(Self {
             buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
             event_table: env.var("DYNAMO_EVENT_TABLE")?,
@@ -209,6 +232,7 @@ impl ScanConfig {
             watermark_lag_ms: env.var_or("WATERMARK_LAG_MS", DEFAULT_WATERMARK_LAG_MS)?,
             max_continuations: env.var_or("MAX_CONTINUATIONS", DEFAULT_MAX_CONTINUATIONS)?,
             slot_subkeys,
+            slices,
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
             subscriptions_tick: env.optional("SUBSCRIPTIONS_TICK")?,
         })

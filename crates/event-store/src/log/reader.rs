@@ -3,10 +3,11 @@
 //! together, a slot's further pages follow one by one.
 //!
 //! A slot's items are chunks of many events ([`crate::chunk`]), or single
-//! events written before chunks, stored under one or more sub-keys. Each
-//! sub-key is queried in key order (the order of each chunk's first event)
-//! and the events are merged ([`SlotMerge`]): handed out in sort-key order,
-//! each once, only once no chunk still unread can hold an earlier one.
+//! events written before chunks, stored under one or more sub-keys, or under
+//! their slices' keys. Each hash key the reader's keys may be under is
+//! queried in key order (the order of each chunk's first event) and the
+//! events are merged ([`SlotMerge`]): handed out in sort-key order, each
+//! once, only once no chunk still unread can hold an earlier one.
 //!
 //! A slot before the archive's boundary is read from its object in S3
 //! instead, and a slot the boundary passes while it is read goes on from
@@ -34,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::event_item::{self, sort_key_floor, EventItem};
 use crate::log::copies::{envelope_id, RecentIds};
 use crate::position::{Checkpoint, Lookback};
+use crate::slices::KeyRange;
 
 /// Slots whose first page is queried ahead of the one being put.
 const QUERY_AHEAD: usize = 8;
@@ -64,6 +66,11 @@ pub struct Reader<'a> {
     pub page_items: Option<i32>,
     pub dedupe_window_ms: u64,
     pub window: &'a Window,
+    /// The keys this reader reads: in a slot cut into slices, only the slices
+    /// that hold them are queried ([`crate::slices`]); events of other keys
+    /// in what it reads (sub-keys, a slice shared with other ranges, the cold
+    /// tier) still come, for the caller to pass over.
+    pub keys: KeyRange,
     /// Where each slot is read from (shared by everything this reader reads).
     pub tiers: &'a Tiers,
 }
@@ -190,7 +197,7 @@ impl Reader<'_> {
         }
     }
 
-    /// One page of items of `slot`'s sub-key `storage` with sort keys in
+    /// One page of items under the hash key `storage` with sort keys in
     /// `[from, to]`, after `start`, keeping those whose last event is after `after`.
     async fn query(
         &self,
@@ -230,16 +237,18 @@ impl Reader<'_> {
     }
 }
 
-/// One slot being read: a query cursor per sub-key and the merge of their events.
+/// One slot being read: a query cursor per hash key and the merge of their events.
 struct SlotRead<'a> {
     reader: &'a Reader<'a>,
     slot: SlotRef,
+    /// The hash keys queried (sub-keys, slices), one source of the merge each.
+    storage: Vec<i64>,
     /// Events after this key are wanted (exclusive).
     after: String,
     /// ... up to this key (inclusive).
     to: String,
     merge: SlotMerge,
-    /// Per sub-key: where its next page starts (`None` before the first page).
+    /// Per hash key: where its next page starts (`None` before the first page).
     cursors: Vec<Option<String>>,
     started: bool,
     /// The last event handed out: where reading from S3 resumes.
@@ -252,10 +261,12 @@ struct SlotRead<'a> {
 
 impl<'a> SlotRead<'a> {
     fn new(reader: &'a Reader<'a>, slot: SlotRef, after: String, to: String) -> Self {
-        let sources = slot.subkeys.max(1) as usize;
+        let storage = slot.storage_keys(reader.keys);
+        let sources = storage.len();
         Self {
             reader,
             slot,
+            storage,
             merge: SlotMerge::new(sources, Some(after.clone()), to.clone()),
             after,
             to,
@@ -330,7 +341,7 @@ impl<'a> SlotRead<'a> {
 
     async fn query_source(&self, source: usize) -> Result<(Vec<HashMap<String, AttributeValue>>, Option<String>)> {
         let slot = self.slot.slot;
-        let storage = slot + source as i64;
+        let storage = self.storage[source];
         let from = sort_key_floor(slot);
         // A chunk whose first event is `to` itself sorts just after it: the bound takes it in.
         let to = format!("{}{}\u{10FFFF}", self.to, chunk::SEPARATOR);

@@ -351,11 +351,11 @@ fn fetch_rows(bucket: Bucket, (dynamo, table): (aws_sdk_dynamodb::Client, String
     .shared()
 }
 
-/// Every event the table still holds under `slot` (each sub-key): its late events.
+/// Every event the table still holds under `slot` (each sub-key and slice): its late events.
 async fn late_events(dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: SlotRef) -> Result<Vec<EventItem>> {
     let mut events = Vec::new();
-    for sub in 0..i64::from(slot.subkeys.max(1)) {
-        let storage = (event_item::HASH_KEY, AttributeValue::N((slot.slot + sub).to_string()));
+    for key in slot.all_storage_keys() {
+        let storage = (event_item::HASH_KEY, AttributeValue::N(key.to_string()));
         for item in query_partition(dynamo, table, storage).await? {
             match decode_item(slot.slot, &item).events {
                 Ok(decoded) => events.extend(decoded),

@@ -355,6 +355,7 @@ impl Playback {
             page_items: config.page_items,
             dedupe_window_ms: config.dedupe_window_ms,
             window,
+            keys: crate::slices::KeyRange::ALL,
             tiers: &self.tiers,
         };
         // The envelope ids delivered just before the position: a copy of one of them is not played again.

@@ -13,6 +13,7 @@
 
 mod awake;
 pub mod plan;
+mod slicing;
 mod task;
 
 pub use awake::AWAKE_INTERVAL;
@@ -392,6 +393,7 @@ impl Scan {
             retention_days: self.config.retention_days,
             now_ms: now_ms(),
             slot_subkeys: self.config.slot_subkeys,
+            slices: self.config.slices,
         };
         let mut plan = PagePlan::new(items, moving, indexed);
         let writes = std::mem::take(&mut plan.writes);

@@ -5,17 +5,20 @@
 //! ([`PagePlan::new`]); once the event-table writes are back, which buffer
 //! items may be deleted ([`PagePlan::settle`]); once the deletes are back,
 //! what the page moved and what it tells the watermark ([`PagePlan::outcome`]).
+//! With slices, the page's events are pooled by slot and slice instead
+//! ([`super::slicing`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
 use tracing::{error, warn};
 
+use super::slicing::Pool;
 use crate::bookkeeping::ingest::minute_of;
-use crate::bookkeeping::slot_index::index_item;
+use crate::bookkeeping::slot_index::{index_item, sliced_index_item};
 use crate::bookkeeping::watermark::UNKNOWN_ARRIVAL;
 use crate::buffer_item::{self, BufferItem};
-use crate::chunk::{pack_to_fit, ChunkItem, Packed, MAX_CHUNK_BYTES};
+use crate::chunk::{pack_to_fit, ChunkEvent, ChunkItem, Packed, Place, MAX_CHUNK_BYTES};
 use crate::dynamo::keyed_puts;
 use crate::error::{Error, Result};
 use crate::event_item::quarantine_item;
@@ -25,8 +28,8 @@ use crate::time::slot_of;
 /// entry is never mistaken for an event when its write comes back failed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TableKey {
-    /// A chunk: `slot` is where it is stored (the slot plus its sub-key).
-    Event { slot: i64, sort_key: String },
+    /// A chunk of `slot`, stored under the hash key `storage`.
+    Event { slot: i64, storage: i64, sort_key: String },
     /// The quarantine partition, keyed by buffer id.
     Quarantine(String),
     /// The slot index entry of a slot.
@@ -41,6 +44,8 @@ pub struct Moving {
     pub now_ms: i64,
     /// Sub-keys each slot's chunks are spread over.
     pub slot_subkeys: u32,
+    /// Slices each slot is cut into (`SLICES`; 1: not cut, chunks spread over sub-keys).
+    pub slices: u32,
 }
 
 /// The arrival and slot of each event of a buffer item.
@@ -69,7 +74,8 @@ pub fn event_chunks(buffer: &BufferItem, moving: Moving) -> Result<(Vec<ChunkIte
                 .collect::<Result<Vec<_>>>()?
         };
         for packed in packed {
-            let item = ChunkItem::new(slot, &packed, moving.slot_subkeys, moving.now_ms, moving.retention_days)
+            let place = Place::SubKeys(moving.slot_subkeys);
+            let item = ChunkItem::new(slot, &packed, place, moving.now_ms, moving.retention_days)
                 .ok_or_else(|| Error::Malformed(format!("buffer item {} holds no events", buffer.id)))?;
             if !item.fits() {
                 return Err(Error::Malformed(format!(
@@ -84,6 +90,25 @@ pub fn event_chunks(buffer: &BufferItem, moving: Moving) -> Result<(Vec<ChunkIte
     Ok((chunks, places))
 }
 
+/// What a buffer item makes: its chunks (by slot) when slots are not cut
+/// into slices, else its events for the page's [`Pool`]; and the arrival and
+/// slot of each of its events.
+type Made = (Vec<ChunkItem>, Vec<ChunkEvent>, Places);
+
+fn made(buffer: &BufferItem, moving: Moving) -> Result<Made> {
+    if moving.slices > 1 {
+        let events = buffer.events()?;
+        let places = events.iter().map(|e| (e.arrival, slot_of(e.arrival, moving.time_unit_ms))).collect();
+        return Ok((Vec::new(), events, places));
+    }
+    let (chunks, places) = event_chunks(buffer, moving)?;
+    Ok((chunks, Vec::new(), places))
+}
+
+fn event_key(chunk: &ChunkItem) -> TableKey {
+    TableKey::Event { slot: chunk.slot, storage: chunk.storage_slot, sort_key: chunk.sort_key.clone() }
+}
+
 /// One page's writes and what they stand for.
 #[derive(Debug, Default)]
 pub struct PagePlan {
@@ -95,7 +120,6 @@ pub struct PagePlan {
     index_slots: BTreeSet<i64>,
     /// Arrival and slot of each event of each buffer id that became chunks.
     arrivals: HashMap<String, Vec<(i64, i64)>>,
-    time_unit_ms: u64,
     /// Buffer ids whose write could not even be built: they stay.
     unbuilt: Vec<String>,
     /// Items left in place that can neither move nor be quarantined (no
@@ -142,8 +166,9 @@ impl PagePlan {
     /// Plans the page `items`; slots in `indexed` already have their index
     /// entry from an earlier page of this run (one index write per slot per run).
     pub(crate) fn new(items: Vec<HashMap<String, AttributeValue>>, moving: Moving, indexed: &BTreeSet<i64>) -> Self {
-        let mut plan = PagePlan { time_unit_ms: moving.time_unit_ms, ..PagePlan::default() };
+        let mut plan = PagePlan::default();
         let mut writes = Vec::new();
+        let mut pool = Pool::new(moving.time_unit_ms, moving.slices);
         for attributes in items {
             let arrival = attributes.get("arrival").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
             let Some(id) = attributes.get(buffer_item::HASH_KEY).and_then(|v| v.as_s().ok()).cloned() else {
@@ -157,13 +182,13 @@ impl PagePlan {
                 plan.stuck.push((name, arrival));
                 continue;
             };
-            match BufferItem::from_item(attributes.clone()).and_then(|b| event_chunks(&b, moving)) {
-                Ok((chunks, places)) => {
+            match BufferItem::from_item(attributes.clone()).and_then(|b| made(&b, moving)) {
+                Ok((chunks, events, places)) => {
                     plan.arrivals.insert(id.clone(), places);
                     for chunk in chunks {
-                        let key = TableKey::Event { slot: chunk.storage_slot, sort_key: chunk.sort_key.clone() };
-                        writes.push((key, id.clone(), chunk.to_item()));
+                        writes.push((event_key(&chunk), id.clone(), chunk.to_item()));
                     }
+                    pool.add(&id, events);
                 }
                 // A newer version's item: not this code's to judge. It waits, holding the watermark, for the upgrade.
                 Err(err) if err.is_newer() => {
@@ -183,9 +208,18 @@ impl PagePlan {
                 },
             }
         }
+        let (chunks, unpacked) = pool.chunks(moving.now_ms, moving.retention_days);
+        for (chunk, behind) in chunks {
+            let (key, item) = (event_key(&chunk), chunk.to_item());
+            writes.extend(behind.into_iter().map(|id| (key.clone(), id, item.clone())));
+        }
         // One put per key (a page may name an event twice), with every buffer id behind it.
         let puts = keyed_puts(writes);
         plan.unbuilt = puts.failed;
+        for (id, err) in unpacked {
+            error!(id, reason = %err, "buffer item's event that cannot be packed: left in place");
+            plan.unbuilt.push(id);
+        }
         plan.writes = puts.requests;
         plan.sources = puts.sources;
         // With the events, one index entry per non-empty slot of the page: readers find a
@@ -197,17 +231,21 @@ impl PagePlan {
             .filter(|slot| *slot >= 0 && !indexed.contains(slot))
             .collect();
         for &slot in &plan.index_slots {
-            if let Ok(put) = PutRequest::builder().set_item(Some(index_item(slot, moving.slot_subkeys))).build() {
+            let entry = match moving.slices {
+                0 | 1 => index_item(slot, moving.slot_subkeys),
+                slices => sliced_index_item(slot, slices),
+            };
+            if let Ok(put) = PutRequest::builder().set_item(Some(entry)).build() {
                 plan.writes.push((TableKey::SlotIndex(slot), WriteRequest::builder().put_request(put).build()));
             }
         }
         plan
     }
 
-    /// The slot a chunk's write belongs to (its stored hash key is the slot plus a sub-key).
+    /// The slot a chunk's write belongs to.
     fn slot_of(&self, key: &TableKey) -> Option<i64> {
         match key {
-            TableKey::Event { slot, .. } => Some(slot_of(*slot, self.time_unit_ms.max(1))),
+            TableKey::Event { slot, .. } => Some(*slot),
             _ => None,
         }
     }
@@ -303,171 +341,4 @@ pub(crate) fn buffer_deletes(ids: &[String]) -> Vec<(String, WriteRequest)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const T: i64 = 1_795_327_124_000;
-
-    fn buffered(id: &str, arrival: i64, buffered_at: i64) -> HashMap<String, AttributeValue> {
-        let (data, encoding) = crate::encoding::encode(br#"{"n":1}"#);
-        BufferItem {
-            id: id.into(),
-            event_id: format!("shardId-000000000000:{arrival}"),
-            arrival,
-            partition_key: "pk".into(),
-            data,
-            encoding,
-            buffered_at: Some(buffered_at),
-            count: None,
-        }
-        .to_item()
-    }
-
-    fn moving() -> Moving {
-        Moving { time_unit_ms: 1000, retention_days: None, now_ms: T + 10_000, slot_subkeys: 1 }
-    }
-
-    fn keys(plan: &PagePlan) -> Vec<TableKey> {
-        let mut keys: Vec<TableKey> = plan.writes.iter().map(|(k, _)| k.clone()).collect();
-        keys.sort();
-        keys
-    }
-
-    #[test]
-    fn a_page_plans_its_events_quarantine_and_one_index_entry_per_new_slot() {
-        let broken = HashMap::from([("id".to_string(), AttributeValue::S("broken".into()))]);
-        let no_id = HashMap::from([("other".to_string(), AttributeValue::S("x".into()))]);
-        let items = vec![buffered("a", T + 10, T + 50), buffered("b", T + 1_500, T + 1_600), broken, no_id];
-        let already = BTreeSet::from([T + 1_000]);
-        let plan = PagePlan::new(items, moving(), &already);
-        let keys = keys(&plan);
-        assert_eq!(keys.iter().filter(|k| matches!(k, TableKey::Event { .. })).count(), 2);
-        assert!(keys.contains(&TableKey::Quarantine("broken".into())));
-        assert!(keys.contains(&TableKey::SlotIndex(T)), "a new slot gets its index entry");
-        assert!(!keys.contains(&TableKey::SlotIndex(T + 1_000)), "an indexed slot does not, again");
-        assert_eq!((plan.quarantined, plan.stuck.len()), (1, 1));
-    }
-
-    #[test]
-    fn an_item_that_can_neither_move_nor_be_quarantined_holds_the_watermark_and_is_named() {
-        // Too large for the quarantine item (which adds the reason), and no events in it to move.
-        let huge = HashMap::from([
-            ("id".to_string(), AttributeValue::S("huge".into())),
-            ("arrival".to_string(), AttributeValue::N((T + 40).to_string())),
-            ("data".to_string(), AttributeValue::S("x".repeat(400_000))),
-        ]);
-        let no_id = HashMap::from([("other".to_string(), AttributeValue::S("x".into()))]);
-        let mut plan = PagePlan::new(vec![buffered("a", T + 10, T + 90), huge], moving(), &BTreeSet::new());
-        let settled = plan.settle(&[]);
-        let outcome = plan.outcome(settled, &[], None);
-        assert_eq!(outcome.moved, 1);
-        assert_eq!(outcome.oldest_left, Some(T + 40), "the stuck item's arrival holds the watermark");
-        assert_eq!(outcome.stuck, vec!["huge".to_string()]);
-        let mut plan = PagePlan::new(vec![no_id], moving(), &BTreeSet::new());
-        let settled = plan.settle(&[]);
-        let outcome = plan.outcome(settled, &[], None);
-        assert_eq!(outcome.oldest_left, Some(UNKNOWN_ARRIVAL), "no arrival to go by: held where it is");
-        let mut pass = crate::bookkeeping::watermark::Pass::started_at(T + 60_000, None, T + 59_000);
-        pass.saw(outcome.oldest_left);
-        assert_eq!(pass.watermark(0), None, "the pass moves no watermark");
-        assert!(outcome.stuck[0].contains("without a string id") && outcome.stuck[0].contains("other"));
-    }
-
-    #[test]
-    fn a_newer_versions_buffer_item_is_not_quarantined_but_waits_holding_the_watermark() {
-        let mut newer = buffered("newer", T + 40, T + 90);
-        newer.insert("encoding".into(), AttributeValue::S("chunk2".into()));
-        let mut plan = PagePlan::new(vec![buffered("a", T + 10, T + 90), newer], moving(), &BTreeSet::new());
-        assert_eq!(plan.quarantined, 0);
-        let settled = plan.settle(&[]);
-        let outcome = plan.outcome(settled, &[], None);
-        assert_eq!((outcome.moved, outcome.oldest_left), (1, Some(T + 40)));
-        assert!(outcome.stuck[0].starts_with("newer (written by a newer version"), "{:?}", outcome.stuck);
-    }
-
-    #[test]
-    fn what_is_not_written_or_not_indexed_stays_and_holds_the_watermark_back() {
-        let items =
-            vec![buffered("a", T + 10, T + 20), buffered("b", T + 1_500, T + 1_510), buffered("c", T + 20, T + 30)];
-        let mut plan = PagePlan::new(items, moving(), &BTreeSet::new());
-        // Marked before anything is written: a and c arrived behind a watermark at T+25, b did not.
-        assert_eq!(plan.late_slots(Some(T + 25)), BTreeSet::from([T]));
-        assert_eq!(plan.late_slots(Some(T + 1_501)), BTreeSet::from([T, T + 1_000]));
-        assert!(plan.late_slots(None).is_empty(), "no watermark yet: nothing is late");
-        let c = plan.sources.iter().find(|(_, ids)| **ids == ["c".to_string()]).map(|(k, _)| k.clone()).unwrap();
-        // c's put failed; slot T+1000's index entry failed, so b stays too.
-        let settled = plan.settle(&[c, TableKey::SlotIndex(T + 1_000)]);
-        assert_eq!(settled.delete, vec!["a".to_string()]);
-        let mut left = settled.left.clone();
-        left.sort();
-        assert_eq!(left, vec!["b".to_string(), "c".to_string()]);
-        assert_eq!(settled.indexed, BTreeSet::from([T]));
-        assert_eq!(settled.unindexed, BTreeSet::from([T + 1_000]));
-
-        let outcome = plan.outcome(settled, &[], Some(T + 15));
-        assert_eq!((outcome.moved, outcome.failed, outcome.late), (1, 2, 1), "a moved behind the watermark");
-        assert_eq!(outcome.first_late_slot, Some(T));
-        assert_eq!(outcome.oldest_left, Some(T + 20));
-        assert_eq!(outcome.per_minute, BTreeMap::from([(minute_of(T + 10), 1)]), "only what moved is counted");
-    }
-
-    /// A buffer chunk of `arrivals` (one shard's events), as the pump writes it.
-    fn chunk(arrivals: &[i64]) -> BufferItem {
-        let events: Vec<crate::chunk::ChunkEvent> = arrivals
-            .iter()
-            .map(|&a| crate::chunk::ChunkEvent {
-                event_id: format!("shardId-000000000000:{a}"),
-                arrival: a,
-                partition_key: "pk".into(),
-                data: br#"{"n":1}"#.to_vec(),
-            })
-            .collect();
-        let packed = crate::chunk::Packed { bytes: crate::chunk::pack(&events).unwrap(), events };
-        BufferItem::chunk("arn", &packed, T).unwrap()
-    }
-
-    #[test]
-    fn a_chunk_of_one_slot_moves_as_it_is_and_one_across_slots_is_cut_and_leaves_only_whole() {
-        let one = chunk(&[T + 1, T + 2, T + 3]);
-        let (chunks, places) = event_chunks(&one, moving()).unwrap();
-        assert_eq!((chunks.len(), places.len()), (1, 3));
-        assert_eq!(chunks[0].bytes, one.data, "the pump's bytes, not packed again");
-        assert_eq!(chunks[0].storage_slot, T);
-
-        let across = chunk(&[T + 998, T + 999, T + 1_000, T + 1_001]);
-        let eight = Moving { slot_subkeys: 8, ..moving() };
-        let (chunks, _) = event_chunks(&across, eight).unwrap();
-        let slots: Vec<i64> = chunks.iter().map(|c| c.storage_slot / 1000 * 1000).collect();
-        assert_eq!(slots, vec![T, T + 1_000]);
-        assert!(chunks.iter().all(|c| c.count == 2 && c.storage_slot % 1000 < 8));
-
-        let mut plan = PagePlan::new(vec![across.to_item()], eight, &BTreeSet::new());
-        let keys = keys(&plan);
-        assert!(keys.contains(&TableKey::SlotIndex(T)) && keys.contains(&TableKey::SlotIndex(T + 1_000)));
-        let index: Vec<String> = plan
-            .writes
-            .iter()
-            .filter(|(k, _)| matches!(k, TableKey::SlotIndex(_)))
-            .map(|(_, w)| w.put_request().unwrap().item()["sort_key"].as_s().unwrap().clone())
-            .collect();
-        assert!(index.iter().all(|k| k.ends_with("#8")), "{index:?}");
-        let second =
-            keys.iter().find(|k| matches!(k, TableKey::Event { slot, .. } if *slot >= T + 1_000)).unwrap().clone();
-        let settled = plan.settle(&[second]);
-        assert!(settled.delete.is_empty(), "half written: the buffer chunk stays");
-        assert_eq!(settled.left, vec![across.id.clone()]);
-        let outcome = plan.outcome(settled, &[], None);
-        assert_eq!((outcome.moved, outcome.failed, outcome.oldest_left), (0, 4, Some(T + 998)));
-    }
-
-    #[test]
-    fn a_failed_delete_leaves_the_item_counted_as_failed_not_moved() {
-        let mut plan = PagePlan::new(vec![buffered("a", T + 10, T + 20)], moving(), &BTreeSet::new());
-        let settled = plan.settle(&[]);
-        assert_eq!(settled.delete, vec!["a".to_string()]);
-        let outcome = plan.outcome(settled, &["a".to_string()], None);
-        assert_eq!((outcome.moved, outcome.failed, outcome.late), (0, 1, 0));
-        assert_eq!(outcome.oldest_left, Some(T + 10));
-        assert_eq!(buffer_deletes(&["a".to_string()]).len(), 1);
-    }
-}
+mod tests;

@@ -151,10 +151,11 @@ impl Subscriptions {
         let (slots, _) = read_index(&self.dynamo, &config.event_table, parked.slot, parked.slot + 1).await?;
         let slot = slots.into_iter().find(|s| s.slot == parked.slot).unwrap_or(SlotRef::single(parked.slot));
         let window = Window { start: parked.slot, end: parked.slot + config.time_unit_ms as i64 };
-        let event =
-            self.reader(&window).event_at(slot, &parked.event_sort_key).await?.ok_or_else(|| {
-                Error::Malformed(format!("parked event {} is not in the event table", parked.event_id))
-            })?;
+        let event = self
+            .reader(&window, crate::slices::KeyRange::ALL)
+            .event_at(slot, &parked.event_sort_key)
+            .await?
+            .ok_or_else(|| Error::Malformed(format!("parked event {} is not in the event table", parked.event_id)))?;
         let readable = self.tiers.bytes(&event).await?;
         let bytes = readable.bytes;
         let json = serde_json::from_slice(&bytes).ok();

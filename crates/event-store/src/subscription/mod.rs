@@ -109,8 +109,12 @@ pub struct TickSummary {
 }
 
 impl Subscriptions {
-    /// A reader of the event table within `window`, with this function's settings.
-    pub(crate) fn reader<'w>(&'w self, window: &'w crate::log::Window) -> crate::log::reader::Reader<'w> {
+    /// A reader of the event table within `window`, for the keys `keys`, with this function's settings.
+    pub(crate) fn reader<'w>(
+        &'w self,
+        window: &'w crate::log::Window,
+        keys: crate::slices::KeyRange,
+    ) -> crate::log::reader::Reader<'w> {
         crate::log::reader::Reader {
             dynamo: &self.dynamo,
             table: &self.config.event_table,
@@ -118,6 +122,7 @@ impl Subscriptions {
             page_items: self.config.page_items,
             dedupe_window_ms: self.config.dedupe_window_ms,
             window,
+            keys,
             tiers: &self.tiers,
         }
     }

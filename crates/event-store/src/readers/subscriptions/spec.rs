@@ -2,10 +2,10 @@
 //! assigns an event to one of its partitions. Pure: no I/O.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::log::{Filter, RecordFormat};
+use crate::slices::{key_hash, part_of, KeyRange};
 use crate::time::{format_ms, parse_time};
 
 /// The most partitions a subscription may have (each is one runner at a time).
@@ -46,6 +46,19 @@ pub enum OnPoison {
     Stop,
 }
 
+/// How a subscription's partitions divide the keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Keying {
+    /// A key's hash modulo the partition count: every partition reads the
+    /// whole log (subscriptions created before slices).
+    #[default]
+    Modulo,
+    /// Equal ranges of key hashes ([`KeyRange`]): a partition reads only the
+    /// slices of its range, and a rescale moves the lines between ranges.
+    Ranges,
+}
+
 /// Whether the runners deliver.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -77,6 +90,28 @@ pub struct Subscription {
     #[serde(default)]
     pub state: State,
     pub created_at: String,
+    /// Absent in a subscription stored before slices: [`Keying::Modulo`].
+    #[serde(default)]
+    pub keying: Keying,
+}
+
+impl Subscription {
+    /// The keys partition `partition` reads.
+    pub fn keys_of(&self, partition: u32) -> KeyRange {
+        match self.keying {
+            Keying::Modulo => KeyRange::ALL,
+            Keying::Ranges => KeyRange::new(partition, self.partitions),
+        }
+    }
+
+    /// The partition an event with this partition key belongs to: one key's
+    /// events all go to one partition, in order.
+    pub(crate) fn partition_of(&self, partition_key: &str) -> u32 {
+        match self.keying {
+            Keying::Modulo => partition_of(partition_key, self.partitions),
+            Keying::Ranges => part_of(key_hash(partition_key), self.partitions),
+        }
+    }
 }
 
 /// `create`'s fields, as a user sends them.
@@ -137,6 +172,7 @@ impl NewSubscription {
             record_format: self.record_format,
             state: State::Active,
             created_at: format_ms(now),
+            keying: Keying::Ranges,
         })
     }
 }
@@ -168,12 +204,9 @@ pub fn parse_start(start: &str, now: i64) -> Result<i64> {
 }
 
 /// The partition (of `partitions`) an event with this partition key belongs
-/// to: a hash, so one key's events all go to one partition, in order.
-pub(crate) fn partition_of(partition_key: &str, partitions: u32) -> u32 {
-    let digest = Sha256::digest(partition_key.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    (u64::from_be_bytes(first) % u64::from(partitions.max(1))) as u32
+/// to under [`Keying::Modulo`].
+fn partition_of(partition_key: &str, partitions: u32) -> u32 {
+    (key_hash(partition_key) % u64::from(partitions.max(1))) as u32
 }
 
 #[cfg(test)]
@@ -243,5 +276,21 @@ mod tests {
         }
         assert!(counts.iter().all(|&c| (800..1_200).contains(&c)), "{counts:?}");
         assert_eq!(partition_of("anything", 1), 0);
+    }
+
+    #[test]
+    fn a_new_subscription_splits_keys_by_ranges_and_one_stored_before_by_modulo() {
+        let sub = NewSubscription { partitions: Some(8), ..new("a") }.validate(NOW).unwrap();
+        assert_eq!(sub.keying, Keying::Ranges);
+        for i in 0..500 {
+            let key = format!("user-{i}");
+            let p = sub.partition_of(&key);
+            assert!(sub.keys_of(p).holds(&key) && !sub.keys_of((p + 1) % 8).holds(&key));
+        }
+        let mut stored = serde_json::to_value(&sub).unwrap();
+        stored.as_object_mut().unwrap().remove("keying");
+        let old: Subscription = serde_json::from_value(stored).unwrap();
+        assert_eq!((old.keying, old.keys_of(3)), (Keying::Modulo, KeyRange::ALL));
+        assert_eq!(old.partition_of("user-7"), partition_of("user-7", 8));
     }
 }

@@ -26,7 +26,7 @@ use crate::log::copies::RecentIds;
 use crate::log::reader::{Page, PAGES_AHEAD};
 use crate::log::Window;
 use crate::position::Checkpoint;
-use crate::readers::subscriptions::spec::{partition_of, State, Subscription};
+use crate::readers::subscriptions::spec::{State, Subscription};
 use crate::readers::subscriptions::{self, Parked, Take};
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 
@@ -197,7 +197,8 @@ impl Runner<'_> {
         let (slots, queries) =
             read_index(&self.subs.dynamo, &self.subs.config.event_table, from, self.position.slot + 1).await?;
         let window = Window { start: lookback.from_ms, end: self.position.slot + self.unit() };
-        let (recent, lookback_queries) = self.subs.reader(&window).recent_ids(&slots, &lookback).await?;
+        let keys = self.sub.keys_of(self.partition);
+        let (recent, lookback_queries) = self.subs.reader(&window, keys).recent_ids(&slots, &lookback).await?;
         self.summary.queries += queries + lookback_queries;
         Ok(recent)
     }
@@ -212,7 +213,7 @@ impl Runner<'_> {
         let (mut slots, index_queries) = read_index(dynamo, table, self.position.slot, complete_end).await?;
         slots.retain(|s| s.slot >= self.position.slot);
         self.summary.queries += index_queries;
-        let reader = subs.reader(&window);
+        let reader = subs.reader(&window, self.sub.keys_of(self.partition));
         let (tx, rx) = mpsc::channel::<Result<Page>>(PAGES_AHEAD);
         let producer = reader.fetch_pages(slots, self.position.clone(), tx);
         let consumer = async {
@@ -223,11 +224,11 @@ impl Runner<'_> {
                 self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
                 // Read whole (a payload fetched from S3, sealed parts opened) only in its partition's runner.
-                let (n, partition) = (self.sub.partitions, self.partition);
+                let (sub, partition) = (&self.sub, self.partition);
                 let (mine, others): (Vec<_>, Vec<_>) = page
                     .events
                     .into_iter()
-                    .partition(|e: &EventItem| e.in_its_place() || partition_of(&e.partition_key, n) == partition);
+                    .partition(|e: &EventItem| e.in_its_place() || sub.partition_of(&e.partition_key) == partition);
                 self.summary.other_partitions += others.len();
                 let mut opened = subs.tiers.opened(mine);
                 while let Some((event, readable)) = futures::StreamExt::next(&mut opened).await {
