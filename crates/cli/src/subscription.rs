@@ -32,7 +32,7 @@ pub enum Action {
         /// `kinesis:<stream>` or `lambda:<function>`.
         #[arg(long)]
         target: String,
-        /// Partitions (1 to 64): runners in parallel, each key's events in one of them.
+        /// Partitions (1 to 1024): runners in parallel, each reading its range of key hashes, each key in one of them.
         #[arg(long, default_value_t = 1)]
         partitions: u32,
         /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
@@ -218,9 +218,9 @@ mod tests {
         assert!(create("park", "path").request(now).is_err());
         let mut too_many = create("park", "/a=1");
         if let Action::Create { partitions, .. } = &mut too_many {
-            *partitions = 65;
+            *partitions = 1025;
         }
-        assert!(too_many.request(now).unwrap_err().to_string().contains("partitions must be 1 to 64"));
+        assert!(too_many.request(now).unwrap_err().to_string().contains("partitions must be 1 to 1024"));
         let reset = |to: &str| Action::Reset { name: "s".into(), to: to.into() }.request(now);
         assert!(reset("beginning").is_ok() && reset("someday").is_err());
     }

@@ -143,7 +143,10 @@ async fn subscriptions_are_managed_and_the_complete_log_is_followed_from_the_com
     let hour_on = event_store::time::format_ms(event_store::time::now_ms() + 3_600_000);
     for (args, expected) in [
         (vec!["tail", "--from", "someday"], "--from \"someday\""),
-        (vec!["subscription", "create", "x", "--target", &target, "--partitions", "65"], "partitions must be 1 to 64"),
+        (
+            vec!["subscription", "create", "x", "--target", &target, "--partitions", "1025"],
+            "partitions must be 1 to 1024",
+        ),
         (vec!["subscription", "create", "x", "--target", &target, "--start", &hour_on], "future"),
         (vec!["subscription", "reset", "clicks", "--to", "someday"], "someday"),
     ] {

@@ -50,11 +50,7 @@ impl Pool {
     /// The chunks of the page, each with the buffer ids behind it, and the
     /// ids of events that could not be packed (they stay in the buffer).
     /// An event in two buffer items (a copy) is packed once, behind both.
-    pub(crate) fn chunks(
-        self,
-        moved_at: i64,
-        retention_days: Option<u32>,
-    ) -> (Vec<Behind>, Vec<Unpacked>) {
+    pub(crate) fn chunks(self, moved_at: i64, retention_days: Option<u32>) -> (Vec<Behind>, Vec<Unpacked>) {
         let (mut chunks, mut failed) = (Vec::new(), Vec::new());
         for ((slot, slice), mut events) in self.groups {
             events.sort_by_cached_key(|(e, _)| e.sort_key());

@@ -457,7 +457,7 @@ pub(crate) async fn unstop(dynamo: &aws_sdk_dynamodb::Client, table: &str, sub: 
 /// Deletes the subscription, its partitions and its parked events (runners
 /// still going stop at their next look at the definition, or lose their lease).
 pub(crate) async fn delete(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
-    existing(dynamo, table, name).await?;
+    let sub = existing(dynamo, table, name).await?;
     if bookkeeping::get_in(dynamo, table, Family::legacy(), definition_key(name)).await?.is_some() {
         // Its old items stay in slot -2 (not this role's to delete): never move them again.
         let mut word = key(deleted_key(name));
@@ -467,8 +467,10 @@ pub(crate) async fn delete(dynamo: &aws_sdk_dynamodb::Client, table: &str, name:
     let mut keys = vec![key(definition_key(name))];
     let (parked, _) = query_range(dynamo, table, parked_prefix(name), format!("{}{LAST}", parked_prefix(name))).await?;
     keys.extend(parked.iter().filter_map(|item| sort_key_of(item).map(|k| key(k.to_owned()))));
-    // Every partition number there can be (an earlier subscription of the name may have had more).
-    keys.extend((0..spec::MAX_PARTITIONS).map(|partition| partition_item_key(name, partition)));
+    // Its partitions, and every number an earlier version allowed (an earlier subscription of the
+    // name may have had more; a rescale down deletes the partitions it leaves).
+    let numbers = sub.partitions.max(spec::MAX_PARTITIONS_BEFORE_SLICES);
+    keys.extend((0..numbers).map(|partition| partition_item_key(name, partition)));
     let requests = keys
         .into_iter()
         .map(|key| {

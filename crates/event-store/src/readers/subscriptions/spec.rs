@@ -8,8 +8,11 @@ use crate::log::{Filter, RecordFormat};
 use crate::slices::{key_hash, part_of, KeyRange};
 use crate::time::{format_ms, parse_time};
 
-/// The most partitions a subscription may have (each is one runner at a time).
-pub const MAX_PARTITIONS: u32 = 64;
+/// The most partitions a subscription may have (each is one runner at a
+/// time, reading its range of key hashes: [`crate::slices::MAX_SLICES`]).
+pub const MAX_PARTITIONS: u32 = crate::slices::MAX_SLICES;
+/// The most partitions a subscription could have before slices.
+pub const MAX_PARTITIONS_BEFORE_SLICES: u32 = 64;
 /// Default events per delivery: Kinesis' request limit, and a Lambda batch
 /// well under the 6 MB synchronous payload.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
@@ -241,7 +244,7 @@ mod tests {
             (NewSubscription { start: Some("yesterday-ish".into()), ..new("a") }, "time"),
             (NewSubscription { target: None, ..new("a") }, "target"),
             (NewSubscription { partitions: Some(0), ..new("a") }, "partitions"),
-            (NewSubscription { partitions: Some(65), ..new("a") }, "partitions"),
+            (NewSubscription { partitions: Some(1025), ..new("a") }, "partitions"),
             (NewSubscription { batch_size: Some(501), ..new("a") }, "batch_size"),
             (
                 NewSubscription { filter: vec![Filter { field: "path".into(), equals: 1.into() }], ..new("a") },
