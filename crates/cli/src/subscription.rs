@@ -63,6 +63,14 @@ pub enum Action {
         #[arg(long)]
         to: String,
     },
+    /// A new partition count: the partitions stop, deliver up to a common position, and the new
+    /// ones go on from it, each key in order (done by the stack's ticks; `list` shows it).
+    Rescale {
+        name: String,
+        /// Partitions (1 to 1024).
+        #[arg(long)]
+        partitions: u32,
+    },
     Delete {
         name: String,
     },
@@ -124,6 +132,10 @@ impl Action {
             Action::Reset { name, to } => {
                 parse_start(&to, now)?;
                 Manage::Reset { name, to }
+            }
+            Action::Rescale { name, partitions } => {
+                event_store::readers::subscriptions::spec::check_partitions(partitions)?;
+                Manage::Rescale { name, partitions }
             }
             Action::Delete { name } => Manage::Delete { name },
             Action::Parked { name } => Manage::Parked { name },
@@ -221,6 +233,9 @@ mod tests {
             *partitions = 1025;
         }
         assert!(too_many.request(now).unwrap_err().to_string().contains("partitions must be 1 to 1024"));
+        let rescale = |partitions| Action::Rescale { name: "s".into(), partitions }.request(now);
+        assert_eq!(rescale(16).unwrap(), Manage::Rescale { name: "s".into(), partitions: 16 });
+        assert!(rescale(0).is_err() && rescale(1025).is_err());
         let reset = |to: &str| Action::Reset { name: "s".into(), to: to.into() }.request(now);
         assert!(reset("beginning").is_ok() && reset("someday").is_err());
     }

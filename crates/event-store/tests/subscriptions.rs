@@ -267,6 +267,91 @@ async fn sixty_four_partitions_of_a_sliced_log_read_only_their_slices_and_delive
     assert!(read.windows(2).all(|w| w[0] < w[1]), "in log order, each once");
 }
 
+/// Events `range` of 300 keys over the last second (after every watermark
+/// so far: none is late), pumped and moved (16 slices).
+async fn sliced_batch(env: &TestEnv, range: std::ops::Range<i64>) {
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let from = now_ms() - 1_000;
+    let records: Vec<_> = range
+        .clone()
+        .map(|i| (format!("user-{}", i % 300), json!({"n": i}).to_string().into_bytes(), from + (i - range.start) / 3))
+        .collect();
+    buffer_through_pump(env, &records).await;
+    let config = ScanConfig { segments: 2, slices: 16, ..runs::scan_config(&env.names) };
+    for run in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), config, json!({}), deadline_in(Duration::from_secs(900)))
+            .await
+    {
+        run.unwrap();
+    }
+}
+
+/// Rescaling a live subscription from 4 partitions to 16 and back to 8, with
+/// partitions standing at different places when it is asked and keys whose
+/// events straddle each change: every event once, each key in order, and
+/// each key's sequence numbers growing across the changes (the consumer's
+/// rule drops nothing real).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscription_rescaled_up_and_down_delivers_each_event_once_in_key_order() {
+    let env = TestEnv::start(2).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let config = || runs::subscription_config(&env.names);
+    sliced_batch(&env, 0..3_000).await;
+    let name = "rescaled";
+    manage(&env, &target, json!({
+        "action": "create", "name": name, "start": format_ms(T0 - 60_000), "target": {"lambda": CONSUMER}, "partitions": 4
+    }))
+    .await
+    .unwrap();
+    assert_eq!(tick(&env, &target, config()).await.iter().map(|r| r.delivered).sum::<usize>(), 3_000);
+    let mut next = 3_000;
+    for (to, from_partitions) in [(16u32, 4u32), (8, 16)] {
+        // More events; only partition 0 delivers them before the rescale is asked (the others lag).
+        sliced_batch(&env, next..next + 3_000).await;
+        next += 3_000;
+        let ahead = invoke(&env, &target, config(), json!({"run": PartitionTask::first(name, 0)})).await;
+        assert_eq!(ahead.len(), 1, "{ahead:?}");
+        let asked = manage(&env, &target, json!({"action": "rescale", "name": name, "partitions": to})).await.unwrap();
+        assert_eq!(asked["partitions"], to);
+        // Events that come while it is under way.
+        sliced_batch(&env, next..next + 3_000).await;
+        next += 3_000;
+        // Ticks until the new count is in place: the old partitions deliver up to the common position (a
+        // slot past partition 0's), which needs the watermark past it: a scan pass a second later.
+        let mut rounds = 0;
+        loop {
+            let runs = tick(&env, &target, config()).await;
+            let sub = event_store::readers::subscriptions::get(&env.dynamo, &env.names.event_table, name)
+                .await
+                .unwrap()
+                .unwrap();
+            if sub.rescale.is_none() {
+                assert_eq!(sub.partitions, to);
+                break;
+            }
+            assert!(runs.iter().all(|r| r.partition < from_partitions), "only the old partitions run: {runs:?}");
+            rounds += 1;
+            assert!(rounds < 6, "the rescale does not finish: {sub:?}");
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            scan_pass(&env).await;
+        }
+        let runs = tick(&env, &target, config()).await;
+        assert_eq!(runs.len(), to as usize, "a runner per new partition: {runs:?}");
+        assert_eq!(runs.iter().map(|r| r.other_partitions).sum::<usize>(), 0, "each reads only its slices");
+    }
+    let delivered = target.taken();
+    assert_eq!(assert_all_in_key_order(&delivered, 0..next, 300), 0, "no event twice");
+    let mut seqs: HashMap<String, i64> = HashMap::new();
+    for event in &delivered {
+        let (key, seq) = (event["partition_key"].as_str().unwrap().to_owned(), event["playback_seq"].as_i64().unwrap());
+        let before = seqs.insert(key.clone(), seq);
+        assert!(before.is_none_or(|b| b < seq), "{key}: sequence numbers grow across rescales ({before:?}, {seq})");
+    }
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    assert_eq!(listed["subscriptions"][0]["partitions"].as_array().unwrap().len(), 8);
+    assert_eq!(listed["subscriptions"][0]["epoch"], 2);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_mid_delivery_repeats_only_the_batch_in_flight() {
     let env = TestEnv::start(1).await;
@@ -984,7 +1069,10 @@ async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say
             json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "filter": "/x=1"}),
             "expected a sequence",
         ),
-        (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 65}), "partitions"),
+        (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 1025}), "partitions"),
+        (json!({"action": "rescale", "name": "a", "partitions": 0}), "partitions"),
+        (json!({"action": "rescale", "name": "a", "partitions": 1025}), "partitions"),
+        (json!({"action": "rescale", "name": "nope", "partitions": 2}), "no subscription"),
         (json!({"action": "create", "name": "b", "target": {"lambda": CONSUMER}, "partitions": 0}), "partitions"),
         (json!({"action": "pause", "name": "nope"}), "no subscription"),
         (json!({"action": "reset", "name": "a", "to": format_ms(now_ms() + 3_600_000)}), "future"),

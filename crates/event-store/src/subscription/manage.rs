@@ -29,6 +29,9 @@ pub enum Manage {
     Resume { name: String },
     /// Every partition delivers again from `to` (`beginning`, `now` or a time).
     Reset { name: String, to: String },
+    /// A new partition count: the partitions stop, deliver up to a common
+    /// position, and the new ones go on from it (each key in order).
+    Rescale { name: String, partitions: u32 },
     /// The subscription, its checkpoints and its parked events are deleted.
     Delete { name: String },
     /// The parked events.
@@ -75,6 +78,11 @@ impl Subscriptions {
                 let to = spec::parse_start(&to, now_ms())?;
                 subscriptions::reset(dynamo, table, &sub, to, self.config.time_unit_ms).await?;
                 json!({ "reset": name, "to": crate::time::format_ms(to) })
+            }
+            Manage::Rescale { name, partitions } => {
+                subscriptions::rescale(dynamo, table, &name, partitions).await?;
+                info!(subscription = %name, partitions, "subscription rescale asked");
+                json!({ "rescaling": name, "partitions": partitions })
             }
             Manage::Delete { name } => {
                 subscriptions::delete(dynamo, table, &name).await?;

@@ -235,6 +235,7 @@ impl Subscriptions {
         let (complete_end, subscriptions) = self.statuses().await?;
         let mut started = 0;
         for sub in subscriptions.iter().filter(|s| s.subscription.state == State::Active) {
+            let Some(sub) = self.rescale_step(sub, complete_end).await? else { continue };
             for partition in sub.partitions.iter().filter(|p| p.stopped.is_none() && p.leased_until.is_none()) {
                 let task = PartitionTask::first(&sub.subscription.name, partition.partition);
                 match continue_with(self.invoker.as_ref(), &serde_json::json!({ "run": task })).await {
@@ -247,6 +248,28 @@ impl Subscriptions {
         }
         info!(subscriptions = subscriptions.len(), started, "subscriptions tick");
         Ok(TickSummary { watermark: complete_end.map(format_ms), subscriptions, started })
+    }
+}
+
+impl Subscriptions {
+    /// A step of `sub`'s rescale, if one is under way; the partitions to
+    /// start runners for, or none while they stop.
+    async fn rescale_step(
+        &self,
+        sub: &SubscriptionStatus,
+        complete_end: Option<i64>,
+    ) -> Result<Option<SubscriptionStatus>> {
+        use crate::readers::subscriptions::{self as subs, RescaleStep};
+        let (dynamo, table, unit) = (&self.dynamo, self.config.event_table.as_str(), self.config.time_unit_ms);
+        match subs::rescale_step(dynamo, table, &sub.subscription, unit, crate::time::now_ms()).await? {
+            RescaleStep::None | RescaleStep::Draining(_) => Ok(Some(sub.clone())),
+            RescaleStep::Stopping => Ok(None),
+            RescaleStep::Switched => {
+                let Some(now) = subs::get(dynamo, table, &sub.subscription.name).await? else { return Ok(None) };
+                let stored = subs::partitions(dynamo, table, &now).await?;
+                Ok(Some(subs::status(&now, &stored, complete_end, unit)))
+            }
+        }
     }
 }
 

@@ -48,6 +48,8 @@ pub enum RunStatus {
     Unavailable,
     /// The chain reached `MAX_CONTINUATIONS`; the next tick starts a new one.
     ChainStopped,
+    /// A rescale is under way: the partition stopped for it, or delivered up to where it says.
+    Rescaling,
 }
 
 /// What one partition run did.

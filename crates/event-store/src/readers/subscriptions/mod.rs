@@ -27,6 +27,7 @@ use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 mod moved;
 mod parked;
 mod partitions;
+mod positions;
 pub mod spec;
 pub mod status;
 
@@ -35,6 +36,7 @@ pub(crate) use parked::parked;
 pub use parked::{park, unpark, Parked};
 use partitions::partition_items;
 pub use partitions::{partition_item_key, partition_slot};
+pub(crate) use positions::{rescale, rescale_step, reset, RescaleStep};
 
 pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
 pub use status::{position_ms, status, statuses, PartitionStatus, SubscriptionStatus};
@@ -69,6 +71,9 @@ fn parked_prefix(name: &str) -> String {
 fn parked_key(name: &str, slot: i64, sort_key: &str) -> String {
     format!("{}{slot:013}#{sort_key}", parked_prefix(name))
 }
+
+/// A partition item's epoch (absent: 0).
+const EPOCH: &str = "epoch";
 
 /// After every character a name may hold: the end of a prefix's range.
 const LAST: &str = "~";
@@ -186,6 +191,8 @@ pub struct Partition {
     pub partition: u32,
     /// The subscription's `id` the item belongs to (another: left by an earlier subscription of the name).
     pub sub_id: Option<String>,
+    /// The subscription's epoch the item belongs to (another: the partitions before a rescale).
+    pub epoch: u32,
     pub checkpoint: Option<Checkpoint>,
     pub lease: Option<Lease>,
     /// Why the partition stopped (a parked event, with `on_poison: stop`), until `resume`.
@@ -203,6 +210,7 @@ impl Partition {
         Ok(Self {
             partition,
             sub_id: item.get("sub_id").and_then(|v| v.as_s().ok()).cloned(),
+            epoch: item.get(EPOCH).and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or(0),
             checkpoint: checkpoint_of(item)?,
             lease: lease::lease_of(item),
             stopped: item.get("stopped").and_then(|v| v.as_s().ok()).cloned(),
@@ -218,7 +226,7 @@ pub(crate) async fn partitions(
     sub: &Subscription,
 ) -> Result<Vec<Partition>> {
     let mut stored = partition_items(dynamo, table, &sub.name, sub.partitions).await?;
-    stored.retain(|p| p.sub_id.as_deref() == Some(sub.id.as_str()));
+    stored.retain(|p| p.sub_id.as_deref() == Some(sub.id.as_str()) && p.epoch == sub.epoch);
     Ok(stored)
 }
 
@@ -235,8 +243,9 @@ pub enum Take {
 
 /// Takes partition `partition`'s lease for `owner` until `until`: when it is
 /// free, expired before `now`, or handed on by `previous`; never while the
-/// partition is stopped. The item is `sub`'s own (`sub_id`); one an earlier
-/// subscription of the name left behind is replaced by a fresh one.
+/// partition is stopped. The item is `sub`'s own (`sub_id`) and of its
+/// epoch; one an earlier subscription of the name left behind, or the
+/// partitions' before a rescale, is replaced by a fresh one.
 pub async fn take(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -250,57 +259,77 @@ pub async fn take(
         return Ok(Take::Lease(Taken::Busy(until)));
     }
     let item_key = partition_item_key(&sub.name, partition);
-    let result = dynamo
+    // Epoch 0 is never written (items of before rescales have none); another epoch's item is not taken.
+    let (set_epoch, of_epoch) = match sub.epoch {
+        0 => ("", format!("attribute_not_exists({EPOCH})")),
+        _ => (", #epoch = :epoch", "(#epoch = :epoch OR attribute_not_exists(#sk))".to_owned()),
+    };
+    let mut request = dynamo
         .update_item()
         .table_name(table)
         .set_key(Some(item_key.clone()))
-        .update_expression("SET lease_owner = :me, lease_until = :until, sub_id = :sub")
+        .update_expression(format!("SET lease_owner = :me, lease_until = :until, sub_id = :sub{set_epoch}"))
         .condition_expression(format!(
-            "{LEASE_FREE} AND attribute_not_exists(stopped) AND (attribute_not_exists(sub_id) OR sub_id = :sub)"
+            "{LEASE_FREE} AND attribute_not_exists(stopped) AND (attribute_not_exists(sub_id) OR sub_id = :sub) AND {of_epoch}"
         ))
         .expression_attribute_values(":me", s(owner))
         .expression_attribute_values(":previous", s(previous.unwrap_or(owner)))
         .expression_attribute_values(":until", n(until))
         .expression_attribute_values(":now", n(now))
-        .expression_attribute_values(":sub", s(&sub.id))
-        .return_values(ReturnValue::AllNew)
-        .return_consumed_capacity(ReturnConsumedCapacity::Total)
-        .send()
-        .await;
+        .expression_attribute_values(":sub", s(&sub.id));
+    if sub.epoch > 0 {
+        request = request
+            .expression_attribute_names("#epoch", EPOCH)
+            .expression_attribute_names("#sk", RANGE_KEY)
+            .expression_attribute_values(":epoch", n(i64::from(sub.epoch)));
+    }
+    let result =
+        request.return_values(ReturnValue::AllNew).return_consumed_capacity(ReturnConsumedCapacity::Total).send().await;
     if let Some(out) = unless_condition_failed(result)? {
         return Ok(Take::Lease(Taken::Held(out.attributes().map(checkpoint_of).transpose()?.flatten())));
     }
     let stored = partition_items(dynamo, table, &sub.name, sub.partitions).await?;
     let stored = stored.into_iter().find(|p| p.partition == partition);
-    match stored {
-        Some(Partition { sub_id: Some(other), .. }) if other != sub.id => {
-            // Left by an earlier subscription of this name, or this runner is the stale one.
-            if get(dynamo, table, &sub.name).await?.is_none_or(|current| current.id != sub.id) {
-                return Ok(Take::Gone);
-            }
-            let mut fresh = item_key;
-            fresh.insert("sub_id".into(), s(&sub.id));
-            fresh.insert("lease_owner".into(), s(owner));
-            fresh.insert("lease_until".into(), n(until));
-            let replaced = dynamo
-                .put_item()
-                .table_name(table)
-                .set_item(Some(fresh))
-                .condition_expression("sub_id = :other")
-                .expression_attribute_values(":other", s(&other))
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
-            match replaced {
-                Ok(_) => Ok(Take::Lease(Taken::Held(None))),
-                Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
-                    Ok(Take::Lease(Taken::Busy(now)))
-                }
-                Err(e) => Err(Error::dynamo("PutItem", e)),
-            }
+    let left = match &stored {
+        // Left by an earlier subscription of this name, or this runner is the stale one.
+        Some(Partition { sub_id: Some(other), .. }) if *other != sub.id => {
+            ("sub_id = :other".to_owned(), vec![(":other", s(other))])
         }
-        Some(Partition { stopped: Some(error), .. }) => Ok(Take::Stopped(error)),
-        stored => Ok(Take::Lease(Taken::Busy(stored.and_then(|p| p.lease).map_or(now, |lease| lease.until.max(now))))),
+        // The partition's item of before a rescale (or this runner read the subscription before it).
+        Some(Partition { epoch, .. }) if *epoch != sub.epoch => match epoch {
+            0 => (format!("sub_id = :sub AND attribute_not_exists({EPOCH})"), vec![(":sub", s(&sub.id))]),
+            _ => (
+                format!("sub_id = :sub AND {EPOCH} = :old"),
+                vec![(":sub", s(&sub.id)), (":old", n(i64::from(*epoch)))],
+            ),
+        },
+        Some(Partition { stopped: Some(error), .. }) => return Ok(Take::Stopped(error.clone())),
+        stored => {
+            let until = stored.as_ref().and_then(|p| p.lease.as_ref()).map_or(now, |lease| lease.until.max(now));
+            return Ok(Take::Lease(Taken::Busy(until)));
+        }
+    };
+    if get(dynamo, table, &sub.name).await?.is_none_or(|current| current.id != sub.id || current.epoch != sub.epoch) {
+        return Ok(Take::Gone);
+    }
+    let mut fresh = item_key;
+    fresh.insert("sub_id".into(), s(&sub.id));
+    fresh.insert("lease_owner".into(), s(owner));
+    fresh.insert("lease_until".into(), n(until));
+    if sub.epoch > 0 {
+        fresh.insert(EPOCH.into(), n(i64::from(sub.epoch)));
+    }
+    let (condition, values) = left;
+    let mut replace = dynamo.put_item().table_name(table).set_item(Some(fresh)).condition_expression(condition);
+    for (name, value) in values {
+        replace = replace.expression_attribute_values(name, value);
+    }
+    match replace.return_consumed_capacity(ReturnConsumedCapacity::Total).send().await {
+        Ok(_) => Ok(Take::Lease(Taken::Held(None))),
+        Err(e) if matches!(e.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) => {
+            Ok(Take::Lease(Taken::Busy(now)))
+        }
+        Err(e) => Err(Error::dynamo("PutItem", e)),
     }
 }
 
@@ -365,74 +394,6 @@ pub(crate) async fn stop(
             Err(Error::LeaseLost(format!("subscription {name} partition {partition}: another runner holds it now")))
         }
     }
-}
-
-/// Sets every partition of `sub` to deliver from `to` (ms) and clears
-/// `stopped`. Per partition, in two writes: the first takes the lease away
-/// from whoever holds it (their later writes fail) for a minute and returns
-/// the stored count, the second writes the new checkpoint and frees the
-/// lease, conditional on the fence still holding it. The count goes on past
-/// the stored one by a batch (what a runner can deliver before its next
-/// save), so a sequence number never names two events. The subscription's
-/// `start_ms` becomes `to`.
-pub(crate) async fn reset(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    sub: &Subscription,
-    to: i64,
-    unit: u64,
-) -> Result<()> {
-    update(dynamo, table, &sub.name, &[("start_ms", n(to))]).await?;
-    let fence = format!("reset-{}", uuid::Uuid::new_v4().simple());
-    for partition in 0..sub.partitions {
-        move_partition(dynamo, table, &sub.name, partition).await?;
-        let item_key = partition_item_key(&sub.name, partition);
-        let fenced = dynamo
-            .update_item()
-            .table_name(table)
-            .set_key(Some(item_key.clone()))
-            .update_expression("SET lease_owner = :fence, lease_until = :minute, sub_id = :sub")
-            .expression_attribute_values(":fence", s(&fence))
-            .expression_attribute_values(":minute", n(crate::time::now_ms() + 60_000))
-            .expression_attribute_values(":sub", s(&sub.id))
-            .return_values(ReturnValue::AllOld)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("UpdateItem", e))?;
-        let ours = fenced.attributes().filter(|old| old.get("sub_id").and_then(|v| v.as_s().ok()) == Some(&sub.id));
-        let (seq, events) = match ours {
-            // A runner of this subscription may have delivered one batch past its last save
-            // (a crash, or this reset's fence came just before its save): skip its numbers.
-            Some(old) => {
-                let before = checkpoint_of(old)?;
-                let (seq, events) = before.map_or((0, 0), |c| (c.seq, c.events));
-                (seq + sub.batch_size as u64, events)
-            }
-            None => (0, 0),
-        };
-        let checkpoint = Checkpoint { seq, events, ..Checkpoint::starting_at(to, unit) };
-        let result = dynamo
-            .update_item()
-            .table_name(table)
-            .set_key(Some(item_key))
-            .update_expression("SET #checkpoint = :checkpoint, lease_until = :zero REMOVE stopped")
-            .condition_expression("lease_owner = :fence")
-            .expression_attribute_names("#checkpoint", CHECKPOINT)
-            .expression_attribute_values(":checkpoint", checkpoint_value(&checkpoint)?)
-            .expression_attribute_values(":fence", s(&fence))
-            .expression_attribute_values(":zero", n(0))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        if unless_condition_failed(result)?.is_none() {
-            return Err(Error::LeaseLost(format!(
-                "subscription {} partition {partition}: reset raced another reset",
-                sub.name
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Clears `stopped` on every partition of `sub`.

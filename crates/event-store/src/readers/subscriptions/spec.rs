@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::log::{Filter, RecordFormat};
+use crate::position::Checkpoint;
 use crate::slices::{key_hash, part_of, KeyRange};
 use crate::time::{format_ms, parse_time};
 
@@ -62,6 +63,27 @@ pub enum Keying {
     Ranges,
 }
 
+/// A rescale under way: the partitions stop; once none runs, `at` is set
+/// past every one's position and they deliver up to it; then the new count
+/// starts from it ([`super::rescale`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rescale {
+    pub to: u32,
+    /// Where the old partitions stop (ms, a slot's start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<i64>,
+}
+
+/// Where the partitions of a rescaled subscription start: the common
+/// position (ms, a slot's start), and the first sequence number they use
+/// (past every one the partitions before used, so the consumer's rule holds
+/// for a key that changed partitions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochStart {
+    pub at: i64,
+    pub seq: u64,
+}
+
 /// Whether the runners deliver.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -96,6 +118,14 @@ pub struct Subscription {
     /// Absent in a subscription stored before slices: [`Keying::Modulo`].
     #[serde(default)]
     pub keying: Keying,
+    /// Bumped by each rescale: a partition item of another epoch is the
+    /// partitions' before, and a runner starts that partition afresh.
+    #[serde(default)]
+    pub epoch: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_start: Option<EpochStart>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescale: Option<Rescale>,
 }
 
 impl Subscription {
@@ -105,6 +135,29 @@ impl Subscription {
             Keying::Modulo => KeyRange::ALL,
             Keying::Ranges => KeyRange::new(partition, self.partitions),
         }
+    }
+
+    /// Where a partition that has not run (in this epoch) starts.
+    pub fn start_checkpoint(&self, unit: u64) -> Checkpoint {
+        match self.epoch_start {
+            Some(start) => Checkpoint { seq: start.seq, ..Checkpoint::starting_at(start.at, unit) },
+            None => Checkpoint::starting_at(self.start_ms, unit),
+        }
+    }
+
+    /// The earliest arrival (ms) the current partitions deliver.
+    pub fn start_floor(&self) -> i64 {
+        self.epoch_start.map_or(self.start_ms, |start| start.at.max(self.start_ms))
+    }
+
+    /// Where the old partitions of a rescale stop, once it is set (ms).
+    pub fn stop_at(&self) -> Option<i64> {
+        self.rescale.as_ref().and_then(|r| r.at)
+    }
+
+    /// A rescale waits for the partitions to stop: none may run.
+    pub fn stopping(&self) -> bool {
+        self.rescale.as_ref().is_some_and(|r| r.at.is_none())
     }
 
     /// The partition an event with this partition key belongs to: one key's
@@ -151,9 +204,7 @@ impl NewSubscription {
             return Err(bad("the target names no stream or function"));
         }
         let partitions = self.partitions.unwrap_or(1);
-        if !(1..=MAX_PARTITIONS).contains(&partitions) {
-            return Err(bad(&format!("partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")));
-        }
+        check_partitions(partitions)?;
         let batch_size = self.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
         if !(1..=crate::batch::KINESIS_BATCH_RECORDS).contains(&batch_size) {
             return Err(bad(&format!("batch_size must be 1 to 500, not {batch_size}")));
@@ -176,8 +227,19 @@ impl NewSubscription {
             state: State::Active,
             created_at: format_ms(now),
             keying: Keying::Ranges,
+            epoch: 0,
+            epoch_start: None,
+            rescale: None,
         })
     }
+}
+
+/// A partition count: 1 to [`MAX_PARTITIONS`].
+pub fn check_partitions(partitions: u32) -> Result<u32> {
+    if !(1..=MAX_PARTITIONS).contains(&partitions) {
+        return Err(bad(&format!("partitions must be 1 to {MAX_PARTITIONS}, not {partitions}")));
+    }
+    Ok(partitions)
 }
 
 fn bad(message: &str) -> Error {

@@ -47,9 +47,8 @@ pub fn status(sub: &Subscription, stored: &[Partition], complete_end: Option<i64
     let partitions: Vec<PartitionStatus> = (0..sub.partitions)
         .map(|partition| {
             let item = stored.iter().find(|p| p.partition == partition);
-            let checkpoint =
-                item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, unit));
-            let at = position_ms(&checkpoint).max(sub.start_ms);
+            let checkpoint = item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| sub.start_checkpoint(unit));
+            let at = position_ms(&checkpoint).max(sub.start_floor());
             PartitionStatus {
                 partition,
                 position: format_ms(at),

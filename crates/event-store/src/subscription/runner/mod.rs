@@ -77,7 +77,7 @@ impl Subscriptions {
         let claim = (owner.as_str(), task.lease.as_deref());
         let position = match subscriptions::take(dynamo, table, (&sub, task.partition), claim, until, now_ms()).await? {
             Take::Lease(Taken::Held(checkpoint)) => {
-                checkpoint.unwrap_or_else(|| Checkpoint::starting_at(sub.start_ms, self.config.time_unit_ms))
+                checkpoint.unwrap_or_else(|| sub.start_checkpoint(self.config.time_unit_ms))
             }
             Take::Gone => return Ok(RunSummary { status: RunStatus::Gone, ..summary }),
             Take::Lease(Taken::Busy(until)) => {
@@ -86,6 +86,17 @@ impl Subscriptions {
             }
             Take::Stopped(error) => {
                 return Ok(RunSummary { status: RunStatus::Stopped, error: Some(error), ..summary })
+            }
+        };
+        // Read again with the lease held: a rescale asked before the take is seen (its partitions stop,
+        // or deliver up to where it says), and a rescale done since the definition was read ends this run.
+        let sub = match subscriptions::get(dynamo, table, &sub.name).await? {
+            Some(now) if now.epoch == sub.epoch && now.id == sub.id && !now.stopping() => now,
+            now => {
+                subscriptions::release(dynamo, table, place, &owner, None).await?;
+                let status =
+                    if now.is_some_and(|now| now.id == sub.id) { RunStatus::Rescaling } else { RunStatus::Gone };
+                return Ok(RunSummary { status, ..summary });
             }
         };
         info!(subscription = %sub.name, partition = task.partition, slot = %format_ms(position.slot), hop = task.hop, "subscription run");
@@ -147,7 +158,13 @@ impl Runner<'_> {
         let mut follow = Follow::new(config.follow, task.lease.is_some(), Instant::now());
         let mut state_checked = Instant::now();
         loop {
-            if let Some(end) = self.subs.complete_to().await?.filter(|end| delivered_to < *end) {
+            // A rescale's old partition delivers up to where it says, and ends there.
+            let stop_at = self.sub.stop_at();
+            if stop_at.is_some_and(|at| delivered_to >= at) {
+                return self.end(RunStatus::Rescaling).await;
+            }
+            let complete = self.subs.complete_to().await?.map(|end| stop_at.map_or(end, |at| end.min(at)));
+            if let Some(end) = complete.filter(|end| delivered_to < *end) {
                 match self.round(end).await? {
                     Round::Done => {
                         delivered_to = end;
@@ -180,6 +197,9 @@ impl Runner<'_> {
                 match subscriptions::get(&self.subs.dynamo, &config.event_table, &self.sub.name).await? {
                     None => return self.end(RunStatus::Gone).await,
                     Some(sub) if sub.state == State::Paused => return self.end(RunStatus::Paused).await,
+                    Some(sub) if sub.stopping() || sub.epoch != self.sub.epoch => {
+                        return self.end(RunStatus::Rescaling).await
+                    }
                     Some(_) => {}
                 }
             }
@@ -303,7 +323,7 @@ impl Runner<'_> {
             subscriptions::release(dynamo, table, (&self.sub.name, self.partition), &self.owner, None).await?;
         }
         self.summary.status = status;
-        self.summary.position = Some(format_ms(super::position_ms(&self.position).max(self.sub.start_ms)));
+        self.summary.position = Some(format_ms(super::position_ms(&self.position).max(self.sub.start_floor())));
         info!(
             subscription = %self.sub.name,
             partition = self.partition,
