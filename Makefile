@@ -50,7 +50,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-privacy build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-delivery bench-privacy build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -157,6 +157,10 @@ bench: tools-moto tools-node build ## throughput per stage vs the emulator's raw
 bench-entity: tools-moto ## the entity-stream figures only (requests per append and load, appends/s vs raw, a hot stream) -> bench/entity.md
 	$(CARGO) build --release --locked -p event-store-bench
 	BENCH_ONLY=entity ./target/release/event-store-bench
+
+bench-delivery: tools-moto tools-node ## delivery's figures only (write units by slice count, read units per delivered event by partitions) -> bench/delivery.md, results.json's delivery
+	$(CARGO) build --release --locked -p event-store-bench
+	BENCH_ONLY=delivery ./target/release/event-store-bench
 
 bench-archive: tools-moto ## the cold tier's figures only (replay from each tier, archiving, storage cost) -> bench/archive.md, results.json's archive, docs/capacity.md
 	$(CARGO) build --release --locked -p event-store-bench

@@ -15,6 +15,7 @@ use event_store_emulator::{moto_server, Emulator};
 mod archive;
 mod capacity;
 mod cold_start;
+mod delivery;
 mod entity;
 mod latency;
 mod measure;
@@ -52,6 +53,7 @@ async fn main() -> Result<()> {
         Some("latency") => sections::only_latency(&run).await,
         Some("archive") => sections::only_archive(&run).await,
         Some("entity") => sections::only_entity(&run).await,
+        Some("delivery") => sections::only_delivery(&run).await,
         _ => sections::full(&run).await,
     }
 }

@@ -8,7 +8,7 @@ use event_store_emulator::{moto_server, Emulator};
 
 use crate::cold_start::{self, COLD_STARTS};
 use crate::results::{self, archive_json, encryption_json};
-use crate::{archive, entity, latency, privacy, stages};
+use crate::{archive, delivery, entity, latency, privacy, stages};
 
 /// What every section is given: the repository, the bench's moto and its
 /// SDK config, events per payload size, and the date and machine the
@@ -61,6 +61,24 @@ pub(crate) async fn only_archive(run: &Run<'_>) -> Result<()> {
     results::write_capacity(run.root)
 }
 
+/// `BENCH_ONLY=delivery`: delivery's reads by partitions alone (bench/delivery.md, results.json's `delivery`).
+pub(crate) async fn only_delivery(run: &Run<'_>) -> Result<()> {
+    let delivery = delivery_section(run).await?;
+    results::replace_in_results(&run.dir().join("results.json"), vec![("delivery", delivery)])?;
+    println!(
+        "wrote bench/delivery.md and results.json's delivery (BENCH_ONLY=delivery: the other stages were not run)"
+    );
+    Ok(())
+}
+
+/// Delivery's figures on a dynalite of their own (bench/delivery.md).
+async fn delivery_section(run: &Run<'_>) -> Result<serde_json::Value> {
+    println!("== delivery: write units by slice count, read units per delivered event by partitions");
+    let (json, md) = delivery::run(run.root, run.sdk).await?;
+    std::fs::write(run.dir().join("delivery.md"), format!("# Delivery ({}, {})\n{md}", run.date, run.machine))?;
+    Ok(serde_json::json!({ "date": run.date, "machine": run.machine, "figures": json }))
+}
+
 /// `BENCH_ONLY=entity`: the entity streams alone (bench/entity.md).
 pub(crate) async fn only_entity(run: &Run<'_>) -> Result<()> {
     entity_section(run).await?;
@@ -80,12 +98,14 @@ pub(crate) async fn full(run: &Run<'_>) -> Result<()> {
     let (latency, subscription, latency_md) = latency::run(run.root, run.emulator, (date, machine)).await?;
     std::fs::write(run.dir().join("latency.md"), &latency_md)?;
     let cold = cold_starts_section(run).await?;
+    let delivery = delivery_section(run).await?;
     let bootstraps: BTreeMap<&str, u64> = results::bootstrap_sizes().into_iter().collect();
     let json = serde_json::json!({
         "date": date, "machine": machine, "results": payloads, "arm64_bootstrap_bytes": bootstraps,
         "latency": latency, "subscription": subscription, "cold_starts": cold, "entity": entity,
         "archive": archive_json(&archived, date, machine),
         "encryption": encryption_json(&sealed, date, machine),
+        "delivery": delivery,
     });
     std::fs::write(run.dir().join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = results::markdown(&payloads, machine, date);
