@@ -41,6 +41,34 @@ pub struct Measured {
     /// The local stack's own DynamoDB and Kinesis requests per minute while idle, by
     /// operation (`subscription.idle_requests_per_minute`), once measured.
     pub idle_requests_per_minute: Option<(std::collections::BTreeMap<String, f64>, String)>,
+    /// Delivery's figures (`delivery` in bench/results.json), once measured.
+    pub delivery: Option<Delivery>,
+}
+
+/// What `make bench-delivery` measured on a log cut into slices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub date: String,
+    pub slices: u64,
+    /// Pump and scan's write units per 1 KB event, the log cut into `slices`.
+    pub write_units_cut: f64,
+    /// One subscription's read units per delivered event, the most of 1 to 256 partitions.
+    pub read_units_per_event: f64,
+}
+
+impl Delivery {
+    fn from_results(results: &serde_json::Value) -> Option<Self> {
+        let figures = &results["delivery"]["figures"];
+        let slices = figures["slices"].as_u64()?;
+        let cut = figures["write_units_per_event_by_slices"].as_array()?.iter().find(|w| w["slices"] == slices)?;
+        let reads = figures["read_units_per_event_by_partitions"].as_object()?;
+        Some(Self {
+            date: results["delivery"]["date"].as_str().unwrap_or("?").to_owned(),
+            slices,
+            write_units_cut: cut["write_units_per_event"].as_f64()?,
+            read_units_per_event: reads.values().filter_map(serde_json::Value::as_f64).fold(0.0, f64::max),
+        })
+    }
 }
 
 impl Measured {
@@ -60,6 +88,7 @@ impl Measured {
             stored_bytes_per_event: figure("stored_bytes_per_event")?,
             pack_mb_per_second: figure("pack_mb_per_second")?,
             archive: results.get("archive").cloned(),
+            delivery: Delivery::from_results(results),
             idle_requests_per_minute: serde_json::from_value(
                 results["subscription"]["idle_requests_per_minute"].clone(),
             )
@@ -101,7 +130,7 @@ fn intro(m: &Measured) -> String {
          `make bench` on {date} (bench/results.json, 1 KB events: {w:.3} write units, {r:.3} read units and {s:.0} \
          stored bytes per event, packing at {pack:.0} MB/s on one core) and AWS's limits and prices (us-east-1, \
          list prices read {PRICES_READ} from stored copies of the AWS pricing pages; check them before you plan). \
-         Figures marked *assumed* were not measured: there is no AWS account behind this repository.\n\n\
+         Figures marked *assumed* were not measured: there is no AWS account behind this repository.{delivery}\n\n\
          Every limit is planned at {util:.0} % of itself.\n\n## What each rate needs\n\n",
         date = m.date,
         w = m.write_units_per_event,
@@ -109,6 +138,12 @@ fn intro(m: &Measured) -> String {
         s = m.stored_bytes_per_event,
         pack = m.pack_mb_per_second,
         util = UTILISATION * 100.0,
+        delivery = m.delivery.as_ref().map_or(String::new(), |d| format!(
+            " Delivery from `make bench-delivery` on {} (bench/delivery.md): a log cut into {} slices, {:.3} write \
+             units per event, and the most read units per delivered event of one subscription with 1 to 256 \
+             partitions, {:.4}.",
+            d.date, d.slices, d.write_units_cut, d.read_units_per_event
+        )),
     )
 }
 
@@ -137,16 +172,20 @@ an iterator, no entity streams, no per-key index).
 - **Scan.** Moves the cycle's chunks. More segments shorten the pass but also
   make the writes onto each slot's key denser: the simulation deals a cycle's
   chunks to segments and times every write, then reports the hottest
-  (slot, sub-key) second. `SlotSubkeys` is that K; `ScanReservedConcurrency`
+  (slot, key) second. `Slices` is the number of keys it needs (or
+  `SlotSubkeys` on a stack that does not cut slots); `ScanReservedConcurrency`
   must be at least `ScanSegments`.
-- **Readers.** Every playback and every subscription partition reads the whole
-  log of a slot (a partition keeps the events whose key hashes to it), so read
-  units grow with partitions; a sub-key carries a number of real-time readers
-  (the row above) and K raises it. At the highest rate a single subscription
-  needs more runners than its 64 partitions: that is where this design
-  breaks. What would fix it: a runner reading only the sub-keys its keys hash
-  to (the pump would have to cut chunks by key hash), or runners with more
-  memory.
+- **Slices and readers.** With `Slices` above 1 the scan cuts each slot by key
+  hash, each slice under a key of its own (docs/storage.md#slices): a slot's
+  writes spread over the slices, and a subscription partition reads only the
+  slices of its range of keys, so a subscription's read units per delivered
+  event do not grow with its partitions (measured: the row above, the most of
+  1 to 256 partitions). A slice key carries a number of real-time
+  subscriptions (3,000 read units a second each); more need more slices.
+  Partitions go up to 1,024, a power of two at most the slices reading each
+  slice once. Playback and every reader of all keys read every slice. Keep
+  `Slices` at 1 while one key a slot takes the writes: cut, each slice's
+  chunks are smaller and cost more write units per event.
 - **Quotas.** Kinesis allows 20,000 shards an account in us-east-1 (1,000 or
   6,000 elsewhere). DynamoDB on-demand tables are bounded by the account's
   table-level quota of 40,000 read and 40,000 write units a second: the buffer
@@ -173,6 +212,7 @@ mod tests {
     pub(super) fn measured() -> Measured {
         Measured {
             archive: None,
+            delivery: None,
             idle_requests_per_minute: None,
             date: "test".into(),
             write_units_per_event: 0.5,

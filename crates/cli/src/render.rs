@@ -71,6 +71,14 @@ pub fn status(label: &str, status: &Status, paint: &Paint) -> String {
         if sub.parked > 0 {
             line.push_str(&paint.bad(&format!("  {} parked", sub.parked)));
         }
+        if let Some(skew) = sub.skew.filter(|s| s.ratio >= 2.0) {
+            let hot =
+                format!("  partition {} has {:.1}x the mean load (a hot key?)", skew.busiest_partition, skew.ratio);
+            line.push_str(&paint.dim(&hot));
+        }
+        if let Some(to) = sub.rescaling_to {
+            line.push_str(&format!("  rescaling {} -> {to} partitions", sub.partitions.len()));
+        }
         let _ = writeln!(out, "subscription   {line}");
     }
     if status.playbacks.is_empty() {

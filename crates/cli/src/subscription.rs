@@ -12,7 +12,7 @@ use aws_sdk_lambda::primitives::Blob;
 use clap::Subcommand;
 use event_store::bookkeeping::settings;
 use event_store::config::SubscriptionConfig;
-use event_store::log::{Filter, RecordFormat};
+use event_store::log::{Filter, RecordFormat, Select};
 use event_store::readers::subscriptions::spec::parse_start;
 use event_store::subscription::{Manage, NewSubscription, OnPoison, Subscriptions, Target as Destination};
 use event_store_emulator::invoke::{recursive_loop, LocalInvoker};
@@ -22,6 +22,7 @@ use crate::stack::Stack;
 
 /// The subscription actions, as command-line arguments.
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once from the command line; boxing `create`'s arguments buys nothing
 pub enum Action {
     /// Create a subscription: every event from START on, in order per partition key, to TARGET.
     Create {
@@ -38,6 +39,18 @@ pub enum Action {
         /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
         #[arg(long = "filter", value_delimiter = ',')]
         filters: Vec<String>,
+        /// Only events of these types (an entity event's `type`, a posted event's `type`). Repeatable.
+        #[arg(long = "type", value_delimiter = ',')]
+        types: Vec<String>,
+        /// Only entity events of streams of these categories (`todo` for `todo-42`). Repeatable.
+        #[arg(long = "category", value_delimiter = ',')]
+        categories: Vec<String>,
+        /// Only entity events of streams whose name starts with this.
+        #[arg(long)]
+        stream_prefix: Option<String>,
+        /// Only events from `pixel`, `post` or `stream` (entity appends). Repeatable.
+        #[arg(long = "source", value_delimiter = ',')]
+        sources: Vec<String>,
         /// After parking an event the target keeps refusing: `park` (go on) or `stop`.
         #[arg(long, default_value = "park")]
         on_poison: String,
@@ -102,7 +115,20 @@ impl Action {
     /// `now` (epoch ms) is what `now` and every time are checked against.
     pub fn request(self, now: i64) -> Result<Manage> {
         Ok(match self {
-            Action::Create { name, start, target, partitions, filters, on_poison, batch_size, record_format } => {
+            Action::Create {
+                name,
+                start,
+                target,
+                partitions,
+                filters,
+                types,
+                categories,
+                stream_prefix,
+                sources,
+                on_poison,
+                batch_size,
+                record_format,
+            } => {
                 let on_poison = match on_poison.as_str() {
                     "park" => OnPoison::Park,
                     "stop" => OnPoison::Stop,
@@ -117,6 +143,12 @@ impl Action {
                     name,
                     start: Some(start),
                     filter: filters.iter().map(|f| f.parse()).collect::<event_store::Result<Vec<Filter>>>()?,
+                    select: Select {
+                        types,
+                        categories,
+                        stream_prefix,
+                        sources: sources.iter().map(|s| s.parse()).collect::<event_store::Result<Vec<_>>>()?,
+                    },
                     target: Some(parse_target(&target)?),
                     partitions: Some(partitions),
                     on_poison,
@@ -216,6 +248,10 @@ mod tests {
             target: "kinesis:out".into(),
             partitions: 2,
             filters: vec![filter.into()],
+            types: vec!["added".into()],
+            categories: vec!["todo".into()],
+            stream_prefix: None,
+            sources: vec!["stream".into()],
             on_poison: on_poison.into(),
             batch_size: None,
             record_format: "plain".into(),
@@ -225,6 +261,10 @@ mod tests {
             panic!("not a create")
         };
         assert_eq!((new.on_poison, new.partitions, new.filter.len()), (OnPoison::Stop, Some(2), 1));
+        assert_eq!(
+            (new.select.categories.as_slice(), new.select.sources.as_slice()),
+            (&["todo".to_string()][..], &[event_store::log::Source::Stream][..])
+        );
         assert_eq!(new.record_format, RecordFormat::Plain);
         assert!(create("skip", "/path=/x").request(now).is_err());
         assert!(create("park", "path").request(now).is_err());

@@ -31,7 +31,29 @@ pub fn quarantined_line(namespace: &str, items: u64, now_ms: i64) -> String {
     line(namespace, (QUARANTINED_METRIC, "Count"), items as f64, &[], now_ms)
 }
 
-fn line(namespace: &str, (metric, unit): (&str, &str), value: f64, dimensions: &[(&str, &str)], now_ms: i64) -> String {
+/// One EMF line of many values of `metric` (seconds) at once: CloudWatch
+/// keeps their distribution (percentiles, maximum, count) under one metric,
+/// at most [`MAX_EMF_VALUES`] a line.
+pub(crate) fn seconds_values_line(
+    namespace: &str,
+    metric: &str,
+    values: &[f64],
+    dimensions: &[(&str, &str)],
+    now_ms: i64,
+) -> String {
+    line(namespace, (metric, "Seconds"), json!(values), dimensions, now_ms)
+}
+
+/// The most values one EMF metric may carry in one line.
+pub const MAX_EMF_VALUES: usize = 100;
+
+fn line(
+    namespace: &str,
+    (metric, unit): (&str, &str),
+    value: impl Into<Value>,
+    dimensions: &[(&str, &str)],
+    now_ms: i64,
+) -> String {
     let names: Vec<&str> = dimensions.iter().map(|(name, _)| *name).collect();
     let mut doc = Map::new();
     doc.insert(
@@ -45,7 +67,7 @@ fn line(namespace: &str, (metric, unit): (&str, &str), value: f64, dimensions: &
             }],
         }),
     );
-    doc.insert(metric.into(), json!(value));
+    doc.insert(metric.into(), value.into());
     for (name, value) in dimensions {
         doc.insert((*name).into(), json!(value));
     }

@@ -106,6 +106,12 @@ pub struct SubscriptionLine {
     pub delivered: u64,
     pub parked: usize,
     pub partitions: Vec<PartitionStatus>,
+    /// The busiest partition against the mean (a hot key), when more than one delivered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skew: Option<crate::readers::subscriptions::status::Skew>,
+    /// The partition count a rescale under way goes to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rescaling_to: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -253,6 +259,8 @@ pub async fn gather(clients: &Clients, resources: &Resources, limits: &Limits, n
             delivered: line.partitions.iter().map(|p| p.delivered).sum(),
             parked,
             partitions: line.partitions,
+            skew: line.skew,
+            rescaling_to: sub.rescale.as_ref().map(|r| r.to),
         });
     }
     status.verdict = verdict(&status, limits);

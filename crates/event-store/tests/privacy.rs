@@ -550,6 +550,51 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     assert!(!raw.iter().any(|r| r.contains(&id_hash)) && !entity_items.contains(&id_hash), "{raw:?}");
     assert!(logged.iter().all(|e| !e.to_string().contains(&id_hash)));
 
+    // A subscription selecting the `order` category (by the key, in the clear) gets exactly order-1's
+    // event; user-7's sealed events, one of them offloaded, are never opened: its keys and payloads
+    // are reached only through a proxy, which sees no request at all.
+    let endpoint = env.sdk.endpoint_url().unwrap().to_owned();
+    let proxy = FaultProxy::start(&endpoint, Config { seed: 0, rate: 0.0, only: Some(&[]) }).await.unwrap();
+    let proxied = env.sdk.to_builder().endpoint_url(&proxy.endpoint).build();
+    let proxied_s3 = aws_sdk_s3::config::Builder::from(&proxied).force_path_style(true).build();
+    let proxied_bucket = Bucket { s3: aws_sdk_s3::Client::from_conf(proxied_s3), name: BUCKET.into() };
+    let proxied_keys = Arc::new(Keys::new(
+        aws_sdk_dynamodb::Client::new(&proxied),
+        aws_sdk_kms::Client::new(&proxied),
+        env.names.key_table.clone(),
+    ));
+    let selecting = |invoker| {
+        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+        Subscriptions::new(
+            env.dynamo.clone(),
+            env.kinesis.clone(),
+            lambda,
+            runs::subscription_config(&env.names),
+            invoker,
+        )
+        .with_archive(Some(proxied_bucket.clone()))
+        .with_keys(Some(proxied_keys.clone()))
+    };
+    let target = json!({"kinesis": env.names.subscription_stream});
+    let create = json!({"action": "create", "name": "orders", "start": format_ms(start), "target": target,
+                        "select": {"categories": ["order"]}});
+    let (invoker, _rx) = LocalInvoker::channel();
+    selecting(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    let tick = json!({"source": "aws.events"});
+    let runs = runs::run_subscriptions(selecting, tick, deadline_in(Duration::from_secs(300))).await;
+    let filtered: u64 = runs.into_iter().map(|r| r.unwrap()).filter_map(|a| a["filtered_out"].as_u64()).sum();
+    assert_eq!(filtered, 2, "user-7's two events passed over");
+    let orders: Vec<Value> = delivered(&env).await;
+    assert_eq!(orders.iter().map(|e| e["body"]["stream"].clone()).collect::<Vec<_>>(), [json!("order-1")]);
+    assert_eq!(orders[0]["body"]["data"], json!({"n": 1}));
+    assert_eq!(
+        proxy.counts().get("requests").copied().unwrap_or(0),
+        0,
+        "no key and no payload fetched: {:?}",
+        proxy.counts()
+    );
+    drop(proxy);
+
     // Forgotten by the stream's name (the privacy function hashes it both ways): reads, the state and
     // the log show it forgotten, in place.
     let privacy = event_store::privacy::manage::Privacy::new(

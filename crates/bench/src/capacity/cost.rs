@@ -6,7 +6,7 @@ use super::prices::{
     EVENTBRIDGE_ARCHIVE_GB_MONTH, EVENTBRIDGE_PER_MILLION, EVENT_BYTES, HTTP_API_PER_MILLION,
     KINESIS_EXTENDED_SHARD_HOUR, KINESIS_LONG_TERM_GB_MONTH, KINESIS_PER_MILLION_PUT_UNITS, KINESIS_SHARD_HOUR,
     LAMBDA_ARM_PER_GB_SECOND, LAMBDA_PER_MILLION_REQUESTS, MEMORY_MB, PIXEL_SECONDS, PUMP_MEMORY_MB,
-    SEGMENT_BYTES_PER_S,
+    RUNNER_RAW_BYTES_PER_S, SEGMENT_BYTES_PER_S,
 };
 use super::Measured;
 
@@ -19,6 +19,8 @@ pub struct Cost {
     pub dynamodb: f64,
     /// Per month each million events is kept.
     pub storage_month: f64,
+    /// Per million events one subscription delivers: its reads and its runners' time.
+    pub delivered_per_subscription: f64,
 }
 
 impl Cost {
@@ -42,8 +44,10 @@ pub fn cost(p: &Plan, m: &Measured) -> Cost {
         http_api: HTTP_API_PER_MILLION,
         lambda: pixel + pump + scan,
         kinesis: shard_hours_per_million * KINESIS_SHARD_HOUR + KINESIS_PER_MILLION_PUT_UNITS,
-        dynamodb: m.write_units_per_event * DYNAMO_PER_MILLION_WRU + m.read_units_per_event * DYNAMO_PER_MILLION_RRU,
+        dynamodb: p.write_units_per_event * DYNAMO_PER_MILLION_WRU + m.read_units_per_event * DYNAMO_PER_MILLION_RRU,
         storage_month: per_million * m.stored_bytes_per_event / 1e9 * DYNAMO_GB_MONTH,
+        delivered_per_subscription: p.read_units_per_delivered * DYNAMO_PER_MILLION_RRU
+            + per_million * gb_s(EVENT_BYTES / RUNNER_RAW_BYTES_PER_S, MEMORY_MB),
     }
 }
 

@@ -1,10 +1,10 @@
-//! What one rate needs: shards, scan segments, slot sub-keys (the scan's writes simulated), readers.
+//! What one rate needs: shards, scan segments, slices (the scan's writes simulated), readers.
 
 use std::collections::HashMap;
 
 use super::prices::{
-    CHUNK_OVERHEAD_BYTES, EVENT_BYTES, MAX_SCAN_SEGMENTS, MAX_SUBSCRIPTION_PARTITIONS, MB_PER_VCPU, PARTITION_RCU,
-    PARTITION_WCU, PIXEL_SECONDS, PUMP_BATCH, PUMP_MEMORY_MB, RUNNER_RAW_BYTES_PER_S, SCAN_CYCLE_S,
+    CHUNK_OVERHEAD_BYTES, EVENT_BYTES, MAX_SCAN_SEGMENTS, MAX_SLICES, MAX_SUBSCRIPTION_PARTITIONS, MB_PER_VCPU,
+    PARTITION_RCU, PARTITION_WCU, PIXEL_SECONDS, PUMP_BATCH, PUMP_MEMORY_MB, RUNNER_RAW_BYTES_PER_S, SCAN_CYCLE_S,
     SEGMENT_BYTES_PER_S, SHARD_BYTES_PER_S, SHARD_RECORDS_PER_S, TIME_UNIT_S, UTILISATION, WRITE_LATENCY_S,
 };
 use super::Measured;
@@ -20,16 +20,23 @@ pub struct Plan {
     pub chunk_bytes: f64,
     pub scan_segments: usize,
     pub scan_pass_s: f64,
-    /// Simulated peak write units a second on one event-table partition key, with K = 1 and the K chosen.
+    /// Simulated peak write units a second on one event-table partition key, with one key a slot and with the slices chosen.
     pub peak_wcu_one_key: f64,
-    pub subkeys: usize,
+    /// Slices (`Slices`) so that no key takes more than its share of 1,000 write units a second.
+    pub slices: usize,
     pub peak_wcu: f64,
+    /// Write units per event at that slice count (measured cut into slices when it is above 1).
+    pub write_units_per_event: f64,
     pub buffer_wcu_s: f64,
     pub event_wcu_s: f64,
-    /// Read units a second one real-time reader (playback, or one subscription partition) takes from one sub-key.
-    pub reader_rcu_per_key: f64,
-    /// Readers (subscription partitions, each reading the whole log) one sub-key carries at real time.
-    pub readers_per_key: usize,
+    /// Read units per delivered event for one subscription (any partition count dividing the slices).
+    pub read_units_per_delivered: f64,
+    /// Read units a second one real-time subscription takes from one slice key.
+    pub subscription_rcu_per_slice: f64,
+    /// Real-time subscriptions one slice key carries (3,000 read units a second).
+    pub subscriptions_per_slice: usize,
+    /// Runners one subscription needs to keep up, and the partitions that gives it (a power of two, at most the slices or 1,024).
+    pub subscription_runners: usize,
     pub subscription_partitions: usize,
     pub target_shards: usize,
     /// Peak Lambda concurrency: pump, scan, one subscription's runners, the pixel.
@@ -53,26 +60,37 @@ pub fn plan(events_per_s: f64, m: &Measured) -> Plan {
     let scan_segments = ((moved_per_s * 2.0 / SEGMENT_BYTES_PER_S).ceil() as usize).clamp(1, MAX_SCAN_SEGMENTS);
     let scan_pass_s = moved_per_s * SCAN_CYCLE_S / (scan_segments as f64 * SEGMENT_BYTES_PER_S);
 
+    // Runners one subscription needs to keep up, as partitions: a power of two the slices line up with.
+    let subscription_runners = (events_per_s * EVENT_BYTES / RUNNER_RAW_BYTES_PER_S).ceil() as usize;
+    let subscription_partitions = subscription_runners.next_power_of_two().min(MAX_SUBSCRIPTION_PARTITIONS);
+
+    // Slices: as many as the hottest key's writes need, and at least the partitions (each reads its own).
     let pattern = Pattern { shards, shard_rate, batch, bytes_per_event: m.stored_bytes_per_event, scan_segments };
     let peak_wcu_one_key = pattern.peak_wcu(1);
-    let mut subkeys = 1;
+    let mut slices = 1;
     let mut peak_wcu = peak_wcu_one_key;
-    while peak_wcu > PARTITION_WCU * UTILISATION && subkeys < 1000 {
-        subkeys = (subkeys * 2).min(1000);
-        peak_wcu = pattern.peak_wcu(subkeys);
+    while (peak_wcu > PARTITION_WCU * UTILISATION || slices < subscription_partitions) && slices < MAX_SLICES {
+        slices *= 2;
+        peak_wcu = pattern.peak_wcu(slices);
     }
 
     // Writes: the pump's put and the scan's delete on the buffer, the scan's put on the event table.
-    let buffer_wcu_s = events_per_s * m.write_units_per_event * 2.0 / 3.0;
-    let event_wcu_s = events_per_s * m.write_units_per_event / 3.0;
-    // A strongly consistent read costs a unit per 4 KB; a real-time reader reads a second of log a second.
-    let reader_rcu_per_key = moved_per_s / 4096.0 / subkeys as f64;
-    let readers_per_key = (PARTITION_RCU * UTILISATION / reader_rcu_per_key).floor() as usize;
-    let subscription_partitions = (events_per_s * EVENT_BYTES / RUNNER_RAW_BYTES_PER_S).ceil() as usize;
+    let write_units_per_event = match (&m.delivery, slices) {
+        (Some(d), s) if s > 1 => d.write_units_cut,
+        _ => m.write_units_per_event,
+    };
+    let buffer_wcu_s = events_per_s * write_units_per_event * 2.0 / 3.0;
+    let event_wcu_s = events_per_s * write_units_per_event / 3.0;
+    // A subscription's partitions read only their slices: a delivered event costs what one reader of
+    // the log pays for it, whatever the partitions (measured; else a unit per 4 KB of stored event).
+    let read_units_per_delivered =
+        m.delivery.as_ref().map_or(m.stored_bytes_per_event / 4096.0, |d| d.read_units_per_event);
+    let subscription_rcu_per_slice = events_per_s * read_units_per_delivered / slices as f64;
+    let subscriptions_per_slice = (PARTITION_RCU * UTILISATION / subscription_rcu_per_slice).floor() as usize;
     let target_shards = (events_per_s * EVENT_BYTES / (SHARD_BYTES_PER_S * UTILISATION)).ceil() as usize;
     let pixel = (events_per_s * PIXEL_SECONDS).ceil() as usize;
     let pump = (shards as f64 * pump_duty.min(1.0)).ceil() as usize;
-    let concurrency = pump + scan_segments + subscription_partitions.min(MAX_SUBSCRIPTION_PARTITIONS) + pixel;
+    let concurrency = pump + scan_segments + subscription_partitions + pixel;
     Plan {
         events_per_s,
         shards,
@@ -82,12 +100,15 @@ pub fn plan(events_per_s: f64, m: &Measured) -> Plan {
         scan_segments,
         scan_pass_s,
         peak_wcu_one_key,
-        subkeys,
+        slices,
         peak_wcu,
+        write_units_per_event,
         buffer_wcu_s,
         event_wcu_s,
-        reader_rcu_per_key,
-        readers_per_key,
+        read_units_per_delivered,
+        subscription_rcu_per_slice,
+        subscriptions_per_slice,
+        subscription_runners,
         subscription_partitions,
         target_shards,
         concurrency,
@@ -98,7 +119,8 @@ pub fn plan(events_per_s: f64, m: &Measured) -> Plan {
 /// batches of one cycle cut into chunks at slot boundaries, the chunks dealt
 /// to segments as the hash of their buffer key deals them, each segment
 /// writing its chunks in scan (hash) order at its speed, each chunk onto
-/// `slot + hash(sort key) % K`.
+/// one of `K` keys of the slot at random (sub-keys by a hash of the chunk's
+/// key; slices by the keys of its events, which the scan pools per slice).
 struct Pattern {
     shards: usize,
     shard_rate: f64,
@@ -109,7 +131,7 @@ struct Pattern {
 
 impl Pattern {
     /// The highest write units a second any one partition key takes.
-    fn peak_wcu(&self, subkeys: usize) -> f64 {
+    fn peak_wcu(&self, keys: usize) -> f64 {
         let mut rng = fastrand::Rng::with_seed(16);
         let batch_s = self.batch / self.shard_rate;
         let mut segments: Vec<Vec<(i64, f64)>> = vec![Vec::new(); self.scan_segments];
@@ -136,7 +158,7 @@ impl Pattern {
             let mut clock = 0.0;
             for (slot, bytes) in items {
                 clock += bytes / SEGMENT_BYTES_PER_S;
-                let key = (slot, rng.usize(..subkeys), clock.floor() as i64);
+                let key = (slot, rng.usize(..keys), clock.floor() as i64);
                 *load.entry(key).or_default() += (bytes / 1024.0).ceil();
             }
         }
@@ -151,18 +173,23 @@ mod tests {
     use crate::capacity::RATES;
 
     #[test]
-    fn shards_follow_the_record_limit_and_subkeys_grow_with_the_rate() {
+    fn shards_follow_the_record_limit_and_slices_grow_with_the_rate() {
         let m = measured();
         let [small, medium, large] = RATES.map(|r| plan(r, &m));
         assert_eq!((small.shards, medium.shards, large.shards), (2, 125, 1250));
-        assert_eq!(small.subkeys, 1, "{small:?}");
-        assert!(large.subkeys > 1 && large.peak_wcu <= 800.0, "{large:?}");
+        assert_eq!(small.slices, 1, "{small:?}");
+        assert!(large.slices > 1 && large.slices.is_power_of_two() && large.peak_wcu <= 800.0, "{large:?}");
+        assert!(large.subscription_partitions <= 1024 && large.subscription_partitions >= large.subscription_runners);
+        assert!(
+            RATES.map(|r| plan(r, &m)).iter().all(|p| p.slices >= p.subscription_partitions),
+            "a slice per partition at least"
+        );
         assert!(large.peak_wcu_one_key > 1000.0, "one key a slot breaks at a million a second: {large:?}");
         assert!(medium.scan_segments < large.scan_segments);
     }
 
     #[test]
-    fn more_subkeys_spread_the_same_writes() {
+    fn more_keys_a_slot_spread_the_same_writes() {
         let pattern =
             Pattern { shards: 100, shard_rate: 800.0, batch: 500.0, bytes_per_event: 200.0, scan_segments: 20 };
         let one = pattern.peak_wcu(1);

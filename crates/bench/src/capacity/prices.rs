@@ -45,7 +45,8 @@ pub(super) const MEMORY_MB: f64 = 128.0;
 pub(super) const TIME_UNIT_S: f64 = 1.0;
 pub(super) const SCAN_CYCLE_S: f64 = 60.0;
 pub(super) const MAX_SCAN_SEGMENTS: usize = 100;
-pub(super) const MAX_SUBSCRIPTION_PARTITIONS: usize = 64;
+pub(super) const MAX_SUBSCRIPTION_PARTITIONS: usize = 1024;
+pub(super) const MAX_SLICES: usize = 1024;
 
 /// Assumed, not measured (no AWS account here): what one scan segment moves
 /// (a 1 MB Scan page, its chunks written and deleted, about 200 ms), what one

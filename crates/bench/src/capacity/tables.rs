@@ -34,27 +34,36 @@ pub(super) fn need_rows(plans: &[Plan]) -> String {
         &|p| thousands(p.scan_segments as u64),
     ));
     md.push_str(&row("scan pass", &|p| format!("{:.1} s", p.scan_pass_s)));
-    md.push_str(&row("hottest event-table key with K = 1, write units/s (simulated)", &|p| {
+    md.push_str(&row("hottest event-table key with one key a slot, write units/s (simulated)", &|p| {
         thousands(p.peak_wcu_one_key as u64)
     }));
-    md.push_str(&row("slot sub-keys K (`SlotSubkeys`) for <= 800 write units/s a key", &|p| {
-        thousands(p.subkeys as u64)
+    md.push_str(&row("slices S (`Slices`): <= 800 write units/s a key, and at least the partitions below", &|p| {
+        thousands(p.slices as u64)
     }));
-    md.push_str(&row("hottest key with that K, write units/s (simulated)", &|p| format!("{:.0}", p.peak_wcu)));
+    md.push_str(&row("hottest key with those slices, write units/s (simulated)", &|p| format!("{:.0}", p.peak_wcu)));
+    md.push_str(&row("write units per event (pump + scan; measured, cut into slices above 1)", &|p| {
+        format!("{:.3}", p.write_units_per_event)
+    }));
     md.push_str(&row("buffer table write units/s (put + delete)", &|p| thousands(p.buffer_wcu_s as u64)));
     md.push_str(&row("event table write units/s (average)", &|p| thousands(p.event_wcu_s as u64)));
-    md.push_str(&row("one real-time reader's read units/s on one sub-key", &|p| {
-        format!("{:.1}", p.reader_rcu_per_key)
+    md.push_str(&row("read units per delivered event, one subscription, any partitions dividing S (measured)", &|p| {
+        format!("{:.4}", p.read_units_per_delivered)
     }));
-    md.push_str(&row("real-time readers one sub-key carries (3,000 read units/s)", &|p| {
-        thousands(p.readers_per_key as u64)
+    md.push_str(&row("one real-time subscription's read units/s on one slice key", &|p| {
+        format!("{:.1}", p.subscription_rcu_per_slice)
     }));
-    md.push_str(&row("subscription partitions to keep up (*assumed* 4 MB/s of events a runner; at most 64)", &|p| {
-        let n = p.subscription_partitions;
+    md.push_str(&row("real-time subscriptions one slice key carries (3,000 read units/s)", &|p| {
+        thousands(p.subscriptions_per_slice as u64)
+    }));
+    md.push_str(&row("subscription runners to keep up (*assumed* 4 MB/s of events a runner)", &|p| {
+        thousands(p.subscription_runners as u64)
+    }));
+    md.push_str(&row("subscription partitions (a power of two; at most 1,024)", &|p| {
+        let n = p.subscription_runners;
         if n > MAX_SUBSCRIPTION_PARTITIONS {
-            format!("{n}: over 64, breaks")
+            format!("{n}: over 1,024, breaks")
         } else {
-            n.to_string()
+            thousands(p.subscription_partitions as u64)
         }
     }));
     md.push_str(&row("playback or subscription target shards (aggregated records, 1 MiB/s each)", &|p| {
@@ -79,6 +88,10 @@ pub(super) fn cost_rows(plans: &[Plan], costs: &[Cost]) -> String {
     md.push_str(&money("**all-in, HTTP API**", &|c| c.ingest(false)));
     md.push_str(&money("**all-in, function URL** (`PixelFunctionUrl=on`)", &|c| c.ingest(true)));
     md.push_str(&money("storage, per month kept", &|c| c.storage_month));
+    md.push_str(&money(
+        "one subscription, per million events delivered (reads, and runners at *assumed* 4 MB/s on 128 MB)",
+        &|c| c.delivered_per_subscription,
+    ));
     for (i, name) in [
         "**EventBridge custom events + archive**, HTTP API in front",
         "**Kinesis, 365-day retention**, HTTP API in front",

@@ -221,6 +221,19 @@ pub(crate) fn chunk_key(first: &str, last: &str) -> String {
     format!("{first}{SEPARATOR}{last}")
 }
 
+/// The key of a chunk pooled from several buffer items (slices): its ends,
+/// then a hash of all its events' keys, so that two chunks with the same
+/// ends and other events between them (cut from other pages) never
+/// overwrite each other. It sorts as its first event, like every chunk key.
+pub(crate) fn pooled_chunk_key(first: &str, last: &str, events: &[ChunkEvent]) -> String {
+    let mut hash = Sha256::new();
+    for event in events {
+        hash.update(event.sort_key().as_bytes());
+        hash.update([0]);
+    }
+    format!("{}{SEPARATOR}{}", chunk_key(first, last), hex::encode(&hash.finalize()[..8]))
+}
+
 /// The sort key of a chunk's first event (the key itself for a single-event item).
 pub(crate) fn first_key_of(sort_key: &str) -> &str {
     sort_key.split_once(SEPARATOR).map_or(sort_key, |(first, _)| first)
@@ -282,7 +295,12 @@ impl ChunkItem {
         let first = packed.events.iter().map(ChunkEvent::sort_key).min()?;
         let last = packed.events.iter().map(ChunkEvent::sort_key).max()?;
         let first_arrival = packed.events.iter().map(|e| e.arrival).min()?;
-        let sort_key = chunk_key(&first, &last);
+        let sort_key = match place {
+            // One shard's run: the same first and last event mean the same events.
+            Place::SubKeys(_) => chunk_key(&first, &last),
+            // Pooled from several shards: the same ends may hold other events between them.
+            Place::Slice { .. } => pooled_chunk_key(&first, &last, &packed.events),
+        };
         Some(Self {
             slot,
             storage_slot: match place {
@@ -418,6 +436,19 @@ mod tests {
             (0..200).map(|n| storage_slot(5_000, &chunk_key(&event(n).sort_key(), &c), 8)).collect();
         assert_eq!(spread, (5_000..5_008).collect(), "every sub-key used, none outside");
         assert_eq!(storage_slot(5_000, &a, 8), storage_slot(5_000, &a, 8), "the same chunk, the same item");
+    }
+
+    #[test]
+    fn pooled_chunks_with_the_same_ends_and_other_events_between_have_other_keys() {
+        let (all, ends) = ((0..3).map(event).collect::<Vec<_>>(), vec![event(0), event(2)]);
+        let key = |events: &[ChunkEvent]| pooled_chunk_key(&event(0).sort_key(), &event(2).sort_key(), events);
+        assert_ne!(key(&all), key(&ends), "one must not overwrite the other");
+        assert_eq!(key(&all), key(&all));
+        assert_eq!(first_key_of(&key(&all)), event(0).sort_key());
+        assert!(chunk_key(&event(0).sort_key(), &event(2).sort_key()) < key(&all) && key(&all) < event(1).sort_key());
+        let packed = Packed { bytes: pack(&all).unwrap(), events: all };
+        let item = ChunkItem::new(1_795_240_724_000, &packed, Place::Slice { slices: 4, slice: 1 }, 7, None).unwrap();
+        assert_eq!(item.sort_key, key(&packed.events));
     }
 
     #[test]

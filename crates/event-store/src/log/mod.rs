@@ -15,9 +15,11 @@
 pub mod copies;
 pub mod reader;
 pub mod record;
+pub mod select;
 pub mod tiers;
 pub(crate) mod window;
 
 pub use crate::position::{Checkpoint, Lookback};
 pub use record::{PlayedEvent, RecordFormat};
+pub use select::{Select, Source};
 pub use window::{Filter, Window};

@@ -39,6 +39,8 @@ use crate::slices::KeyRange;
 
 /// Slots whose first page is queried ahead of the one being put.
 const QUERY_AHEAD: usize = 8;
+/// A slot's hash keys (sub-keys, slices) whose first pages are queried at once.
+const SOURCES_AT_ONCE: usize = 16;
 /// Pages fetched but not yet consumed (memory bound: about this many MB).
 pub const PAGES_AHEAD: usize = 4;
 
@@ -292,7 +294,11 @@ impl<'a> SlotRead<'a> {
         if !self.started {
             self.started = true;
             let sources: Vec<usize> = (0..self.cursors.len()).collect();
-            let pages = futures::future::join_all(sources.iter().map(|&source| self.query_source(source))).await;
+            // A reader of every key of a slot cut into 1,024 slices: a bounded number of queries at once.
+            let mut pages = Vec::with_capacity(sources.len());
+            for group in sources.chunks(SOURCES_AT_ONCE) {
+                pages.extend(futures::future::join_all(group.iter().map(|&source| self.query_source(source))).await);
+            }
             self.unconfirmed = Some(Instant::now());
             for (source, result) in sources.into_iter().zip(pages) {
                 self.add(source, result?, &mut page);

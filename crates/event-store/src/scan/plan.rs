@@ -169,6 +169,8 @@ impl PagePlan {
         let mut plan = PagePlan::default();
         let mut writes = Vec::new();
         let mut pool = Pool::new(moving.time_unit_ms, moving.slices);
+        // Pooled items' attributes, to quarantine one whose event cannot be packed.
+        let mut pooled = HashMap::new();
         for attributes in items {
             let arrival = attributes.get("arrival").and_then(|v| v.as_n().ok()).and_then(|n| n.parse::<i64>().ok());
             let Some(id) = attributes.get(buffer_item::HASH_KEY).and_then(|v| v.as_s().ok()).cloned() else {
@@ -188,7 +190,10 @@ impl PagePlan {
                     for chunk in chunks {
                         writes.push((event_key(&chunk), id.clone(), chunk.to_item()));
                     }
-                    pool.add(&id, events);
+                    if !events.is_empty() {
+                        pool.add(&id, events);
+                        pooled.insert(id.clone(), attributes);
+                    }
                 }
                 // A newer version's item: not this code's to judge. It waits, holding the watermark, for the upgrade.
                 Err(err) if err.is_newer() => {
@@ -213,13 +218,28 @@ impl PagePlan {
             let (key, item) = (event_key(&chunk), chunk.to_item());
             writes.extend(behind.into_iter().map(|id| (key.clone(), id, item.clone())));
         }
+        // A pooled item with an event that cannot be packed is quarantined whole, as an item that
+        // cannot be moved is (its other events still move: the quarantine keeps it for a look).
+        for (id, err) in unpacked {
+            match pooled
+                .remove(&id)
+                .and_then(|attributes| quarantine_item(&id, &err.to_string(), attributes, moving.now_ms))
+            {
+                Some(item) => {
+                    warn!(id, reason = %err, "buffer item quarantined");
+                    plan.quarantined += 1;
+                    writes.push((TableKey::Quarantine(id.clone()), id, item));
+                }
+                None => {
+                    error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place, holding the watermark");
+                    let arrival = plan.arrivals.get(&id).and_then(|places| places.iter().map(|(a, _)| *a).min());
+                    plan.stuck.push((id, arrival));
+                }
+            }
+        }
         // One put per key (a page may name an event twice), with every buffer id behind it.
         let puts = keyed_puts(writes);
         plan.unbuilt = puts.failed;
-        for (id, err) in unpacked {
-            error!(id, reason = %err, "buffer item's event that cannot be packed: left in place");
-            plan.unbuilt.push(id);
-        }
         plan.writes = puts.requests;
         plan.sources = puts.sources;
         // With the events, one index entry per non-empty slot of the page: readers find a

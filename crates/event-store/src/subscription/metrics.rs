@@ -6,11 +6,19 @@
 //! `Subscription`) and once without dimensions: the largest of all, 0 with
 //! no subscription, which the template's alarm watches. The tick writes
 //! one every minute, so a missing value means the tick itself is not running.
+//!
+//! Metric `PartitionLagSeconds` (dimension `Subscription`): every
+//! partition's lag, as the values of one metric (EMF value arrays, 100 a
+//! line), so CloudWatch keeps their distribution (p50, p99, maximum) per
+//! subscription without a metric per partition (1,024 partitions would be
+//! 1,024 custom metrics).
 
 use super::TickSummary;
-use crate::metrics::seconds_line;
+use crate::metrics::{seconds_line, seconds_values_line, MAX_EMF_VALUES};
 
 pub const LAG_METRIC: &str = "SubscriptionLagSeconds";
+/// Each partition's lag, per subscription.
+pub const PARTITION_LAG_METRIC: &str = "PartitionLagSeconds";
 
 /// Arrival to delivery of the oldest event of a runner's round, per
 /// subscription (dimension `Subscription`), written by runners as they
@@ -41,6 +49,10 @@ pub fn lag_lines(namespace: &str, tick: &TickSummary, now_ms: i64) -> Vec<String
         largest = largest.max(lag);
         let name = sub.subscription.name.as_str();
         lines.push(seconds_line(namespace, LAG_METRIC, seconds(lag), &[("Subscription", name)], now_ms));
+        let lags: Vec<f64> = sub.partitions.iter().filter_map(|p| p.lag_ms).map(seconds).collect();
+        for values in lags.chunks(MAX_EMF_VALUES) {
+            lines.push(seconds_values_line(namespace, PARTITION_LAG_METRIC, values, &[("Subscription", name)], now_ms));
+        }
     }
     lines.push(seconds_line(namespace, LAG_METRIC, seconds(largest), &[], now_ms));
     lines
@@ -65,6 +77,7 @@ mod tests {
             .unwrap(),
             lag_ms,
             partitions: Vec::new(),
+            skew: None,
         };
         let tick =
             TickSummary { subscriptions: vec![sub("a", Some(90_000)), sub("b", Some(1_500))], ..Default::default() };
@@ -83,6 +96,26 @@ mod tests {
             (Some(1.25), Some("a"))
         );
         assert_eq!(delivered["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["Subscription"]]));
+        // Each partition's lag: values of one metric, 100 a line.
+        let partitions: Vec<_> = (0..250)
+            .map(|p| crate::subscription::PartitionStatus {
+                partition: p,
+                lag_ms: Some(i64::from(p) * 10),
+                ..Default::default()
+            })
+            .collect();
+        let wide = SubscriptionStatus { partitions, ..sub("w", Some(2_490)) };
+        let lines: Vec<Value> = lag_lines("n", &TickSummary { subscriptions: vec![wide], ..Default::default() }, 7)
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let values: Vec<&Value> = lines.iter().filter(|l| l.get(PARTITION_LAG_METRIC).is_some()).collect();
+        assert_eq!(
+            values.iter().map(|l| l[PARTITION_LAG_METRIC].as_array().unwrap().len()).collect::<Vec<_>>(),
+            [100, 100, 50]
+        );
+        assert_eq!(values[2][PARTITION_LAG_METRIC][49], 2.49);
+        assert!(values.iter().all(|l| l["Subscription"] == "w"));
         let idle = lag_lines("n", &TickSummary::default(), 7);
         assert_eq!(idle.len(), 1, "no subscription: still a 0, so a silent tick is what alarms");
     }

@@ -262,7 +262,12 @@ impl Subscriptions {
         use crate::readers::subscriptions::{self as subs, RescaleStep};
         let (dynamo, table, unit) = (&self.dynamo, self.config.event_table.as_str(), self.config.time_unit_ms);
         match subs::rescale_step(dynamo, table, &sub.subscription, unit, crate::time::now_ms()).await? {
-            RescaleStep::None | RescaleStep::Draining(_) => Ok(Some(sub.clone())),
+            RescaleStep::None => Ok(Some(sub.clone())),
+            RescaleStep::Draining(_, behind) => {
+                let mut draining = sub.clone();
+                draining.partitions.retain(|p| behind.contains(&p.partition));
+                Ok(Some(draining))
+            }
             RescaleStep::Stopping => Ok(None),
             RescaleStep::Switched => {
                 let Some(now) = subs::get(dynamo, table, &sub.subscription.name).await? else { return Ok(None) };

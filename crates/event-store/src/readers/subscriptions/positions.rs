@@ -128,16 +128,20 @@ pub(crate) async fn rescale(dynamo: &aws_sdk_dynamodb::Client, table: &str, name
         return Err(Error::BadInput(format!("subscription {name} has {to} partitions already")));
     }
     let rescale = Rescale { to, at: sub.stop_at() };
+    let mut request = dynamo.update_item();
+    if let Some(at) = sub.stop_at() {
+        request = request.expression_attribute_values(":at", n(at));
+    }
     let value = serde_dynamo::to_attribute_value(&rescale).map_err(|e| Error::encode("rescale", e))?;
-    let result = dynamo
-        .update_item()
+    let result = request
         .table_name(table)
         .set_key(Some(key(definition_key(name))))
         .update_expression("SET #rescale = :rescale")
-        .condition_expression("#id = :id AND #epoch = :epoch OR #id = :id AND attribute_not_exists(#epoch)")
+        .condition_expression(format!("#id = :id AND {} AND {}", epoch_is(&sub), at_is(&sub)))
         .expression_attribute_names("#epoch", EPOCH)
         .expression_attribute_names("#id", "id")
         .expression_attribute_names("#rescale", "rescale")
+        .expression_attribute_names("#at", "at")
         .expression_attribute_values(":rescale", value)
         .expression_attribute_values(":id", s(&sub.id))
         .expression_attribute_values(":epoch", n(i64::from(sub.epoch)))
@@ -152,15 +156,31 @@ pub(crate) async fn rescale(dynamo: &aws_sdk_dynamodb::Client, table: &str, name
     }
 }
 
+/// The definition's epoch is `sub`'s (epoch 0: absent or 0), with `:epoch` bound.
+fn epoch_is(sub: &Subscription) -> &'static str {
+    match sub.epoch {
+        0 => "(#epoch = :epoch OR attribute_not_exists(#epoch))",
+        _ => "#epoch = :epoch",
+    }
+}
+
+/// The rescale's `at` is as `sub` read it (none: none set), with `:at` bound when it is set.
+fn at_is(sub: &Subscription) -> &'static str {
+    match sub.stop_at() {
+        Some(_) => "#rescale.#at = :at",
+        None => "attribute_not_exists(#rescale.#at)",
+    }
+}
+
 /// Where a rescale stands after a tick's step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RescaleStep {
     /// No rescale: run the partitions as usual.
     None,
     /// Partitions still run: start none.
     Stopping,
-    /// The old partitions deliver up to this (ms): start those behind it.
-    Draining(i64),
+    /// The old partitions deliver up to this (ms): start those behind it (listed).
+    Draining(i64, Vec<u32>),
     /// The new count is in place: run the partitions of the stored definition.
     Switched,
 }
@@ -175,24 +195,31 @@ pub(crate) async fn rescale_step(
 ) -> Result<RescaleStep> {
     let Some(rescale) = &sub.rescale else { return Ok(RescaleStep::None) };
     let stored = partitions(dynamo, table, sub).await?;
-    let running = stored.iter().any(|p| p.lease.as_ref().is_some_and(|l| l.until > now));
     let stands = |partition: u32| {
         let item = stored.iter().find(|p| p.partition == partition);
         item.and_then(|p| p.checkpoint.clone()).unwrap_or_else(|| sub.start_checkpoint(unit))
     };
+    // Before `at` is set every runner counts; after, only those of partitions behind it (a runner
+    // of one at `at` saw it when it took its lease, and can deliver nothing more).
+    let behind: Vec<u32> =
+        (0..sub.partitions).filter(|p| rescale.at.is_none_or(|at| position_ms(&stands(*p)) < at)).collect();
+    let running =
+        stored.iter().any(|p| behind.contains(&p.partition) && p.lease.as_ref().is_some_and(|l| l.until > now));
     match rescale.at {
-        _ if running => Ok(rescale.at.map_or(RescaleStep::Stopping, RescaleStep::Draining)),
+        _ if running => Ok(rescale.at.map_or(RescaleStep::Stopping, |at| RescaleStep::Draining(at, behind))),
         None => {
             let at = (0..sub.partitions).map(|p| clear_of(&stands(p), unit)).max().unwrap_or(0);
             let set = set_stop(dynamo, table, sub, at).await?;
-            Ok(if set { RescaleStep::Draining(at) } else { RescaleStep::Stopping })
+            let behind: Vec<u32> = behind.into_iter().filter(|p| position_ms(&stands(*p)) < at).collect();
+            Ok(if set { RescaleStep::Draining(at, behind) } else { RescaleStep::Stopping })
         }
         Some(at) if (0..sub.partitions).all(|p| position_ms(&stands(p)) >= at) => {
-            let seq = (0..sub.partitions).map(|p| stands(p).seq).max().unwrap_or(0);
+            // A runner may have delivered a batch past its last save (a lost save): skip its numbers too.
+            let seq = (0..sub.partitions).map(|p| stands(p).seq).max().unwrap_or(0) + sub.batch_size as u64;
             switch(dynamo, table, sub, (rescale.to, EpochStart { at, seq }), &stored).await?;
             Ok(RescaleStep::Switched)
         }
-        Some(at) => Ok(RescaleStep::Draining(at)),
+        Some(at) => Ok(RescaleStep::Draining(at, behind)),
     }
 }
 
@@ -239,9 +266,11 @@ async fn switch(
         .table_name(table)
         .set_key(Some(key(definition_key(&sub.name))))
         .update_expression("SET #partitions = :to, #keying = :ranges, #epoch = :next, #start = :start REMOVE #rescale")
-        .condition_expression("#id = :id AND #rescale.#at = :at")
+        .condition_expression(format!("#id = :id AND #rescale.#at = :at AND #rescale.#to = :to AND {}", epoch_is(sub)))
         .expression_attribute_names("#epoch", EPOCH)
         .expression_attribute_names("#at", "at")
+        .expression_attribute_names("#to", "to")
+        .expression_attribute_values(":epoch", n(i64::from(sub.epoch)))
         .expression_attribute_names("#id", "id")
         .expression_attribute_names("#rescale", "rescale")
         .expression_attribute_names("#partitions", "partitions")

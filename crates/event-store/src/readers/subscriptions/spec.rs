@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::log::{Filter, RecordFormat};
+use crate::log::{Filter, RecordFormat, Select};
 use crate::position::Checkpoint;
 use crate::slices::{key_hash, part_of, KeyRange};
 use crate::time::{format_ms, parse_time};
@@ -105,6 +105,9 @@ pub struct Subscription {
     pub start_ms: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filter: Vec<Filter>,
+    /// Events kept by fields in the clear: the others are never opened.
+    #[serde(default, skip_serializing_if = "Select::is_empty")]
+    pub select: Select,
     pub target: Target,
     pub partitions: u32,
     #[serde(default)]
@@ -180,6 +183,8 @@ pub struct NewSubscription {
     pub start: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filter: Vec<Filter>,
+    #[serde(default, skip_serializing_if = "Select::is_empty")]
+    pub select: Select,
     pub target: Option<Target>,
     /// Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -214,11 +219,13 @@ impl NewSubscription {
                 return Err(bad(&format!("filter field {:?} is not a JSON pointer (/a/b)", filter.field)));
             }
         }
+        self.select.check()?;
         Ok(Subscription {
             name: self.name,
             id: uuid::Uuid::new_v4().simple().to_string(),
             start_ms,
             filter: self.filter,
+            select: self.select,
             target,
             partitions,
             on_poison: self.on_poison,

@@ -35,6 +35,30 @@ pub struct SubscriptionStatus {
     /// The largest partition lag (ms).
     pub lag_ms: Option<i64>,
     pub partitions: Vec<PartitionStatus>,
+    /// How uneven the partitions' loads are, when more than one delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew: Option<Skew>,
+}
+
+/// The busiest partition against the mean: a hot key (all of whose events
+/// go to one partition, in order) shows as one partition far above 1, which
+/// more partitions cannot split (a key is never in two).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Skew {
+    pub busiest_partition: u32,
+    /// Its delivered events over the mean of all partitions' (1: even).
+    pub ratio: f64,
+}
+
+/// The skew of `partitions`' delivered events (since the epoch's start), if more than one delivered.
+fn skew(partitions: &[PartitionStatus]) -> Option<Skew> {
+    let total: u64 = partitions.iter().map(|p| p.delivered).sum();
+    let busiest = partitions.iter().max_by_key(|p| p.delivered)?;
+    if partitions.len() < 2 || total == 0 {
+        return None;
+    }
+    let mean = total as f64 / partitions.len() as f64;
+    Some(Skew { busiest_partition: busiest.partition, ratio: busiest.delivered as f64 / mean })
 }
 
 /// Where a checkpoint stands, in ms of arrival time: the event after which it is, or its slot's start.
@@ -64,7 +88,7 @@ pub fn status(sub: &Subscription, stored: &[Partition], complete_end: Option<i64
         })
         .collect();
     let lag_ms = partitions.iter().filter_map(|p| p.lag_ms).max();
-    SubscriptionStatus { subscription: sub.clone(), lag_ms, partitions }
+    SubscriptionStatus { subscription: sub.clone(), lag_ms, skew: skew(&partitions), partitions }
 }
 
 /// Every stored subscription's status against `complete_end`.
@@ -80,4 +104,25 @@ pub async fn statuses(
         out.push(status(&sub, &stored, complete_end, unit));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hot_partition_shows_as_skew_and_an_even_load_as_one() {
+        let loads = |delivered: &[u64]| -> Vec<PartitionStatus> {
+            delivered
+                .iter()
+                .enumerate()
+                .map(|(p, &d)| PartitionStatus { partition: p as u32, delivered: d, ..Default::default() })
+                .collect()
+        };
+        assert_eq!(skew(&loads(&[100, 100, 100, 100])).map(|s| s.ratio), Some(1.0));
+        let hot = skew(&loads(&[10, 10, 370, 10])).unwrap();
+        assert_eq!((hot.busiest_partition, hot.ratio), (2, 3.7));
+        assert_eq!(skew(&loads(&[0, 0])), None, "nothing delivered yet");
+        assert_eq!(skew(&loads(&[5])), None, "one partition");
+    }
 }

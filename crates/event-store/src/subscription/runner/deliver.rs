@@ -44,7 +44,8 @@ impl Runner<'_> {
             self.summary.duplicates_dropped += 1;
             return Ok(());
         }
-        if !self.sub.filter.iter().all(|f| f.matches(json.as_ref())) {
+        let selected = self.sub.select.keeps_opened(&event.partition_key, json.as_ref());
+        if !selected || !self.sub.filter.iter().all(|f| f.matches(json.as_ref())) {
             self.summary.filtered_out += 1;
             return Ok(());
         }

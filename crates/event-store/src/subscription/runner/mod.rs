@@ -250,6 +250,14 @@ impl Runner<'_> {
                     .into_iter()
                     .partition(|e: &EventItem| e.in_its_place() || sub.partition_of(&e.partition_key) == partition);
                 self.summary.other_partitions += others.len();
+                // What the selection excludes by fields in the clear is never opened (no key, no payload fetched).
+                let kept = |e: &EventItem| {
+                    sub.select.is_empty()
+                        || e.in_its_place()
+                        || sub.select.keeps(&e.partition_key, e.json().as_ref()) != Some(false)
+                };
+                let (mine, excluded): (Vec<_>, Vec<_>) = mine.into_iter().partition(kept);
+                self.summary.filtered_out += excluded.len();
                 let mut opened = subs.tiers.opened(mine);
                 while let Some((event, readable)) = futures::StreamExt::next(&mut opened).await {
                     if let Err(err) = self.queue(event, readable) {

@@ -1,0 +1,169 @@
+//! What a reader keeps by what an event carries in the clear: its Kinesis
+//! partition key (an entity stream's name), and the plain fields of its
+//! record (`method`; an entity event's or a plain posted event's `type`).
+//! An event these exclude is passed over before it is opened: no subject's
+//! key is fetched for it and no offloaded payload. Pure: no I/O.
+//!
+//! What only a sealed or offloaded part holds (a posted event's `type` under
+//! its subject's key, or in S3) is decided once the event is opened
+//! ([`Select::keeps_opened`]), as the JSON-pointer filters are.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::envelope::entity_stream;
+use crate::error::{Error, Result};
+
+/// Where an event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// A `GET` of the pixel (`track.gif`).
+    Pixel,
+    /// A posted JSON event.
+    Post,
+    /// An append to an entity stream.
+    Stream,
+}
+
+impl std::str::FromStr for Source {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        serde_json::from_value(Value::String(text.to_owned()))
+            .map_err(|_| Error::BadInput(format!("a source is pixel, post or stream, not {text:?}")))
+    }
+}
+
+/// Events kept by fields in the clear; every list that is set must match (empty: any).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Select {
+    /// Event types: an entity event's `type`, or a posted event's `type` field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<String>,
+    /// Entity-stream categories: a stream's name up to its first `-` (`todo-42` is of `todo`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub categories: Vec<String>,
+    /// Entity streams whose name starts with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<Source>,
+}
+
+/// A stream's category: its name up to the first `-` (the whole name without one).
+pub fn category(stream: &str) -> &str {
+    stream.split_once('-').map_or(stream, |(category, _)| category)
+}
+
+impl Select {
+    pub fn is_empty(&self) -> bool {
+        self == &Select::default()
+    }
+
+    /// Empty names are refused (they would match nothing, or everything).
+    pub fn check(&self) -> Result<()> {
+        let empty = self.types.iter().chain(&self.categories).chain(&self.stream_prefix).any(|s| s.is_empty());
+        if empty {
+            return Err(Error::BadInput("a type, category or stream prefix to select is empty".into()));
+        }
+        Ok(())
+    }
+
+    /// Whether an event with `partition_key` and the record `record` (as
+    /// stored: sealed parts still sealed) is kept: `None` when only its
+    /// opened record can say (a `type` asked for, in a sealed or offloaded body).
+    pub fn keeps(&self, partition_key: &str, record: Option<&Value>) -> Option<bool> {
+        if self.is_empty() {
+            return Some(true);
+        }
+        let stream = entity_stream(partition_key);
+        let source = match (stream, record.and_then(|r| r.get("method")).and_then(Value::as_str)) {
+            (Some(_), _) => Some(Source::Stream),
+            (None, Some("GET")) => Some(Source::Pixel),
+            (None, Some(_)) => Some(Source::Post),
+            (None, None) => None,
+        };
+        if !self.sources.is_empty() && !source.is_some_and(|s| self.sources.contains(&s)) {
+            return Some(false);
+        }
+        if !self.categories.is_empty() && !stream.is_some_and(|s| self.categories.iter().any(|c| c == category(s))) {
+            return Some(false);
+        }
+        if let Some(prefix) = &self.stream_prefix {
+            if !stream.is_some_and(|s| s.starts_with(prefix.as_str())) {
+                return Some(false);
+            }
+        }
+        if self.types.is_empty() {
+            return Some(true);
+        }
+        let body = record.and_then(|r| r.get("body")).filter(|b| !b.is_null());
+        match body.and_then(|b| b.get("type")).and_then(Value::as_str) {
+            Some(kind) => Some(self.types.iter().any(|t| t == kind)),
+            // Sealed, or offloaded: the opened record says.
+            None if record
+                .is_some_and(|r| !is_null(r, "sealed") || !is_null(r, "sealed_ref") || !is_null(r, "body_ref")) =>
+            {
+                None
+            }
+            None => Some(false),
+        }
+    }
+
+    /// Whether an opened event is kept.
+    pub fn keeps_opened(&self, partition_key: &str, opened: Option<&Value>) -> bool {
+        self.keeps(partition_key, opened).unwrap_or(false)
+    }
+}
+
+fn is_null(record: &Value, field: &str) -> bool {
+    record.get(field).is_none_or(Value::is_null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entity(kind: &str) -> Value {
+        json!({"id": "todo-1/3", "method": "POST", "path": "/streams/todo-1", "body": {"type": kind, "data": "c2VhbGVk"}})
+    }
+
+    #[test]
+    fn entity_events_are_selected_by_category_prefix_type_and_source_in_the_clear() {
+        let todos = Select { categories: vec!["todo".into()], ..Default::default() };
+        assert_eq!(todos.keeps("streams/todo-1", Some(&entity("added"))), Some(true));
+        assert_eq!(todos.keeps("streams/todoist-1", Some(&entity("added"))), Some(false), "a category is whole");
+        assert_eq!(todos.keeps("streams/order-9", Some(&entity("added"))), Some(false));
+        assert_eq!(todos.keeps("user-7", Some(&json!({"method": "GET"}))), Some(false), "not a stream");
+        let prefix = Select { stream_prefix: Some("todo-1".into()), ..Default::default() };
+        assert_eq!(prefix.keeps("streams/todo-12", Some(&entity("added"))), Some(true));
+        assert_eq!(prefix.keeps("streams/todo-2", Some(&entity("added"))), Some(false));
+        let added = Select { types: vec!["added".into()], ..Default::default() };
+        assert_eq!(added.keeps("streams/todo-1", Some(&entity("added"))), Some(true));
+        assert_eq!(added.keeps("streams/todo-1", Some(&entity("done"))), Some(false));
+        let streams = Select { sources: vec![Source::Stream], ..Default::default() };
+        assert_eq!(streams.keeps("streams/todo-1", None), Some(true), "the key alone says");
+        assert!(Select::default().is_empty() && Select::default().keeps("k", None) == Some(true));
+    }
+
+    #[test]
+    fn http_events_by_source_and_a_sealed_posts_type_waits_for_the_opened_record() {
+        let pixels = Select { sources: vec![Source::Pixel], ..Default::default() };
+        assert_eq!(pixels.keeps("u-1", Some(&json!({"method": "GET", "path": "/track.gif"}))), Some(true));
+        assert_eq!(pixels.keeps("u-1", Some(&json!({"method": "POST", "body": {"type": "x"}}))), Some(false));
+        let clicks = Select { types: vec!["click".into()], ..Default::default() };
+        assert_eq!(clicks.keeps("u-1", Some(&json!({"method": "POST", "body": {"type": "click"}}))), Some(true));
+        assert_eq!(clicks.keeps("u-1", Some(&json!({"method": "GET"}))), Some(false), "a pixel has no type");
+        let sealed = json!({"method": "POST", "body": null, "sealed": {"key": "k", "data": "…"}});
+        assert_eq!(clicks.keeps("u-1", Some(&sealed)), None, "sealed: decided once opened");
+        let opened = json!({"method": "POST", "body": {"type": "click"}});
+        assert!(clicks.keeps_opened("u-1", Some(&opened)));
+        assert!(!clicks.keeps_opened("u-1", Some(&sealed)), "still sealed when opened (forgotten): not a match");
+        assert_eq!("stream".parse::<Source>().unwrap(), Source::Stream);
+        assert!("kafka".parse::<Source>().is_err());
+        assert!(Select { types: vec![String::new()], ..Default::default() }.check().is_err());
+    }
+}
