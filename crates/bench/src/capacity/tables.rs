@@ -41,9 +41,10 @@ pub(super) fn need_rows(plans: &[Plan]) -> String {
         thousands(p.slices as u64)
     }));
     md.push_str(&row("hottest key with those slices, write units/s (simulated)", &|p| format!("{:.0}", p.peak_wcu)));
-    md.push_str(&row("write units per event (pump + scan; measured, cut into slices above 1)", &|p| {
-        format!("{:.3}", p.write_units_per_event)
-    }));
+    md.push_str(&row(
+        "write units per event (pump + scan; measured not cut, and cut into 256 slices for any count above 1)",
+        &|p| format!("{:.3}", p.write_units_per_event),
+    ));
     md.push_str(&row("buffer table write units/s (put + delete)", &|p| thousands(p.buffer_wcu_s as u64)));
     md.push_str(&row("event table write units/s (average)", &|p| thousands(p.event_wcu_s as u64)));
     md.push_str(&row("read units per delivered event, one subscription, any partitions dividing S (measured)", &|p| {

@@ -18,9 +18,9 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
-    /// A `GET` of the pixel (`track.gif`).
+    /// A hit of the pixel (`GET` or `POST` of `…/track.gif`: `sendBeacon` posts).
     Pixel,
-    /// A posted JSON event.
+    /// A posted JSON event (`…/events`).
     Post,
     /// An append to an entity stream.
     Stream,
@@ -62,11 +62,17 @@ impl Select {
         self == &Select::default()
     }
 
-    /// Empty names are refused (they would match nothing, or everything).
+    /// Empty names are refused (they would match nothing, or everything), and
+    /// a category with a `-` (a category ends at a name's first `-`).
     pub fn check(&self) -> Result<()> {
         let empty = self.types.iter().chain(&self.categories).chain(&self.stream_prefix).any(|s| s.is_empty());
         if empty {
             return Err(Error::BadInput("a type, category or stream prefix to select is empty".into()));
+        }
+        if let Some(category) = self.categories.iter().find(|c| c.contains('-')) {
+            return Err(Error::BadInput(format!(
+                "category {category:?}: a category is a stream name's part before its first '-'"
+            )));
         }
         Ok(())
     }
@@ -78,13 +84,16 @@ impl Select {
         if self.is_empty() {
             return Some(true);
         }
-        let stream = entity_stream(partition_key);
-        let source = match (stream, record.and_then(|r| r.get("method")).and_then(Value::as_str)) {
+        let stream = stream_of(partition_key, record);
+        // The route load took, by the path's last segment (as `load` routes it; both stored in the clear).
+        let path = record.and_then(|r| r.get("path")).and_then(Value::as_str);
+        let source = match (&stream, path) {
             (Some(_), _) => Some(Source::Stream),
-            (None, Some("GET")) => Some(Source::Pixel),
+            (None, Some(path)) if path.rsplit('/').next() == Some("track.gif") => Some(Source::Pixel),
             (None, Some(_)) => Some(Source::Post),
             (None, None) => None,
         };
+        let stream = stream.as_deref();
         if !self.sources.is_empty() && !source.is_some_and(|s| self.sources.contains(&s)) {
             return Some(false);
         }
@@ -98,6 +107,9 @@ impl Select {
         }
         if self.types.is_empty() {
             return Some(true);
+        }
+        if source == Some(Source::Pixel) {
+            return Some(false); // A pixel hit has no body, so no type (sealed or not).
         }
         let body = record.and_then(|r| r.get("body")).filter(|b| !b.is_null());
         match body.and_then(|b| b.get("type")).and_then(Value::as_str) {
@@ -116,6 +128,17 @@ impl Select {
     pub fn keeps_opened(&self, partition_key: &str, opened: Option<&Value>) -> bool {
         self.keeps(partition_key, opened).unwrap_or(false)
     }
+}
+
+/// The entity stream an event is of: from its key, or, where a long name's
+/// key is cut (`…#<digest>`), from the record's `body.stream` (in the clear).
+fn stream_of(partition_key: &str, record: Option<&Value>) -> Option<String> {
+    let cut = entity_stream(partition_key)?;
+    let whole = record.and_then(|r| r.pointer("/body/stream")).and_then(Value::as_str);
+    Some(match whole {
+        Some(name) if name.starts_with(cut.split('#').next().unwrap_or(cut)) => name.to_owned(),
+        _ => cut.to_owned(),
+    })
 }
 
 fn is_null(record: &Value, field: &str) -> bool {
@@ -153,17 +176,36 @@ mod tests {
     fn http_events_by_source_and_a_sealed_posts_type_waits_for_the_opened_record() {
         let pixels = Select { sources: vec![Source::Pixel], ..Default::default() };
         assert_eq!(pixels.keeps("u-1", Some(&json!({"method": "GET", "path": "/track.gif"}))), Some(true));
-        assert_eq!(pixels.keeps("u-1", Some(&json!({"method": "POST", "body": {"type": "x"}}))), Some(false));
+        let beacon = json!({"method": "POST", "path": "/Prod/track.gif"});
+        assert_eq!(pixels.keeps("u-1", Some(&beacon)), Some(true), "a sendBeacon post is a pixel hit");
+        let post = json!({"method": "POST", "path": "/events", "body": {"type": "x"}});
+        assert_eq!(pixels.keeps("u-1", Some(&post)), Some(false));
         let clicks = Select { types: vec!["click".into()], ..Default::default() };
-        assert_eq!(clicks.keeps("u-1", Some(&json!({"method": "POST", "body": {"type": "click"}}))), Some(true));
-        assert_eq!(clicks.keeps("u-1", Some(&json!({"method": "GET"}))), Some(false), "a pixel has no type");
-        let sealed = json!({"method": "POST", "body": null, "sealed": {"key": "k", "data": "…"}});
+        let click = json!({"method": "POST", "path": "/events", "body": {"type": "click"}});
+        assert_eq!(clicks.keeps("u-1", Some(&click)), Some(true));
+        let sealed_pixel = json!({"method": "GET", "path": "/track.gif", "sealed": {"key": "k"}});
+        assert_eq!(clicks.keeps("u-1", Some(&sealed_pixel)), Some(false), "a pixel has no type: never opened for it");
+        let sealed = json!({"method": "POST", "path": "/events", "body": null, "sealed": {"key": "k", "data": "…"}});
         assert_eq!(clicks.keeps("u-1", Some(&sealed)), None, "sealed: decided once opened");
-        let opened = json!({"method": "POST", "body": {"type": "click"}});
+        let opened = json!({"method": "POST", "path": "/events", "body": {"type": "click"}});
         assert!(clicks.keeps_opened("u-1", Some(&opened)));
         assert!(!clicks.keeps_opened("u-1", Some(&sealed)), "still sealed when opened (forgotten): not a match");
         assert_eq!("stream".parse::<Source>().unwrap(), Source::Stream);
         assert!("kafka".parse::<Source>().is_err());
         assert!(Select { types: vec![String::new()], ..Default::default() }.check().is_err());
+        assert!(Select { categories: vec!["todo-1".into()], ..Default::default() }.check().is_err());
+    }
+
+    #[test]
+    fn a_long_streams_cut_key_is_matched_by_the_name_its_record_carries() {
+        let name = format!("todo{}", "x".repeat(300));
+        let key = crate::envelope::entity_key(&name);
+        assert!(key.len() <= 256 && key.contains('#'));
+        let record =
+            json!({"method": "POST", "path": format!("/streams/{name}"), "body": {"stream": name, "type": "a"}});
+        let prefix = Select { stream_prefix: Some(format!("todo{}", "x".repeat(280))), ..Default::default() };
+        assert_eq!(prefix.keeps(&key, Some(&record)), Some(true));
+        let todos = Select { categories: vec![name.clone()], ..Default::default() };
+        assert_eq!(todos.keeps(&key, Some(&record)), Some(true), "a name without '-' is its own category");
     }
 }

@@ -220,7 +220,8 @@ impl PagePlan {
         }
         // A pooled item with an event that cannot be packed is quarantined whole, as an item that
         // cannot be moved is (its other events still move: the quarantine keeps it for a look).
-        for (id, err) in unpacked {
+        let mut seen = HashSet::new();
+        for (id, err) in unpacked.into_iter().filter(|(id, _)| seen.insert(id.clone())) {
             match pooled
                 .remove(&id)
                 .and_then(|attributes| quarantine_item(&id, &err.to_string(), attributes, moving.now_ms))

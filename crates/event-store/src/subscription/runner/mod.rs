@@ -251,10 +251,14 @@ impl Runner<'_> {
                     .partition(|e: &EventItem| e.in_its_place() || sub.partition_of(&e.partition_key) == partition);
                 self.summary.other_partitions += others.len();
                 // What the selection excludes by fields in the clear is never opened (no key, no payload fetched).
+                // An event whose bytes do not decode is kept: opening it parks it as unreadable, never skips it.
                 let kept = |e: &EventItem| {
                     sub.select.is_empty()
                         || e.in_its_place()
-                        || sub.select.keeps(&e.partition_key, e.json().as_ref()) != Some(false)
+                        || e.bytes().map_or(true, |bytes| {
+                            let record = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+                            sub.select.keeps(&e.partition_key, record.as_ref()) != Some(false)
+                        })
                 };
                 let (mine, excluded): (Vec<_>, Vec<_>) = mine.into_iter().partition(kept);
                 self.summary.filtered_out += excluded.len();
