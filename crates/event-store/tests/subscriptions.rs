@@ -139,6 +139,20 @@ fn assert_all_in_key_order(events: &[Value], range: std::ops::Range<i64>, keys: 
     duplicates
 }
 
+/// A reader of every key of the event table within `window` (one-second slots, no dedupe window).
+fn every_key<'a>(env: &'a TestEnv, table: &'a str, window: &'a Window, tiers: &'a Tiers) -> Reader<'a> {
+    Reader {
+        dynamo: &env.dynamo,
+        table,
+        time_unit_ms: 1000,
+        page_items: None,
+        dedupe_window_ms: 0,
+        window,
+        keys: event_store::slices::KeyRange::ALL,
+        tiers,
+    }
+}
+
 /// The events on a Kinesis target (aggregated records unpacked).
 async fn on_stream(env: &TestEnv, stream: &str) -> Vec<Value> {
     let mut out = Vec::new();
@@ -264,16 +278,7 @@ async fn sixty_four_partitions_of_a_sliced_log_read_only_their_slices_and_delive
     // Every key: the slices merged back into log order.
     let window = Window { start: T0, end: T0 + 11_000 };
     let tiers = Tiers::new(None);
-    let reader = Reader {
-        dynamo: &env.dynamo,
-        table,
-        time_unit_ms: 1000,
-        page_items: None,
-        dedupe_window_ms: 0,
-        window: &window,
-        keys: event_store::slices::KeyRange::ALL,
-        tiers: &tiers,
-    };
+    let reader = every_key(&env, table, &window, &tiers);
     let mut read = Vec::new();
     let keep = |event: &event_store::event_item::EventItem, _: Option<Value>, _: &[u8]| {
         read.push(event.sort_key.clone());
@@ -864,16 +869,7 @@ async fn a_partition_stopped_on_poison_has_parked_every_unreadable_event_it_pass
     let window = Window { start: base, end: base + 1000 };
     let (slots, _) = read_index(&env.dynamo, table, base - 1000, base + 1000).await.unwrap();
     let tiers = Tiers::new(None);
-    let reader = Reader {
-        dynamo: &env.dynamo,
-        table,
-        time_unit_ms: 1000,
-        page_items: None,
-        dedupe_window_ms: 0,
-        window: &window,
-        keys: event_store::slices::KeyRange::ALL,
-        tiers: &tiers,
-    };
+    let reader = every_key(&env, table, &window, &tiers);
     let mut followed = Vec::new();
     let keep = |_: &event_store::event_item::EventItem, json: Option<Value>, _: &[u8]| {
         followed.push(json.unwrap()["n"].as_i64().unwrap());

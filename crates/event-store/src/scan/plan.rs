@@ -200,17 +200,7 @@ impl PagePlan {
                     error!(id, reason = %err, "buffer item left in place, holding the watermark");
                     plan.stuck.push((format!("{id} ({err})"), arrival));
                 }
-                Err(err) => match quarantine_item(&id, &err.to_string(), attributes, moving.now_ms) {
-                    Some(item) => {
-                        warn!(id, reason = %err, "buffer item quarantined");
-                        plan.quarantined += 1;
-                        writes.push((TableKey::Quarantine(id.clone()), id, item));
-                    }
-                    None => {
-                        error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place, holding the watermark");
-                        plan.stuck.push((id, arrival));
-                    }
-                },
+                Err(err) => plan.quarantine((id, arrival), Some(attributes), &err, moving.now_ms, &mut writes),
             }
         }
         let (chunks, unpacked) = pool.chunks(moving.now_ms, moving.retention_days);
@@ -222,21 +212,9 @@ impl PagePlan {
         // cannot be moved is (its other events still move: the quarantine keeps it for a look).
         let mut seen = HashSet::new();
         for (id, err) in unpacked.into_iter().filter(|(id, _)| seen.insert(id.clone())) {
-            match pooled
-                .remove(&id)
-                .and_then(|attributes| quarantine_item(&id, &err.to_string(), attributes, moving.now_ms))
-            {
-                Some(item) => {
-                    warn!(id, reason = %err, "buffer item quarantined");
-                    plan.quarantined += 1;
-                    writes.push((TableKey::Quarantine(id.clone()), id, item));
-                }
-                None => {
-                    error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place, holding the watermark");
-                    let arrival = plan.arrivals.get(&id).and_then(|places| places.iter().map(|(a, _)| *a).min());
-                    plan.stuck.push((id, arrival));
-                }
-            }
+            let arrival = plan.arrivals.get(&id).and_then(|places| places.iter().map(|(a, _)| *a).min());
+            let attributes = pooled.remove(&id);
+            plan.quarantine((id, arrival), attributes, &err, moving.now_ms, &mut writes);
         }
         // One put per key (a page may name an event twice), with every buffer id behind it.
         let puts = keyed_puts(writes);
@@ -261,6 +239,29 @@ impl PagePlan {
             }
         }
         plan
+    }
+
+    /// Quarantines the buffer item `id` (its `attributes`) for `err`; one that
+    /// cannot be (too large even there) stays in place, holding the watermark at `arrival`.
+    fn quarantine(
+        &mut self,
+        (id, arrival): (String, Option<i64>),
+        attributes: Option<HashMap<String, AttributeValue>>,
+        err: &Error,
+        now_ms: i64,
+        writes: &mut Vec<(TableKey, String, HashMap<String, AttributeValue>)>,
+    ) {
+        match attributes.and_then(|attributes| quarantine_item(&id, &err.to_string(), attributes, now_ms)) {
+            Some(item) => {
+                warn!(id, reason = %err, "buffer item quarantined");
+                self.quarantined += 1;
+                writes.push((TableKey::Quarantine(id.clone()), id, item));
+            }
+            None => {
+                error!(id, reason = %err, "buffer item can be neither moved nor quarantined: left in place, holding the watermark");
+                self.stuck.push((id, arrival));
+            }
+        }
     }
 
     /// The slot a chunk's write belongs to.
