@@ -23,6 +23,7 @@ mod playback;
 mod privacy;
 mod redrive;
 mod render;
+mod select;
 mod stack;
 mod streams;
 mod subscription;
@@ -171,21 +172,36 @@ async fn run(cli: Cli) -> Exit {
 
 /// A command whose arguments were read and checked.
 enum Verb {
-    Status { stall_after: Option<u32> },
-    Playback(event_store::playback::PlaybackRequest),
+    Status {
+        stall_after: Option<u32>,
+    },
+    /// One request a run (`--parallel`).
+    Playback(Vec<event_store::playback::PlaybackRequest>),
     Redrive(redrive::Choice),
     Subscription(event_store::subscription::Manage),
-    Tail { from: i64, filters: Vec<event_store::log::Filter>, count: Option<u64> },
-    Streams { url: Option<reqwest::Url>, call: streams::Call },
-    Verify { from: i64, to: i64 },
-    Forget { subject: String },
+    Tail {
+        from: i64,
+        filters: Vec<event_store::log::Filter>,
+        count: Option<u64>,
+    },
+    Streams {
+        url: Option<reqwest::Url>,
+        call: streams::Call,
+    },
+    Verify {
+        from: i64,
+        to: i64,
+    },
+    Forget {
+        subject: String,
+    },
 }
 
 impl Verb {
     fn of(command: Command, now_ms: i64) -> anyhow::Result<Self> {
         Ok(match command {
             Command::Status { stall_after } => Verb::Status { stall_after },
-            Command::Playback(args) => Verb::Playback(args.request(now_ms, playback::max_window()?)?),
+            Command::Playback(args) => Verb::Playback(args.requests(now_ms, playback::max_window()?)?),
             Command::Redrive(args) => Verb::Redrive(args.choice()?),
             Command::Subscription { action } => {
                 settings_from_env()?;
@@ -239,7 +255,7 @@ async fn manage(stack: &Stack, request: event_store::subscription::Manage) -> Ex
     }
 }
 
-async fn play(stack: &Stack, request: event_store::playback::PlaybackRequest, json: bool) -> Exit {
+async fn play(stack: &Stack, request: Vec<event_store::playback::PlaybackRequest>, json: bool) -> Exit {
     let played = match (&stack.name, &stack.playback_function) {
         (Some(_), Some(function)) => playback::deployed(stack, function, request, json).await,
         (Some(_), None) => {

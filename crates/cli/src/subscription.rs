@@ -12,12 +12,13 @@ use aws_sdk_lambda::primitives::Blob;
 use clap::Subcommand;
 use event_store::bookkeeping::settings;
 use event_store::config::SubscriptionConfig;
-use event_store::log::{Filter, RecordFormat, Select};
+use event_store::log::{Filter, RecordFormat};
 use event_store::readers::subscriptions::spec::parse_start;
 use event_store::subscription::{Manage, NewSubscription, OnPoison, Subscriptions, Target as Destination};
 use event_store_emulator::invoke::{recursive_loop, LocalInvoker};
 use serde_json::Value;
 
+use crate::select::SelectArgs;
 use crate::stack::Stack;
 
 /// The subscription actions, as command-line arguments.
@@ -39,18 +40,8 @@ pub enum Action {
         /// Only events whose JSON has this value at this pointer: `/path=/track.gif`. Repeatable.
         #[arg(long = "filter", value_delimiter = ',')]
         filters: Vec<String>,
-        /// Only events of these types (an entity event's `type`, a posted event's `type`). Repeatable.
-        #[arg(long = "type", value_delimiter = ',')]
-        types: Vec<String>,
-        /// Only entity events of streams of these categories (`todo` for `todo-42`). Repeatable.
-        #[arg(long = "category", value_delimiter = ',')]
-        categories: Vec<String>,
-        /// Only entity events of streams whose name starts with this.
-        #[arg(long)]
-        stream_prefix: Option<String>,
-        /// Only events from `pixel`, `post` or `stream` (entity appends). Repeatable.
-        #[arg(long = "source", value_delimiter = ',')]
-        sources: Vec<String>,
+        #[command(flatten)]
+        select: SelectArgs,
         /// After parking an event the target keeps refusing: `park` (go on) or `stop`.
         #[arg(long, default_value = "park")]
         on_poison: String,
@@ -121,10 +112,7 @@ impl Action {
                 target,
                 partitions,
                 filters,
-                types,
-                categories,
-                stream_prefix,
-                sources,
+                select,
                 on_poison,
                 batch_size,
                 record_format,
@@ -143,12 +131,7 @@ impl Action {
                     name,
                     start: Some(start),
                     filter: filters.iter().map(|f| f.parse()).collect::<event_store::Result<Vec<Filter>>>()?,
-                    select: Select {
-                        types,
-                        categories,
-                        stream_prefix,
-                        sources: sources.iter().map(|s| s.parse()).collect::<event_store::Result<Vec<_>>>()?,
-                    },
+                    select: select.select()?,
                     target: Some(parse_target(&target)?),
                     partitions: Some(partitions),
                     on_poison,
@@ -248,10 +231,7 @@ mod tests {
             target: "kinesis:out".into(),
             partitions: 2,
             filters: vec![filter.into()],
-            types: vec!["added".into()],
-            categories: vec!["todo".into()],
-            stream_prefix: None,
-            sources: vec!["stream".into()],
+            select: SelectArgs::categories(&["todo"], &["stream"]),
             on_poison: on_poison.into(),
             batch_size: None,
             record_format: "plain".into(),

@@ -16,9 +16,11 @@
 //! Ranges are never rehashed: a key's hash is fixed; changing `P` or `S`
 //! only moves the lines between ranges.
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use crate::config::{check_slices, MAX_SLICES};
+use crate::error::{Error, Result};
 
 /// A sliced item's hash key is `slot * SCALE + S + s`: `S + s` (below
 /// `2 * MAX_SLICES`) is unique across every slice count, so items of one
@@ -45,7 +47,8 @@ pub fn storage_key(slot: i64, slices: u32, slice: u32) -> i64 {
 }
 
 /// What a reader is responsible for: part `part` of `parts` equal ranges of key hashes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KeyRange {
     pub part: u32,
     pub parts: u32,
@@ -57,6 +60,17 @@ impl KeyRange {
 
     pub fn new(part: u32, parts: u32) -> Self {
         Self { part, parts: parts.max(1) }
+    }
+
+    /// A range a request names: 1 to [`MAX_SLICES`] parts, and one of them.
+    pub fn checked(self) -> Result<Self> {
+        if !(1..=MAX_SLICES).contains(&self.parts) || self.part >= self.parts {
+            return Err(Error::BadInput(format!(
+                "part {} of {}: the parts are 1 to {MAX_SLICES}, numbered from 0",
+                self.part, self.parts
+            )));
+        }
+        Ok(self)
     }
 
     /// Whether an event with this partition key is in the range.
@@ -150,5 +164,9 @@ mod tests {
             assert_eq!(part_of(h, 16) / 2, part_of(h, 8));
         }
         assert!(KeyRange::ALL.holds("anything"));
+        assert!(KeyRange::new(3, 4).checked().is_ok());
+        for (part, parts) in [(4, 4), (0, 0), (0, 2048)] {
+            assert!(KeyRange { part, parts }.checked().is_err(), "{part} of {parts}");
+        }
     }
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::{repo_root, TestEnv};
 use event_store::archive::object::Bucket;
@@ -801,6 +801,141 @@ async fn archiver_crashes() {
     assert!(quarantined[0]["reason"].as_s().unwrap().contains("does not"), "{quarantined:?}");
     let verified = audit::verify(&env.dynamo, table, &bucket, T0, to).await.unwrap();
     assert_eq!(verified.first_break, None);
+
+    Box::pin(parallel_runs_across_the_tiers(&env, &bucket, &healthy, to)).await;
+}
+
+/// A window played by 4 runs at once, each the keys of its quarter of the key hashes, across both
+/// tiers: the window's first half archived, its second half in the table cut into 4 slices. The run
+/// with the most events is killed once it has put a batch, and its invocation's retry resumes it
+/// from its own checkpoint while the others play on: every event once (the killed run's batch in
+/// flight at most again), each key in order, each run passing over only the other keys of what it
+/// had to read whole (the archive's objects).
+async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver: &Archiver, from: i64) {
+    use event_store::slices::KeyRange;
+    const N: i64 = 3_200;
+    const PARTS: u32 = 4;
+    let (start, end) = (from, from + 64_000);
+    // 50 events a slot over 64 slots, 100 keys; arrivals after the boundary (behind the watermark:
+    // late for it, in slots nothing archived yet).
+    let records: Vec<_> = (0..N)
+        .map(|i| {
+            let arrival = start + (i / 50) * 1_000 + 10 + i % 50;
+            (format!("visitor-{}", i % 100), json!({"n": 100_000 + i}).to_string().into_bytes(), arrival)
+        })
+        .collect();
+    // On a shard of its own: arrivals before a shard's last one would be taken as that one's.
+    let pump = common::pump(env);
+    for batch in records.chunks(500) {
+        let event = common::kinesis_event_on(common::TEST_ARN, "shardId-000000000012", batch);
+        assert!(pump.handle(event).await.batch_item_failures.is_empty());
+    }
+    let scan =
+        event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, slices: 4, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(600))).await
+    {
+        pass.unwrap();
+    }
+    let cold_end = start + 32_000;
+    let archived = Archiver {
+        config: ArchiveConfig { object_bytes: 64 * 1024, ..archiver.config.clone() },
+        dynamo: archiver.dynamo.clone(),
+        bucket: archiver.bucket.clone(),
+    };
+    let moved = archived.run(cold_end, Instant::now() + Duration::from_secs(120)).await.unwrap();
+    assert_eq!(moved.boundary, cold_end, "{moved:?}");
+    // The window as one reader of every key reads it: (key, n, cold) in log order.
+    let key_of =
+        |n: i64| if n >= 100_000 { format!("visitor-{}", (n - 100_000) % 100) } else { format!("user-{}", n % 3) };
+    let expected: Vec<(String, i64, bool)> = log(env, Some(bucket.clone()), start, end)
+        .await
+        .iter()
+        .map(|(sort_key, bytes)| {
+            let n = serde_json::from_slice::<Value>(bytes).unwrap()["n"].as_i64().unwrap();
+            (key_of(n), n, sort_key[..13].parse::<i64>().unwrap() < cold_end)
+        })
+        .collect();
+    assert_eq!(expected.iter().filter(|(_, n, _)| *n >= 100_000).count() as i64, N);
+    assert!(expected.iter().any(|e| e.2) && expected.iter().any(|e| !e.2), "both tiers");
+    let in_part = |part: u32| expected.iter().filter(move |(key, _, _)| KeyRange::new(part, PARTS).holds(key));
+    let killed = (0..PARTS).max_by_key(|&p| in_part(p).count()).unwrap();
+    assert!(in_part(killed).count() > 600, "more than a batch to put after the first");
+
+    let config = PlaybackConfig {
+        archive_bucket: Some(BUCKET.into()),
+        lease: Duration::from_secs(2),
+        ..runs::playback_config(&env.names)
+    };
+    // 300 events a second each: a run of some 800 waits for the pace between its two puts.
+    let request = |part: u32| {
+        json!({"start": event_store::time::format_ms(start), "end": event_store::time::format_ms(end),
+               "max_records_per_second": 1200, "keys": {"part": part, "parts": PARTS}})
+    };
+    let playback = |invoker| {
+        Playback::new(env.dynamo.clone(), env.kinesis.clone(), config.clone(), invoker)
+            .with_archive(Some(bucket.clone()))
+    };
+    let play = |part: u32| runs::run_playback(playback, request(part), deadline_in(Duration::from_secs(300)));
+    let (invoker, _continuations) = event_store_emulator::invoke::LocalInvoker::channel();
+    let dying = playback(std::sync::Arc::new(invoker));
+    let payload = request(killed);
+    let running =
+        tokio::spawn(async move { dying.handle(payload, SystemTime::now() + Duration::from_secs(900)).await });
+    let id = format!("{}-{killed}of{PARTS}", event_store::playback::run_id(&Window { start, end }, &[]));
+    let kill = async {
+        loop {
+            let stored = event_store::readers::playbacks::load(&env.dynamo, &env.names.event_table, &id).await.unwrap();
+            if stored.and_then(|s| s.checkpoint).is_some_and(|c| c.events >= 500) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        running.abort(); // killed: no error, no release, its lease stays
+        assert!(running.await.unwrap_err().is_cancelled());
+    };
+    let others = futures::future::join_all((0..PARTS).filter(|&p| p != killed).map(play));
+    let (others, ()) = tokio::join!(others, kill);
+    let resumed = play(killed).await;
+    let summary = |runs: Vec<event_store::Result<event_store::playback::PlaybackSummary>>| {
+        event_store::playback::PlaybackSummary::total(&runs.into_iter().map(Result::unwrap).collect::<Vec<_>>())
+    };
+    let resumed = summary(resumed);
+    assert_eq!(resumed.status, event_store::playback::Status::Complete, "{resumed:?}");
+    assert_eq!(resumed.events, in_part(killed).count() - 500, "the resumed run starts after the killed one's put");
+    // Each run read whole only the archived slots: it passed over the other keys there, and nowhere else.
+    let parts: Vec<u32> = (0..PARTS).filter(|&p| p != killed).collect();
+    for (part, runs) in parts.iter().zip(others) {
+        let total = summary(runs);
+        assert_eq!((total.status, total.events), (event_store::playback::Status::Complete, in_part(*part).count()));
+        let cold_others = expected.iter().filter(|(key, _, cold)| *cold && !KeyRange::new(*part, PARTS).holds(key));
+        assert_eq!(total.other_keys, cold_others.count(), "part {part}");
+    }
+
+    let mut played: Vec<(String, i64, KeyRange)> = Vec::new();
+    for (_, record) in env.read_stream(&env.names.playback_stream).await {
+        let key = record.partition_key().unwrap();
+        for (_, data) in event_store::aggregation::deaggregate(key, record.data().as_ref()).unwrap() {
+            let event = serde_json::from_slice::<event_store::log::PlayedEvent>(&data).unwrap();
+            let n = event.data.as_ref().unwrap()["n"].as_i64().unwrap();
+            played.push((event.partition_key, n, event.keys.expect("a parallel run's record says its part")));
+        }
+    }
+    assert!(played.iter().all(|(key, _, keys)| keys.holds(key)), "each run played only its keys");
+    assert!(played.len() <= expected.len() + 500, "at most the killed run's batch in flight again");
+    let mut keys: Vec<&String> = expected.iter().map(|(key, _, _)| key).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let sent: Vec<i64> = expected.iter().filter(|(k, _, _)| k == key).map(|(_, n, _)| *n).collect();
+        let mut first = Vec::new();
+        for (_, n, _) in played.iter().filter(|(k, _, _)| k == key) {
+            if !first.contains(n) {
+                first.push(*n);
+            }
+        }
+        assert_eq!(first, sent, "{key}: every event, in order, on its first delivery");
+    }
 }
 
 /// A process that dies right after it puts an archive object: every request after it fails.

@@ -1,6 +1,7 @@
 //! A playback on a deployed stack: its function invoked asynchronously and the run's checkpoint followed to its end.
 
 use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
@@ -8,7 +9,7 @@ use aws_sdk_lambda::primitives::Blob;
 use aws_sdk_lambda::types::InvocationType;
 use event_store::bookkeeping::{settings, watermark};
 use event_store::log::Window;
-use event_store::playback::{bound_window, open_ended_id, run_id, PlaybackRequest};
+use event_store::playback::{bound_window, PlaybackRequest};
 use event_store::readers::playbacks::{self, Stored};
 use event_store::time::{format_ms, now_ms};
 use indicatif::ProgressBar;
@@ -30,32 +31,64 @@ const WAIT_SLACK: Duration = Duration::from_secs(5);
 /// The end of each message that leaves a run to a later command.
 const AGAIN: &str = "run the same command again to follow it";
 
-/// Invokes the deployed playback function asynchronously and follows the
-/// run's checkpoint to its end (or Ctrl-C, which leaves it going). A run
-/// already going under the same id is followed without invoking again.
-pub async fn deployed(stack: &Stack, function: &str, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
-    let run = Run::find(stack, &request, json_out).await?;
+/// Invokes the deployed playback function asynchronously, once a run
+/// (`--parallel`), and follows the runs' checkpoints to their end (or Ctrl-C,
+/// which leaves them going) on one progress bar. A run already going under
+/// its id is followed without invoking again; one done before is left as it is.
+pub async fn deployed(stack: &Stack, function: &str, requests: Vec<PlaybackRequest>, json_out: bool) -> Result<Ended> {
+    let mut runs = Vec::with_capacity(requests.len());
+    for request in &requests {
+        runs.push(Run::find(stack, request, json_out).await?);
+    }
+    let (Some(first), Some(request)) = (runs.first(), requests.first()) else { return Ok(Ended::Done) };
     // What the function would answer without playing anything, said without invoking it.
-    if run.done_before && !request.restart && !run.open_ended {
-        run.report_already_done();
+    let done_before = |run: &Run| run.done_before && !request.restart && !run.open_ended;
+    if runs.iter().all(done_before) {
+        first.report_already_done(runs.iter().map(Run::events_before).sum());
         return Ok(Ended::Done);
     }
-    // A run of this id holding its lease: followed, not invoked again (the invocation would only wait to answer busy).
-    let live = run.is_live();
+    // A run holding its lease: followed, not invoked again (the invocation would only wait to answer busy).
+    let live: Vec<bool> = runs.iter().map(Run::is_live).collect();
     let wait = Duration::from_secs(request.wait_seconds.unwrap_or(0));
-    if !live && wait.is_zero() && run.complete_end.is_none_or(|sealed| run.window.end > sealed) {
-        run.report_incomplete(run.complete_end);
+    if !live.contains(&true) && wait.is_zero() && first.complete_end.is_none_or(|sealed| first.window.end > sealed) {
+        first.report_incomplete(first.complete_end);
         return Ok(Ended::NotDone);
     }
-    run.start_unless_live(stack, function, &request, live).await?;
+    for ((run, request), &live) in runs.iter().zip(&requests).zip(&live) {
+        if !done_before(run) {
+            run.start_unless_live(stack, function, request, live).await?;
+        }
+    }
     let bar = progress_bar(!json_out);
-    let mut follow = Follow { bar: &bar, per_slot: BTreeMap::new(), last: None, unit: run.unit };
+    let shared = Mutex::new(vec![Seen::default(); runs.len()]);
     let started = Instant::now();
-    let Some(end) = run.follow_to_end(&mut follow, live, wait, started).await? else {
+    let follows = runs.iter().zip(&live).enumerate().map(|(part, (run, &live))| {
+        let (bar, shared) = (&bar, &shared);
+        async move {
+            let mut follow = Follow { bar, shared, part, per_slot: BTreeMap::new(), last: None, unit: run.unit };
+            if done_before(run) {
+                let end = run.before.clone().unwrap_or_default();
+                follow.saw(&end);
+                return Ok((Some(end), follow.per_slot));
+            }
+            let end = run.follow_to_end(&mut follow, live, wait, started).await?;
+            anyhow::Ok((end, follow.per_slot))
+        }
+    });
+    let mut ends = Vec::with_capacity(runs.len());
+    let mut per_slot = BTreeMap::new();
+    for followed in futures::future::join_all(follows).await {
+        let (end, counts) = followed?;
+        for (slot, count) in counts {
+            *per_slot.entry(slot).or_default() += count;
+        }
+        ends.push(end);
+    }
+    let Some(ends) = ends.into_iter().collect::<Option<Vec<Stored>>>() else {
         return Ok(Ended::NotDone);
     };
     bar.finish_and_clear();
-    run.report_complete(&end, &follow.per_slot, started);
+    first.report_complete(&ends, &per_slot, started);
     Ok(Ended::Done)
 }
 
@@ -89,12 +122,7 @@ impl<'a> Run<'a> {
         let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
         let complete_end = watermark::read(&dynamo, table).await?.complete_end(unit);
         let asked = request.window(complete_end.unwrap_or_else(now_ms), max_window()?)?;
-        let open_ended = request.id.is_none() && request.end.is_none();
-        let id = match (&request.id, &request.end) {
-            (Some(id), _) => id.clone(),
-            (None, Some(_)) => run_id(&asked, &request.filter),
-            (None, None) => open_ended_id(request),
-        };
+        let (id, open_ended) = request.id_for(&asked);
         let before = playbacks::load(&dynamo, table, &id).await?;
         let done_before = before.as_ref().and_then(|s| s.checkpoint.as_ref()).is_some_and(|c| c.done);
         // The window the function will play: the one the id is bound to (a request naming another is refused).
@@ -227,10 +255,14 @@ impl<'a> Run<'a> {
         false
     }
 
-    /// Says the window was played back before, with its events.
-    fn report_already_done(&self) {
+    /// The events its checkpoint counted before this command.
+    fn events_before(&self) -> u64 {
+        self.before.as_ref().and_then(|s| s.checkpoint.as_ref()).map_or(0, |c| c.events)
+    }
+
+    /// Says the window was played back before, with its `events`.
+    fn report_already_done(&self, events: u64) {
         let (id, window) = (&self.id, &self.window);
-        let events = self.before.as_ref().and_then(|s| s.checkpoint.as_ref()).map_or(0, |c| c.events);
         report(self.json_out, id, "already_done", window, events, || {
             format!(
                 "window [{}, {}) was already played back ({events} events, id {id}); pass --restart to play it again",
@@ -254,13 +286,13 @@ impl<'a> Run<'a> {
         });
     }
 
-    /// Says the run played its window (`end`, its last item) and, on a
+    /// Says the runs played their window (`ends`, their last items) and, on a
     /// terminal, draws the sparkline of its events (`per_slot`).
-    fn report_complete(&self, end: &Stored, per_slot: &BTreeMap<i64, usize>, started: Instant) {
+    fn report_complete(&self, ends: &[Stored], per_slot: &BTreeMap<i64, usize>, started: Instant) {
         let id = &self.id;
-        let window =
-            end.binding.as_ref().map_or_else(|| self.window.clone(), |b| Window { start: b.start, end: b.end });
-        let events = end.checkpoint.as_ref().map_or(0, |c| c.events);
+        let bound = ends.first().and_then(|end| end.binding.as_ref());
+        let window = bound.map_or_else(|| self.window.clone(), |b| Window { start: b.start, end: b.end });
+        let events: u64 = ends.iter().filter_map(|end| end.checkpoint.as_ref()).map(|c| c.events).sum();
         report(self.json_out, id, "complete", &window, events, || {
             format!(
                 "played back {events} events of [{}, {}) (id {id}, {} s)",
@@ -275,9 +307,20 @@ impl<'a> Run<'a> {
     }
 }
 
+/// Where one run stands, for the progress bar of them all: slots done of its window, events put.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    slots: u64,
+    of: u64,
+    events: u64,
+}
+
 /// The progress of a deployed run, from its checkpoint once a second.
 struct Follow<'a> {
     bar: &'a ProgressBar,
+    /// Every run's progress: the bar shows them added up.
+    shared: &'a Mutex<Vec<Seen>>,
+    part: usize,
     /// Events put, by the slot the checkpoint had reached when they were seen (approximate, for the sparkline).
     per_slot: BTreeMap<i64, usize>,
     last: Option<Stored>,
@@ -292,11 +335,15 @@ impl Follow<'_> {
         }
         if let (Some(binding), Some(position)) = (&stored.binding, &stored.checkpoint) {
             let unit = self.unit.max(1) as i64;
-            self.bar.set_length(((binding.end - binding.start) / unit).max(1) as u64);
-            self.bar.set_position(((position.slot - binding.start).max(0) / unit) as u64);
-            self.bar.set_message(format!("{} events", position.events));
+            let of = ((binding.end - binding.start) / unit).max(1) as u64;
+            let slots = if position.done { of } else { ((position.slot - binding.start).max(0) / unit) as u64 };
             let seen = self.last.as_ref().and_then(|s| s.checkpoint.as_ref()).map_or(0, |c| c.events);
             *self.per_slot.entry(position.slot).or_default() += position.events.saturating_sub(seen) as usize;
+            let mut all = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            all[self.part] = Seen { slots, of, events: position.events };
+            self.bar.set_length(all.iter().map(|s| s.of).sum::<u64>().max(1));
+            self.bar.set_position(all.iter().map(|s| s.slots).sum());
+            self.bar.set_message(format!("{} events", all.iter().map(|s| s.events).sum::<u64>()));
         }
         self.last = Some(stored.clone());
         true

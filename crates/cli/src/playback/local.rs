@@ -14,8 +14,10 @@ use super::display::{print_sparkline, print_summary, progress_bar};
 use super::Ended;
 use crate::stack::Stack;
 
-/// Runs the playback in this process against the local stack.
-pub async fn local(stack: &Stack, request: PlaybackRequest, json_out: bool) -> Result<Ended> {
+/// Runs the playback in this process against the local stack: its runs
+/// (`--parallel`) side by side, each as its own function's chain would, one
+/// progress bar for them all.
+pub async fn local(stack: &Stack, requests: Vec<PlaybackRequest>, json_out: bool) -> Result<Ended> {
     let stream = stack.playback_stream.clone().ok_or_else(|| anyhow!("no playback stream"))?;
     let mut config = PlaybackConfig::for_names(stack.resources.event_table.clone(), stream)?;
     let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
@@ -41,18 +43,30 @@ pub async fn local(stack: &Stack, request: PlaybackRequest, json_out: bool) -> R
     };
     let kinesis = aws_sdk_kinesis::Client::new(&stack.sdk);
     let (archive, keys) = (stack.archive(), stack.keys());
-    let make = |invoker| {
-        Playback::new(dynamo, kinesis, config, invoker).with_observer(observer).with_archive(archive).with_keys(keys)
-    };
-    // As long as the function's timeout allows each run; continuations go on in this process.
-    let runs = run_playback(make, serde_json::to_value(&request)?, deadline_in(Duration::from_secs(900))).await;
+    let chains = requests.iter().map(|request| {
+        let (dynamo, kinesis, config) = (dynamo.clone(), kinesis.clone(), config.clone());
+        let (observer, archive, keys) = (observer.clone(), archive.clone(), keys.clone());
+        let make = |invoker| {
+            Playback::new(dynamo, kinesis, config, invoker)
+                .with_observer(observer)
+                .with_archive(archive)
+                .with_keys(keys)
+        };
+        let payload = serde_json::to_value(request);
+        async move {
+            // As long as the function's timeout allows each run; continuations go on in this process.
+            let runs = run_playback(make, payload?, deadline_in(Duration::from_secs(900))).await;
+            anyhow::Ok(PlaybackSummary::total(&runs.into_iter().collect::<event_store::Result<Vec<_>>>()?))
+        }
+    });
+    let parts = futures::future::join_all(chains).await;
     bar.finish_and_clear();
-    let runs = runs.into_iter().collect::<event_store::Result<Vec<_>>>()?;
-    let total = PlaybackSummary::total(&runs);
+    let parts = parts.into_iter().collect::<Result<Vec<_>>>()?;
+    let total = PlaybackSummary::together(&parts);
     if json_out {
         println!("{}", serde_json::to_string_pretty(&total)?);
     } else {
-        print_summary(&total, runs.len());
+        print_summary(&total, parts.len());
         if matches!(total.status, Status::Complete) {
             if let Ok(counts) = per_slot.lock() {
                 print_sparkline(&total.start, &total.end, &counts, unit);

@@ -16,10 +16,13 @@ use anyhow::{anyhow, Result};
 use event_store::config::PlaybackConfig;
 use event_store::log::Filter;
 use event_store::playback::PlaybackRequest;
+use event_store::slices::KeyRange;
 use event_store::time::parse_time;
 
 pub use deployed::deployed;
 pub use local::local;
+
+use crate::select::SelectArgs;
 
 /// The playback request, as command-line arguments.
 #[derive(clap::Args)]
@@ -45,14 +48,20 @@ pub struct Args {
     /// The run's id (default: named by the window and filter, so the same command finds the same run).
     #[arg(long)]
     id: Option<String>,
+    #[command(flatten)]
+    select: SelectArgs,
+    /// Runs playing the window together (1 to 1024), each the keys of its range of key hashes, in order per key,
+    /// at its share of the pace; each resumes from its own checkpoint.
+    #[arg(long, default_value_t = 1)]
+    parallel: u32,
 }
 
 impl Args {
-    /// The request the function takes; bad arguments are refused here, by
-    /// the function's own rules, before anything is sent. `now` (epoch ms)
-    /// stands in for the complete end: a start after it, or a window longer
-    /// than `max` ([`max_window`]), is refused.
-    pub fn request(self, now: i64, max: Duration) -> Result<PlaybackRequest> {
+    /// The requests the function takes, one a run (`--parallel`); bad
+    /// arguments are refused here, by the function's own rules, before
+    /// anything is sent. `now` (epoch ms) stands in for the complete end: a
+    /// start after it, or a window longer than `max` ([`max_window`]), is refused.
+    pub fn requests(self, now: i64, max: Duration) -> Result<Vec<PlaybackRequest>> {
         for (name, time) in [("--start", &self.start), ("--end", &self.end)] {
             if let Some(time) = time {
                 parse_time(time).map_err(|e| anyhow!("{name} {time:?}: {e}"))?;
@@ -72,11 +81,18 @@ impl Args {
             filter: self.filters.iter().map(|f| f.parse()).collect::<event_store::Result<Vec<Filter>>>()?,
             restart: self.restart,
             id: self.id,
+            select: self.select.select()?,
             ..Default::default()
         };
         // The window's own checks (end before start, too long).
         request.window(now, max)?;
-        Ok(request)
+        let parts = KeyRange::new(0, self.parallel).checked().map_err(|_| anyhow!("--parallel is 1 to 1024"))?.parts;
+        if parts == 1 {
+            return Ok(vec![request]);
+        }
+        Ok((0..parts)
+            .map(|part| PlaybackRequest { keys: Some(KeyRange::new(part, parts)), ..request.clone() })
+            .collect())
     }
 }
 
@@ -108,22 +124,33 @@ mod tests {
             filters: vec![filter.to_owned()],
             restart: false,
             id: None,
+            select: SelectArgs::categories(&[], &[]),
+            parallel: 1,
         };
         // The time the arguments are checked against: noon of 2026-11-27, whatever the clock says.
         let now = parse_time("2026-11-27T12:00:00Z").unwrap();
         let day = Duration::from_secs(24 * 3600);
-        let request = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(now, day).unwrap();
-        assert_eq!((request.filter.len(), request.wait_seconds), (1, Some(0)));
+        let request = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").requests(now, day).unwrap();
+        assert_eq!((request[0].filter.len(), request[0].wait_seconds, request.len()), (1, Some(0), 1));
+        let four = Args { parallel: 4, ..args(None, None, "/kind=click") }.requests(now, day).unwrap();
+        let parts: Vec<_> = four.iter().map(|r| r.keys.map(|k| (k.part, k.parts))).collect();
+        assert_eq!(parts, [Some((0, 4)), Some((1, 4)), Some((2, 4)), Some((3, 4))]);
+        assert!(Args { parallel: 0, ..args(None, None, "/a=1") }.requests(now, day).is_err());
+        assert!(Args { parallel: 2048, ..args(None, None, "/a=1") }.requests(now, day).is_err());
+        let todos = Args { select: SelectArgs::categories(&["todo"], &[]), ..args(None, None, "/a=1") };
+        assert_eq!(todos.requests(now, day).unwrap()[0].select.categories, ["todo"]);
+        let dashed = Args { select: SelectArgs::categories(&["todo-1"], &[]), ..args(None, None, "/a=1") };
+        assert!(dashed.requests(now, day).is_err(), "a category has no '-'");
         let day_later = now + 24 * 3_600_000;
         let open_ended = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(day_later, day);
         assert!(open_ended.unwrap_err().to_string().contains("36 hours long"), "a window without an end ends at now");
-        assert!(args(Some("someday"), None, "/a=1").request(now, day).unwrap_err().to_string().contains("--start"));
-        let backwards = args(Some("2026-11-27T00:00:00Z"), Some("2026-11-26T00:00:00Z"), "/a=1").request(now, day);
+        assert!(args(Some("someday"), None, "/a=1").requests(now, day).unwrap_err().to_string().contains("--start"));
+        let backwards = args(Some("2026-11-27T00:00:00Z"), Some("2026-11-26T00:00:00Z"), "/a=1").requests(now, day);
         assert!(backwards.unwrap_err().to_string().contains("before start"));
-        let long = args(Some("2026-11-01T00:00:00Z"), Some("2026-11-27T00:00:00Z"), "/a=1").request(now, day);
+        let long = args(Some("2026-11-01T00:00:00Z"), Some("2026-11-27T00:00:00Z"), "/a=1").requests(now, day);
         assert!(long.unwrap_err().to_string().contains("at most 24"));
-        assert!(args(None, None, "kind").request(now, day).is_err(), "a filter needs its pointer");
-        let future = args(Some("2026-11-28T00:00:00Z"), Some("2026-11-28T01:00:00Z"), "/a=1").request(now, day);
+        assert!(args(None, None, "kind").requests(now, day).is_err(), "a filter needs its pointer");
+        let future = args(Some("2026-11-28T00:00:00Z"), Some("2026-11-28T01:00:00Z"), "/a=1").requests(now, day);
         assert_eq!(
             future.unwrap_err().to_string(),
             "--start 2026-11-28T00:00:00Z is in the future: nothing is stored there yet"

@@ -8,6 +8,7 @@ use crate::aggregation;
 use crate::event_item::EventItem;
 use crate::kinesis::{indices_by_key, OutgoingRecord};
 use crate::offload::OffloadRef;
+use crate::slices::KeyRange;
 use crate::time::format_ms;
 
 /// How played events become Kinesis records (see [`crate::aggregation`]).
@@ -31,8 +32,12 @@ impl RecordFormat {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlayedEvent {
     /// Position in this playback, from 0; a record seen again with a number
-    /// already seen is a duplicate.
+    /// already seen is a duplicate. With parallel runs, each run's keys
+    /// ([`PlayedEvent::keys`]) are numbered on their own.
     pub playback_seq: u64,
+    /// Which of several runs played it (`--parallel`): part `part` of `parts` of the keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeyRange>,
     /// The event's arrival time (Kinesis approximate arrival), ISO 8601 and ms.
     pub event_time: String,
     pub event_ms: i64,
@@ -68,6 +73,7 @@ impl PlayedEvent {
         let data_base64 = json.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(bytes));
         Self {
             playback_seq: seq,
+            keys: None,
             event_time: format_ms(event.arrival),
             event_ms: event.arrival,
             event_id: event.event_id.clone(),

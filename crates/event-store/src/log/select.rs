@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::envelope::entity_stream;
 use crate::error::{Error, Result};
+use crate::event_item::EventItem;
 
 /// Where an event came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +131,45 @@ impl Select {
     }
 }
 
+/// A page's events as a reader of some keys, with a selection, takes them
+/// before opening any.
+#[derive(Debug, Default)]
+pub struct Passed {
+    /// To open: the reader's keys, not excluded by fields in the clear.
+    pub kept: Vec<EventItem>,
+    /// Of keys another reader is responsible for.
+    pub other_keys: usize,
+    /// Excluded by the selection.
+    pub excluded: usize,
+}
+
+/// Passes over the events of keys `mine` does not hold and those `select`
+/// excludes by fields in the clear, unopened. An item in its place (one that
+/// does not decode: no key) is kept by every reader, and so is an event whose
+/// bytes do not decode: opening it parks or counts it where it stands, never
+/// skips it silently.
+pub fn pass_over(events: Vec<EventItem>, mine: impl Fn(&str) -> bool, select: &Select) -> Passed {
+    let mut passed = Passed::default();
+    for event in events {
+        if !(event.in_its_place() || mine(&event.partition_key)) {
+            passed.other_keys += 1;
+            continue;
+        }
+        let excluded = !select.is_empty()
+            && !event.in_its_place()
+            && event.bytes().is_ok_and(|bytes| {
+                let record = serde_json::from_slice::<Value>(&bytes).ok();
+                select.keeps(&event.partition_key, record.as_ref()) == Some(false)
+            });
+        if excluded {
+            passed.excluded += 1;
+        } else {
+            passed.kept.push(event);
+        }
+    }
+    passed
+}
+
 /// The entity stream an event is of: from its key, or, where a long name's
 /// key is cut (`…#<digest>`), from the record's `body.stream` (in the clear).
 fn stream_of(partition_key: &str, record: Option<&Value>) -> Option<String> {
@@ -194,6 +234,37 @@ mod tests {
         assert!("kafka".parse::<Source>().is_err());
         assert!(Select { types: vec![String::new()], ..Default::default() }.check().is_err());
         assert!(Select { categories: vec!["todo-1".into()], ..Default::default() }.check().is_err());
+    }
+
+    #[test]
+    fn a_reader_opens_only_its_keys_selected_events_and_whatever_does_not_decode() {
+        let item = |key: &str, data: Vec<u8>, encoding: Option<&str>| EventItem {
+            slot: 0,
+            sort_key: String::new(),
+            event_id: String::new(),
+            arrival: 0,
+            partition_key: key.into(),
+            data: Some(data),
+            encoding: encoding.map(str::to_owned),
+            payload: None,
+            expires_at: None,
+            moved_at: None,
+        };
+        let event = |key: &str, record: &Value| item(key, serde_json::to_vec(record).unwrap(), None);
+        let undecodable = item("streams/order-3", vec![0xff, 0], Some("zstd"));
+        let in_place = item("", vec![], None);
+        let events = vec![
+            event("streams/todo-1", &entity("added")),
+            event("streams/order-1", &entity("added")),
+            event("streams/todo-2", &entity("added")),
+            undecodable,
+            in_place,
+        ];
+        let todos = Select { categories: vec!["todo".into()], ..Default::default() };
+        let passed = pass_over(events, |key| key != "streams/todo-2", &todos);
+        let kept: Vec<&str> = passed.kept.iter().map(|e| e.partition_key.as_str()).collect();
+        assert_eq!(kept, ["streams/todo-1", "streams/order-3", ""], "an undecodable event is opened (and parked)");
+        assert_eq!((passed.other_keys, passed.excluded), (1, 1));
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Playback {
         }
         // A token of this invocation's own, handed on to its continuation.
         let owner = uuid::Uuid::new_v4().simple().to_string();
-        let binding = Binding::new(window.start, window.end, &request.filter);
+        let binding = Binding::new(window.start, window.end, request.binds());
         let claim = playbacks::Claim {
             owner: &owner,
             previous: request.lease.as_deref(),
@@ -235,11 +235,7 @@ impl Playback {
         let unit = self.config.time_unit_ms;
         // Without a watermark yet, `end` defaults to now: the window is valid but not complete.
         let asked = request.window(complete_end.unwrap_or_else(now_ms), self.config.max_window)?;
-        let (id, open_ended) = match (&request.id, &request.end) {
-            (Some(id), _) => (id.clone(), false),
-            (None, Some(_)) => (run_id(&asked, &request.filter), false),
-            (None, None) => (open_ended_id(request), true),
-        };
+        let (id, open_ended) = request.id_for(&asked);
         let stored = playbacks::load(&self.dynamo, &self.config.event_table, &id).await?.unwrap_or_default();
         let done = stored.checkpoint.as_ref().is_some_and(|c| c.done);
         let (window, fresh) = bound_window(&id, request, asked, &stored, open_ended && done)?;
@@ -280,10 +276,13 @@ impl Playback {
         }
     }
 
+    /// The pace of this run: the request's rate or the stream's limit, shared
+    /// evenly by the runs playing the window together.
     async fn pacer(&self, request: &PlaybackRequest) -> Result<Pacer> {
+        let runs = u64::from(request.key_range().parts);
         Ok(match request.max_records_per_second {
-            Some(rate) => Pacer::new(rate, u64::MAX),
-            None => Pacer::for_shards(self.open_shards().await?),
+            Some(rate) => Pacer::new(rate.div_ceil(runs), u64::MAX),
+            None => Pacer::for_shards(self.open_shards().await?).one_of(runs),
         })
     }
 
@@ -355,7 +354,7 @@ impl Playback {
             page_items: config.page_items,
             dedupe_window_ms: config.dedupe_window_ms,
             window,
-            keys: crate::slices::KeyRange::ALL,
+            keys: request.key_range(),
             tiers: &self.tiers,
         };
         // The envelope ids delivered just before the position: a copy of one of them is not played again.
@@ -396,7 +395,7 @@ pub fn bound_window(
         return Ok((asked, request.restart || rebind));
     };
     let names_window = request.start.is_some() || request.end.is_some();
-    let filter = Binding::new(0, 0, &request.filter).filter;
+    let filter = request.binds();
     if request.restart && names_window {
         return Ok((asked, true));
     }

@@ -32,6 +32,16 @@ impl Pacer {
         Self::new(shards * RECORDS_PER_SHARD_SECOND, shards * BYTES_PER_SHARD_SECOND)
     }
 
+    /// One of `runs` equal shares of this pace.
+    pub fn one_of(self, runs: u64) -> Self {
+        let runs = runs.max(1) as f64;
+        Self {
+            records_per_second: (self.records_per_second / runs).max(1.0),
+            bytes_per_second: (self.bytes_per_second / runs).max(1.0),
+            ..self
+        }
+    }
+
     /// Time from the start before the next request may go.
     pub fn next_at(&self) -> Duration {
         let by_records = self.records as f64 / self.records_per_second;
@@ -64,5 +74,8 @@ mod tests {
         let mut pacer = Pacer::for_shards(2);
         pacer.sent(1000, 10);
         assert_eq!(pacer.next_at(), Duration::from_millis(500));
+        let mut quarter = Pacer::for_shards(2).one_of(4);
+        quarter.sent(500, 10);
+        assert_eq!(quarter.next_at(), Duration::from_secs(1), "one of four runs: a quarter of the limit");
     }
 }

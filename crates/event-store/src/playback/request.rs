@@ -8,8 +8,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::log::select::Select;
 use crate::log::window::{Filter, Window};
 use crate::log::RecordFormat;
+use crate::slices::KeyRange;
 use crate::time::parse_time;
 
 /// Window played back when the request names no start: the 15 minutes before its end.
@@ -38,6 +40,15 @@ pub struct PlaybackRequest {
     /// Only events whose JSON matches every filter are played.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filter: Vec<Filter>,
+    /// Only events these fields in the clear select (types, categories, a
+    /// stream prefix, sources); the others are passed over unopened.
+    #[serde(default, skip_serializing_if = "Select::is_empty")]
+    pub select: Select,
+    /// One of several runs playing the window together (`--parallel N`):
+    /// this run plays the keys of part `part` of `parts`, under an id of its
+    /// own (the window's with `-<part>of<parts>`), at its share of the pace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeyRange>,
     /// Names the run's checkpoint, bound to the window and filter of its
     /// first run; default: derived from start, end and filter (without
     /// `end`, from `start` and filter, so a retry reuses the first window).
@@ -75,6 +86,10 @@ impl PlaybackRequest {
                 return Err(Error::BadInput(format!("filter field {:?} is not a JSON pointer (/a/b)", filter.field)));
             }
         }
+        request.select.check()?;
+        if let Some(keys) = request.keys {
+            keys.checked()?;
+        }
         Ok(request)
     }
 
@@ -92,10 +107,56 @@ impl PlaybackRequest {
         Window::checked(start, end, max)
     }
 
-    /// True when `event` (its JSON, if it is JSON) passes every filter.
-    pub(crate) fn wants(&self, event: Option<&Value>) -> bool {
-        self.filter.iter().all(|f| f.matches(event))
+    /// True when the opened event (its JSON, if it is JSON) passes the selection and every filter.
+    pub(crate) fn wants(&self, partition_key: &str, event: Option<&Value>) -> bool {
+        self.select.keeps_opened(partition_key, event) && self.filter.iter().all(|f| f.matches(event))
     }
+
+    /// The keys this run plays (every key, unless it is one of several runs).
+    pub fn key_range(&self) -> KeyRange {
+        self.keys.unwrap_or(KeyRange::ALL)
+    }
+
+    /// What the run's id is bound to besides its window, as canonical JSON:
+    /// the filter alone (as ids were bound before selections and parts), or
+    /// with them.
+    pub fn binds(&self) -> String {
+        let filter = serde_json::to_value(&self.filter).unwrap_or_default();
+        if self.select.is_empty() && self.keys.is_none() {
+            return filter.to_string();
+        }
+        serde_json::json!({"filter": filter, "select": self.select, "keys": self.keys}).to_string()
+    }
+
+    /// The run's id for the window `asked`, and whether the request is open
+    /// ended (neither `id` nor `end`: its window moves with the watermark).
+    /// One of several runs adds its part to the id: each has its own
+    /// checkpoint and lease.
+    pub fn id_for(&self, asked: &Window) -> (String, bool) {
+        let (base, open_ended) = match (&self.id, &self.end) {
+            (Some(id), _) => (id.clone(), false),
+            (None, Some(_)) => (self.window_id(asked), false),
+            (None, None) => (open_ended_id(self), true),
+        };
+        let id = match self.keys {
+            Some(keys) => format!("{base}-{}of{}", keys.part, keys.parts),
+            None => base,
+        };
+        (id, open_ended)
+    }
+
+    /// [`run_id`], with the selection when there is one.
+    fn window_id(&self, window: &Window) -> String {
+        if self.select.is_empty() {
+            return run_id(window, &self.filter);
+        }
+        let whole = Self { keys: None, ..self.clone() }.binds();
+        hash_id(&format!("{}-{}-{whole}", window.start, window.end))
+    }
+}
+
+fn hash_id(text: &str) -> String {
+    hex::encode(&Sha256::digest(text.as_bytes())[..8])
 }
 
 /// The id of a run when the request names none: the same window and filter give the same id.
@@ -115,6 +176,9 @@ pub fn open_ended_id(request: &PlaybackRequest) -> String {
     let mut hasher = Sha256::new();
     hasher.update(format!("open-{}-", request.start.as_deref().unwrap_or("")));
     hasher.update(serde_json::to_vec(&request.filter).unwrap_or_default());
+    if !request.select.is_empty() {
+        hasher.update(serde_json::to_vec(&request.select).unwrap_or_default());
+    }
     format!("open-{}", hex::encode(&hasher.finalize()[..8]))
 }
 
@@ -178,5 +242,31 @@ mod tests {
         assert_eq!(run_id(&w, &[]), run_id(&w, &[]));
         assert_ne!(run_id(&w, &[]), run_id(&w, &request.filter));
         assert_ne!(run_id(&w, &[]), run_id(&Window { start: 1, end: 3 }, &[]));
+    }
+
+    #[test]
+    fn parallel_runs_have_ids_of_their_own_bound_to_their_part_and_selection() {
+        let w = Window { start: 1, end: 2 };
+        let whole = PlaybackRequest { end: Some("1970-01-01T00:00:00.002Z".into()), ..Default::default() };
+        let (id, open_ended) = whole.id_for(&w);
+        assert_eq!((id.as_str(), open_ended), (run_id(&w, &[]).as_str(), false), "ids as before");
+        assert_eq!(whole.binds(), "[]", "bindings as before");
+        let part = |part| PlaybackRequest { keys: Some(KeyRange::new(part, 4)), ..whole.clone() };
+        assert_eq!(part(2).id_for(&w).0, format!("{id}-2of4"));
+        assert_ne!(part(1).binds(), part(2).binds());
+        let todos = PlaybackRequest {
+            select: Select { categories: vec!["todo".into()], ..Default::default() },
+            ..whole.clone()
+        };
+        assert_ne!(todos.id_for(&w).0, id, "another selection, another run");
+        assert_ne!(open_ended_id(&todos), open_ended_id(&PlaybackRequest::default()));
+        let named = PlaybackRequest { id: Some("nightly".into()), keys: Some(KeyRange::new(0, 2)), ..whole.clone() };
+        assert_eq!(named.id_for(&w).0, "nightly-0of2");
+        let bad = serde_json::json!({"keys": {"part": 4, "parts": 4}});
+        assert!(matches!(PlaybackRequest::from_payload(bad), Err(Error::BadInput(m)) if m.contains("part 4 of 4")));
+        let bad = serde_json::json!({"select": {"categories": ["todo-1"]}});
+        assert!(PlaybackRequest::from_payload(bad).is_err());
+        let round = serde_json::to_value(part(3)).unwrap();
+        assert_eq!(PlaybackRequest::from_payload(round).unwrap(), part(3), "a continuation keeps its part");
     }
 }

@@ -21,6 +21,7 @@ use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingR
 use crate::log::copies::RecentIds;
 use crate::log::reader::Page;
 use crate::log::record::{fits_one_record, kinesis_records, PlayedEvent};
+use crate::log::select::pass_over;
 use crate::log::tiers::Readable;
 use crate::log::Checkpoint;
 use crate::log::Window;
@@ -134,7 +135,12 @@ impl<'a> Run<'a> {
     pub(crate) async fn accept(&mut self, page: Page) -> Result<Flow> {
         self.summary.queries += page.queries;
         self.summary.unreadable += page.unreadable;
-        let mut opened = self.playback.tiers.opened(page.events);
+        // Only this run's keys, and what the selection keeps by fields in the clear, are opened.
+        let keys = self.request.key_range();
+        let passed = pass_over(page.events, |key| keys.holds(key), &self.request.select);
+        self.summary.other_keys += passed.other_keys;
+        self.summary.filtered_out += passed.excluded;
+        let mut opened = self.playback.tiers.opened(passed.kept);
         while let Some((event, readable)) = opened.next().await {
             self.queue(page.slot, event, readable)?;
             // Large events (payloads put back from S3) go out before more are held.
@@ -177,7 +183,7 @@ impl<'a> Run<'a> {
             self.summary.duplicates_dropped += 1;
             return Ok(());
         }
-        if !self.request.wants(json.as_ref()) {
+        if !self.request.wants(&event.partition_key, json.as_ref()) {
             self.summary.filtered_out += 1;
             return Ok(());
         }
@@ -185,13 +191,16 @@ impl<'a> Run<'a> {
         self.slot.count += 1;
         self.summary.first_event.get_or_insert_with(|| format_ms(event.arrival));
         self.summary.last_event = Some(format_ms(event.arrival));
-        let played = PlayedEvent::new(&event, json, &bytes, self.seq);
+        let played = PlayedEvent { keys: self.request.keys, ..PlayedEvent::new(&event, json, &bytes, self.seq) };
         let mut data = serde_json::to_vec(&played).map_err(|e| Error::encode("played event", e))?;
         if !fits_one_record(&event.partition_key, data.len()) {
             // Kinesis would refuse the whole request: a marker takes its place, in order.
             warn!(slot, sort_key = %event.sort_key, bytes = data.len(), "played event over the Kinesis record limit: a marker is put instead");
             self.summary.oversized += 1;
-            let marker = PlayedEvent::too_large(&event, data.len(), offloaded.as_ref(), self.seq);
+            let marker = PlayedEvent {
+                keys: self.request.keys,
+                ..PlayedEvent::too_large(&event, data.len(), offloaded.as_ref(), self.seq)
+            };
             data = serde_json::to_vec(&marker).map_err(|e| Error::encode("played event", e))?;
         }
         self.seq += 1;

@@ -38,8 +38,11 @@ pub struct PlaybackSummary {
     /// Non-empty slots this run read (from the slot index).
     pub slots: usize,
     pub events: usize,
-    /// Events skipped by the filter.
+    /// Events skipped by the filter or the selection.
     pub filtered_out: usize,
+    /// Events of keys another of the window's parallel runs plays (passed over unopened).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub other_keys: usize,
     pub first_event: Option<String>,
     pub last_event: Option<String>,
     /// `Query` requests for events, and for the slot index.
@@ -64,6 +67,10 @@ pub struct PlaybackSummary {
     pub busy_until: Option<String>,
     /// The playback sequence number the next record would get.
     pub next_seq: u64,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One non-empty slot played back (possibly in part, when a run stopped inside it).
@@ -94,6 +101,7 @@ impl PlaybackSummary {
             total.slots += s.slots;
             total.events += s.events;
             total.filtered_out += s.filtered_out;
+            total.other_keys += s.other_keys;
             total.queries += s.queries;
             total.index_queries += s.index_queries;
             total.put_requests += s.put_requests;
@@ -108,6 +116,24 @@ impl PlaybackSummary {
             total.next_seq = s.next_seq;
             total.status = s.status;
         }
+        total
+    }
+}
+
+impl PlaybackSummary {
+    /// The runs of one window played together (`--parallel`, each its total):
+    /// added up, with the status that needs a hand first (any run not
+    /// played leaves the window not played).
+    pub fn together(parts: &[PlaybackSummary]) -> PlaybackSummary {
+        let mut total = PlaybackSummary::total(parts);
+        let not_played = [Status::Incomplete, Status::Busy, Status::Stopped];
+        total.status = match parts.iter().find(|p| not_played.contains(&p.status)) {
+            Some(part) => part.status,
+            None if parts.iter().all(|p| p.status == Status::AlreadyDone) => Status::AlreadyDone,
+            None => Status::Complete,
+        };
+        total.first_event = parts.iter().filter_map(|p| p.first_event.clone()).min();
+        total.last_event = parts.iter().filter_map(|p| p.last_event.clone()).max();
         total
     }
 }
@@ -131,5 +157,24 @@ mod tests {
         assert_eq!((total.status, total.events, total.slots, total.next_seq), (Status::Complete, 7, 3, 7));
         assert_eq!((total.first_event.as_deref(), total.last_event.as_deref()), (Some("a"), Some("b")));
         assert_eq!(PlaybackSummary::total(&[]).events, 0);
+    }
+
+    #[test]
+    fn parallel_runs_add_up_and_any_not_played_leaves_the_window_not_played() {
+        let part = |status, events, first: &str| PlaybackSummary {
+            status,
+            events,
+            first_event: Some(first.into()),
+            last_event: Some(first.into()),
+            ..Default::default()
+        };
+        let done = [part(Status::Complete, 3, "b"), part(Status::AlreadyDone, 2, "a")];
+        let total = PlaybackSummary::together(&done);
+        assert_eq!((total.status, total.events), (Status::Complete, 5));
+        assert_eq!((total.first_event.as_deref(), total.last_event.as_deref()), (Some("a"), Some("b")));
+        let busy = PlaybackSummary::together(&[part(Status::Complete, 1, "a"), part(Status::Busy, 0, "b")]);
+        assert_eq!(busy.status, Status::Busy);
+        let before = PlaybackSummary::together(&[part(Status::AlreadyDone, 1, "a"), part(Status::AlreadyDone, 1, "b")]);
+        assert_eq!(before.status, Status::AlreadyDone);
     }
 }

@@ -18,7 +18,6 @@ pub use crate::bookkeeping::lease::Lease;
 use crate::bookkeeping::lease::{self, n, s, Taken, LEASE_FREE};
 use crate::bookkeeping::{self, moving, unless_condition_failed, Family};
 use crate::error::{Error, Result};
-use crate::log::Filter;
 use crate::position::Checkpoint;
 use crate::position::{checkpoint_of, checkpoint_value, CHECKPOINT};
 
@@ -33,19 +32,20 @@ fn key(id: &str) -> HashMap<String, AttributeValue> {
     bookkeeping::key_in(Family::Playbacks, sort_key(id))
 }
 
-/// What a playback id is bound to at its first run: its window and filter.
+/// What a playback id is bound to at its first run: its window and filter
+/// (with its selection and part, when it has them).
 /// A request that names the id with another window or filter is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
     pub start: i64,
     pub end: i64,
-    /// The filter as canonical JSON.
+    /// The filter as canonical JSON (the request's `binds`).
     pub filter: String,
 }
 
 impl Binding {
-    pub(crate) fn new(start: i64, end: i64, filter: &[Filter]) -> Self {
-        Self { start, end, filter: serde_json::to_string(filter).unwrap_or_default() }
+    pub(crate) fn new(start: i64, end: i64, filter: String) -> Self {
+        Self { start, end, filter }
     }
 }
 

@@ -20,10 +20,10 @@ use super::Subscriptions;
 use crate::bookkeeping::lease::Taken;
 use crate::bookkeeping::slot_index::read_index;
 use crate::error::{Error, Result};
-use crate::event_item::EventItem;
 use crate::invoke::continue_with;
 use crate::log::copies::RecentIds;
 use crate::log::reader::{Page, PAGES_AHEAD};
+use crate::log::select::pass_over;
 use crate::log::Window;
 use crate::position::Checkpoint;
 use crate::readers::subscriptions::spec::{State, Subscription};
@@ -243,25 +243,13 @@ impl Runner<'_> {
                 let page = page?;
                 self.summary.queries += page.queries;
                 self.summary.unreadable += page.unreadable;
-                // Read whole (a payload fetched from S3, sealed parts opened) only in its partition's runner.
+                // Read whole (a payload fetched from S3, sealed parts opened) only in its partition's runner,
+                // and only when the selection does not exclude it by fields in the clear.
                 let (sub, partition) = (&self.sub, self.partition);
-                let (mine, others): (Vec<_>, Vec<_>) = page
-                    .events
-                    .into_iter()
-                    .partition(|e: &EventItem| e.in_its_place() || sub.partition_of(&e.partition_key) == partition);
-                self.summary.other_partitions += others.len();
-                // What the selection excludes by fields in the clear is never opened (no key, no payload fetched).
-                // An event whose bytes do not decode is kept: opening it parks it as unreadable, never skips it.
-                let kept = |e: &EventItem| {
-                    sub.select.is_empty()
-                        || e.in_its_place()
-                        || e.bytes().map_or(true, |bytes| {
-                            let record = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
-                            sub.select.keeps(&e.partition_key, record.as_ref()) != Some(false)
-                        })
-                };
-                let (mine, excluded): (Vec<_>, Vec<_>) = mine.into_iter().partition(kept);
-                self.summary.filtered_out += excluded.len();
+                let passed = pass_over(page.events, |key| sub.partition_of(key) == partition, &sub.select);
+                self.summary.other_partitions += passed.other_keys;
+                self.summary.filtered_out += passed.excluded;
+                let mine = passed.kept;
                 let mut opened = subs.tiers.opened(mine);
                 while let Some((event, readable)) = futures::StreamExt::next(&mut opened).await {
                     if let Err(err) = self.queue(event, readable) {
