@@ -481,6 +481,13 @@ def drive_the_deployed_stack(lam, api, env, kinesis, dynamo, sqs, outputs, moto_
     code, out, err = event_store(["playback", *window, "--filter", "/path=/track.gif"], env)
     assert (code, lam.invocations.count(("playback", "Event"))) == (0, 1), "already played: not invoked again"
     assert "was already played back (1 events" in out, out
+    # The same window by two runs at once, each the keys of its half: one invocation each, followed together.
+    code, out, err = event_store(["--json", "playback", *window, "--filter", "/path=/track.gif", "--parallel", "2"], env)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["status"], summary["events"], summary["id"][-5:]) == ("complete", 1, "-*of2"), summary
+    assert lam.invocations.count(("playback", "Event")) == 3, "one more invocation for each of the 2 runs"
+    assert pixel_hits_played() == before + 2, "the window's pixel hit, played by the run of its key"
     hour_on = [time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600 * h)) for h in (1, 2)]
     code, out, err = event_store(["playback", "--start", hour_on[0], "--end", hour_on[1]], env)
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, (code, err)

@@ -185,7 +185,11 @@ an iterator, no entity streams, no per-key index).
   the most of them). A slice key carries a number of real-time
   subscriptions (3,000 read units a second each); more need more slices.
   Partitions go up to 1,024, a power of two at most the slices reading each
-  slice once. Playback and every reader of all keys read every slice. Keep
+  slice once. A playback of one run and every reader of all keys read every
+  slice. One run keeps one request in flight, so a playback onto many shards
+  runs in parallel (`--parallel N`, docs/playback.md#parallel-runs), each run
+  reading the slices of its range; past S runs, two runs share a slice and
+  each reads it whole (read units x 2, small beside the time saved). Keep
   `Slices` at 1 while one key a slot takes the writes: cut, each slice's
   chunks are smaller and cost more write units per event.
 - **Quotas.** Kinesis allows 20,000 shards an account in us-east-1 (1,000 or

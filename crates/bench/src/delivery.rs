@@ -9,6 +9,15 @@
 //!
 //! The events are dense, as at 1,000,000 events/s: [`EVENTS`] of 1 KB
 //! within a second, one slot, over [`KEYS`] keys on [`SHARDS`] shards.
+//!
+//! Then parallel playback ([`playback_speedup`]): a window of
+//! [`PLAYBACK_EVENTS`] played onto a stream of [`TARGET_SHARDS`] shards by
+//! one run, then by [`RUNS`] runs each playing its range of keys, each run
+//! paced at one shard's rate ([`SHARD_RATE`], a setting of the bench: a run
+//! keeps one request in flight, so it stands for what one run sustains),
+//! and both again unpaced: the emulators' own limit. A paced rate is taken
+//! from when every run has put its first batch (which goes at once) to the
+//! end: the pace's rate, not the first batch's burst.
 
 use anyhow::{Context, Result};
 use aws_lambda_events::event::kinesis::KinesisEvent;
@@ -20,6 +29,7 @@ use event_store::log::tiers::Tiers;
 use event_store::log::Window;
 use event_store::position::Checkpoint;
 use event_store::pump::Pump;
+use event_store::readers::playbacks;
 use event_store::slices::KeyRange;
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, create_tables, Names};
@@ -42,6 +52,16 @@ const KEYS: usize = 5_000;
 const SHARDS: usize = 8;
 const SIZE: usize = 1024;
 const ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/bench-delivery";
+/// Events of the window played back: some 1,250 for each of 8 runs (three
+/// batches of up to 500 however the keys fall), 20 batches for one run.
+const PLAYBACK_EVENTS: usize = 10_000;
+/// Shards of the playback's target, and the runs that play it together.
+const TARGET_SHARDS: i32 = 8;
+const RUNS: u32 = 8;
+/// What each run is paced at, events a second: one target shard's rate,
+/// scaled from Kinesis' 1,000 to well below what moto sustains for 8 runs
+/// (whose batches of 500 come in bursts).
+const SHARD_RATE: u64 = 50;
 
 /// The section: its JSON for results.json, and what it printed.
 pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Value, String)> {
@@ -60,7 +80,7 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
         aws_sdk_kinesis::config::Builder::from(sdk).endpoint_url(&kinesalite.endpoint).build(),
     );
     let t0 = (event_store::time::now_ms() - 7 * 86_400_000) / 60_000 * 60_000;
-    let batches = batches(t0)?;
+    let batches = batches(t0, EVENTS)?;
     let mut md = String::from("\n## Delivery: reads by partitions on a log cut into slices\n\n");
     let mut writes = Vec::new();
     let mut cut = None;
@@ -119,6 +139,7 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
         reads.insert(partitions.to_string(), json!(per_event));
     }
     let ratio = reads["256"].as_f64().unwrap_or(0.0) / first.unwrap_or(1.0).max(1e-12);
+    let (playback, playback_md) = playback_speedup(root, sdk, t0).await?;
     md.push_str(&format!(
         "- 256 partitions against 1: {ratio:.2}x the read units per event ({SLICES_AT_1M} slices; {EVENTS} events of \
          {SIZE} B in one second over {KEYS} keys)\n"
@@ -130,7 +151,10 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
         "write_units_per_event_by_slices": writes,
         "read_units_per_event_by_partitions": reads,
         "read_ratio_256_to_1": ratio,
+        "playback_speedup_8_runs": playback["speedup"],
+        "playback": playback,
     });
+    md.push_str(&playback_md);
     Ok((out, md))
 }
 
@@ -162,12 +186,140 @@ async fn read_range(dynamo: &aws_sdk_dynamodb::Client, names: &Names, t0: i64, k
     Ok(mine)
 }
 
+/// One run, then [`RUNS`] runs together, onto a stream of [`TARGET_SHARDS`]
+/// shards: events a second of each, paced at [`SHARD_RATE`] a run and
+/// unpaced; the window is a log of its own, cut into [`SLICES_AT_1M`]
+/// slices, on a moto of its own (the scan's look at the stream completes
+/// the window there; moto serializes requests, hence the pace).
+async fn playback_speedup(root: &Path, sdk: &aws_config::SdkConfig, t0: i64) -> Result<(Value, String)> {
+    let moto = Emulator::start_on_free_port(&event_store_emulator::moto_server(root))?;
+    let sdk = sdk.to_builder().endpoint_url(&moto.endpoint).build();
+    let (dynamo, kinesis) = (&aws_sdk_dynamodb::Client::new(&sdk), &aws_sdk_kinesis::Client::new(&sdk));
+    let names = Names::for_stack("bench-delivery-playback");
+    create_tables(dynamo, &names).await?;
+    create_streams(kinesis, &names, TARGET_SHARDS).await?;
+    let pump = Pump::new(
+        dynamo.clone(),
+        kinesis.clone(),
+        PumpConfig::new(names.buffer_table.clone(), names.event_table.clone()),
+    );
+    for batch in batches(t0, PLAYBACK_EVENTS)? {
+        let failed = pump.handle(batch).await.batch_item_failures.len();
+        anyhow::ensure!(failed == 0, "pump failed {failed} records");
+    }
+    let config = ScanConfig { slices: SLICES_AT_1M, watermark_lag_ms: 0, ..runs::scan_config(&names) };
+    for run in run_scan(dynamo.clone(), kinesis.clone(), config, json!({}), deadline_in(Duration::from_secs(900))).await
+    {
+        run?;
+    }
+    let window = (event_store::time::format_ms(t0), event_store::time::format_ms(t0 + 2_000));
+    // Events a second of `runs` runs together, each paced at `rate` (`None`: unpaced), under ids of `name`.
+    let play = |runs: u32, rate: Option<u64>, name: &'static str| {
+        let (names, window) = (&names, &window);
+        async move {
+            let requests = (0..runs).map(|part| {
+                let mut request = json!({"start": window.0, "end": window.1, "id": name,
+                                         "max_records_per_second": rate.unwrap_or(10_000_000) * u64::from(runs)});
+                if runs > 1 {
+                    request["keys"] = json!({"part": part, "parts": runs});
+                }
+                let make = |invoker| {
+                    event_store::playback::Playback::new(
+                        dynamo.clone(),
+                        kinesis.clone(),
+                        runs::playback_config(names),
+                        invoker,
+                    )
+                };
+                runs::run_playback(make, request, deadline_in(Duration::from_secs(900)))
+            });
+            let ids: Vec<String> =
+                (0..runs).map(|p| if runs > 1 { format!("{name}-{p}of{runs}") } else { name.to_owned() }).collect();
+            let started = std::time::Instant::now();
+            let played = futures::future::join_all(requests);
+            futures::pin_mut!(played);
+            // Once every run has put its first batch (which goes at once, unpaced): when, and what was played by then.
+            let mut steady: Option<(std::time::Instant, u64)> = None;
+            let results = loop {
+                tokio::select! {
+                    results = &mut played => break results,
+                    () = tokio::time::sleep(Duration::from_millis(200)), if steady.is_none() => {
+                        let mut put = Vec::new();
+                        for id in &ids {
+                            let stored = playbacks::load(dynamo, &names.event_table, id).await?;
+                            put.push(stored.and_then(|s| s.checkpoint).map_or(0, |c| c.events));
+                        }
+                        if put.iter().all(|&n| n > 0) {
+                            steady = Some((std::time::Instant::now(), put.iter().sum()));
+                        }
+                    }
+                }
+            };
+            let (mut events, mut last, mut per_run) = (0, None, Vec::new());
+            for runs in results {
+                let runs = runs.into_iter().collect::<event_store::Result<Vec<_>>>()?;
+                let total = event_store::playback::PlaybackSummary::total(&runs);
+                events += total.events;
+                per_run.push(total.events);
+                last = Some(total);
+            }
+            anyhow::ensure!(events == PLAYBACK_EVENTS, "{runs} runs played {events} of {PLAYBACK_EVENTS}: {last:?}");
+            let (from, before) = steady.filter(|_| rate.is_some()).unwrap_or((started, 0));
+            let after = events as u64 - before;
+            anyhow::ensure!(after > 0, "{runs} runs: nothing played after the first batches (a longer window?)");
+            Ok::<(f64, Vec<usize>), anyhow::Error>((after as f64 / from.elapsed().as_secs_f64(), per_run))
+        }
+    };
+    let (one, _) = play(1, Some(SHARD_RATE), "paced-1").await?;
+    let (together, parts) = play(RUNS, Some(SHARD_RATE), "paced-8").await?;
+    let (one_unpaced, _) = play(1, None, "unpaced-1").await?;
+    let (together_unpaced, _) = play(RUNS, None, "unpaced-8").await?;
+    let speedup = together / one;
+    let bound = pace_bound(&parts);
+    println!(
+        "   delivery  playback {speedup:.2}x events/s with {RUNS} runs ({together:.0}/s) against 1 ({one:.0}/s), \
+         {SHARD_RATE}/s a run; unpaced {together_unpaced:.0}/s and {one_unpaced:.0}/s (the emulators' limit)"
+    );
+    let md = format!(
+        "- parallel playback of {PLAYBACK_EVENTS} events onto {TARGET_SHARDS} shards (moto), each run paced at \
+         {SHARD_RATE} events/s, events/s from every run's first put on: {RUNS} runs {together:.0}, 1 run \
+         {one:.0}: **{speedup:.2}x** (target 5; pacing alone would allow {bound:.2}x with these runs' events, \
+         {parts:?}: a run's last batch waits a whole interval however few it holds); unpaced, the emulator's own \
+         limit: {RUNS} runs {together_unpaced:.0} events/s, 1 run {one_unpaced:.0} events/s\n"
+    );
+    let out = json!({
+        "events": PLAYBACK_EVENTS,
+        "target_shards": TARGET_SHARDS,
+        "runs": RUNS,
+        "events_per_s_a_run_paced": SHARD_RATE,
+        "one_run_events_per_s": one,
+        "runs_events_per_s": together,
+        "speedup": speedup,
+        "pace_bound": bound,
+        "events_by_run": parts,
+        "unpaced_one_run_events_per_s": one_unpaced,
+        "unpaced_runs_events_per_s": together_unpaced,
+    });
+    Ok((out, md))
+}
+
+/// The speed-up pacing alone allows runs of `parts` events against one run of
+/// them all, from every run's first put on: each batch of 500 after the first
+/// waits 500 / rate, full or not.
+fn pace_bound(parts: &[usize]) -> f64 {
+    let waits = |events: usize| events.div_ceil(500).saturating_sub(1).max(1) as f64;
+    let all: usize = parts.iter().sum();
+    let after_first: usize = parts.iter().map(|&e| e.saturating_sub(500)).sum();
+    let longest = parts.iter().map(|&e| waits(e)).fold(0.0, f64::max);
+    (after_first as f64 / longest) / ((all.saturating_sub(500)) as f64 / waits(all))
+}
+
 /// The events as the pump's event source hands them over: [`PUMP_BATCH`]
 /// records of one shard each, the shards round robin, all within one second.
-fn batches(t0: i64) -> Result<Vec<KinesisEvent>> {
+fn batches(t0: i64, count: usize) -> Result<Vec<KinesisEvent>> {
     let mut batches = Vec::new();
     let per_shard: Vec<Vec<usize>> =
-        (0..SHARDS).map(|shard| (0..EVENTS).filter(|i| i % SHARDS == shard).collect()).collect();
+        (0..SHARDS).map(|shard| (0..count).filter(|i| i % SHARDS == shard).collect()).collect();
     for (shard, events) in per_shard.iter().enumerate() {
         for chunk in events.chunks(PUMP_BATCH) {
             let records: Vec<Value> = chunk
@@ -177,7 +329,7 @@ fn batches(t0: i64) -> Result<Vec<KinesisEvent>> {
                     json!({
                         "kinesis": {"partitionKey": format!("user-{}", i % KEYS), "sequenceNumber": sequence,
                                     "data": base64(&payload(i, SIZE)),
-                                    "approximateArrivalTimestamp": (t0 + (i * 900 / EVENTS) as i64) as f64 / 1000.0},
+                                    "approximateArrivalTimestamp": (t0 + (i * 900 / count) as i64) as f64 / 1000.0},
                         "eventID": format!("shardId-{shard:012}:{sequence}"), "eventSourceARN": ARN,
                     })
                 })

@@ -256,6 +256,10 @@ async fn manage(stack: &Stack, request: event_store::subscription::Manage) -> Ex
 }
 
 async fn play(stack: &Stack, request: Vec<event_store::playback::PlaybackRequest>, json: bool) -> Exit {
+    let request = match playback::pinned(stack, request).await {
+        Ok(request) => request,
+        Err(err) => return fail(&err.context(stack.label.clone()), Exit::StoreError),
+    };
     let played = match (&stack.name, &stack.playback_function) {
         (Some(_), Some(function)) => playback::deployed(stack, function, request, json).await,
         (Some(_), None) => {

@@ -619,6 +619,17 @@ async fn the_rate_limit_holds_and_filters_pick_events_by_a_json_field() {
     filtered["filter"] = json!([{"field": "/n", "equals": 7}]);
     let summaries = play(&env, config(&env, None), filtered, || SystemTime::now() + Duration::from_secs(900)).await;
     assert_eq!((summaries[0].events, summaries[0].filtered_out), (1, 1499));
+    // A selection by fields in the clear: a run of its own (another id), passing over what it excludes.
+    let mut selected = window(T0, T0 + 3000);
+    selected["select"] = json!({"sources": ["stream"]});
+    let summaries = play(&env, config(&env, None), selected, || SystemTime::now() + Duration::from_secs(900)).await;
+    assert_eq!((summaries[0].status, summaries[0].events, summaries[0].filtered_out), (Status::Complete, 0, 1500));
+    let mut posts = window(T0, T0 + 3000);
+    posts["select"] = json!({"sources": ["post"], "stream_prefix": ""});
+    let refused =
+        Playback::new(env.dynamo.clone(), env.kinesis.clone(), config(&env, None), Arc::new(LocalInvoker::channel().0));
+    let err = refused.handle(posts, SystemTime::now() + Duration::from_secs(900)).await.unwrap_err();
+    assert!(err.to_string().contains("is empty"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -638,6 +649,31 @@ async fn a_run_that_would_wait_for_the_pace_into_its_deadline_hands_over_instead
         let user: i64 = key.trim_start_matches("user-").parse().unwrap();
         assert_eq!(ns, &(0..1500).filter(|n| n % 5 == user).collect::<Vec<_>>(), "{key}");
     }
+
+    // Two runs of the window, each its half of the keys, each handing over at every batch: a
+    // continuation goes on under its run's id, from its run's checkpoint.
+    let part = |p: u32| {
+        let mut request = window(T0, T0 + 3000);
+        request["max_records_per_second"] = json!(1000);
+        request["keys"] = json!({"part": p, "parts": 2});
+        request
+    };
+    let short = || SystemTime::now() + Duration::from_millis(10_500);
+    let (first, second) =
+        tokio::join!(play(&env, config(&env, None), part(0), short), play(&env, config(&env, None), part(1), short));
+    let run_id = event_store::playback::run_id(&event_store::log::Window { start: T0, end: T0 + 3000 }, &[]);
+    for (p, runs) in [&first, &second].into_iter().enumerate() {
+        assert_eq!(runs.last().unwrap().status, Status::Complete, "{runs:?}");
+        assert!(runs.iter().all(|s| s.id == format!("{run_id}-{p}of2")), "{runs:?}");
+    }
+    assert!(first.len() + second.len() >= 4, "each handed over at least once");
+    assert_eq!(first.iter().chain(&second).map(|s| s.events).sum::<usize>(), 1500);
+    let mut halves: HashMap<String, Vec<i64>> = HashMap::new();
+    for event in played_events(&env).await.into_iter().filter(|e| e.keys.is_some()) {
+        assert!(event.keys.unwrap().holds(&event.partition_key));
+        halves.entry(event.partition_key).or_default().push(event.data.unwrap()["n"].as_i64().unwrap());
+    }
+    assert_eq!(halves, played, "each key's events once, in order, by the run of its half");
 }
 
 /// The played events of one run per partition key are each the expected `n`s, once, in order,

@@ -39,6 +39,11 @@ pub struct Plan {
     pub subscription_runners: usize,
     pub subscription_partitions: usize,
     pub target_shards: usize,
+    /// Runs of a playback (`--parallel`) that fill those shards, and one
+    /// hour's events played back by them and by one run, in seconds.
+    pub playback_runs: usize,
+    pub playback_hour_s: f64,
+    pub playback_hour_one_run_s: f64,
     /// Peak Lambda concurrency: pump, scan, one subscription's runners, the pixel.
     pub concurrency: usize,
 }
@@ -88,6 +93,14 @@ pub fn plan(events_per_s: f64, m: &Measured) -> Plan {
     let subscription_rcu_per_slice = events_per_s * read_units_per_delivered / slices as f64;
     let subscriptions_per_slice = (PARTITION_RCU * UTILISATION / subscription_rcu_per_slice).floor() as usize;
     let target_shards = (events_per_s * EVENT_BYTES / (SHARD_BYTES_PER_S * UTILISATION)).ceil() as usize;
+    // A playback onto those shards: runs of `RUNNER_RAW_BYTES_PER_S` each, as many as fill them (a
+    // power of two, so that they line up with the slices), at the shards' whole limit.
+    let target_bytes_per_s = target_shards as f64 * SHARD_BYTES_PER_S;
+    let playback_runs =
+        ((target_bytes_per_s / RUNNER_RAW_BYTES_PER_S).ceil() as usize).next_power_of_two().min(MAX_SLICES);
+    let hour_bytes = events_per_s * EVENT_BYTES * 3600.0;
+    let playback_hour_s = hour_bytes / target_bytes_per_s.min(playback_runs as f64 * RUNNER_RAW_BYTES_PER_S);
+    let playback_hour_one_run_s = hour_bytes / target_bytes_per_s.min(RUNNER_RAW_BYTES_PER_S);
     let pixel = (events_per_s * PIXEL_SECONDS).ceil() as usize;
     let pump = (shards as f64 * pump_duty.min(1.0)).ceil() as usize;
     let concurrency = pump + scan_segments + subscription_partitions + pixel;
@@ -111,6 +124,9 @@ pub fn plan(events_per_s: f64, m: &Measured) -> Plan {
         subscription_runners,
         subscription_partitions,
         target_shards,
+        playback_runs,
+        playback_hour_s,
+        playback_hour_one_run_s,
         concurrency,
     }
 }
@@ -180,6 +196,11 @@ mod tests {
         assert_eq!(small.slices, 1, "{small:?}");
         assert!(large.slices > 1 && large.slices.is_power_of_two() && large.peak_wcu <= 800.0, "{large:?}");
         assert!(large.subscription_partitions <= 1024 && large.subscription_partitions >= large.subscription_runners);
+        // An hour plays back within the hour at every rate with parallel runs; one run takes days at the most.
+        for p in RATES.map(|r| plan(r, &m)) {
+            assert!(p.playback_hour_s < 3600.0 && p.playback_runs <= 1024, "{} events/s", p.events_per_s);
+        }
+        assert!(large.playback_hour_one_run_s > 86_400.0, "one run at 1,000,000 events/s: days");
         assert!(
             RATES.map(|r| plan(r, &m)).iter().all(|p| p.slices >= p.subscription_partitions),
             "a slice per partition at least"

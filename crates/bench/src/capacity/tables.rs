@@ -70,6 +70,13 @@ pub(super) fn need_rows(plans: &[Plan]) -> String {
     md.push_str(&row("playback or subscription target shards (aggregated records, 1 MiB/s each)", &|p| {
         thousands(p.target_shards as u64)
     }));
+    md.push_str(&row(
+        "playback runs filling those shards (`--parallel`; a power of two, *assumed* 4 MB/s a run; past S, runs share slices)",
+        &|p| thousands(p.playback_runs as u64),
+    ));
+    md.push_str(&row("one hour played back: those runs / one run", &|p| {
+        format!("{} / {}", span(p.playback_hour_s), span(p.playback_hour_one_run_s))
+    }));
     md.push_str(&row("Lambda concurrency at peak (pump, scan, one subscription, pixel at ~10 ms)", &|p| {
         thousands(p.concurrency as u64)
     }));
@@ -113,6 +120,16 @@ pub(super) fn cost_rows(plans: &[Plan], costs: &[Cost]) -> String {
         ));
     }
     md
+}
+
+/// Seconds as minutes, hours or days, whichever reads best.
+fn span(seconds: f64) -> String {
+    match seconds {
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 7_200.0 => format!("{:.0} min", s / 60.0),
+        s if s < 172_800.0 => format!("{:.1} h", s / 3_600.0),
+        s => format!("{:.1} days", s / 86_400.0),
+    }
 }
 
 /// 1000000 as 1,000,000.

@@ -44,7 +44,7 @@ pub async fn deployed(stack: &Stack, function: &str, requests: Vec<PlaybackReque
     // What the function would answer without playing anything, said without invoking it.
     let done_before = |run: &Run| run.done_before && !request.restart && !run.open_ended;
     if runs.iter().all(done_before) {
-        first.report_already_done(runs.iter().map(Run::events_before).sum());
+        first.report_already_done(&together_id(&runs), runs.iter().map(Run::events_before).sum());
         return Ok(Ended::Done);
     }
     // A run holding its lease: followed, not invoked again (the invocation would only wait to answer busy).
@@ -88,7 +88,7 @@ pub async fn deployed(stack: &Stack, function: &str, requests: Vec<PlaybackReque
         return Ok(Ended::NotDone);
     };
     bar.finish_and_clear();
-    first.report_complete(&ends, &per_slot, started);
+    first.report_complete(&together_id(&runs), &ends, &per_slot, started);
     Ok(Ended::Done)
 }
 
@@ -261,8 +261,8 @@ impl<'a> Run<'a> {
     }
 
     /// Says the window was played back before, with its `events`.
-    fn report_already_done(&self, events: u64) {
-        let (id, window) = (&self.id, &self.window);
+    fn report_already_done(&self, id: &str, events: u64) {
+        let window = &self.window;
         report(self.json_out, id, "already_done", window, events, || {
             format!(
                 "window [{}, {}) was already played back ({events} events, id {id}); pass --restart to play it again",
@@ -288,8 +288,7 @@ impl<'a> Run<'a> {
 
     /// Says the runs played their window (`ends`, their last items) and, on a
     /// terminal, draws the sparkline of its events (`per_slot`).
-    fn report_complete(&self, ends: &[Stored], per_slot: &BTreeMap<i64, usize>, started: Instant) {
-        let id = &self.id;
+    fn report_complete(&self, id: &str, ends: &[Stored], per_slot: &BTreeMap<i64, usize>, started: Instant) {
         let bound = ends.first().and_then(|end| end.binding.as_ref());
         let window = bound.map_or_else(|| self.window.clone(), |b| Window { start: b.start, end: b.end });
         let events: u64 = ends.iter().filter_map(|end| end.checkpoint.as_ref()).map(|c| c.events).sum();
@@ -304,6 +303,18 @@ impl<'a> Run<'a> {
         if !self.json_out {
             print_sparkline(&format_ms(window.start), &format_ms(window.end), per_slot, self.unit);
         }
+    }
+}
+
+/// The id the runs of one window go by together: the one run's, or the window's with `-*of<N>`.
+fn together_id(runs: &[Run]) -> String {
+    match runs {
+        [one] => one.id.clone(),
+        [first, ..] => {
+            let base = first.id.rsplit_once('-').map_or(first.id.as_str(), |(base, _)| base);
+            format!("{base}-*of{}", runs.len())
+        }
+        [] => String::new(),
     }
 }
 

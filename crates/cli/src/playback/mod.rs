@@ -13,16 +13,18 @@ mod local;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
+use event_store::bookkeeping::{settings, watermark};
 use event_store::config::PlaybackConfig;
 use event_store::log::Filter;
 use event_store::playback::PlaybackRequest;
 use event_store::slices::KeyRange;
-use event_store::time::parse_time;
+use event_store::time::{format_ms, parse_time};
 
 pub use deployed::deployed;
 pub use local::local;
 
 use crate::select::SelectArgs;
+use crate::stack::Stack;
 
 /// The playback request, as command-line arguments.
 #[derive(clap::Args)]
@@ -86,7 +88,13 @@ impl Args {
         };
         // The window's own checks (end before start, too long).
         request.window(now, max)?;
-        let parts = KeyRange::new(0, self.parallel).checked().map_err(|_| anyhow!("--parallel is 1 to 1024"))?.parts;
+        let parts = KeyRange { part: 0, parts: self.parallel }
+            .checked()
+            .map_err(|_| anyhow!("--parallel is 1 to 1024, not {}", self.parallel))?
+            .parts;
+        if request.max_records_per_second.is_some_and(|rate| rate < u64::from(parts)) {
+            return Err(anyhow!("--rate: at least one event a second for each of the {parts} runs"));
+        }
         if parts == 1 {
             return Ok(vec![request]);
         }
@@ -94,6 +102,25 @@ impl Args {
             .map(|part| PlaybackRequest { keys: Some(KeyRange::new(part, parts)), ..request.clone() })
             .collect())
     }
+}
+
+/// Runs of one window without `--end` (or `--id`) play the same window: the
+/// one ending at the watermark as the command starts (each run reading the
+/// watermark on its own could bind another).
+pub async fn pinned(stack: &Stack, mut requests: Vec<PlaybackRequest>) -> Result<Vec<PlaybackRequest>> {
+    let open_ended = requests.first().is_some_and(|r| r.end.is_none() && r.id.is_none());
+    if requests.len() < 2 || !open_ended {
+        return Ok(requests);
+    }
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
+    let table = stack.resources.event_table.as_str();
+    let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
+    if let Some(end) = watermark::read(&dynamo, table).await?.complete_end(unit) {
+        for request in &mut requests {
+            request.end = Some(format_ms(end));
+        }
+    }
+    Ok(requests)
 }
 
 /// The longest window a request may ask for: `PLAYBACK_MAX_HOURS` in this
@@ -137,12 +164,14 @@ mod tests {
         assert_eq!(parts, [Some((0, 4)), Some((1, 4)), Some((2, 4)), Some((3, 4))]);
         assert!(Args { parallel: 0, ..args(None, None, "/a=1") }.requests(now, day).is_err());
         assert!(Args { parallel: 2048, ..args(None, None, "/a=1") }.requests(now, day).is_err());
+        let slow = Args { parallel: 8, rate: Some(7), ..args(None, None, "/a=1") }.requests(now, day);
+        assert!(slow.unwrap_err().to_string().contains("each of the 8 runs"));
         let todos = Args { select: SelectArgs::categories(&["todo"], &[]), ..args(None, None, "/a=1") };
         assert_eq!(todos.requests(now, day).unwrap()[0].select.categories, ["todo"]);
         let dashed = Args { select: SelectArgs::categories(&["todo-1"], &[]), ..args(None, None, "/a=1") };
         assert!(dashed.requests(now, day).is_err(), "a category has no '-'");
         let day_later = now + 24 * 3_600_000;
-        let open_ended = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").request(day_later, day);
+        let open_ended = args(Some("2026-11-27T00:00:00Z"), None, "/kind=click").requests(day_later, day);
         assert!(open_ended.unwrap_err().to_string().contains("36 hours long"), "a window without an end ends at now");
         assert!(args(Some("someday"), None, "/a=1").requests(now, day).unwrap_err().to_string().contains("--start"));
         let backwards = args(Some("2026-11-27T00:00:00Z"), Some("2026-11-26T00:00:00Z"), "/a=1").requests(now, day);

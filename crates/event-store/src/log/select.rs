@@ -148,7 +148,7 @@ pub struct Passed {
 /// does not decode: no key) is kept by every reader, and so is an event whose
 /// bytes do not decode: opening it parks or counts it where it stands, never
 /// skips it silently.
-pub fn pass_over(events: Vec<EventItem>, mine: impl Fn(&str) -> bool, select: &Select) -> Passed {
+pub(crate) fn pass_over(events: Vec<EventItem>, mine: impl Fn(&str) -> bool, select: &Select) -> Passed {
     let mut passed = Passed::default();
     for event in events {
         if !(event.in_its_place() || mine(&event.partition_key)) {

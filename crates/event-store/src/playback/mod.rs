@@ -312,15 +312,23 @@ impl Playback {
         Ok(watermark)
     }
 
+    /// The playback stream's open shards. Throttling (20 calls a second an
+    /// account: many parallel runs starting at once) is waited out with backoff.
     async fn open_shards(&self) -> Result<u64> {
-        let out = self
-            .kinesis
-            .describe_stream_summary()
-            .stream_name(&self.config.playback_stream)
-            .send()
-            .await
-            .map_err(|e| Error::kinesis("DescribeStreamSummary", e))?;
-        Ok(out.stream_description_summary().map_or(1, |s| s.open_shard_count().max(1) as u64))
+        let mut retry = 0;
+        loop {
+            let asked = self.kinesis.describe_stream_summary().stream_name(&self.config.playback_stream).send().await;
+            match asked.map_err(|e| Error::kinesis("DescribeStreamSummary", e)) {
+                Ok(out) => {
+                    return Ok(out.stream_description_summary().map_or(1, |s| s.open_shard_count().max(1) as u64))
+                }
+                Err(err) if err.is_throttled() && retry + 1 < self.backoff.max_attempts => {
+                    self.backoff.wait(retry).await;
+                    retry += 1;
+                }
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// Plays the window's non-empty slots from `position`: the reader

@@ -33,7 +33,7 @@ impl Pacer {
     }
 
     /// One of `runs` equal shares of this pace.
-    pub fn one_of(self, runs: u64) -> Self {
+    pub(crate) fn one_of(self, runs: u64) -> Self {
         let runs = runs.max(1) as f64;
         Self {
             records_per_second: (self.records_per_second / runs).max(1.0),

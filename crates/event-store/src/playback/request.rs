@@ -89,6 +89,13 @@ impl PlaybackRequest {
         request.select.check()?;
         if let Some(keys) = request.keys {
             keys.checked()?;
+            // Each run paces at an N-th of the rate: less than an event a second each is not a pace.
+            if request.max_records_per_second.is_some_and(|rate| rate < u64::from(keys.parts)) {
+                return Err(Error::BadInput(format!(
+                    "max_records_per_second: at least one a second for each of the {} runs",
+                    keys.parts
+                )));
+            }
         }
         Ok(request)
     }
@@ -113,26 +120,32 @@ impl PlaybackRequest {
     }
 
     /// The keys this run plays (every key, unless it is one of several runs).
-    pub fn key_range(&self) -> KeyRange {
+    pub(crate) fn key_range(&self) -> KeyRange {
         self.keys.unwrap_or(KeyRange::ALL)
     }
 
     /// What the run's id is bound to besides its window, as canonical JSON:
-    /// the filter alone (as ids were bound before selections and parts), or
-    /// with them.
-    pub fn binds(&self) -> String {
-        let filter = serde_json::to_value(&self.filter).unwrap_or_default();
+    /// the filter alone, written as ids were bound before selections and
+    /// parts (fields in declaration order), or with them.
+    pub(crate) fn binds(&self) -> String {
+        let filter = serde_json::to_string(&self.filter).unwrap_or_default();
         if self.select.is_empty() && self.keys.is_none() {
-            return filter.to_string();
+            return filter;
         }
-        serde_json::json!({"filter": filter, "select": self.select, "keys": self.keys}).to_string()
+        let select = serde_json::to_string(&self.select).unwrap_or_default();
+        let keys = serde_json::to_string(&self.keys).unwrap_or_default();
+        format!(r#"{{"filter":{filter},"select":{select},"keys":{keys}}}"#)
     }
 
     /// The run's id for the window `asked`, and whether the request is open
     /// ended (neither `id` nor `end`: its window moves with the watermark).
     /// One of several runs adds its part to the id: each has its own
-    /// checkpoint and lease.
+    /// checkpoint and lease. A continuation (`lease` set) names its run's own
+    /// id, the part already in it.
     pub fn id_for(&self, asked: &Window) -> (String, bool) {
+        if let (Some(id), Some(_)) = (&self.id, &self.lease) {
+            return (id.clone(), false);
+        }
         let (base, open_ended) = match (&self.id, &self.end) {
             (Some(id), _) => (id.clone(), false),
             (None, Some(_)) => (self.window_id(asked), false),
@@ -251,6 +264,9 @@ mod tests {
         let (id, open_ended) = whole.id_for(&w);
         assert_eq!((id.as_str(), open_ended), (run_id(&w, &[]).as_str(), false), "ids as before");
         assert_eq!(whole.binds(), "[]", "bindings as before");
+        let filter: Vec<Filter> = vec!["/path=/track.gif".parse().unwrap()];
+        let filtered = PlaybackRequest { filter: filter.clone(), ..whole.clone() };
+        assert_eq!(filtered.binds(), serde_json::to_string(&filter).unwrap(), "a filter's binding as before");
         let part = |part| PlaybackRequest { keys: Some(KeyRange::new(part, 4)), ..whole.clone() };
         assert_eq!(part(2).id_for(&w).0, format!("{id}-2of4"));
         assert_ne!(part(1).binds(), part(2).binds());
@@ -268,5 +284,10 @@ mod tests {
         assert!(PlaybackRequest::from_payload(bad).is_err());
         let round = serde_json::to_value(part(3)).unwrap();
         assert_eq!(PlaybackRequest::from_payload(round).unwrap(), part(3), "a continuation keeps its part");
+        let (run, _) = part(3).id_for(&w);
+        let continuation = PlaybackRequest { id: Some(run.clone()), lease: Some("token".into()), ..part(3) };
+        assert_eq!(continuation.id_for(&w).0, run, "a continuation goes on under its run's id");
+        let slow = serde_json::json!({"keys": {"part": 0, "parts": 8}, "max_records_per_second": 7});
+        assert!(matches!(PlaybackRequest::from_payload(slow), Err(Error::BadInput(m)) if m.contains("each of the 8")));
     }
 }

@@ -126,6 +126,13 @@ impl PlaybackSummary {
     /// played leaves the window not played).
     pub fn together(parts: &[PlaybackSummary]) -> PlaybackSummary {
         let mut total = PlaybackSummary::total(parts);
+        // Every run reads the window's slots (the slot index names them): not N times as many slots.
+        total.slots = parts.iter().map(|p| p.slots).max().unwrap_or(0);
+        if let (Some(first), true) = (parts.first(), parts.len() > 1) {
+            // The runs' ids are the window's with -<p>of<N>: named together as -*of<N>.
+            let base = first.id.rsplit_once('-').map_or(first.id.as_str(), |(base, _)| base);
+            total.id = format!("{base}-*of{}", parts.len());
+        }
         let not_played = [Status::Incomplete, Status::Busy, Status::Stopped];
         total.status = match parts.iter().find(|p| not_played.contains(&p.status)) {
             Some(part) => part.status,
@@ -162,6 +169,8 @@ mod tests {
     #[test]
     fn parallel_runs_add_up_and_any_not_played_leaves_the_window_not_played() {
         let part = |status, events, first: &str| PlaybackSummary {
+            id: format!("abc-{first}of2"),
+            slots: 4,
             status,
             events,
             first_event: Some(first.into()),
@@ -170,7 +179,8 @@ mod tests {
         };
         let done = [part(Status::Complete, 3, "b"), part(Status::AlreadyDone, 2, "a")];
         let total = PlaybackSummary::together(&done);
-        assert_eq!((total.status, total.events), (Status::Complete, 5));
+        assert_eq!((total.status, total.events, total.slots), (Status::Complete, 5, 4));
+        assert_eq!(total.id, "abc-*of2");
         assert_eq!((total.first_event.as_deref(), total.last_event.as_deref()), (Some("a"), Some("b")));
         let busy = PlaybackSummary::together(&[part(Status::Complete, 1, "a"), part(Status::Busy, 0, "b")]);
         assert_eq!(busy.status, Status::Busy);
