@@ -63,7 +63,7 @@ impl KeyRange {
     }
 
     /// A range a request names: 1 to [`MAX_SLICES`] parts, and one of them.
-    pub fn checked(self) -> Result<Self> {
+    pub(crate) fn checked(self) -> Result<Self> {
         if !(1..=MAX_SLICES).contains(&self.parts) || self.part >= self.parts {
             return Err(Error::BadInput(format!(
                 "part {} of {}: the parts are 1 to {MAX_SLICES}, numbered from 0",

@@ -3,7 +3,7 @@
 //! stage calls (plus what the platform needs for it), on named resources only.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use event_store::config::{
     ArchiveConfig, KeysConfig, LoadConfig, PlaybackConfig, PrivacyConfig, PumpConfig, RelayConfig, ScanConfig,
@@ -900,4 +900,26 @@ fn the_slices_parameter_offers_exactly_the_counts_the_scan_takes_and_is_off_by_d
     assert_eq!(allowed, taken);
     let env = &template["Resources"]["ScanFunction"]["Properties"]["Environment"]["Variables"];
     assert!(format!("{:?}", env["SLICES"]).contains("Slices"));
+    // The stack's rule refuses what the scan refuses: Slices and SlotSubkeys both above 1.
+    let rule = &template["Rules"]["SlicesOrSubkeys"]["Assertions"][0]["Assert"];
+    for (slices, subkeys) in [(1, 1), (256, 1), (1, 8), (256, 8), (2, 2)] {
+        let parameters = HashMap::from([("Slices", slices.to_string()), ("SlotSubkeys", subkeys.to_string())]);
+        let refused = event_store::config::check_cut(slices, subkeys).is_err();
+        assert_eq!(holds(rule, &parameters), !refused, "Slices {slices}, SlotSubkeys {subkeys}");
+    }
+}
+
+/// A rule's assertion (`!Or`, `!Equals`, `!Ref` of parameters) evaluated as CloudFormation does.
+fn holds(assertion: &Value, parameters: &HashMap<&str, String>) -> bool {
+    let serde_yaml::Value::Tagged(tagged) = assertion else { panic!("not an intrinsic: {assertion:?}") };
+    let args = tagged.value.as_sequence();
+    let text = |v: &Value| match v {
+        serde_yaml::Value::Tagged(t) if t.tag == "Ref" => parameters[t.value.as_str().unwrap()].clone(),
+        other => other.as_str().map(str::to_owned).unwrap_or_else(|| format!("{}", other.as_u64().unwrap())),
+    };
+    match tagged.tag.to_string().trim_start_matches('!') {
+        "Or" => args.unwrap().iter().any(|a| holds(a, parameters)),
+        "Equals" => text(&args.unwrap()[0]) == text(&args.unwrap()[1]),
+        other => panic!("an intrinsic the rule does not use: {other}"),
+    }
 }

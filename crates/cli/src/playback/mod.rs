@@ -88,10 +88,10 @@ impl Args {
         };
         // The window's own checks (end before start, too long).
         request.window(now, max)?;
-        let parts = KeyRange { part: 0, parts: self.parallel }
-            .checked()
-            .map_err(|_| anyhow!("--parallel is 1 to 1024, not {}", self.parallel))?
-            .parts;
+        let parts = self.parallel;
+        if !(1..=event_store::slices::MAX_SLICES).contains(&parts) {
+            return Err(anyhow!("--parallel is 1 to {}, not {parts}", event_store::slices::MAX_SLICES));
+        }
         if request.max_records_per_second.is_some_and(|rate| rate < u64::from(parts)) {
             return Err(anyhow!("--rate: at least one event a second for each of the {parts} runs"));
         }

@@ -171,6 +171,17 @@ pub fn check_slices(n: u32) -> Result<u32> {
     Ok(n)
 }
 
+/// Slices spread a slot's writes as sub-keys do, and keep each key in one
+/// item: one or the other above 1 (the template's rule `SlicesOrSubkeys` says the same).
+pub fn check_cut(slices: u32, slot_subkeys: u32) -> Result<()> {
+    if slices > 1 && slot_subkeys > 1 {
+        return Err(Error::Config(format!(
+            "SLICES={slices} and SLOT_SUBKEYS={slot_subkeys}: slices spread a slot's writes as sub-keys do; set one"
+        )));
+    }
+    Ok(())
+}
+
 /// The most `SLOT_SUBKEYS` may be.
 pub const MAX_SLOT_SUBKEYS: u32 = 1000;
 
@@ -214,12 +225,7 @@ impl ScanConfig {
             )));
         }
         let slices = check_slices(env.var_or("SLICES", 1)?)?;
-        // Slices spread a slot's writes as sub-keys do, and keep each key in one item: one or the other.
-        if slices > 1 && slot_subkeys > 1 {
-            return Err(Error::Config(format!(
-                "SLICES={slices} and SLOT_SUBKEYS={slot_subkeys}: slices spread a slot's writes as sub-keys do; set one"
-            )));
-        }
+        check_cut(slices, slot_subkeys)?;
         Ok(Self {
             buffer_table: env.var("DYNAMO_BUFFER_TABLE")?,
             event_table: env.var("DYNAMO_EVENT_TABLE")?,

@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 pub use crate::readers::playbacks::{self, Binding, Lease};
 pub use pacer::Pacer;
-pub use request::{open_ended_id, run_id, PlaybackRequest};
+pub use request::{run_id, PlaybackRequest};
 pub use summary::{PlaybackSummary, Progress, ProgressObserver, SlotPlayed, Status};
 
 use crate::archive::object::Bucket;

@@ -185,7 +185,7 @@ pub fn run_id(window: &Window, filter: &[Filter]) -> String {
 /// request says (its `start`, if any, and filter). A retry while its run is
 /// unfinished finds it and reuses its window; once done, the same request
 /// binds the id to a new window.
-pub fn open_ended_id(request: &PlaybackRequest) -> String {
+pub(crate) fn open_ended_id(request: &PlaybackRequest) -> String {
     let mut hasher = Sha256::new();
     hasher.update(format!("open-{}-", request.start.as_deref().unwrap_or("")));
     hasher.update(serde_json::to_vec(&request.filter).unwrap_or_default());
