@@ -883,17 +883,7 @@ async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver
     let running =
         tokio::spawn(async move { dying.handle(payload, SystemTime::now() + Duration::from_secs(900)).await });
     let id = format!("{}-{killed}of{PARTS}", event_store::playback::run_id(&Window { start, end }, &[]));
-    let kill = async {
-        loop {
-            let stored = event_store::readers::playbacks::load(&env.dynamo, &env.names.event_table, &id).await.unwrap();
-            if stored.and_then(|s| s.checkpoint).is_some_and(|c| c.events >= 500) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        running.abort(); // killed: no error, no release, its lease stays
-        assert!(running.await.unwrap_err().is_cancelled());
-    };
+    let kill = common::kill_playback_after(env, &id, 500, running);
     let others = futures::future::join_all((0..PARTS).filter(|&p| p != killed).map(play));
     let (others, ()) = tokio::join!(others, kill);
     let resumed = play(killed).await;

@@ -744,15 +744,7 @@ async fn a_run_killed_mid_window_is_taken_over_by_the_retry_of_its_invocation() 
     let payload = request.clone();
     let running = tokio::spawn(async move { first.handle(payload, later()).await });
     let id = event_store::playback::run_id(&event_store::log::Window { start: T0, end: T0 + 3000 }, &[]);
-    loop {
-        let stored = event_store::readers::playbacks::load(&env.dynamo, &env.names.event_table, &id).await.unwrap();
-        if stored.and_then(|s| s.checkpoint).is_some_and(|c| c.events >= 300) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    running.abort(); // killed: no error, no release, its lease stays
-    assert!(running.await.unwrap_err().is_cancelled());
+    common::kill_playback_after(&env, &id, 300, running).await;
     let retried = play(&env, short_lease, request, later).await;
     assert_eq!(retried.last().unwrap().status, Status::Complete, "{retried:?}");
     let mut seqs: Vec<u64> = played_events(&env).await.iter().map(|e| e.playback_seq).collect();

@@ -36,9 +36,14 @@ const AGAIN: &str = "run the same command again to follow it";
 /// which leaves them going) on one progress bar. A run already going under
 /// its id is followed without invoking again; one done before is left as it is.
 pub async fn deployed(stack: &Stack, function: &str, requests: Vec<PlaybackRequest>, json_out: bool) -> Result<Ended> {
+    let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
+    let table = stack.resources.event_table.as_str();
+    // Read once for all the runs: the slot size the stack recorded, and where the watermark is.
+    let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
+    let complete_end = watermark::read(&dynamo, table).await?.complete_end(unit);
     let mut runs = Vec::with_capacity(requests.len());
     for request in &requests {
-        runs.push(Run::find(stack, request, json_out).await?);
+        runs.push(Run::find(stack, request, (unit, complete_end), json_out).await?);
     }
     let (Some(first), Some(request)) = (runs.first(), requests.first()) else { return Ok(Ended::Done) };
     // What the function would answer without playing anything, said without invoking it.
@@ -116,11 +121,15 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     /// Finds the run `request` names: its id, the window the id is bound to
     /// (a request naming another is refused) and its item as it is now.
-    async fn find(stack: &'a Stack, request: &PlaybackRequest, json_out: bool) -> Result<Self> {
+    /// `(unit, complete_end)`: the stack's slot size and the end of its complete log, as read when the command began.
+    async fn find(
+        stack: &'a Stack,
+        request: &PlaybackRequest,
+        (unit, complete_end): (u64, Option<i64>),
+        json_out: bool,
+    ) -> Result<Self> {
         let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
         let table = stack.resources.event_table.as_str();
-        let unit = settings::time_unit(&dynamo, table).await?.unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
-        let complete_end = watermark::read(&dynamo, table).await?.complete_end(unit);
         let asked = request.window(complete_end.unwrap_or_else(now_ms), max_window()?)?;
         let (id, open_ended) = request.id_for(&asked);
         let before = playbacks::load(&dynamo, table, &id).await?;

@@ -283,6 +283,25 @@ pub async fn as_the_version_before(env: &TestEnv, family: event_store::bookkeepi
     }
 }
 
+/// Kills a playback `running` under `id` once its checkpoint counts `events`
+/// put: no error, no release, its lease stays (as a crashed invocation leaves it).
+pub async fn kill_playback_after(
+    env: &TestEnv,
+    id: &str,
+    events: u64,
+    running: tokio::task::JoinHandle<event_store::Result<event_store::playback::PlaybackSummary>>,
+) {
+    loop {
+        let stored = event_store::readers::playbacks::load(&env.dynamo, &env.names.event_table, id).await.unwrap();
+        if stored.and_then(|s| s.checkpoint).is_some_and(|c| c.events >= events) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+}
+
 /// Sets the lease of the bookkeeping item `sort_key` in slot -2 to `until` (ms), held by a runner of the version before.
 #[allow(dead_code)]
 pub async fn an_old_lease(env: &TestEnv, sort_key: &str, until: i64) {
