@@ -666,7 +666,6 @@ async fn a_run_that_would_wait_for_the_pace_into_its_deadline_hands_over_instead
         assert_eq!(runs.last().unwrap().status, Status::Complete, "{runs:?}");
         assert!(runs.iter().all(|s| s.id == format!("{run_id}-{p}of2")), "{runs:?}");
     }
-    assert!(first.len() + second.len() >= 4, "each handed over at least once");
     assert_eq!(first.iter().chain(&second).map(|s| s.events).sum::<usize>(), 1500);
     let mut halves: HashMap<String, Vec<i64>> = HashMap::new();
     for event in played_events(&env).await.into_iter().filter(|e| e.keys.is_some()) {
