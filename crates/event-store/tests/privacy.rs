@@ -397,7 +397,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let objects = s3.list_objects_v2().bucket(BUCKET).prefix("events/").send().await.unwrap();
     let mut rows = Vec::new();
     for object in objects.contents() {
-        rows.extend(columns::read(bucket.get(object.key().unwrap()).await.unwrap()).unwrap());
+        rows.extend(columns::open(bucket.get(object.key().unwrap()).await.unwrap()).unwrap().rows);
     }
     assert_eq!(rows.len(), 6);
     for row in &rows {

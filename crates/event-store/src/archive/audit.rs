@@ -91,9 +91,10 @@ pub async fn verify(
 async fn facts_of(bucket: &Bucket, key: &str) -> Result<Option<Facts>> {
     let Some(bytes) = bucket.get_if_there(key).await? else { return Ok(None) };
     // An object that is no Parquet file at all, or not ours, is altered: its keys are none.
-    let rows = columns::read(bytes.clone()).unwrap_or_default();
-    let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
-    Ok(Some(Facts::of(&bytes, &keys)))
+    Ok(Some(match columns::open(bytes.clone()) {
+        Ok(object) => object.facts(&bytes),
+        Err(_) => Facts::of(&bytes, &[]),
+    }))
 }
 
 /// The first problem in what readers follow besides the chain, for the

@@ -1,25 +1,36 @@
 //! An archive object's content: the events of a time range as one Apache
-//! Parquet file (`arrow`/`parquet`), a row per event in log order. Its
-//! columns are what a user queries (Athena through the Glue table, pyarrow,
-//! DuckDB) and what a reader needs to hand each event out again exactly as
-//! it was stored. Pure: bytes in, bytes out.
+//! Parquet file (`arrow`/`parquet`), a row per event, grouped by key slice
+//! ([`super::cut`]) and in log order within each slice. Its columns are what
+//! a user queries (Athena through the Glue table, pyarrow, DuckDB) and what
+//! a reader needs to hand each event out again exactly as it was stored.
+//! Pure: bytes in, bytes out.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::builder::{BinaryBuilder, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{ChunkReader, Length};
 
+use super::cut::{Cut, Group, Span};
+use super::manifest::sha256_hex;
 use crate::error::{Error, Result};
 use crate::event_item::EventItem;
+use crate::slices::{check_slices, key_hash, part_of};
 
-/// Rows per row group: a reader can fetch and decode groups independently.
+/// Rows per row group, at most: a reader can fetch and decode groups independently.
 pub const ROW_GROUP_ROWS: usize = 64 * 1024;
+/// The file's key-value metadata naming its slice count: an object without
+/// it was written before objects were cut by slice (its rows in log order).
+const SLICES_KEY: &str = "event-store.slices";
 
 /// Where an event came from.
 pub const SOURCE_INGEST: &str = "ingest";
@@ -120,28 +131,40 @@ pub(crate) fn schema() -> SchemaRef {
     ]))
 }
 
-/// The Parquet file of `rows` (zstd, statistics per column chunk, so a
-/// query on arrival or partition key skips row groups it does not need).
 /// What an object is, for S3's `Content-Type`.
 pub(crate) const CONTENT_TYPE: &str = "application/vnd.apache.parquet";
 
-pub(crate) fn write(rows: &[Row]) -> Result<Vec<u8>> {
+/// The Parquet file of `rows` (in log order) cut into `slices` slices: each
+/// slice's rows, in log order, in row groups of their own, slice after slice
+/// (zstd, statistics per column chunk, so a query on arrival or partition
+/// key skips row groups it does not need).
+pub(crate) fn write(rows: &[Row], slices: u32) -> Result<Vec<u8>> {
+    let slices = check_slices(slices)?;
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         // Fixed: the same rows make the same bytes from one release to the next.
-        .set_created_by("event-store archive v1".to_owned())
+        .set_created_by("event-store archive v2".to_owned())
+        .set_key_value_metadata(Some(vec![KeyValue::new(SLICES_KEY.to_owned(), slices.to_string())]))
         .build();
+    let mut by_slice: Vec<Vec<&Row>> = vec![Vec::new(); slices as usize];
+    for row in rows {
+        by_slice[part_of(key_hash(&row.partition_key), slices) as usize].push(row);
+    }
     let mut out = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut out, schema(), Some(properties)).map_err(parquet_error)?;
-    for group in rows.chunks(ROW_GROUP_ROWS) {
-        writer.write(&batch(group)?).map_err(parquet_error)?;
+    for slice in by_slice {
+        for group in slice.chunks(ROW_GROUP_ROWS) {
+            writer.write(&batch(group)?).map_err(parquet_error)?;
+            // Each slice's rows in row groups of their own.
+            writer.flush().map_err(parquet_error)?;
+        }
     }
     writer.close().map_err(parquet_error)?;
     Ok(out)
 }
 
-fn batch(rows: &[Row]) -> Result<RecordBatch> {
+fn batch(rows: &[&Row]) -> Result<RecordBatch> {
     let n = rows.len();
     let mut arrival = TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
     let mut event_time = TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
@@ -182,16 +205,142 @@ fn batch(rows: &[Row]) -> Result<RecordBatch> {
     RecordBatch::try_new(schema(), columns).map_err(|e| Error::Malformed(format!("archive rows: {e}")))
 }
 
-/// The rows of a Parquet file this module wrote, in order.
-pub fn read(bytes: Bytes) -> Result<Vec<Row>> {
-    let reader =
-        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(parquet_error)?.build().map_err(parquet_error)?;
+/// The rows of a Parquet file this module wrote, in log order.
+pub(crate) fn read(bytes: Bytes) -> Result<Vec<Row>> {
+    Ok(open(bytes)?.rows)
+}
+
+/// An archive object read whole: its rows, and how it is cut.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    /// In log order (sort-key order).
+    pub rows: Vec<Row>,
+    /// How the object is cut by slice, as its bytes say; `None` for an
+    /// object written before objects were cut (one slice, in log order).
+    pub cut: Option<Cut>,
+}
+
+impl Object {
+    /// What the object's `bytes` (these rows) are, for its manifest entry.
+    pub fn facts(&self, bytes: &[u8]) -> super::manifest::Facts {
+        let keys: Vec<&str> = self.rows.iter().map(|r| r.sort_key.as_str()).collect();
+        super::manifest::Facts { cut: self.cut.clone(), ..super::manifest::Facts::of(bytes, &keys) }
+    }
+}
+
+/// A Parquet file this module wrote, read whole: its rows in log order, and
+/// its cut, checked (each row group's rows of one slice, the groups in slice
+/// order, one after the other) and hashed from its bytes.
+pub fn open(bytes: Bytes) -> Result<Object> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(parquet_error)?;
+    let metadata = builder.metadata().clone();
+    let mut rows = decoded(builder.build().map_err(parquet_error)?)?;
+    let slices = metadata
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|pairs| pairs.iter().find(|pair| pair.key == SLICES_KEY))
+        .map(|pair| pair.value.as_deref().unwrap_or_default().parse::<u32>())
+        .transpose()
+        .map_err(|e| Error::Malformed(format!("archive object: its slice count: {e}")))?;
+    let cut = slices.map(|slices| cut_of(&bytes, &metadata, check_slices(slices)?, &rows)).transpose()?;
+    // Stable, and a no-op for an object in log order already.
+    rows.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
+    Ok(Object { rows, cut })
+}
+
+/// The cut of an object (`bytes`, described by `metadata`) whose `rows` are in file order.
+fn cut_of(bytes: &[u8], metadata: &ParquetMetaData, slices: u32, rows: &[Row]) -> Result<Cut> {
+    let malformed = |what: &str| Error::Malformed(format!("archive object: {what}"));
+    let span = |range: Range<u64>| {
+        let piece =
+            bytes.get(range.start as usize..range.end as usize).ok_or_else(|| malformed("a span past its end"))?;
+        Ok::<_, Error>(Span { offset: range.start, length: range.end - range.start, sha256: sha256_hex(piece) })
+    };
+    let len = bytes.len() as u64;
+    let tail = bytes.len().checked_sub(8).and_then(|at| bytes.get(at..at + 4)).ok_or_else(|| malformed("no footer"))?;
+    let metadata_len = u64::from(u32::from_le_bytes(tail.try_into().map_err(|_| malformed("no footer"))?));
+    let footer = span(len.checked_sub(metadata_len + 8).ok_or_else(|| malformed("a footer past its start"))?..len)?;
+    let (mut groups, mut at, mut end) = (Vec::new(), 0usize, 0u64);
+    for group in metadata.row_groups() {
+        let ranges = group.columns().iter().map(|c| c.byte_range());
+        let start = ranges.clone().map(|(start, _)| start).min().unwrap_or(end);
+        let stop = ranges.map(|(start, length)| start + length).max().unwrap_or(end);
+        let count = usize::try_from(group.num_rows()).unwrap_or(0);
+        let of_group = rows.get(at..at + count).ok_or_else(|| malformed("fewer rows than its row groups say"))?;
+        let slice = of_group.first().map_or(0, |row| part_of(key_hash(&row.partition_key), slices));
+        let one_slice = of_group.iter().all(|row| part_of(key_hash(&row.partition_key), slices) == slice);
+        let in_order = groups.last().is_none_or(|last: &Group| last.slice <= slice) && start >= end;
+        if !one_slice || !in_order || stop > footer.offset {
+            return Err(malformed("row groups not cut by slice, in slice order"));
+        }
+        groups.push(Group { slice, rows: count as u64, span: span(start..stop)? });
+        (at, end) = (at + count, stop);
+    }
+    Ok(Cut { slices, footer, groups })
+}
+
+/// The rows of row groups `groups` of an object of `len` bytes, decoded from
+/// its `footer` and the bytes from `at` that hold those groups (checked by
+/// the caller against the cut), in log order.
+pub(crate) fn read_groups(len: u64, footer: Bytes, (at, span): (u64, Bytes), groups: Range<usize>) -> Result<Vec<Row>> {
+    let fetched = Fetched { len, pieces: [(len - footer.len() as u64, footer), (at, span)] };
+    let reader = ParquetRecordBatchReaderBuilder::try_new(fetched)
+        .map_err(parquet_error)?
+        .with_row_groups(groups.collect())
+        .build()
+        .map_err(parquet_error)?;
+    let mut rows = decoded(reader)?;
+    rows.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
+    Ok(rows)
+}
+
+fn decoded(reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| Error::Malformed(format!("archive object: {e}")))?;
         rows.extend(rows_of(&batch)?);
     }
     Ok(rows)
+}
+
+/// The parts of an object a reader fetched (its footer, its row groups),
+/// for the Parquet reader: asking for any other byte is an error.
+struct Fetched {
+    len: u64,
+    pieces: [(u64, Bytes); 2],
+}
+
+impl Fetched {
+    fn piece(&self, start: u64, length: u64) -> parquet::errors::Result<Bytes> {
+        self.pieces
+            .iter()
+            .find(|(at, bytes)| *at <= start && start + length <= at + bytes.len() as u64)
+            .map(|(at, bytes)| bytes.slice((start - at) as usize..(start - at + length) as usize))
+            .ok_or_else(|| ParquetError::General(format!("bytes {start}+{length} of the object were not fetched")))
+    }
+}
+
+impl Length for Fetched {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for Fetched {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let (at, bytes) = self
+            .pieces
+            .iter()
+            .find(|(at, bytes)| *at <= start && start < at + bytes.len() as u64)
+            .ok_or_else(|| ParquetError::General(format!("byte {start} of the object was not fetched")))?;
+        Ok(self.piece(start, at + bytes.len() as u64 - start)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.piece(start, length as u64)
+    }
 }
 
 fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
@@ -239,6 +388,7 @@ fn parquet_error(err: parquet::errors::ParquetError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slices::KeyRange;
 
     fn event(n: i64, data: &[u8], key: &str) -> EventItem {
         EventItem {
@@ -280,9 +430,9 @@ mod tests {
         );
         assert_eq!(rows[3].payload, None, "text that is not JSON is kept as bytes");
 
-        let file = write(&rows).unwrap();
+        let file = write(&rows, 1).unwrap();
         assert_eq!(&file[..4], b"PAR1");
-        assert_eq!(write(&rows).unwrap(), file, "the same rows, the same bytes");
+        assert_eq!(write(&rows, 1).unwrap(), file, "the same rows, the same bytes");
         let back = read(Bytes::from(file)).unwrap();
         assert_eq!(back, rows);
         let again: Vec<EventItem> = back.into_iter().map(Row::into_event).collect();
@@ -295,9 +445,47 @@ mod tests {
     #[test]
     fn large_files_are_cut_into_row_groups() {
         let rows: Vec<Row> = (0..ROW_GROUP_ROWS as i64 + 10).map(|n| Row::of(&event(n, b"{}", "k")).unwrap()).collect();
-        let file = Bytes::from(write(&rows).unwrap());
+        let file = Bytes::from(write(&rows, 1).unwrap());
         let metadata = ParquetRecordBatchReaderBuilder::try_new(file.clone()).unwrap().metadata().clone();
         assert_eq!(metadata.num_row_groups(), 2);
         assert_eq!(read(file).unwrap().len(), rows.len());
+    }
+
+    #[test]
+    fn a_reader_of_some_keys_decodes_only_the_row_groups_of_their_slices() {
+        let rows: Vec<Row> = (0..400)
+            .map(|n| Row::of(&event(n, format!("{{\"n\":{n}}}").as_bytes(), &format!("k{}", n % 37))).unwrap())
+            .collect();
+        let file = Bytes::from(write(&rows, 4).unwrap());
+        let object = open(file.clone()).unwrap();
+        assert_eq!(object.rows, rows, "read whole: every row, in log order");
+        let cut = object.cut.clone().expect("cut by slice");
+        assert_eq!((cut.slices, cut.groups.len()), (4, 4));
+        assert_eq!(cut.groups.iter().map(|g| g.slice).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(cut.groups.iter().map(|g| g.rows).sum::<u64>(), 400);
+        assert_eq!(cut.footer.offset + cut.footer.length, file.len() as u64);
+        let footer = file.slice(cut.footer.offset as usize..);
+        for part in 0..2 {
+            let keys = KeyRange::new(part, 2);
+            let groups = cut.groups_of(keys);
+            let span = cut.span_of(groups.clone());
+            let bytes = file.slice(span.start as usize..span.end as usize);
+            assert!(span.end - span.start < file.len() as u64 / 2, "about half the object");
+            assert!(cut.holds(&footer, span.start, &bytes, groups.clone()));
+            let read = read_groups(file.len() as u64, footer.clone(), (span.start, bytes), groups).unwrap();
+            let expected: Vec<Row> = rows.iter().filter(|r| keys.holds(&r.partition_key)).cloned().collect();
+            assert_eq!(read, expected, "part {part}: its keys' rows, in log order");
+        }
+        // Any byte outside what was fetched is refused, not read as zeros.
+        let groups = cut.groups_of(KeyRange::new(0, 2));
+        let short = file.slice(cut.groups[0].span.offset as usize..cut.groups[1].span.offset as usize);
+        assert!(read_groups(file.len() as u64, footer, (cut.groups[0].span.offset, short), groups).is_err());
+        let facts = object.facts(&file);
+        assert_eq!((facts.cut, facts.count), (Some(cut), 400));
+        // A file whose row groups mix slices is not cut by them: one written as one slice, taken as 4.
+        let whole = Bytes::from(write(&rows, 1).unwrap());
+        let metadata = ParquetRecordBatchReaderBuilder::try_new(whole.clone()).unwrap().metadata().clone();
+        assert!(cut_of(&whole, &metadata, 4, &rows).is_err());
+        assert_eq!(cut_of(&whole, &metadata, 1, &rows).unwrap().groups.len(), 1);
     }
 }

@@ -6,7 +6,9 @@
 //! Pure: the chain's rules, tested without a network.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+
+pub(crate) use super::cut::sha256_hex;
+use super::cut::Cut;
 
 /// The `prev` of the first entry.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -27,6 +29,10 @@ pub struct Entry {
     /// SHA-256 of the object's bytes, hex.
     pub sha256: String,
     pub bytes: u64,
+    /// Where each slice's row groups and the footer lie, with their hashes
+    /// (`None`: an object written before objects were cut by slice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
     /// The previous entry's `hash` ([`GENESIS`] for the first).
     pub prev: String,
     /// SHA-256 over every field above: see [`Entry::content_hash`].
@@ -41,23 +47,23 @@ pub struct Facts {
     pub count: u64,
     pub first_sort_key: String,
     pub last_sort_key: String,
+    /// How it is cut by slice ([`super::columns::Object::facts`] says).
+    pub cut: Option<Cut>,
 }
 
 impl Facts {
-    /// The facts of an object's bytes and the sort keys of its rows, in order.
-    pub fn of(object: &[u8], sort_keys: &[&str]) -> Self {
+    /// The facts of an object's bytes and the sort keys of its rows, in
+    /// order, not cut by slice.
+    pub(crate) fn of(object: &[u8], sort_keys: &[&str]) -> Self {
         Facts {
             sha256: sha256_hex(object),
             bytes: object.len() as u64,
             count: sort_keys.len() as u64,
             first_sort_key: sort_keys.first().map(|k| (*k).to_owned()).unwrap_or_default(),
             last_sort_key: sort_keys.last().map(|k| (*k).to_owned()).unwrap_or_default(),
+            cut: None,
         }
     }
-}
-
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 impl Entry {
@@ -73,6 +79,7 @@ impl Entry {
             last_sort_key: facts.last_sort_key.clone(),
             sha256: facts.sha256.clone(),
             bytes: facts.bytes,
+            cut: facts.cut.clone(),
             prev: prev.map_or_else(|| GENESIS.to_owned(), |p| p.hash.clone()),
             hash: String::new(),
         };
@@ -81,10 +88,12 @@ impl Entry {
     }
 
     /// SHA-256 of the entry's fields but `hash`, one per line in a fixed
-    /// order (names and values cannot run into each other: no field holds a newline).
+    /// order (names and values cannot run into each other: no field holds a
+    /// newline); an entry with a cut is v2, its cut's lines last.
     pub(crate) fn content_hash(&self) -> String {
-        let text = format!(
-            "event-store archive entry v1\nseq {}\nkey {}\nstart {}\nend {}\ncount {}\nfirst {}\nlast {}\nsha256 {}\nbytes {}\nprev {}\n",
+        let mut text = format!(
+            "event-store archive entry v{}\nseq {}\nkey {}\nstart {}\nend {}\ncount {}\nfirst {}\nlast {}\nsha256 {}\nbytes {}\nprev {}\n",
+            if self.cut.is_some() { 2 } else { 1 },
             self.seq,
             self.key,
             self.start,
@@ -96,6 +105,9 @@ impl Entry {
             self.bytes,
             self.prev
         );
+        if let Some(cut) = &self.cut {
+            text.push_str(&cut.hash_text());
+        }
         sha256_hex(text.as_bytes())
     }
 
@@ -106,6 +118,7 @@ impl Entry {
             && self.count == facts.count
             && self.first_sort_key == facts.first_sort_key
             && self.last_sort_key == facts.last_sort_key
+            && self.cut == facts.cut
     }
 }
 
@@ -177,7 +190,13 @@ pub fn verify<'a>(
             return Err(Break::ObjectMissing { seq: entry.seq, key: entry.key.clone() });
         };
         if !entry.matches(&facts) {
-            let what = if facts.sha256 != entry.sha256 { "its SHA-256 differs" } else { "its rows differ" };
+            let what = if facts.sha256 != entry.sha256 {
+                "its SHA-256 differs"
+            } else if facts.cut != entry.cut {
+                "its row groups differ"
+            } else {
+                "its rows differ"
+            };
             return Err(Break::ObjectAltered { seq: entry.seq, key: entry.key.clone(), what: what.to_owned() });
         }
         before = Some(entry.clone());
@@ -249,6 +268,31 @@ mod tests {
             overlapping[i].hash = overlapping[i].content_hash();
         }
         assert!(matches!(check(&overlapping, &objects), Err(Break::Range { seq: 2, .. })));
+    }
+
+    #[test]
+    fn an_entry_hashes_its_cut_and_an_object_cut_otherwise_is_altered() {
+        use crate::archive::cut::{Group, Span};
+        let span = |offset, bytes: &[u8]| Span { offset, length: bytes.len() as u64, sha256: sha256_hex(bytes) };
+        let cut = Cut {
+            slices: 2,
+            footer: span(8, b"ff"),
+            groups: vec![Group { slice: 1, rows: 2, span: span(4, b"abcd") }],
+        };
+        let cut_facts = Facts { cut: Some(cut), ..facts(1) };
+        let entry = Entry::next(None, "events/0.parquet".into(), 0, 1, &cut_facts);
+        let plain = Entry::next(None, "events/0.parquet".into(), 0, 1, &facts(1));
+        assert_ne!(entry.hash, plain.hash);
+        assert_eq!(verify(None, [(&entry, Some(cut_facts.clone()))]), Ok(1));
+        let mut altered = entry.clone();
+        altered.cut.as_mut().unwrap().groups[0].span.sha256 = sha256_hex(b"abcD");
+        assert_eq!(verify(None, [(&altered, Some(cut_facts.clone()))]), Err(Break::EntryAltered { seq: 0 }));
+        let uncut = verify(None, [(&entry, Some(facts(1)))]);
+        assert!(matches!(uncut, Err(Break::ObjectAltered { what, .. }) if what == "its row groups differ"));
+        // An entry stored before cuts reads and hashes as it did: no `cut` field.
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json.get("cut").is_none() && json.get("prev").is_some());
+        assert_eq!(serde_json::from_value::<Entry>(json).unwrap(), plain);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The cold tier's format and bookkeeping: complete slots as Parquet objects
-//! in S3 ([`columns`]), chained by a manifest ([`manifest`]) whose entries,
+//! in S3 ([`columns`]), cut by key slice ([`cut`]), chained by a manifest ([`manifest`]) whose entries,
 //! object pointers and boundary live in the event table's bookkeeping
 //! partition ([`store`]), each followed by readers only once checked
 //! ([`vouch`]). The archiver that writes them is [`crate::archiver`]; below
@@ -8,6 +8,7 @@
 pub mod anchor;
 pub mod audit;
 pub mod columns;
+pub mod cut;
 pub mod manifest;
 pub mod object;
 pub mod store;

@@ -1,4 +1,4 @@
-//! An object in the store's bucket (an archive object, an offloaded payload): put, and fetched back whole.
+//! An object in the store's bucket (an archive object, an offloaded payload): put, and fetched back whole or in part.
 
 use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
@@ -48,6 +48,33 @@ impl Bucket {
     /// The object's bytes.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         self.get_if_there(key).await?.ok_or_else(|| Error::Archive(format!("s3://{}/{key} is missing", self.name)))
+    }
+
+    /// Bytes `range` of the object (a ranged `GET`): exactly those, or an error.
+    pub(crate) async fn get_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let got = self
+            .s3
+            .get_object()
+            .bucket(&self.name)
+            .key(key)
+            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .send()
+            .await
+            .map_err(|e| Error::s3("GetObject", e))?;
+        let body =
+            got.body.collect().await.map_err(|e| Error::Archive(format!("reading s3://{}/{key}: {e}", self.name)))?;
+        let body = body.into_bytes();
+        if body.len() as u64 != range.end - range.start {
+            return Err(Error::Archive(format!(
+                "s3://{}/{key}: asked for bytes {range:?}, got {} bytes",
+                self.name,
+                body.len()
+            )));
+        }
+        Ok(body)
     }
 
     /// The object's bytes, or `None` when there is no such object.

@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::archive::columns::{self, Row};
-use crate::archive::manifest::{Entry, Facts};
+use crate::archive::manifest::Entry;
 use crate::archive::object::Bucket;
 use crate::archive::{anchor, object_key, store, HOUR_MS};
 use crate::batch::Backoff;
@@ -183,19 +183,19 @@ impl Archiver {
                 if last.end > boundary.cleared_to {
                     // What decides the deletes is the object as its entry describes it, checked again.
                     let bytes = self.bucket.get(&last.key).await?;
-                    let rows = off_the_runtime({
+                    let object = off_the_runtime({
                         let bytes = bytes.clone();
-                        move || columns::read(bytes)
+                        move || columns::open(bytes)
                     })
                     .await?;
-                    let keys: Vec<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
-                    if !last.matches(&Facts::of(&bytes, &keys)) {
+                    let rows = &object.rows;
+                    if !last.matches(&object.facts(&bytes)) {
                         return Err(Error::Archive(format!(
                             "{} is not the object entry {} describes: nothing deleted (event-store verify)",
                             last.key, last.seq
                         )));
                     }
-                    if !self.clear(last, &rows, &mut summary, deadline).await? {
+                    if !self.clear(last, rows, &mut summary, deadline).await? {
                         summary.more = true;
                         break;
                     }
@@ -241,8 +241,11 @@ impl Archiver {
         let cut_from =
             earlier.as_ref().and_then(|rows| rows.last()).map_or(start, |last| slot_of(last.slot, unit) + unit as i64);
         let (slots, _) = read_index(dynamo, table, start, end).await?;
+        // Cut as its slots were (the most slices any was cut into), so readers of some keys read theirs.
+        let most = slots.iter().map(SlotRef::most_slices).max().unwrap_or(1);
         let (rows, end) = self.read_rows(slots, (start, end), unit, cut_from).await?;
-        let (facts, rows) = self.put_once(&key, rows).await?;
+        let slices = crate::archive::cut::slices_for(most, rows.len());
+        let (facts, rows) = self.put_once(&key, rows, slices).await?;
         let entry = Entry::next(head, key, start, end, &facts);
         if !store::append(dynamo, table, &entry).await? {
             return Err(Error::Archive(format!("archive manifest entry {} is taken: another archiver ran", entry.seq)));

@@ -22,39 +22,41 @@ impl Archiver {
     /// the crash and this repeat) is kept as it is, and those events stay in
     /// the table with their slots marked late, where readers find them; any
     /// other object is an error (the errors alarm), and nothing is archived
-    /// past it.
-    pub(super) async fn put_once(&self, key: &str, rows: Vec<Row>) -> Result<(Facts, Vec<Row>)> {
+    /// past it. The object is cut into `slices` slices ([`columns::write`]).
+    pub(super) async fn put_once(&self, key: &str, rows: Vec<Row>, slices: u32) -> Result<(Facts, Vec<Row>)> {
         // Encoding and decoding Parquet is CPU work (and deep): off the runtime's threads.
-        let (object, rows) = off_the_runtime(move || columns::write(&rows).map(|object| (object, rows))).await?;
+        let (object, rows) =
+            off_the_runtime(move || columns::write(&rows, slices).map(|object| (object, rows))).await?;
         let sha256 = manifest::sha256_hex(&object);
         let written = self.bucket.put_new(key, object, columns::CONTENT_TYPE).await?;
         let bytes = self.bucket.get(key).await?;
-        let facts = |rows: &[Row]| Facts::of(&bytes, &rows.iter().map(|r| r.sort_key.as_str()).collect::<Vec<_>>());
         let read_back = bytes.clone();
-        let stored = off_the_runtime(move || Ok(columns::read(read_back))).await?;
+        let stored = off_the_runtime(move || Ok(columns::open(read_back))).await?;
         if written || manifest::sha256_hex(&bytes) == sha256 {
             return match stored {
-                Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored == rows => Ok((facts(&rows), rows)),
+                Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored.rows == rows => {
+                    Ok((stored.facts(&bytes), rows))
+                }
                 _ => Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted"))),
             };
         }
         let stored = match stored {
-            Ok(stored) if in_order_among(&stored, &rows, now_ms() / 1000) => stored,
+            Ok(stored) if in_order_among(&stored.rows, &rows, now_ms() / 1000) => stored,
             _ => {
                 return Err(Error::Archive(format!(
                     "{key} is already there and is not an object of these slots' events: not replaced, nothing archived past it (event-store verify)"
                 )))
             }
         };
-        let kept: HashSet<&str> = stored.iter().map(|r| r.sort_key.as_str()).collect();
+        let kept: HashSet<&str> = stored.rows.iter().map(|r| r.sort_key.as_str()).collect();
         let late: BTreeSet<i64> = rows.iter().filter(|r| !kept.contains(r.sort_key.as_str())).map(|r| r.slot).collect();
         warn!(
             key,
-            missed = rows.len() - stored.len(),
+            missed = rows.len() - stored.rows.len(),
             "an earlier attempt's object kept; the events it misses stay in the table as late ones"
         );
         late_slots::mark(&self.dynamo, &self.config.event_table, crate::bookkeeping::Family::Archive, &late).await?;
-        Ok((facts(&stored), stored))
+        Ok((stored.facts(&bytes), stored.rows))
     }
 }
 

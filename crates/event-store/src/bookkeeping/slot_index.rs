@@ -58,6 +58,14 @@ impl SlotRef {
         keys
     }
 
+    /// The most slices the slot's chunks were cut into (1: not cut).
+    pub(crate) fn most_slices(&self) -> u32 {
+        match self.sliced {
+            0 => 1,
+            sliced => 1 << (u16::BITS - 1 - sliced.leading_zeros()),
+        }
+    }
+
     /// Every hash key the slot's chunks are stored under.
     pub fn all_storage_keys(&self) -> Vec<i64> {
         self.storage_keys(KeyRange::ALL)
@@ -207,5 +215,9 @@ mod tests {
         assert_eq!(slot.storage_keys(KeyRange::new(1, 2)), vec![t, t + 1, k(2, 1), k(4, 2), k(4, 3)]);
         assert_eq!(SlotRef::sliced(t, 256).storage_keys(KeyRange::new(3, 256)), vec![k(256, 3)]);
         assert_eq!(SlotRef::single(t).all_storage_keys(), vec![t]);
+        assert_eq!(
+            (slot.most_slices(), SlotRef::single(t).most_slices(), SlotRef::sliced(t, 1024).most_slices()),
+            (4, 1, 1024)
+        );
     }
 }

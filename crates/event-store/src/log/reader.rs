@@ -337,7 +337,8 @@ impl<'a> SlotRead<'a> {
     async fn cold_page(&mut self, mut page: Page) -> Result<Page> {
         let reader = self.reader;
         let after = self.handed.as_deref().unwrap_or(&self.after).max(&self.after).to_owned();
-        page.events = reader.tiers.events(reader.dynamo, reader.table, self.slot, (&after, &self.to)).await?;
+        page.events =
+            reader.tiers.events(reader.dynamo, reader.table, (self.slot, reader.keys), (&after, &self.to)).await?;
         page.last_key = None;
         if let Some(last) = page.events.last() {
             self.handed = Some(last.sort_key.clone());

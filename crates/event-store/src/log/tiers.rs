@@ -10,6 +10,10 @@
 //! event it handed out. One boundary read confirms every query that ended
 //! before it was sent, so the slots read together share it.
 //!
+//! A reader of some keys ([`KeyRange`]) reads of an object cut by slice
+//! only the footer and its slices' row groups ([`crate::archive::cut`]),
+//! each checked against the anchored entry's hashes before it is decoded.
+//!
 //! Late events written into an archived slot stay in the event table (the
 //! objects are never rewritten); the scan marks such slots
 //! ([`crate::bookkeeping::late_slots`]), and a marked slot is read from both
@@ -39,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::event_item::{self, EventItem};
 use crate::offload::{self, OffloadRef};
 use crate::privacy::keys::Keys;
+use crate::slices::KeyRange;
 
 /// Objects kept decoded: the one being read and the one before or after it.
 const OBJECTS_KEPT: usize = 2;
@@ -61,6 +66,8 @@ struct Cold {
 
 type Rows = Arc<Cold>;
 type Fetch<T> = Shared<BoxFuture<'static, std::result::Result<T, Arc<Error>>>>;
+/// An object's rows fetched for a reader of some keys, and when.
+type Held = (Pointer, KeyRange, Instant, Fetch<Rows>);
 
 /// The tiers as one reader sees them. A reader with no archive bucket
 /// fails on an archived slot instead of finding it empty.
@@ -69,7 +76,8 @@ pub struct Tiers {
     /// Subjects' keys: sealed events are opened with them ([`crate::privacy`]).
     keys: Option<Arc<Keys>>,
     boundary: Mutex<Boundary>,
-    objects: Mutex<VecDeque<(Pointer, Instant, Fetch<Rows>)>>,
+    /// Objects fetched: whole (for [`KeyRange::ALL`]) or the part a range needs.
+    objects: Mutex<VecDeque<Held>>,
 }
 
 #[derive(Default)]
@@ -233,19 +241,20 @@ impl Tiers {
         self.boundary.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The archived events of `slot` in `(after, to]`, in log order (with
-    /// the late ones the table holds, when the slot is marked). A slot before
-    /// the boundary that no object holds had no events when it was archived
-    /// (the manifest says so, or this is an error): whatever the table holds
-    /// for it came late.
+    /// The archived events of `slot` in `(after, to]` a reader of `keys`
+    /// needs (others too, where they share what it reads), in log order
+    /// (with the late ones the table holds, when the slot is marked). A slot
+    /// before the boundary that no object holds had no events when it was
+    /// archived (the manifest says so, or this is an error): whatever the
+    /// table holds for it came late.
     pub(crate) async fn events(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
         table: &str,
-        slot: SlotRef,
+        (slot, keys): (SlotRef, KeyRange),
         (after, to): (&str, &str),
     ) -> Result<Vec<EventItem>> {
-        let Some(cold) = Box::pin(self.rows_of(dynamo, table, slot.slot)).await? else {
+        let Some(cold) = Box::pin(self.rows_of(dynamo, table, slot.slot, keys)).await? else {
             let mut late = late_events(dynamo, table, slot).await?;
             late.retain(|e| e.sort_key.as_str() > after && e.sort_key.as_str() <= to);
             late.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
@@ -272,15 +281,21 @@ impl Tiers {
         Ok(merged.into_values().collect())
     }
 
-    /// The rows of the object holding `slot`, fetched once for all the slots
-    /// it holds; `None` when no object holds it.
-    async fn rows_of(&self, dynamo: &aws_sdk_dynamodb::Client, table: &str, slot: i64) -> Result<Option<Rows>> {
+    /// The rows of the object holding `slot` a reader of `keys` needs,
+    /// fetched once for all the slots it holds; `None` when no object holds it.
+    async fn rows_of(
+        &self,
+        dynamo: &aws_sdk_dynamodb::Client,
+        table: &str,
+        slot: i64,
+        keys: KeyRange,
+    ) -> Result<Option<Rows>> {
         let Some(bucket) = &self.cold else {
             return Err(Error::Archive(format!(
                 "slot {slot} is archived in S3, and this reader has no archive bucket (ARCHIVE_BUCKET)"
             )));
         };
-        let fetch = match self.cached(|p| p.start <= slot && slot < p.end) {
+        let fetch = match self.cached(keys, |p| p.start <= slot && slot < p.end) {
             Some(fetch) => fetch,
             None => {
                 // Boxed, as the checks below: inline, they would grow every reader's future (and stack).
@@ -292,13 +307,13 @@ impl Tiers {
                     }
                 };
                 let mut objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
-                objects.retain(|(_, fetched, fetch)| usable(*fetched, fetch));
+                objects.retain(|(_, _, fetched, fetch)| usable(*fetched, fetch));
                 // The whole pointer: one naming a cached object with other slots is checked afresh.
-                match objects.iter().find(|(p, _, _)| *p == pointer) {
-                    Some((_, _, fetch)) => fetch.clone(),
+                match objects.iter().find(|(p, k, _, _)| *p == pointer && serves(*k, keys)) {
+                    Some((_, _, _, fetch)) => fetch.clone(),
                     None => {
-                        let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer);
-                        objects.push_back((pointer, Instant::now(), fetch.clone()));
+                        let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer, keys);
+                        objects.push_back((pointer, keys, Instant::now(), fetch.clone()));
                         if objects.len() > OBJECTS_KEPT {
                             objects.pop_front();
                         }
@@ -310,13 +325,18 @@ impl Tiers {
         fetch.await.map(Some).map_err(|e| Error::Archive(e.to_string()))
     }
 
-    fn cached(&self, holds: impl Fn(&Pointer) -> bool) -> Option<Fetch<Rows>> {
+    fn cached(&self, keys: KeyRange, holds: impl Fn(&Pointer) -> bool) -> Option<Fetch<Rows>> {
         let objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
         objects
             .iter()
-            .find(|(p, fetched, fetch)| holds(p) && usable(*fetched, fetch))
-            .map(|(_, _, fetch)| fetch.clone())
+            .find(|(p, k, fetched, fetch)| holds(p) && serves(*k, keys) && usable(*fetched, fetch))
+            .map(|(_, _, _, fetch)| fetch.clone())
     }
+}
+
+/// Whether an object's rows fetched for `fetched` hold every row a reader of `keys` needs.
+fn serves(fetched: KeyRange, keys: KeyRange) -> bool {
+    fetched == keys || fetched == KeyRange::ALL
 }
 
 /// A fetch worth reusing: recent, and not failed (a failed one is tried again).
@@ -324,31 +344,83 @@ fn usable(fetched: Instant, fetch: &Fetch<Rows>) -> bool {
     fetched.elapsed() < OBJECT_TTL && !matches!(fetch.peek(), Some(Err(_)))
 }
 
-/// The object's rows, fetched, checked against the entry its pointer names
-/// ([`vouch`]) and decoded once, for whoever awaits them first, and the late
+/// The object's rows a reader of `keys` needs ([`object_rows`]), fetched,
+/// checked and decoded once, for whoever awaits them first, and the late
 /// markers of its slots.
-fn fetch_rows(bucket: Bucket, (dynamo, table): (aws_sdk_dynamodb::Client, String), pointer: &Pointer) -> Fetch<Rows> {
+fn fetch_rows(
+    bucket: Bucket,
+    (dynamo, table): (aws_sdk_dynamodb::Client, String),
+    pointer: &Pointer,
+    keys: KeyRange,
+) -> Fetch<Rows> {
     let pointer = pointer.clone();
     async move {
-        let (key, start, end) = (pointer.object.clone(), pointer.start, pointer.end);
-        let entry = Box::pin(vouch::entry_of(&dynamo, &table, &bucket, &pointer));
-        let (entry, bytes) = tokio::join!(entry, bucket.get(&key));
-        let (entry, bytes) = (entry.map_err(Arc::new)?, bytes.map_err(Arc::new)?);
-        // Hashing and decoding are CPU work: off the runtime's threads.
-        let decoded = tokio::task::spawn_blocking(move || {
-            let rows = columns::read(bytes.clone())?;
-            vouch::check_object(&entry, &bytes, &rows)?;
-            Ok::<_, Error>(rows)
-        });
-        let late = late_slots::in_range(&dynamo, &table, start, end);
-        let (rows, late) = tokio::join!(decoded, late);
-        let rows = rows
-            .map_err(|e| Arc::new(Error::Archive(format!("decoding s3://{}/{key}: {e}", bucket.name))))?
-            .map_err(Arc::new)?;
-        Ok(Arc::new(Cold { rows, late: late.map_err(Arc::new)? }))
+        let rows = Box::pin(object_rows(&bucket, (&dynamo, &table), &pointer, keys));
+        let late = late_slots::in_range(&dynamo, &table, pointer.start, pointer.end);
+        let (rows, late) = tokio::join!(rows, late);
+        Ok(Arc::new(Cold { rows: rows.map_err(Arc::new)?, late: late.map_err(Arc::new)? }))
     }
     .boxed()
     .shared()
+}
+
+/// The rows of the object `pointer` names that a reader of `keys` needs,
+/// checked against the anchored entry the pointer names ([`vouch`]): of an
+/// object cut by slice, the row groups of the slices of `keys` (two ranged
+/// `GET`s: the footer and those groups); else the whole object.
+async fn object_rows(
+    bucket: &Bucket,
+    (dynamo, table): (&aws_sdk_dynamodb::Client, &str),
+    pointer: &Pointer,
+    keys: KeyRange,
+) -> Result<Vec<Row>> {
+    let key = pointer.object.as_str();
+    let (entry, bytes) = if keys == KeyRange::ALL {
+        let (entry, bytes) = tokio::join!(vouch::entry_of(dynamo, table, bucket, pointer), bucket.get(key));
+        (entry?, bytes?)
+    } else {
+        let entry = vouch::entry_of(dynamo, table, bucket, pointer).await?;
+        // The row groups of the range, when they are not all of them; where they and the footer are.
+        let part = entry.cut.as_ref().and_then(|cut| {
+            let groups = cut.groups_of(keys);
+            let footer = cut.footer.offset..cut.footer.offset + cut.footer.length;
+            (groups.len() < cut.groups.len()).then(|| (groups.clone(), footer, cut.span_of(groups)))
+        });
+        let Some((groups, footer, span)) = part else {
+            let bytes = bucket.get(key).await?;
+            return decode(bucket, key, move || whole(&entry, bytes)).await;
+        };
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (footer, bytes) = tokio::try_join!(bucket.get_range(key, footer), bucket.get_range(key, span.clone()))?;
+        return decode(bucket, key, move || {
+            vouch::check_fetched(&entry, &footer, (span.start, &bytes), groups.clone())?;
+            let rows = columns::read_groups(entry.bytes, footer, (span.start, bytes), groups.clone())?;
+            vouch::check_rows(&entry, groups, &rows)?;
+            Ok(rows)
+        })
+        .await;
+    };
+    decode(bucket, key, move || whole(&entry, bytes)).await
+}
+
+/// The rows of a whole object, checked against its entry.
+fn whole(entry: &crate::archive::manifest::Entry, bytes: bytes::Bytes) -> Result<Vec<Row>> {
+    let object = columns::open(bytes.clone())?;
+    vouch::check_object(entry, &bytes, &object)?;
+    Ok(object.rows)
+}
+
+/// `work`'s rows: hashing and decoding are CPU work, off the runtime's threads.
+async fn decode(
+    bucket: &Bucket,
+    key: &str,
+    work: impl FnOnce() -> Result<Vec<Row>> + Send + 'static,
+) -> Result<Vec<Row>> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Archive(format!("decoding s3://{}/{key}: {e}", bucket.name)))?
 }
 
 /// Every event the table still holds under `slot` (each sub-key and slice): its late events.
