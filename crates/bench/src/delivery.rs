@@ -18,11 +18,16 @@
 //! and both again unpaced: the emulators' own limit. A paced rate is taken
 //! from when every run has put its first batch (which goes at once) to the
 //! end: the pace's rate, not the first batch's burst.
+//!
+//! Then the same window archived ([`archive_fetches`]): the bytes 1, 8 and
+//! 64 partitions fetch from S3 between them to read it, each its range.
 
 use anyhow::{Context, Result};
 use aws_lambda_events::event::kinesis::KinesisEvent;
+use event_store::archive::object::Bucket;
+use event_store::archiver::Archiver;
 use event_store::bookkeeping::slot_index::read_index;
-use event_store::config::{PumpConfig, ScanConfig};
+use event_store::config::{ArchiveConfig, PumpConfig, ScanConfig};
 use event_store::log::copies::RecentIds;
 use event_store::log::reader::Reader;
 use event_store::log::tiers::Tiers;
@@ -32,12 +37,14 @@ use event_store::pump::Pump;
 use event_store::readers::playbacks;
 use event_store::slices::KeyRange;
 use event_store_emulator::request_counter::RequestCounter;
-use event_store_emulator::resources::{create_streams, create_tables, Names};
+use event_store_emulator::resources::{create_bucket, create_streams, create_tables, Names};
 use event_store_emulator::runs::{self, deadline_in, run_scan};
 use event_store_emulator::Emulator;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::measure::PUMP_BATCH;
@@ -162,9 +169,18 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
 /// of its range; the events of its own keys (events of others it read, a
 /// slice shared, are passed over as the runner passes them over).
 async fn read_range(dynamo: &aws_sdk_dynamodb::Client, names: &Names, t0: i64, keys: KeyRange) -> Result<usize> {
+    read_tiers(dynamo, names, (t0, &Tiers::new(None)), keys).await
+}
+
+/// [`read_range`] through `tiers` (an archive bucket's, for archived slots).
+async fn read_tiers(
+    dynamo: &aws_sdk_dynamodb::Client,
+    names: &Names,
+    (t0, tiers): (i64, &Tiers),
+    keys: KeyRange,
+) -> Result<usize> {
     let (slots, _) = read_index(dynamo, &names.event_table, t0, t0 + 2_000).await?;
     let window = Window { start: t0, end: t0 + 2_000 };
-    let tiers = Tiers::new(None);
     let reader = Reader {
         dynamo,
         table: &names.event_table,
@@ -173,7 +189,7 @@ async fn read_range(dynamo: &aws_sdk_dynamodb::Client, names: &Names, t0: i64, k
         dedupe_window_ms: 0,
         window: &window,
         keys,
-        tiers: &tiers,
+        tiers,
     };
     let mut mine = 0;
     let count = |event: &event_store::event_item::EventItem, _: Option<Value>, _: &[u8]| {
@@ -287,7 +303,10 @@ async fn playback_speedup(root: &Path, sdk: &aws_config::SdkConfig, t0: i64) -> 
          {parts:?}: a run's last batch waits a whole interval however few it holds); unpaced, the emulator's own \
          limit: {RUNS} runs {together_unpaced:.0} events/s, 1 run {one_unpaced:.0} events/s\n"
     );
+    let (cold, cold_md) = archive_fetches(&sdk, (dynamo, &names), t0).await?;
+    let md = md + &cold_md;
     let out = json!({
+        "archive_fetches": cold,
         "events": PLAYBACK_EVENTS,
         "target_shards": TARGET_SHARDS,
         "runs": RUNS,
@@ -301,6 +320,84 @@ async fn playback_speedup(root: &Path, sdk: &aws_config::SdkConfig, t0: i64) -> 
         "unpaced_runs_events_per_s": together_unpaced,
     });
     Ok((out, md))
+}
+
+/// Partition counts whose fetches from the archive are measured.
+const COLD_PARTITIONS: [u32; 3] = [1, 8, 64];
+
+/// The window archived (objects cut as its slots were, but for
+/// `DEFAULT_MIN_SLICE_ROWS`), then read by 1, 8 and 64 partitions, each its
+/// range: the bytes of S3's answers between them (the footer and the row
+/// groups of its slices each, the entries' anchors), against one reader's.
+async fn archive_fetches(
+    sdk: &aws_config::SdkConfig,
+    (dynamo, names): (&aws_sdk_dynamodb::Client, &Names),
+    t0: i64,
+) -> Result<(Value, String)> {
+    let fetched = Fetched::default();
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(sdk).interceptor(fetched.clone()).build());
+    let bucket = Bucket { s3, name: names.archive_bucket.clone() };
+    create_bucket(&bucket.s3, &bucket.name).await?;
+    let mut config = ArchiveConfig::for_names(names.event_table.clone(), bucket.name.clone())?;
+    config.hot_retention = Duration::from_millis(1);
+    let archiver = Archiver { dynamo: dynamo.clone(), bucket: bucket.clone(), config };
+    let deadline = std::time::Instant::now() + Duration::from_secs(900);
+    let archived = archiver.run(event_store::time::now_ms(), deadline).await?;
+    anyhow::ensure!(archived.events == PLAYBACK_EVENTS as u64 && !archived.more, "archived {archived:?}");
+    let entries = event_store::archive::store::entries_from(dynamo, &names.event_table, 0).await?;
+    let slices = entries.iter().filter_map(|e| e.cut.as_ref()).map(|cut| cut.slices).max().unwrap_or(1);
+    let mut by_partitions = serde_json::Map::new();
+    let mut first = None;
+    for partitions in COLD_PARTITIONS {
+        fetched.0.store(0, Ordering::Relaxed);
+        let tiers = Tiers::new(Some(bucket.clone()));
+        let mut delivered = 0;
+        for part in 0..partitions {
+            // A reader of its own, as each partition's runner is: nothing fetched by another is reused.
+            let tiers = if partitions == 1 { &tiers } else { &Tiers::new(Some(bucket.clone())) };
+            delivered += read_tiers(dynamo, names, (t0, tiers), KeyRange::new(part, partitions)).await?;
+        }
+        anyhow::ensure!(delivered == PLAYBACK_EVENTS, "{partitions} partitions read {delivered} archived events");
+        let bytes = fetched.0.load(Ordering::Relaxed) as f64;
+        let ratio = bytes / *first.get_or_insert(bytes);
+        println!(
+            "   delivery  archive: {partitions} partitions fetch {ratio:.2}x the bytes one does ({slices} slices)"
+        );
+        by_partitions.insert(partitions.to_string(), json!({"bytes": bytes, "ratio_to_1": ratio}));
+    }
+    let ratio = |p: &str| by_partitions[p]["ratio_to_1"].as_f64().unwrap_or(0.0);
+    let md = format!(
+        "- the window archived ({PLAYBACK_EVENTS} events in {} object(s) of {} bytes, cut into {slices} slices: \
+         at least 1,024 events a slice), read by partitions each its range: S3 bytes fetched by 8 partitions \
+         {:.2}x one reader's, by 64 {:.2}x (each partition fetches the footer and its slices' row groups, and \
+         past {slices} partitions they share slices; objects read whole by each partition: 8x and 64x)\n",
+        archived.objects,
+        archived.bytes,
+        ratio("8"),
+        ratio("64"),
+    );
+    Ok((json!({"slices": slices, "objects": archived.objects, "by_partitions": by_partitions}), md))
+}
+
+/// The bytes of S3's answers (their `Content-Length`), added up.
+#[derive(Debug, Clone, Default)]
+struct Fetched(Arc<AtomicU64>);
+
+impl aws_sdk_s3::config::Intercept for Fetched {
+    fn name(&self) -> &'static str {
+        "Fetched"
+    }
+
+    fn read_before_deserialization(
+        &self,
+        context: &aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef<'_>,
+        _: &aws_sdk_s3::config::RuntimeComponents,
+        _: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> std::result::Result<(), aws_sdk_s3::error::BoxError> {
+        let length = context.response().headers().get("content-length").and_then(|n| n.parse::<u64>().ok());
+        self.0.fetch_add(length.unwrap_or(0), Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 /// The speed-up pacing alone allows runs of `parts` events against one run of

@@ -52,6 +52,7 @@ fn archiver(env: &TestEnv, bucket: &Bucket) -> Archiver {
             hot_retention: Duration::ZERO,
             // Small, so that an hour is cut into several objects.
             object_bytes: 4 * 1024,
+            min_slice_rows: event_store::config::DEFAULT_MIN_SLICE_ROWS,
             dedupe_window_ms: 0,
             deadline_margin: Duration::from_secs(1),
             lease: Duration::from_secs(60),
@@ -847,7 +848,8 @@ async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver
     }
     let cold_end = start + 32_000;
     let archived = Archiver {
-        config: ArchiveConfig { object_bytes: 64 * 1024, ..archiver.config.clone() },
+        // Objects of some hundreds of events, cut into slices as their slots were all the same.
+        config: ArchiveConfig { object_bytes: 64 * 1024, min_slice_rows: 64, ..archiver.config.clone() },
         dynamo: archiver.dynamo.clone(),
         bucket: archiver.bucket.clone(),
     };
@@ -966,6 +968,37 @@ async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver
         }));
     }
     put(object.to_vec()).await.unwrap();
+
+    // pyarrow finds the cut the entry records: the slice count in the file's metadata, each row
+    // group's keys all of its slice (hashed as Python hashes them), its bytes where and as the entry says.
+    let path = std::env::temp_dir().join(format!("event-store-cut-{}.parquet", std::process::id()));
+    std::fs::write(&path, &object).unwrap();
+    let script = r#"
+import hashlib, json, sys
+import pyarrow.parquet as pq
+data = open(sys.argv[1], "rb").read()
+f = pq.ParquetFile(sys.argv[1])
+slices = int(f.metadata.metadata[b"event-store.slices"])
+span = lambda start, end: {"offset": start, "length": end - start, "sha256": hashlib.sha256(data[start:end]).hexdigest()}
+groups = []
+for i in range(f.num_row_groups):
+    keys = f.read_row_group(i, columns=["partition_key"]).column("partition_key").to_pylist()
+    of = {int.from_bytes(hashlib.sha256(k.encode()).digest()[:8], "big") * slices >> 64 for k in keys}
+    rg = f.metadata.row_group(i)
+    chunks = [rg.column(c) for c in range(rg.num_columns)]
+    starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+    end = max(s + c.total_compressed_size for s, c in zip(starts, chunks))
+    assert len(of) == 1, of
+    groups.append({"slice": of.pop(), "rows": rg.num_rows, "span": span(min(starts), end)})
+footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+print(json.dumps({"slices": slices, "footer": span(footer, len(data)), "groups": groups}))
+"#;
+    let python = repo_root().join(".venv/bin/python");
+    let out = std::process::Command::new(&python).arg("-c").arg(script).arg(&path).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "{}: {}", python.display(), String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen, serde_json::to_value(&cut).unwrap(), "pyarrow's view of the object is the entry's cut");
 }
 
 /// A process that dies right after it puts an archive object: every request after it fails.

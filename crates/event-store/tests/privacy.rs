@@ -384,6 +384,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
             prefix: "events/".into(),
             hot_retention: Duration::ZERO,
             object_bytes: 16 * 1024,
+            min_slice_rows: event_store::config::DEFAULT_MIN_SLICE_ROWS,
             dedupe_window_ms: 0,
             deadline_margin: Duration::from_secs(1),
             lease: Duration::from_secs(60),

@@ -17,8 +17,9 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, ParquetMetaData};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{ChunkReader, Length};
+use parquet::schema::types::ColumnPath;
 
 use super::cut::{Cut, Group, Span};
 use super::manifest::sha256_hex;
@@ -31,6 +32,10 @@ pub const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// The file's key-value metadata naming its slice count: an object without
 /// it was written before objects were cut by slice (its rows in log order).
 const SLICES_KEY: &str = "event-store.slices";
+/// The columns with statistics (min and max per row group): what queries
+/// filter on. The others have none, which keeps the footer (every reader of
+/// part of an object fetches it) to some 100 bytes a column and row group.
+const QUERIED: [&str; 6] = ["arrival", "event_time", "slot", "partition_key", "source", "stream"];
 
 /// Where an event came from.
 pub const SOURCE_INGEST: &str = "ingest";
@@ -146,6 +151,13 @@ pub(crate) fn write(rows: &[Row], slices: u32) -> Result<Vec<u8>> {
         // Fixed: the same rows make the same bytes from one release to the next.
         .set_created_by("event-store archive v2".to_owned())
         .set_key_value_metadata(Some(vec![KeyValue::new(SLICES_KEY.to_owned(), slices.to_string())]))
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_offset_index_disabled(true);
+    let properties = QUERIED
+        .iter()
+        .fold(properties, |p, column| {
+            p.set_column_statistics_enabled(ColumnPath::from(*column), EnabledStatistics::Chunk)
+        })
         .build();
     let mut by_slice: Vec<Vec<&Row>> = vec![Vec::new(); slices as usize];
     for row in rows {
@@ -295,12 +307,8 @@ pub(crate) fn read_groups(len: u64, footer: Bytes, (at, span): (u64, Bytes), gro
 }
 
 fn decoded(reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader) -> Result<Vec<Row>> {
-    let mut rows = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| Error::Malformed(format!("archive object: {e}")))?;
-        rows.extend(rows_of(&batch)?);
-    }
-    Ok(rows)
+    let batches = reader.map(|batch| rows_of(&batch.map_err(|e| Error::Malformed(format!("archive object: {e}")))?));
+    Ok(batches.collect::<Result<Vec<_>>>()?.concat())
 }
 
 /// The parts of an object a reader fetched (its footer, its row groups),

@@ -13,10 +13,6 @@ use sha2::{Digest, Sha256};
 
 use crate::slices::KeyRange;
 
-/// Fewest rows a slice should have on average: below it an object is cut
-/// into fewer slices (a row group of a few rows is mostly overhead).
-pub const MIN_SLICE_ROWS: usize = 64;
-
 /// Bytes of an object: where they start, how many, their SHA-256 (hex).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Span {
@@ -50,9 +46,11 @@ pub struct Cut {
 
 /// The slices an object of `rows` rows is cut into, its slots having been
 /// cut into at most `most`: as many, fewer when a slice would average under
-/// [`MIN_SLICE_ROWS`] rows (a power of two, so readers' ranges line up).
-pub(crate) fn slices_for(most: u32, rows: usize) -> u32 {
-    let by_rows = (rows / MIN_SLICE_ROWS).max(1);
+/// `min_rows` rows (a power of two, so readers' ranges line up). Each row
+/// group costs some 900 bytes of footer, which every reader of part of the
+/// object fetches, and compresses worse the fewer rows it has.
+pub(crate) fn slices_for(most: u32, rows: usize, min_rows: usize) -> u32 {
+    let by_rows = (rows / min_rows.max(1)).max(1);
     let by_rows = 1u32 << (usize::BITS - 1 - by_rows.leading_zeros()).min(31);
     most.max(1).min(by_rows)
 }
@@ -115,11 +113,12 @@ mod tests {
 
     #[test]
     fn objects_are_cut_as_their_slots_unless_slices_would_be_nearly_empty() {
-        assert_eq!(slices_for(1, 1_000_000), 1);
-        assert_eq!(slices_for(256, 1_000_000), 256);
-        assert_eq!(slices_for(256, 64 * 100), 64, "a power of two");
-        assert_eq!(slices_for(4, 10), 1);
-        assert_eq!(slices_for(0, 10), 1);
+        assert_eq!(slices_for(1, 1_000_000, 1024), 1);
+        assert_eq!(slices_for(256, 1_000_000, 1024), 256);
+        assert_eq!(slices_for(256, 1024 * 100, 1024), 64, "a power of two");
+        assert_eq!(slices_for(256, 1024 * 100, 64), 256);
+        assert_eq!(slices_for(4, 1000, 1024), 1);
+        assert_eq!(slices_for(0, 10, 0), 1);
     }
 
     #[test]

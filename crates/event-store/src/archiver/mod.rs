@@ -244,7 +244,7 @@ impl Archiver {
         // Cut as its slots were (the most slices any was cut into), so readers of some keys read theirs.
         let most = slots.iter().map(SlotRef::most_slices).max().unwrap_or(1);
         let (rows, end) = self.read_rows(slots, (start, end), unit, cut_from).await?;
-        let slices = crate::archive::cut::slices_for(most, rows.len());
+        let slices = crate::archive::cut::slices_for(most, rows.len(), self.config.min_slice_rows);
         let (facts, rows) = self.put_once(&key, rows, slices).await?;
         let entry = Entry::next(head, key, start, end, &facts);
         if !store::append(dynamo, table, &entry).await? {

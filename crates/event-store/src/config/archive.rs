@@ -20,6 +20,10 @@ pub struct ArchiveConfig {
     /// of events (`ARCHIVE_OBJECT_MB`, default 16: a few MB of Parquet, and
     /// what a reader holds decoded, twice at most, in its 256 MB).
     pub object_bytes: usize,
+    /// An object is cut into as many slices as its slots were, but fewer
+    /// when a slice would average under this many rows
+    /// ([`DEFAULT_MIN_SLICE_ROWS`]; `docs/storage.md#cold-tier-s3`).
+    pub min_slice_rows: usize,
     pub dedupe_window_ms: u64,
     /// Stop starting objects this long before the deadline.
     pub deadline_margin: Duration,
@@ -30,6 +34,10 @@ pub struct ArchiveConfig {
     /// The CloudWatch namespace of the quarantine metric (`METRICS_NAMESPACE`).
     pub metrics_namespace: String,
 }
+
+/// Default [`ArchiveConfig::min_slice_rows`]: a row group of 1,024 events
+/// of 1 KB holds some 200 KB compressed, against some 900 bytes of footer.
+pub const DEFAULT_MIN_SLICE_ROWS: usize = 1024;
 
 /// Default [`ArchiveConfig::lease`]: Lambda's longest run, and a minute.
 pub const DEFAULT_ARCHIVE_LEASE: Duration = Duration::from_secs(16 * 60);
@@ -75,6 +83,7 @@ impl ArchiveConfig {
             prefix: "events/".into(),
             hot_retention,
             object_bytes: object_mb * 1024 * 1024,
+            min_slice_rows: DEFAULT_MIN_SLICE_ROWS,
             dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
             deadline_margin: env.deadline_margin()?,
             lease: DEFAULT_ARCHIVE_LEASE,

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 mod archive;
 mod load;
 mod privacy;
-pub use archive::{ArchiveConfig, DEFAULT_ARCHIVE_LEASE};
+pub use archive::{ArchiveConfig, DEFAULT_ARCHIVE_LEASE, DEFAULT_MIN_SLICE_ROWS};
 use load::inline_max_bytes;
 pub use load::{
     IpMode, LoadConfig, DEFAULT_INLINE_MAX_BYTES, DEFAULT_MAX_EVENTS_PER_POST, DEFAULT_MAX_EVENT_BYTES,

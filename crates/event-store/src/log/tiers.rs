@@ -45,7 +45,11 @@ use crate::offload::{self, OffloadRef};
 use crate::privacy::keys::Keys;
 use crate::slices::KeyRange;
 
-/// Objects kept decoded: the one being read and the one before or after it.
+/// Objects kept decoded for each range of keys read (the parts of an object
+/// different ranges hold add up to one object): the one being read and the
+/// one before or after it. Per range, so that readers of several ranges
+/// sharing these tiers (a process running many partitions) do not evict
+/// each other's objects slot after slot.
 const OBJECTS_KEPT: usize = 2;
 /// Events of a page opened at once by [`Tiers::opened`]: their keys are
 /// fetched concurrently, so a reader of many subjects with cold keys waits for
@@ -314,8 +318,10 @@ impl Tiers {
                     None => {
                         let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer, keys);
                         objects.push_back((pointer, keys, Instant::now(), fetch.clone()));
-                        if objects.len() > OBJECTS_KEPT {
-                            objects.pop_front();
+                        if objects.iter().filter(|(_, k, _, _)| *k == keys).count() > OBJECTS_KEPT {
+                            if let Some(oldest) = objects.iter().position(|(_, k, _, _)| *k == keys) {
+                                objects.remove(oldest);
+                            }
                         }
                         fetch
                     }
@@ -375,34 +381,33 @@ async fn object_rows(
     keys: KeyRange,
 ) -> Result<Vec<Row>> {
     let key = pointer.object.as_str();
-    let (entry, bytes) = if keys == KeyRange::ALL {
+    if keys == KeyRange::ALL {
         let (entry, bytes) = tokio::join!(vouch::entry_of(dynamo, table, bucket, pointer), bucket.get(key));
-        (entry?, bytes?)
-    } else {
-        let entry = vouch::entry_of(dynamo, table, bucket, pointer).await?;
-        // The row groups of the range, when they are not all of them; where they and the footer are.
-        let part = entry.cut.as_ref().and_then(|cut| {
-            let groups = cut.groups_of(keys);
-            let footer = cut.footer.offset..cut.footer.offset + cut.footer.length;
-            (groups.len() < cut.groups.len()).then(|| (groups.clone(), footer, cut.span_of(groups)))
-        });
-        let Some((groups, footer, span)) = part else {
-            let bytes = bucket.get(key).await?;
-            return decode(bucket, key, move || whole(&entry, bytes)).await;
-        };
-        if groups.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (footer, bytes) = tokio::try_join!(bucket.get_range(key, footer), bucket.get_range(key, span.clone()))?;
-        return decode(bucket, key, move || {
-            vouch::check_fetched(&entry, &footer, (span.start, &bytes), groups.clone())?;
-            let rows = columns::read_groups(entry.bytes, footer, (span.start, bytes), groups.clone())?;
-            vouch::check_rows(&entry, groups, &rows)?;
-            Ok(rows)
-        })
-        .await;
+        let (entry, bytes) = (entry?, bytes?);
+        return decode(bucket, key, move || whole(&entry, bytes)).await;
+    }
+    let entry = vouch::entry_of(dynamo, table, bucket, pointer).await?;
+    // The row groups of the range, when they are not all of them; where they and the footer are.
+    let part = entry.cut.as_ref().and_then(|cut| {
+        let groups = cut.groups_of(keys);
+        let footer = cut.footer.offset..cut.footer.offset + cut.footer.length;
+        (groups.len() < cut.groups.len()).then(|| (groups.clone(), footer, cut.span_of(groups)))
+    });
+    let Some((groups, footer, span)) = part else {
+        let bytes = bucket.get(key).await?;
+        return decode(bucket, key, move || whole(&entry, bytes)).await;
     };
-    decode(bucket, key, move || whole(&entry, bytes)).await
+    if groups.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (footer, bytes) = tokio::try_join!(bucket.get_range(key, footer), bucket.get_range(key, span.clone()))?;
+    decode(bucket, key, move || {
+        vouch::check_fetched(&entry, &footer, (span.start, &bytes), groups.clone())?;
+        let rows = columns::read_groups(entry.bytes, footer, (span.start, bytes), groups.clone())?;
+        vouch::check_rows(&entry, groups, &rows)?;
+        Ok(rows)
+    })
+    .await
 }
 
 /// The rows of a whole object, checked against its entry.
