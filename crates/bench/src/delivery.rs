@@ -368,9 +368,10 @@ async fn archive_fetches(
     let ratio = |p: &str| by_partitions[p]["ratio_to_1"].as_f64().unwrap_or(0.0);
     let md = format!(
         "- the window archived ({PLAYBACK_EVENTS} events in {} object(s) of {} bytes, cut into {slices} slices: \
-         at least 1,024 events a slice), read by partitions each its range: S3 bytes fetched by 8 partitions \
-         {:.2}x one reader's, by 64 {:.2}x (each partition fetches the footer and its slices' row groups, and \
-         past {slices} partitions they share slices; objects read whole by each partition: 8x and 64x)\n",
+         1,024 events a slice on average at least), read by partitions each its range: S3 bytes fetched by 8 \
+         partitions {:.2}x one reader's, by 64 {:.2}x (each partition fetches the footer and its slices' row groups, and \
+         past {slices} partitions they share slices; objects read whole by each partition would be 8x and 64x, \
+         computed)\n",
         archived.objects,
         archived.bytes,
         ratio("8"),

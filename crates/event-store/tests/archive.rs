@@ -559,13 +559,22 @@ async fn try_log(
 async fn read_keys(
     env: &TestEnv,
     archive: Option<Bucket>,
+    range: (i64, i64),
+    keys: event_store::slices::KeyRange,
+) -> event_store::Result<Vec<(String, Vec<u8>)>> {
+    read_with(env, &Tiers::new(archive), range, keys).await
+}
+
+/// [`read_keys`] through `tiers` (shared with other readers).
+async fn read_with(
+    env: &TestEnv,
+    tiers: &Tiers,
     (start, end): (i64, i64),
     keys: event_store::slices::KeyRange,
 ) -> event_store::Result<Vec<(String, Vec<u8>)>> {
     let table = env.names.event_table.as_str();
     let (slots, _) = read_index(&env.dynamo, table, start, end).await?;
     let window = Window { start, end };
-    let tiers = Tiers::new(archive);
     let reader = Reader {
         dynamo: &env.dynamo,
         table,
@@ -574,7 +583,7 @@ async fn read_keys(
         dedupe_window_ms: 0,
         window: &window,
         keys,
-        tiers: &tiers,
+        tiers,
     };
     let mut out = Vec::new();
     let keep = |event: &event_store::event_item::EventItem, _: Option<Value>, bytes: &[u8]| {
@@ -937,6 +946,29 @@ async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver
         assert_eq!(first, sent, "{key}: every event, in order, on its first delivery");
     }
 
+    // Readers in one process (as the local stack runs many runners) share the pieces they need: 8
+    // readers of 8 parts and 4 of 4 parts need the 4 slices' row groups of the first cold object, so
+    // 4 pieces are fetched (2 ranged GETs each: footer, groups), not one for each reader.
+    let ranged = RangedGets::default();
+    let counted = Bucket {
+        s3: aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&env.sdk).interceptor(ranged.clone()).build(),
+        ),
+        name: BUCKET.into(),
+    };
+    let pointer = store::object_at(&env.dynamo, &env.names.event_table, start).await.unwrap().unwrap();
+    let shared = Tiers::new(Some(counted));
+    let ranges: Vec<KeyRange> =
+        (0..8).map(|p| KeyRange::new(p, 8)).chain((0..4).map(|p| KeyRange::new(p, 4))).collect();
+    let reads = ranges.iter().map(|keys| read_with(env, &shared, (pointer.start, pointer.end), *keys));
+    let mut read = 0;
+    for (keys, events) in ranges.iter().zip(futures::future::join_all(reads).await) {
+        let n = |bytes: &[u8]| serde_json::from_slice::<Value>(bytes).unwrap()["n"].as_i64().unwrap();
+        read += events.unwrap().iter().filter(|(_, bytes)| keys.holds(&key_of(n(bytes)))).count() as u64;
+    }
+    assert_eq!(read, pointer.count * 2, "every event of the object, once by each set of ranges");
+    assert_eq!(ranged.0.load(std::sync::atomic::Ordering::SeqCst), 4 * 2, "each piece fetched once");
+
     // What a reader of some keys fetches it checks: one row group of the cold half's first object
     // altered (its entry as it was), the readers of the other slices read on; its slice's is refused.
     let table = env.names.event_table.as_str();
@@ -999,6 +1031,28 @@ print(json.dumps({"slices": slices, "footer": span(footer, len(data)), "groups":
     assert!(out.status.success(), "{}: {}", python.display(), String::from_utf8_lossy(&out.stderr));
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(seen, serde_json::to_value(&cut).unwrap(), "pyarrow's view of the object is the entry's cut");
+}
+
+/// Counts S3 requests for part of an object (a `Range` header).
+#[derive(Debug, Clone, Default)]
+struct RangedGets(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl aws_sdk_s3::config::Intercept for RangedGets {
+    fn name(&self) -> &'static str {
+        "RangedGets"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_s3::config::RuntimeComponents,
+        _: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), aws_sdk_s3::error::BoxError> {
+        if context.request().headers().get("range").is_some() {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
 }
 
 /// A process that dies right after it puts an archive object: every request after it fails.

@@ -11,14 +11,12 @@ use std::sync::Arc;
 use arrow_array::builder::{BinaryBuilder, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::reader::{ChunkReader, Length};
 use parquet::schema::types::ColumnPath;
 
 use super::cut::{Cut, Group, Span};
@@ -148,7 +146,7 @@ pub(crate) fn write(rows: &[Row], slices: u32) -> Result<Vec<u8>> {
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        // Fixed: the same rows make the same bytes from one release to the next.
+        // Fixed: the same rows make the same bytes, so a repeat after a crash finds its own first attempt.
         .set_created_by("event-store archive v2".to_owned())
         .set_key_value_metadata(Some(vec![KeyValue::new(SLICES_KEY.to_owned(), slices.to_string())]))
         .set_statistics_enabled(EnabledStatistics::None)
@@ -272,83 +270,39 @@ fn cut_of(bytes: &[u8], metadata: &ParquetMetaData, slices: u32, rows: &[Row]) -
     let tail = bytes.len().checked_sub(8).and_then(|at| bytes.get(at..at + 4)).ok_or_else(|| malformed("no footer"))?;
     let metadata_len = u64::from(u32::from_le_bytes(tail.try_into().map_err(|_| malformed("no footer"))?));
     let footer = span(len.checked_sub(metadata_len + 8).ok_or_else(|| malformed("a footer past its start"))?..len)?;
-    let (mut groups, mut at, mut end) = (Vec::new(), 0usize, 0u64);
+    // Column chunks one after the other from the magic number on, and the footer right after the
+    // last: no byte a reader of some row groups is handed that no hash covers.
+    let (mut groups, mut at, mut end) = (Vec::new(), 0usize, 4u64);
     for group in metadata.row_groups() {
-        let ranges = group.columns().iter().map(|c| c.byte_range());
-        let start = ranges.clone().map(|(start, _)| start).min().unwrap_or(end);
-        let stop = ranges.map(|(start, length)| start + length).max().unwrap_or(end);
+        let start = end;
+        for column in group.columns() {
+            let first = column.dictionary_page_offset().unwrap_or(i64::MAX).min(column.data_page_offset());
+            let (first, size) = (u64::try_from(first), u64::try_from(column.compressed_size()));
+            end = match (first, size) {
+                (Ok(first), Ok(size)) if first == end => first.checked_add(size),
+                _ => None,
+            }
+            .ok_or_else(|| malformed("column chunks not one after the other"))?;
+        }
         let count = usize::try_from(group.num_rows()).unwrap_or(0);
         let of_group = rows.get(at..at + count).ok_or_else(|| malformed("fewer rows than its row groups say"))?;
         let slice = of_group.first().map_or(0, |row| part_of(key_hash(&row.partition_key), slices));
         let one_slice = of_group.iter().all(|row| part_of(key_hash(&row.partition_key), slices) == slice);
-        let in_order = groups.last().is_none_or(|last: &Group| last.slice <= slice) && start >= end;
-        if !one_slice || !in_order || stop > footer.offset {
+        if !one_slice || groups.last().is_some_and(|last: &Group| last.slice > slice) {
             return Err(malformed("row groups not cut by slice, in slice order"));
         }
-        groups.push(Group { slice, rows: count as u64, span: span(start..stop)? });
-        (at, end) = (at + count, stop);
+        groups.push(Group { slice, rows: count as u64, span: span(start..end)? });
+        at += count;
+    }
+    if end != footer.offset || at != rows.len() {
+        return Err(malformed("bytes or rows outside its row groups"));
     }
     Ok(Cut { slices, footer, groups })
 }
 
-/// The rows of row groups `groups` of an object of `len` bytes, decoded from
-/// its `footer` and the bytes from `at` that hold those groups (checked by
-/// the caller against the cut), in log order.
-pub(crate) fn read_groups(len: u64, footer: Bytes, (at, span): (u64, Bytes), groups: Range<usize>) -> Result<Vec<Row>> {
-    let fetched = Fetched { len, pieces: [(len - footer.len() as u64, footer), (at, span)] };
-    let reader = ParquetRecordBatchReaderBuilder::try_new(fetched)
-        .map_err(parquet_error)?
-        .with_row_groups(groups.collect())
-        .build()
-        .map_err(parquet_error)?;
-    let mut rows = decoded(reader)?;
-    rows.sort_by(|a, b| a.sort_key.cmp(&b.sort_key));
-    Ok(rows)
-}
-
-fn decoded(reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader) -> Result<Vec<Row>> {
+pub(super) fn decoded(reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader) -> Result<Vec<Row>> {
     let batches = reader.map(|batch| rows_of(&batch.map_err(|e| Error::Malformed(format!("archive object: {e}")))?));
     Ok(batches.collect::<Result<Vec<_>>>()?.concat())
-}
-
-/// The parts of an object a reader fetched (its footer, its row groups),
-/// for the Parquet reader: asking for any other byte is an error.
-struct Fetched {
-    len: u64,
-    pieces: [(u64, Bytes); 2],
-}
-
-impl Fetched {
-    fn piece(&self, start: u64, length: u64) -> parquet::errors::Result<Bytes> {
-        self.pieces
-            .iter()
-            .find(|(at, bytes)| *at <= start && start + length <= at + bytes.len() as u64)
-            .map(|(at, bytes)| bytes.slice((start - at) as usize..(start - at + length) as usize))
-            .ok_or_else(|| ParquetError::General(format!("bytes {start}+{length} of the object were not fetched")))
-    }
-}
-
-impl Length for Fetched {
-    fn len(&self) -> u64 {
-        self.len
-    }
-}
-
-impl ChunkReader for Fetched {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        let (at, bytes) = self
-            .pieces
-            .iter()
-            .find(|(at, bytes)| *at <= start && start < at + bytes.len() as u64)
-            .ok_or_else(|| ParquetError::General(format!("byte {start} of the object was not fetched")))?;
-        Ok(self.piece(start, at + bytes.len() as u64 - start)?.reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        self.piece(start, length as u64)
-    }
 }
 
 fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
@@ -389,16 +343,15 @@ fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
         .collect())
 }
 
-fn parquet_error(err: parquet::errors::ParquetError) -> Error {
+pub(super) fn parquet_error(err: parquet::errors::ParquetError) -> Error {
     Error::Malformed(format!("archive object: {err}"))
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use crate::slices::KeyRange;
 
-    fn event(n: i64, data: &[u8], key: &str) -> EventItem {
+    pub(in crate::archive) fn event(n: i64, data: &[u8], key: &str) -> EventItem {
         EventItem {
             slot: 1_795_000_000_000,
             sort_key: crate::event_item::sort_key(1_795_000_000_000 + n, &format!("shardId-000000000000:{n}")),
@@ -460,40 +413,31 @@ mod tests {
     }
 
     #[test]
-    fn a_reader_of_some_keys_decodes_only_the_row_groups_of_their_slices() {
-        let rows: Vec<Row> = (0..400)
-            .map(|n| Row::of(&event(n, format!("{{\"n\":{n}}}").as_bytes(), &format!("k{}", n % 37))).unwrap())
-            .collect();
-        let file = Bytes::from(write(&rows, 4).unwrap());
+    fn an_object_written_before_objects_were_cut_reads_whole_as_before() {
+        // As the version before wrote it: no slice count in its metadata, default statistics.
+        let rows: Vec<Row> = (0..50).map(|n| Row::of(&event(n, b"{}", &format!("k{n}"))).unwrap()).collect();
+        let mut file = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut file, schema(), None).unwrap();
+        writer.write(&batch(&rows.iter().collect::<Vec<_>>()).unwrap()).unwrap();
+        writer.close().unwrap();
+        let file = Bytes::from(file);
         let object = open(file.clone()).unwrap();
-        assert_eq!(object.rows, rows, "read whole: every row, in log order");
-        let cut = object.cut.clone().expect("cut by slice");
-        assert_eq!((cut.slices, cut.groups.len()), (4, 4));
-        assert_eq!(cut.groups.iter().map(|g| g.slice).collect::<Vec<_>>(), [0, 1, 2, 3]);
-        assert_eq!(cut.groups.iter().map(|g| g.rows).sum::<u64>(), 400);
-        assert_eq!(cut.footer.offset + cut.footer.length, file.len() as u64);
-        let footer = file.slice(cut.footer.offset as usize..);
-        for part in 0..2 {
-            let keys = KeyRange::new(part, 2);
-            let groups = cut.groups_of(keys);
-            let span = cut.span_of(groups.clone());
-            let bytes = file.slice(span.start as usize..span.end as usize);
-            assert!(span.end - span.start < file.len() as u64 / 2, "about half the object");
-            assert!(cut.holds(&footer, span.start, &bytes, groups.clone()));
-            let read = read_groups(file.len() as u64, footer.clone(), (span.start, bytes), groups).unwrap();
-            let expected: Vec<Row> = rows.iter().filter(|r| keys.holds(&r.partition_key)).cloned().collect();
-            assert_eq!(read, expected, "part {part}: its keys' rows, in log order");
-        }
-        // Any byte outside what was fetched is refused, not read as zeros.
-        let groups = cut.groups_of(KeyRange::new(0, 2));
-        let short = file.slice(cut.groups[0].span.offset as usize..cut.groups[1].span.offset as usize);
-        assert!(read_groups(file.len() as u64, footer, (cut.groups[0].span.offset, short), groups).is_err());
+        assert_eq!((object.cut.as_ref(), &object.rows), (None, &rows));
+        let slots = (1_795_000_000_000, 1_795_000_001_000);
         let facts = object.facts(&file);
-        assert_eq!((facts.cut, facts.count), (Some(cut), 400));
-        // A file whose row groups mix slices is not cut by them: one written as one slice, taken as 4.
+        let entry = super::super::manifest::Entry::next(None, "events/0.parquet".into(), slots.0, slots.1, &facts);
+        assert!(entry.cut.is_none() && serde_json::to_value(&entry).unwrap().get("cut").is_none(), "a v1 entry");
+        assert!(super::super::vouch::check_object(&entry, &file, &object).is_ok());
+    }
+
+    #[test]
+    fn a_file_whose_row_groups_mix_slices_is_not_cut_by_them() {
+        let rows: Vec<Row> = (0..400).map(|n| Row::of(&event(n, b"{}", &format!("k{}", n % 37))).unwrap()).collect();
+        // Written as one slice, taken as 4.
         let whole = Bytes::from(write(&rows, 1).unwrap());
         let metadata = ParquetRecordBatchReaderBuilder::try_new(whole.clone()).unwrap().metadata().clone();
         assert!(cut_of(&whole, &metadata, 4, &rows).is_err());
         assert_eq!(cut_of(&whole, &metadata, 1, &rows).unwrap().groups.len(), 1);
+        assert!(cut_of(&whole, &metadata, 1, &rows[1..]).is_err(), "rows the groups do not hold");
     }
 }

@@ -22,8 +22,9 @@ pub struct Span {
 }
 
 impl Span {
-    fn end(&self) -> u64 {
-        self.offset + self.length
+    /// Where it ends (`None` past `u64::MAX`: no object's).
+    fn end(&self) -> Option<u64> {
+        self.offset.checked_add(self.length)
     }
 }
 
@@ -67,7 +68,9 @@ impl Cut {
     /// The bytes of `groups`, one range (row groups lie one after the other).
     pub(crate) fn span_of(&self, groups: Range<usize>) -> Range<u64> {
         match (self.groups.get(groups.start), groups.end.checked_sub(1).and_then(|last| self.groups.get(last))) {
-            (Some(first), Some(last)) if groups.start < groups.end => first.span.offset..last.span.end(),
+            (Some(first), Some(last)) if groups.start < groups.end => {
+                first.span.offset..last.span.end().unwrap_or(first.span.offset)
+            }
             _ => 0..0,
         }
     }
@@ -81,7 +84,8 @@ impl Cut {
             && self.groups.get(groups).is_some_and(|groups| {
                 groups.iter().all(|g| {
                     let start = g.span.offset.checked_sub(at).and_then(|s| usize::try_from(s).ok());
-                    let piece = start.and_then(|s| bytes.get(s..s + usize::try_from(g.span.length).ok()?));
+                    let end = start.and_then(|s| s.checked_add(usize::try_from(g.span.length).ok()?));
+                    let piece = start.zip(end).and_then(|(s, e)| bytes.get(s..e));
                     piece.is_some_and(|piece| hashed(&g.span, piece))
                 })
             })

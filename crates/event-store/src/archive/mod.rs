@@ -11,6 +11,7 @@ pub mod columns;
 pub mod cut;
 pub mod manifest;
 pub mod object;
+pub(crate) mod parts;
 pub mod store;
 pub(crate) mod vouch;
 

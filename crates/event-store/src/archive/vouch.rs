@@ -100,7 +100,7 @@ pub(crate) fn check_rows(entry: &Entry, groups: Range<usize>, rows: &[Row]) -> R
     Err(not_described(entry))
 }
 
-fn not_described(entry: &Entry) -> Error {
+pub(crate) fn not_described(entry: &Entry) -> Error {
     Error::Archive(format!(
         "{} is not the object entry {} describes: not read (event-store verify)",
         entry.key, entry.seq

@@ -52,7 +52,7 @@ impl Archiver {
         let late: BTreeSet<i64> = rows.iter().filter(|r| !kept.contains(r.sort_key.as_str())).map(|r| r.slot).collect();
         warn!(
             key,
-            missed = rows.len() - stored.rows.len(),
+            missed = rows.len().saturating_sub(stored.rows.len()),
             "an earlier attempt's object kept; the events it misses stay in the table as late ones"
         );
         late_slots::mark(&self.dynamo, &self.config.event_table, crate::bookkeeping::Family::Archive, &late).await?;

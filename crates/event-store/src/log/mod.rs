@@ -7,12 +7,13 @@
 //!   time, filters on the events' JSON);
 //! - [`reader`]: the window's complete slots, page by page, in order, from
 //!   whichever tier holds them ([`tiers`]: the event table or the archive's
-//!   objects in S3), opened when sealed for a subject;
+//!   objects in S3, kept as fetched by [`objects`]), opened when sealed for a subject;
 //! - [`copies`]: the second copy of an accepted event, dropped as it is read;
 //! - [`record`]: the record a reader hands on (the played and delivered
 //!   record's shape) and how records become Kinesis records.
 
 pub mod copies;
+pub(crate) mod objects;
 pub mod reader;
 pub mod record;
 pub mod select;

@@ -11,8 +11,8 @@
 //! before it was sent, so the slots read together share it.
 //!
 //! A reader of some keys ([`KeyRange`]) reads of an object cut by slice
-//! only the footer and its slices' row groups ([`crate::archive::cut`]),
-//! each checked against the anchored entry's hashes before it is decoded.
+//! only the footer and its slices' row groups, each checked against the
+//! anchored entry's hashes before it is decoded ([`super::objects`]).
 //!
 //! Late events written into an archived slot stay in the event table (the
 //! objects are never rewritten); the scan marks such slots
@@ -23,18 +23,16 @@
 //! locks held across an `await`: a reader's slots are futures polled by one
 //! stream, and one that is not being polled must not hold up the others.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use crate::archive::columns::{self, Row};
+use super::objects::{Cold, Objects};
 use crate::archive::object::Bucket;
-use crate::archive::store::{self, Pointer};
-use crate::archive::vouch;
-use crate::bookkeeping::late_slots;
+use crate::archive::store;
 use crate::bookkeeping::slot_index::SlotRef;
 use crate::chunk::decode_item;
 use crate::dynamo::query_partition;
@@ -45,33 +43,13 @@ use crate::offload::{self, OffloadRef};
 use crate::privacy::keys::Keys;
 use crate::slices::KeyRange;
 
-/// Objects kept decoded for each range of keys read (the parts of an object
-/// different ranges hold add up to one object): the one being read and the
-/// one before or after it. Per range, so that readers of several ranges
-/// sharing these tiers (a process running many partitions) do not evict
-/// each other's objects slot after slot.
-const OBJECTS_KEPT: usize = 2;
 /// Events of a page opened at once by [`Tiers::opened`]: their keys are
 /// fetched concurrently, so a reader of many subjects with cold keys waits for
 /// a round trip per 16 of them, not per subject. Offloaded payloads (up to
 /// 4 MiB each) are fetched one at a time: at most 16 opened events are held
 /// besides the page, and one payload is being put back.
 pub const OPEN_AT_ONCE: usize = 16;
-/// How long a fetched object (with its slots' late marks) is reused: a
-/// reader that lives long (a warm function's) sees late events marked since.
-const OBJECT_TTL: Duration = Duration::from_secs(60);
-
-/// An object's rows, and the slots among them with late events in the table.
-#[derive(Debug, Default)]
-struct Cold {
-    rows: Vec<Row>,
-    late: BTreeSet<i64>,
-}
-
-type Rows = Arc<Cold>;
 type Fetch<T> = Shared<BoxFuture<'static, std::result::Result<T, Arc<Error>>>>;
-/// An object's rows fetched for a reader of some keys, and when.
-type Held = (Pointer, KeyRange, Instant, Fetch<Rows>);
 
 /// The tiers as one reader sees them. A reader with no archive bucket
 /// fails on an archived slot instead of finding it empty.
@@ -80,8 +58,8 @@ pub struct Tiers {
     /// Subjects' keys: sealed events are opened with them ([`crate::privacy`]).
     keys: Option<Arc<Keys>>,
     boundary: Mutex<Boundary>,
-    /// Objects fetched: whole (for [`KeyRange::ALL`]) or the part a range needs.
-    objects: Mutex<VecDeque<Held>>,
+    /// Archive objects fetched: whole, or the parts readers of some keys need.
+    objects: Objects,
 }
 
 #[derive(Default)]
@@ -109,7 +87,7 @@ pub struct Readable {
 
 impl Tiers {
     pub fn new(cold: Option<Bucket>) -> Self {
-        Self { cold, keys: None, boundary: Mutex::default(), objects: Mutex::default() }
+        Self { cold, keys: None, boundary: Mutex::default(), objects: Objects::default() }
     }
 
     /// The keys this reader opens sealed events with.
@@ -285,147 +263,22 @@ impl Tiers {
         Ok(merged.into_values().collect())
     }
 
-    /// The rows of the object holding `slot` a reader of `keys` needs,
-    /// fetched once for all the slots it holds; `None` when no object holds it.
+    /// The rows of the object holding `slot` a reader of `keys` needs
+    /// ([`Objects::rows_of`]); `None` when no object holds it.
     async fn rows_of(
         &self,
         dynamo: &aws_sdk_dynamodb::Client,
         table: &str,
         slot: i64,
         keys: KeyRange,
-    ) -> Result<Option<Rows>> {
+    ) -> Result<Option<Arc<Cold>>> {
         let Some(bucket) = &self.cold else {
             return Err(Error::Archive(format!(
                 "slot {slot} is archived in S3, and this reader has no archive bucket (ARCHIVE_BUCKET)"
             )));
         };
-        let fetch = match self.cached(keys, |p| p.start <= slot && slot < p.end) {
-            Some(fetch) => fetch,
-            None => {
-                // Boxed, as the checks below: inline, they would grow every reader's future (and stack).
-                let pointer = match Box::pin(store::pointers_around(dynamo, table, slot)).await? {
-                    (Some(before), _) if before.end > slot => before,
-                    around => {
-                        Box::pin(vouch::empty_slot(dynamo, table, bucket, slot, around)).await?;
-                        return Ok(None);
-                    }
-                };
-                let mut objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
-                objects.retain(|(_, _, fetched, fetch)| usable(*fetched, fetch));
-                // The whole pointer: one naming a cached object with other slots is checked afresh.
-                match objects.iter().find(|(p, k, _, _)| *p == pointer && serves(*k, keys)) {
-                    Some((_, _, _, fetch)) => fetch.clone(),
-                    None => {
-                        let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), &pointer, keys);
-                        objects.push_back((pointer, keys, Instant::now(), fetch.clone()));
-                        if objects.iter().filter(|(_, k, _, _)| *k == keys).count() > OBJECTS_KEPT {
-                            if let Some(oldest) = objects.iter().position(|(_, k, _, _)| *k == keys) {
-                                objects.remove(oldest);
-                            }
-                        }
-                        fetch
-                    }
-                }
-            }
-        };
-        fetch.await.map(Some).map_err(|e| Error::Archive(e.to_string()))
+        self.objects.rows_of(bucket, (dynamo, table), slot, keys).await
     }
-
-    fn cached(&self, keys: KeyRange, holds: impl Fn(&Pointer) -> bool) -> Option<Fetch<Rows>> {
-        let objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
-        objects
-            .iter()
-            .find(|(p, k, fetched, fetch)| holds(p) && serves(*k, keys) && usable(*fetched, fetch))
-            .map(|(_, _, _, fetch)| fetch.clone())
-    }
-}
-
-/// Whether an object's rows fetched for `fetched` hold every row a reader of `keys` needs.
-fn serves(fetched: KeyRange, keys: KeyRange) -> bool {
-    fetched == keys || fetched == KeyRange::ALL
-}
-
-/// A fetch worth reusing: recent, and not failed (a failed one is tried again).
-fn usable(fetched: Instant, fetch: &Fetch<Rows>) -> bool {
-    fetched.elapsed() < OBJECT_TTL && !matches!(fetch.peek(), Some(Err(_)))
-}
-
-/// The object's rows a reader of `keys` needs ([`object_rows`]), fetched,
-/// checked and decoded once, for whoever awaits them first, and the late
-/// markers of its slots.
-fn fetch_rows(
-    bucket: Bucket,
-    (dynamo, table): (aws_sdk_dynamodb::Client, String),
-    pointer: &Pointer,
-    keys: KeyRange,
-) -> Fetch<Rows> {
-    let pointer = pointer.clone();
-    async move {
-        let rows = Box::pin(object_rows(&bucket, (&dynamo, &table), &pointer, keys));
-        let late = late_slots::in_range(&dynamo, &table, pointer.start, pointer.end);
-        let (rows, late) = tokio::join!(rows, late);
-        Ok(Arc::new(Cold { rows: rows.map_err(Arc::new)?, late: late.map_err(Arc::new)? }))
-    }
-    .boxed()
-    .shared()
-}
-
-/// The rows of the object `pointer` names that a reader of `keys` needs,
-/// checked against the anchored entry the pointer names ([`vouch`]): of an
-/// object cut by slice, the row groups of the slices of `keys` (two ranged
-/// `GET`s: the footer and those groups); else the whole object.
-async fn object_rows(
-    bucket: &Bucket,
-    (dynamo, table): (&aws_sdk_dynamodb::Client, &str),
-    pointer: &Pointer,
-    keys: KeyRange,
-) -> Result<Vec<Row>> {
-    let key = pointer.object.as_str();
-    if keys == KeyRange::ALL {
-        let (entry, bytes) = tokio::join!(vouch::entry_of(dynamo, table, bucket, pointer), bucket.get(key));
-        let (entry, bytes) = (entry?, bytes?);
-        return decode(bucket, key, move || whole(&entry, bytes)).await;
-    }
-    let entry = vouch::entry_of(dynamo, table, bucket, pointer).await?;
-    // The row groups of the range, when they are not all of them; where they and the footer are.
-    let part = entry.cut.as_ref().and_then(|cut| {
-        let groups = cut.groups_of(keys);
-        let footer = cut.footer.offset..cut.footer.offset + cut.footer.length;
-        (groups.len() < cut.groups.len()).then(|| (groups.clone(), footer, cut.span_of(groups)))
-    });
-    let Some((groups, footer, span)) = part else {
-        let bytes = bucket.get(key).await?;
-        return decode(bucket, key, move || whole(&entry, bytes)).await;
-    };
-    if groups.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (footer, bytes) = tokio::try_join!(bucket.get_range(key, footer), bucket.get_range(key, span.clone()))?;
-    decode(bucket, key, move || {
-        vouch::check_fetched(&entry, &footer, (span.start, &bytes), groups.clone())?;
-        let rows = columns::read_groups(entry.bytes, footer, (span.start, bytes), groups.clone())?;
-        vouch::check_rows(&entry, groups, &rows)?;
-        Ok(rows)
-    })
-    .await
-}
-
-/// The rows of a whole object, checked against its entry.
-fn whole(entry: &crate::archive::manifest::Entry, bytes: bytes::Bytes) -> Result<Vec<Row>> {
-    let object = columns::open(bytes.clone())?;
-    vouch::check_object(entry, &bytes, &object)?;
-    Ok(object.rows)
-}
-
-/// `work`'s rows: hashing and decoding are CPU work, off the runtime's threads.
-async fn decode(
-    bucket: &Bucket,
-    key: &str,
-    work: impl FnOnce() -> Result<Vec<Row>> + Send + 'static,
-) -> Result<Vec<Row>> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| Error::Archive(format!("decoding s3://{}/{key}: {e}", bucket.name)))?
 }
 
 /// Every event the table still holds under `slot` (each sub-key and slice): its late events.
