@@ -957,6 +957,9 @@ async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver
         name: BUCKET.into(),
     };
     let pointer = store::object_at(&env.dynamo, &env.names.event_table, start).await.unwrap().unwrap();
+    let entry = store::entries_from(&env.dynamo, &env.names.event_table, pointer.seq).await.unwrap().remove(0);
+    let slices: std::collections::BTreeSet<u32> = entry.cut.as_ref().unwrap().groups.iter().map(|g| g.slice).collect();
+    assert_eq!(slices.len(), 4, "rows of every slice: 4 pieces");
     let shared = Tiers::new(Some(counted));
     let ranges: Vec<KeyRange> =
         (0..8).map(|p| KeyRange::new(p, 8)).chain((0..4).map(|p| KeyRange::new(p, 4))).collect();
@@ -968,6 +971,10 @@ async fn parallel_runs_across_the_tiers(env: &TestEnv, bucket: &Bucket, archiver
     }
     assert_eq!(read, pointer.count * 2, "every event of the object, once by each set of ranges");
     assert_eq!(ranged.0.load(std::sync::atomic::Ordering::SeqCst), 4 * 2, "each piece fetched once");
+    // Read again slot by slot by the same 12 readers: every piece is kept, nothing fetched again.
+    let again = ranges.iter().map(|keys| read_with(env, &shared, (pointer.start, pointer.end), *keys));
+    assert!(futures::future::join_all(again).await.into_iter().all(|r| r.is_ok()));
+    assert_eq!(ranged.0.load(std::sync::atomic::Ordering::SeqCst), 4 * 2, "kept for each range that read it");
 
     // What a reader of some keys fetches it checks: one row group of the cold half's first object
     // altered (its entry as it was), the readers of the other slices read on; its slice's is refused.

@@ -9,8 +9,10 @@
 //! ([`crate::archive::cut`]), fetched with two ranged `GET`s (footer, groups)
 //! and checked hash by hash before they are decoded. Pieces are kept by what
 //! they hold, not by who asked: readers of ranges that need the same row
-//! groups (more partitions than slices) share one fetch, and a whole object
-//! serves every range.
+//! groups (more partitions than slices, in one process) share one fetch, and
+//! a whole object serves every range. Each range keeps the last pieces it
+//! read, so readers of several ranges at different places in the archive do
+//! not evict each other's.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
@@ -29,11 +31,10 @@ use crate::bookkeeping::late_slots;
 use crate::error::{Error, Result};
 use crate::slices::KeyRange;
 
-/// Pieces kept decoded for each kind of piece (the whole object, or one range
-/// of row groups): the one being read and the one before or after it. The
-/// pieces readers of disjoint ranges need add up to one object.
+/// Pieces kept decoded for each range of keys read: the one being read and
+/// the one before or after it (a piece two ranges read counts for each).
 const PIECES_KEPT: usize = 2;
-/// Entries kept (they are small): the objects whose pieces are kept.
+/// Entries kept (small, and needed only to find a piece not kept).
 const ENTRIES_KEPT: usize = 8;
 /// How long a fetched piece (with its slots' late marks) or entry is reused:
 /// a reader that lives long (a warm function's) sees late events marked since.
@@ -50,8 +51,47 @@ type Rows = Arc<Cold>;
 type Fetch<T> = Shared<BoxFuture<'static, std::result::Result<T, Arc<Error>>>>;
 /// An object's entry as fetched and checked, and when.
 type KeptEntry = (Pointer, Instant, Fetch<Arc<Entry>>);
-/// A piece of an object as fetched, checked and decoded, and when.
-type KeptPiece = (Pointer, Piece, Instant, Fetch<Rows>);
+
+/// A piece of an object as fetched, checked and decoded.
+struct KeptPiece {
+    pointer: Pointer,
+    piece: Piece,
+    fetched: Instant,
+    fetch: Fetch<Rows>,
+    /// The ranges that read it, each with its last read's turn ([`Pieces::turn`]).
+    readers: Vec<(KeyRange, u64)>,
+}
+
+/// The pieces kept, and a count of reads (the turns that order them).
+#[derive(Default)]
+struct Pieces {
+    kept: VecDeque<KeptPiece>,
+    turn: u64,
+}
+
+impl Pieces {
+    /// Piece `at` read by `keys`: the range's last read now, and its oldest
+    /// piece dropped past [`PIECES_KEPT`] (a piece no range keeps is gone).
+    fn read_by(&mut self, at: usize, keys: KeyRange) -> Fetch<Rows> {
+        self.turn += 1;
+        let (turn, fetch) = (self.turn, self.kept[at].fetch.clone());
+        let readers = &mut self.kept[at].readers;
+        match readers.iter_mut().find(|(range, _)| *range == keys) {
+            Some(reader) => reader.1 = turn,
+            None => readers.push((keys, turn)),
+        }
+        let last_read = |kept: &KeptPiece| kept.readers.iter().find(|(range, _)| *range == keys).map(|r| r.1);
+        if self.kept.iter().filter(|kept| last_read(kept).is_some()).count() > PIECES_KEPT {
+            let oldest =
+                self.kept.iter_mut().filter(|kept| last_read(kept).is_some()).min_by_key(|kept| last_read(kept));
+            if let Some(oldest) = oldest {
+                oldest.readers.retain(|(range, _)| *range != keys);
+            }
+            self.kept.retain(|kept| !kept.readers.is_empty());
+        }
+        fetch
+    }
+}
 
 /// What part of an object a reader needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +123,7 @@ impl Piece {
 #[derive(Default)]
 pub(crate) struct Objects {
     entries: Mutex<VecDeque<KeptEntry>>,
-    pieces: Mutex<VecDeque<KeptPiece>>,
+    pieces: Mutex<Pieces>,
 }
 
 impl Objects {
@@ -97,6 +137,9 @@ impl Objects {
         slot: i64,
         keys: KeyRange,
     ) -> Result<Option<Rows>> {
+        if let Some(fetch) = self.kept(slot, keys) {
+            return fetch.await.map(Some).map_err(|e| Error::Archive(e.to_string()));
+        }
         let pointer = match self.pointer_at(slot) {
             Some(pointer) => pointer,
             // Boxed, as the checks below: inline, they would grow every reader's future (and stack).
@@ -112,23 +155,31 @@ impl Objects {
         let piece = Piece::for_keys(&entry, keys)?;
         let fetch = {
             let mut pieces = self.pieces.lock().unwrap_or_else(PoisonError::into_inner);
-            pieces.retain(|(_, _, fetched, fetch)| usable(*fetched, fetch));
-            let held = |p: &Piece| *p == piece || *p == Piece::Whole;
-            match pieces.iter().find(|(p, kind, _, _)| *p == pointer && held(kind)) {
-                Some((_, _, _, fetch)) => fetch.clone(),
+            pieces.kept.retain(|kept| usable(kept.fetched, &kept.fetch));
+            let held =
+                |kept: &KeptPiece| kept.pointer == pointer && (kept.piece == piece || kept.piece == Piece::Whole);
+            let at = match pieces.kept.iter().position(held) {
+                Some(at) => at,
                 None => {
                     let fetch = fetch_rows(bucket.clone(), (dynamo.clone(), table.to_owned()), entry, piece.clone());
-                    pieces.push_back((pointer, piece.clone(), Instant::now(), fetch.clone()));
-                    if pieces.iter().filter(|(_, kind, _, _)| *kind == piece).count() > PIECES_KEPT {
-                        if let Some(oldest) = pieces.iter().position(|(_, kind, _, _)| *kind == piece) {
-                            pieces.remove(oldest);
-                        }
-                    }
-                    fetch
+                    let fetched = Instant::now();
+                    pieces.kept.push_back(KeptPiece { pointer, piece, fetched, fetch, readers: Vec::new() });
+                    pieces.kept.len() - 1
                 }
-            }
+            };
+            pieces.read_by(at, keys)
         };
         fetch.await.map(Some).map_err(|e| Error::Archive(e.to_string()))
+    }
+
+    /// The piece holding `slot` that `keys` read last (or a whole object), if kept.
+    fn kept(&self, slot: i64, keys: KeyRange) -> Option<Fetch<Rows>> {
+        let mut pieces = self.pieces.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = pieces.kept.iter().position(|kept| {
+            let serves = kept.piece == Piece::Whole || kept.readers.iter().any(|(range, _)| *range == keys);
+            kept.pointer.start <= slot && slot < kept.pointer.end && serves && usable(kept.fetched, &kept.fetch)
+        })?;
+        Some(pieces.read_by(at, keys))
     }
 
     /// A kept entry's pointer holding `slot`.
@@ -235,4 +286,43 @@ async fn decode(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| Error::Archive(format!("decoding s3://{}/{key}: {e}", bucket.name)))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(n: i64) -> KeptPiece {
+        let pointer = Pointer { object: format!("events/{n}.parquet"), start: n, end: n + 1, count: 1, seq: n as u64 };
+        let fetch = futures::future::ready(Ok(Arc::new(Cold::default()))).boxed().shared();
+        KeptPiece { pointer, piece: Piece::Whole, fetched: Instant::now(), fetch, readers: Vec::new() }
+    }
+
+    /// Reads piece `n` (added when not kept) as `keys` does, and says which pieces are kept then.
+    fn read(pieces: &mut Pieces, n: i64, keys: KeyRange) -> Vec<i64> {
+        let at = match pieces.kept.iter().position(|kept| kept.pointer.start == n) {
+            Some(at) => at,
+            None => {
+                pieces.kept.push_back(piece(n));
+                pieces.kept.len() - 1
+            }
+        };
+        let _kept = pieces.read_by(at, keys);
+        pieces.kept.iter().map(|kept| kept.pointer.start).collect()
+    }
+
+    #[test]
+    fn each_range_keeps_the_last_pieces_it_read_and_a_piece_goes_once_no_range_keeps_it() {
+        let (a, b) = (KeyRange::new(0, 2), KeyRange::new(1, 2));
+        let mut pieces = Pieces::default();
+        assert_eq!(read(&mut pieces, 1, a), [1]);
+        assert_eq!(read(&mut pieces, 2, a), [1, 2]);
+        assert_eq!(read(&mut pieces, 1, b), [1, 2], "shared");
+        assert_eq!(read(&mut pieces, 1, a), [1, 2], "read again: a's latest");
+        assert_eq!(read(&mut pieces, 3, a), [1, 3], "a drops 2, its oldest");
+        assert_eq!(read(&mut pieces, 4, b), [1, 3, 4]);
+        assert_eq!(read(&mut pieces, 5, b), [1, 3, 4, 5], "b drops 1, which a still keeps");
+        assert_eq!(read(&mut pieces, 6, a), [3, 4, 5, 6], "and a drops it: gone");
+        assert!(pieces.kept.iter().all(|kept| kept.readers.len() == 1));
+    }
 }
