@@ -350,12 +350,11 @@ async fn archive_fetches(
     let mut first = None;
     for partitions in COLD_PARTITIONS {
         fetched.0.store(0, Ordering::Relaxed);
-        let tiers = Tiers::new(Some(bucket.clone()));
         let mut delivered = 0;
         for part in 0..partitions {
             // A reader of its own, as each partition's runner is: nothing fetched by another is reused.
-            let tiers = if partitions == 1 { &tiers } else { &Tiers::new(Some(bucket.clone())) };
-            delivered += read_tiers(dynamo, names, (t0, tiers), KeyRange::new(part, partitions)).await?;
+            let tiers = Tiers::new(Some(bucket.clone()));
+            delivered += read_tiers(dynamo, names, (t0, &tiers), KeyRange::new(part, partitions)).await?;
         }
         anyhow::ensure!(delivered == PLAYBACK_EVENTS, "{partitions} partitions read {delivered} archived events");
         let bytes = fetched.0.load(Ordering::Relaxed) as f64;
