@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{
 
 use aws_sdk_dynamodb::error::DisplayErrorContext;
 use event_store::privacy::keys;
-use event_store::{buffer_item, entity, event_item};
+use event_store::{buffer_item, entity, event_item, views};
 
 use crate::process::Error;
 
@@ -34,6 +34,8 @@ pub struct Names {
     pub archive_bucket: String,
     /// Subjects' data keys, wrapped ([`event_store::privacy::keys`]).
     pub key_table: String,
+    /// Projections' views ([`event_store::views`]).
+    pub view_table: String,
     /// The KMS key that wraps them, by its alias.
     pub subject_key_alias: String,
 }
@@ -61,6 +63,7 @@ impl Names {
             subscription_stream: format!("{prefix}-sub-demo"),
             archive_bucket: format!("{prefix}-archive"),
             key_table: format!("{prefix}-key-table"),
+            view_table: format!("{prefix}-view-table"),
             subject_key_alias: format!("alias/{prefix}-subjects"),
         }
     }
@@ -80,7 +83,7 @@ fn attribute(name: &str, kind: ScalarAttributeType) -> Result<AttributeDefinitio
 
 /// Buffer table: hash key `id` (S); event table: `slot` (N) + `sort_key` (S);
 /// entity table: `stream` (S) + `item` (S), with a stream of new images; key
-/// table: `subject` (S) + `item` (S). On-demand.
+/// table: `subject` (S) + `item` (S); view table: `view` (S) + `key` (S). On-demand.
 pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> Result<()> {
     let tables = [
         (&names.buffer_table, vec![(buffer_item::HASH_KEY, KeyType::Hash, ScalarAttributeType::S)]),
@@ -103,6 +106,13 @@ pub async fn create_tables(client: &aws_sdk_dynamodb::Client, names: &Names) -> 
             vec![
                 (keys::HASH_KEY, KeyType::Hash, ScalarAttributeType::S),
                 (keys::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
+            ],
+        ),
+        (
+            &names.view_table,
+            vec![
+                (views::HASH_KEY, KeyType::Hash, ScalarAttributeType::S),
+                (views::RANGE_KEY, KeyType::Range, ScalarAttributeType::S),
             ],
         ),
     ];

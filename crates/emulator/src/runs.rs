@@ -74,6 +74,7 @@ pub fn subscription_config(names: &Names) -> SubscriptionConfig {
         metrics_namespace: "EventStore/local".into(),
         archive_bucket: None,
         subjects: None,
+        view_table: Some(names.view_table.clone()),
     }
 }
 

@@ -68,6 +68,7 @@ pub mod slices;
 pub mod status;
 pub mod subscription;
 pub mod time;
+pub mod views;
 
 pub use error::{Error, Result};
 

@@ -77,6 +77,14 @@ pub struct Lookback {
     pub to_key: String,
 }
 
+/// An event's place in the event table (and so in the log): its slot and
+/// sort key. Positions order as the log does.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Position {
+    pub slot: i64,
+    pub sort_key: String,
+}
+
 /// The checkpoint's fields live in one map attribute (its `slot` would clash with the key's).
 pub const CHECKPOINT: &str = "checkpoint";
 

@@ -347,6 +347,8 @@ pub struct SubscriptionConfig {
     pub archive_bucket: Option<String>,
     /// Subjects' keys (`KEY_TABLE`), as for playback.
     pub subjects: Option<SubjectsConfig>,
+    /// The projections' views (`VIEW_TABLE`); without it, projections are refused.
+    pub view_table: Option<String>,
 }
 
 impl SubscriptionConfig {
@@ -364,6 +366,7 @@ impl SubscriptionConfig {
             "ARCHIVE_BUCKET",
             "KEY_TABLE",
             "KEY_CACHE_SECONDS",
+            "VIEW_TABLE",
         ],
     };
 
@@ -388,6 +391,7 @@ impl SubscriptionConfig {
             metrics_namespace: env.var_or("METRICS_NAMESPACE", String::from("EventStore"))?,
             archive_bucket: env.optional("ARCHIVE_BUCKET")?,
             subjects: SubjectsConfig::from_env(&env, Role::Reader)?,
+            view_table: env.optional("VIEW_TABLE")?,
         })
     }
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tracing::info;
 
+use super::projections::{NewProjection, ViewQuery};
 use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
@@ -43,6 +44,14 @@ pub enum Manage {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         event_ids: Vec<String>,
     },
+    /// A new projection (see [`NewProjection`]): its view's version 1, and the subscription that keeps it.
+    CreateProjection(NewProjection),
+    /// Every projection, with where its partitions stand.
+    Projections,
+    /// The projection, its subscription and its view's items are deleted.
+    DeleteProjection { name: String },
+    /// One item of a projection's view (`key`), or a page of them in key order.
+    View(ViewQuery),
 }
 
 impl Subscriptions {
@@ -55,6 +64,7 @@ impl Subscriptions {
                 match &sub.target {
                     Target::Kinesis(stream) => target::check_stream(&self.kinesis, stream).await?,
                     Target::Lambda(function) => target::check_function(&self.lambda, function).await?,
+                    Target::View(_) => {} // refused by validate: a projection makes it
                 }
                 subscriptions::create(dynamo, table, &sub).await?;
                 info!(subscription = %sub.name, target = %sub.target, partitions = sub.partitions, "subscription created");
@@ -75,16 +85,21 @@ impl Subscriptions {
             }
             Manage::Reset { name, to } => {
                 let sub = subscriptions::existing(dynamo, table, &name).await?;
+                not_a_view(&sub.target, "reset")?;
                 let to = spec::parse_start(&to, now_ms())?;
                 subscriptions::reset(dynamo, table, &sub, to, self.config.time_unit_ms).await?;
                 json!({ "reset": name, "to": crate::time::format_ms(to) })
             }
             Manage::Rescale { name, partitions } => {
+                not_a_view(&subscriptions::existing(dynamo, table, &name).await?.target, "rescale")?;
                 subscriptions::rescale(dynamo, table, &name, partitions).await?;
                 info!(subscription = %name, partitions, "subscription rescale asked");
                 json!({ "rescaling": name, "partitions": partitions })
             }
             Manage::Delete { name } => {
+                if let Some(sub) = subscriptions::get(dynamo, table, &name).await? {
+                    not_a_view(&sub.target, "delete")?;
+                }
                 subscriptions::delete(dynamo, table, &name).await?;
                 json!({ "deleted": name })
             }
@@ -93,6 +108,10 @@ impl Subscriptions {
                 json!({ "parked": subscriptions::parked(dynamo, table, &sub).await? })
             }
             Manage::Redrive { name, event_ids } => self.redeliver(&name, &event_ids).await?,
+            Manage::CreateProjection(new) => self.create_projection(new).await?,
+            Manage::Projections => self.projections().await?,
+            Manage::DeleteProjection { name } => self.delete_projection(&name).await?,
+            Manage::View(query) => self.view(query).await?,
         };
         Ok(answer)
     }
@@ -128,10 +147,13 @@ impl Subscriptions {
                     target::invoke(
                         &self.lambda,
                         function,
-                        (&sub.name, parked.partition),
+                        (&sub.name, parked.partition, None),
                         std::slice::from_ref(&delivery),
                     )
                     .await
+                }
+                Target::View(view) => {
+                    self.apply_view(&sub.name, view, parked.partition, std::slice::from_ref(&delivery)).await
                 }
             };
             match attempt {
@@ -185,6 +207,19 @@ impl Subscriptions {
             partition_key: event.partition_key,
             data,
         })
+    }
+}
+
+/// A projection's subscription keeps its view exactly once from where it
+/// stands: moving it (a reset, a rescale's new keys per partition) or
+/// deleting it alone would break that.
+fn not_a_view(target: &Target, action: &str) -> Result<()> {
+    match target {
+        Target::View(view) => Err(Error::BadInput(format!(
+            "this subscription keeps projection {:?}: {action} the projection, not its subscription",
+            view.view.projection
+        ))),
+        _ => Ok(()),
     }
 }
 

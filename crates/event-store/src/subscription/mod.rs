@@ -25,6 +25,7 @@
 pub(crate) mod follow;
 pub mod manage;
 pub mod metrics;
+pub mod projections;
 pub(crate) mod run;
 pub(crate) mod runner;
 pub(crate) mod target;

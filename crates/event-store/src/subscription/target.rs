@@ -28,9 +28,11 @@ use crate::kinesis::{events_stored_since, put_in_key_order, send_put_records, st
 use crate::log::record::{fits_one_record, kinesis_records_of};
 use crate::log::{PlayedEvent, RecordFormat};
 use crate::offload::OffloadRef;
+pub use crate::position::Position;
 use crate::readers::subscriptions::spec::Target;
 use crate::readers::subscriptions::Parked;
 use crate::time::now_ms;
+use crate::views::ViewRef;
 
 /// Attempts at one (sub-)batch before it is split, or its single event parked.
 pub const ATTEMPTS_BEFORE_BISECT: u32 = 3;
@@ -78,13 +80,6 @@ impl DeliveredEvent {
         self.event = PlayedEvent::too_large(event, data.len(), offloaded, self.event.playback_seq);
         serde_json::to_vec(&self).map_err(|e| Error::encode("delivered event", e))
     }
-}
-
-/// An event's place in the event table (and so in the log): its slot and sort key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Position {
-    pub slot: i64,
-    pub sort_key: String,
 }
 
 /// One event ready to go: its record (the JSON a consumer receives) and what identifies it.
@@ -278,10 +273,16 @@ pub(crate) async fn put_on_stream(
 }
 
 /// The payload a Lambda target receives: the subscription, the partition,
-/// and the events in order (their JSON as delivered).
-pub(crate) fn lambda_payload(subscription: &str, partition: u32, events: &[Delivery]) -> Vec<u8> {
+/// the view a projection's function writes (for a projection in the user's
+/// code), and the events in order (their JSON as delivered).
+pub(crate) fn lambda_payload(
+    subscription: &str,
+    (partition, view): (u32, Option<&ViewRef>),
+    events: &[Delivery],
+) -> Vec<u8> {
+    let view = view.and_then(|v| serde_json::to_string(v).ok()).map(|v| format!("\"view\":{v},")).unwrap_or_default();
     let mut payload = format!(
-        "{{\"subscription\":{},\"partition\":{partition},\"events\":[",
+        "{{\"subscription\":{},\"partition\":{partition},{view}\"events\":[",
         serde_json::to_string(subscription).unwrap_or_default()
     )
     .into_bytes();
@@ -325,14 +326,14 @@ pub(crate) fn read_answer(events: &[Delivery], function_error: Option<&str>, pay
 pub(crate) async fn invoke(
     lambda: &aws_sdk_lambda::Client,
     function: &str,
-    (subscription, partition): (&str, u32),
+    (subscription, partition, view): (&str, u32, Option<&ViewRef>),
     events: &[Delivery],
 ) -> Attempt {
     let sent = lambda
         .invoke()
         .function_name(function)
         .invocation_type(InvocationType::RequestResponse)
-        .payload(Blob::new(lambda_payload(subscription, partition, events)))
+        .payload(Blob::new(lambda_payload(subscription, (partition, view), events)))
         .send()
         .await;
     match sent {
@@ -473,10 +474,15 @@ mod tests {
         assert!(
             matches!(read_answer(&batch, Some("Unhandled"), b"{}"), Attempt::FailedFrom(0, m) if m.contains("Unhandled"))
         );
-        let payload: Value = serde_json::from_slice(&lambda_payload("orders", 3, &batch[..2])).unwrap();
+        let payload: Value = serde_json::from_slice(&lambda_payload("orders", (3, None), &batch[..2])).unwrap();
         assert_eq!(
             payload,
             serde_json::json!({"subscription": "orders", "partition": 3, "events": [{"n": 0}, {"n": 1}]})
         );
+        let view = ViewRef { projection: "todos".into(), version: 2, buckets: 4 };
+        let payload: Value =
+            serde_json::from_slice(&lambda_payload("view.todos.v2", (0, Some(&view)), &batch[..1])).unwrap();
+        assert_eq!(payload["view"], serde_json::json!({"projection": "todos", "version": 2, "buckets": 4}));
+        assert_eq!(payload["events"], serde_json::json!([{"n": 0}]));
     }
 }

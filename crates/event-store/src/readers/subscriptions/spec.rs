@@ -8,6 +8,8 @@ use crate::log::{Filter, RecordFormat, Select};
 use crate::position::Checkpoint;
 use crate::slices::{key_hash, part_of, KeyRange};
 use crate::time::{format_ms, parse_time};
+use crate::views::registry::Kind;
+use crate::views::ViewRef;
 
 /// The most partitions a subscription may have (each is one runner at a
 /// time, reading its range of key hashes: [`crate::slices::MAX_SLICES`]).
@@ -28,6 +30,15 @@ pub enum Target {
     Kinesis(String),
     /// A Lambda function (name or ARN), invoked synchronously with ordered batches.
     Lambda(String),
+    /// A projection's view, applied exactly once (made by creating a projection, not a subscription).
+    View(ViewTarget),
+}
+
+/// The view a projection's subscription keeps, and what it folds the events with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewTarget {
+    pub view: ViewRef,
+    pub kind: Kind,
 }
 
 impl std::fmt::Display for Target {
@@ -35,6 +46,7 @@ impl std::fmt::Display for Target {
         match self {
             Target::Kinesis(stream) => write!(f, "kinesis:{stream}"),
             Target::Lambda(function) => write!(f, "lambda:{function}"),
+            Target::View(target) => write!(f, "view:{}.v{}", target.view.projection, target.view.version),
         }
     }
 }
@@ -200,14 +212,27 @@ pub struct NewSubscription {
 impl NewSubscription {
     /// The subscription this asks for at `now` (ms), or why not (nothing is created then).
     pub fn validate(self, now: i64) -> Result<Subscription> {
-        check_name(&self.name)?;
-        let start_ms = parse_start(self.start.as_deref().unwrap_or("now"), now)?;
         let target = self
             .target
+            .clone()
             .ok_or_else(|| bad("target is required: {\"kinesis\": \"<stream>\"} or {\"lambda\": \"<function>\"}"))?;
         if matches!(&target, Target::Kinesis(s) | Target::Lambda(s) if s.trim().is_empty()) {
             return Err(bad("the target names no stream or function"));
         }
+        if matches!(target, Target::View(_)) {
+            return Err(bad("a view is the target of a projection: create the projection"));
+        }
+        self.with_target(target, now)
+    }
+
+    /// The subscription of a projection's version: this, keeping `view`.
+    pub(crate) fn for_view(self, view: ViewTarget, now: i64) -> Result<Subscription> {
+        self.with_target(Target::View(view), now)
+    }
+
+    fn with_target(self, target: Target, now: i64) -> Result<Subscription> {
+        check_name(&self.name)?;
+        let start_ms = parse_start(self.start.as_deref().unwrap_or("now"), now)?;
         let partitions = self.partitions.unwrap_or(1);
         check_partitions(partitions)?;
         let batch_size = self.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);

@@ -110,7 +110,17 @@ impl Runner<'_> {
                 let (deadline, margin) = (self.deadline, subs.config.deadline_margin);
                 let out_of_time = move || remaining(deadline) <= margin;
                 deliver_in_order(batches, &subs.backoff, (stop_at_poison, &out_of_time), |range| {
-                    target::invoke(&subs.lambda, function, place, &batch[range])
+                    target::invoke(&subs.lambda, function, (place.0, place.1, None), &batch[range])
+                })
+                .await
+            }
+            Target::View(view) => {
+                let batches = target::lambda_batches(&batch, self.sub.batch_size);
+                let (deadline, margin) = (self.deadline, subs.config.deadline_margin);
+                let out_of_time = move || remaining(deadline) <= margin;
+                let (name, partition) = (self.sub.name.as_str(), self.partition);
+                deliver_in_order(batches, &subs.backoff, (stop_at_poison, &out_of_time), |range| {
+                    subs.apply_view(name, view, partition, &batch[range])
                 })
                 .await
             }

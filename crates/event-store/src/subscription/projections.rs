@@ -1,0 +1,219 @@
+//! Projections, as the subscriptions function keeps them: a projection's
+//! version is a subscription whose target is its view; a batch for it is
+//! applied here (a built-in) or by the user's function (code), exactly once
+//! either way ([`crate::views::table::apply`]). Creating, listing, deleting
+//! and querying them are management actions.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tracing::info;
+
+use super::target::{self, Attempt, Delivery};
+use super::Subscriptions;
+use crate::error::{Error, Result};
+use crate::log::Select;
+use crate::readers::subscriptions::spec::{NewSubscription, ViewTarget};
+use crate::readers::subscriptions::{self};
+use crate::time::{format_ms, now_ms};
+use crate::views::registry::{self, subscription_name, Code, Definition, Kind, Registered};
+use crate::views::table::{self as views, read_position};
+use crate::views::ViewEvent;
+
+/// Events per batch a projection's partition folds at once (Kinesis' 500:
+/// more events per transaction's position write, and more of a counter's adds summed).
+pub const PROJECTION_BATCH: usize = 500;
+/// Items a page of a view answers when the request sets no limit, and the most it may ask.
+pub const VIEW_PAGE: usize = 100;
+pub const MAX_VIEW_PAGE: usize = 1_000;
+
+/// `projection create`'s fields, as a user sends them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewProjection {
+    pub name: String,
+    /// `{"kind": "state", "fold": "merge"}`, `{"kind": "count", "by": "page"}`, `{"kind": "function", "function": "..."}`.
+    #[serde(flatten)]
+    pub kind: Kind,
+    /// Entity-stream categories to fold (a `state` view's usual selection; joins `select`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub category: Vec<String>,
+    #[serde(default, skip_serializing_if = "Select::is_empty")]
+    pub select: Select,
+    /// Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    /// Where the view starts: `beginning` (the default: a read model of the whole log), `now`, or a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+}
+
+/// A view query: one item, or a page in key order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViewQuery {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+impl Subscriptions {
+    fn view_table(&self) -> Result<&str> {
+        self.config.view_table.as_deref().ok_or_else(|| {
+            Error::Config("VIEW_TABLE is not set: this stack has no views table (deploy the current template)".into())
+        })
+    }
+
+    /// Applies delivered events to a projection's view: here for a built-in,
+    /// through the user's function for code.
+    pub(crate) async fn apply_view(&self, sub: &str, to: &ViewTarget, partition: u32, events: &[Delivery]) -> Attempt {
+        let builtin = match &to.kind {
+            Kind::Code(Code::Function { function }) => {
+                return target::invoke(&self.lambda, function, (sub, partition, Some(&to.view)), events).await;
+            }
+            Kind::Builtin(builtin) => builtin,
+        };
+        let table = match self.view_table() {
+            Ok(table) => table,
+            Err(err) => return Attempt::Unavailable(err.to_string()),
+        };
+        let parsed: std::result::Result<Vec<ViewEvent>, _> =
+            events.iter().map(|e| serde_json::from_slice::<ViewEvent>(&e.data)).collect();
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            Err(err) => return Attempt::FailedFrom(0, format!("delivered event: {err}")),
+        };
+        match views::apply(&self.dynamo, table, (&to.view, partition), builtin, &parsed, &self.backoff).await {
+            Ok(applied) => match applied.failed {
+                None => Attempt::Delivered,
+                Some(error) => Attempt::FailedFrom(applied.done, error),
+            },
+            Err(err) => Attempt::Unavailable(err.to_string()),
+        }
+    }
+
+    /// Registers a projection and starts its version 1.
+    pub(crate) async fn create_projection(&self, new: NewProjection) -> Result<Value> {
+        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
+        registry::check_name(&new.name)?;
+        if let Kind::Code(Code::Function { function }) = &new.kind {
+            target::check_function(&self.lambda, function).await?;
+        }
+        let mut select = new.select;
+        select.categories.extend(new.category);
+        let partitions = new.partitions.unwrap_or(1);
+        let definition = Definition { kind: new.kind, select: select.clone(), partitions };
+        let registered = Registered { name: new.name.clone(), definition, serving: 1, created_at: format_ms(now_ms()) };
+        let subscription = NewSubscription {
+            name: subscription_name(&new.name, 1),
+            start: Some(new.start.unwrap_or_else(|| "beginning".into())),
+            select,
+            partitions: Some(partitions),
+            batch_size: Some(PROJECTION_BATCH),
+            ..NewSubscription::default()
+        };
+        let view = ViewTarget { view: registered.view(1), kind: registered.definition.kind.clone() };
+        let sub = subscription.for_view(view, now_ms())?;
+        registry::create(dynamo, views_table, &registered).await?;
+        if let Err(err) = subscriptions::create(dynamo, &self.config.event_table, &sub).await {
+            registry::remove(dynamo, views_table, &new.name).await?;
+            return Err(err);
+        }
+        info!(projection = %new.name, subscription = %sub.name, partitions, "projection created");
+        Ok(json!({ "created": registered, "subscription": sub.name }))
+    }
+
+    /// Every projection, with where its serving version's partitions stand.
+    pub(crate) async fn projections(&self) -> Result<Value> {
+        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
+        let mut out = Vec::new();
+        for registered in registry::list(dynamo, views_table).await? {
+            let position = self.view_position(&registered).await?;
+            out.push(json!({ "projection": registered, "position": position }));
+        }
+        Ok(json!({ "projections": out }))
+    }
+
+    /// Deletes a projection: its subscription first (no runner writes after), then its items, then its name.
+    pub(crate) async fn delete_projection(&self, name: &str) -> Result<Value> {
+        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
+        let registered = registry::existing(dynamo, views_table, name).await?;
+        let sub = subscription_name(name, registered.serving);
+        if subscriptions::get(dynamo, &self.config.event_table, &sub).await?.is_some() {
+            subscriptions::delete(dynamo, &self.config.event_table, &sub).await?;
+        }
+        let items = registry::clear(dynamo, views_table, &registered.view(registered.serving)).await?;
+        registry::remove(dynamo, views_table, name).await?;
+        info!(projection = name, items, "projection deleted");
+        Ok(json!({ "deleted": name, "items": items }))
+    }
+
+    /// One item of a projection's serving view, or a page of them, with the position the view reflects.
+    pub(crate) async fn view(&self, query: ViewQuery) -> Result<Value> {
+        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
+        let registered = registry::existing(dynamo, views_table, &query.name).await?;
+        let view = registered.view(registered.serving);
+        let position = self.view_position(&registered).await?;
+        let mut answer = json!({ "projection": query.name, "version": view.version, "position": position });
+        match &query.key {
+            Some(key) => answer["item"] = json!(views::get(dynamo, views_table, &view, key).await?),
+            None => {
+                let limit = query.limit.unwrap_or(VIEW_PAGE);
+                if !(1..=MAX_VIEW_PAGE).contains(&limit) {
+                    return Err(Error::BadInput(format!("limit must be 1 to {MAX_VIEW_PAGE}, not {limit}")));
+                }
+                let prefix = query.prefix.as_deref().unwrap_or_default();
+                let items = views::page(dynamo, views_table, &view, (prefix, query.after.as_deref()), limit).await?;
+                if items.len() == limit {
+                    answer["next"] = json!(items.last().map(|i| i.key.clone()));
+                }
+                answer["items"] = json!(items);
+            }
+        }
+        Ok(answer)
+    }
+
+    /// Where a projection's serving version stands: each partition's last
+    /// applied event, and `through`, the arrival every partition has applied
+    /// the log up to (the least of theirs; absent while one has applied nothing).
+    async fn view_position(&self, registered: &Registered) -> Result<Value> {
+        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
+        let view = registered.view(registered.serving);
+        let mut partitions = Vec::new();
+        let mut through: Option<i64> = Some(i64::MAX);
+        for partition in 0..registered.definition.partitions {
+            let position = read_position(dynamo, views_table, &view, partition).await?;
+            let ms = position.at.as_ref().and_then(|at| at.sort_key.get(..13)).and_then(|ms| ms.parse::<i64>().ok());
+            through = through.zip(ms).map(|(a, b)| a.min(b));
+            partitions.push(json!({ "partition": partition, "at": position.at, "events": position.events }));
+        }
+        Ok(json!({ "through": through.map(format_ms), "partitions": partitions }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::views::builtin::{Builtin, By, Fold};
+
+    #[test]
+    fn new_projections_read_as_the_cli_sends_them() {
+        let state: NewProjection =
+            serde_json::from_value(json!({"name": "todos", "kind": "state", "category": ["todo"]})).unwrap();
+        assert_eq!(state.kind, Kind::Builtin(Builtin::State { fold: Fold::Merge }));
+        assert_eq!(state.category, vec!["todo".to_string()]);
+        let count: NewProjection =
+            serde_json::from_value(json!({"name": "pages", "kind": "count", "by": "page", "partitions": 4})).unwrap();
+        assert_eq!((count.kind, count.partitions), (Kind::Builtin(Builtin::Count { by: By::Page }), Some(4)));
+        let code: NewProjection =
+            serde_json::from_value(json!({"name": "t", "kind": "function", "function": "event-store-dev-sub-todos"}))
+                .unwrap();
+        assert!(matches!(code.kind, Kind::Code(Code::Function { .. })));
+        assert!(serde_json::from_value::<NewProjection>(json!({"name": "x", "kind": "count"})).is_err());
+        assert!(serde_json::from_value::<ViewQuery>(json!({"name": "x", "typo": 1})).is_err());
+    }
+}

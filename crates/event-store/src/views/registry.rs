@@ -1,0 +1,217 @@
+//! Projections by name: each one's definition and the version that serves
+//! its queries, one item each under the views table's hash key
+//! `~projections` (written at create and delete only; no view's key starts
+//! with `~`), and a version's items cleared when it goes.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use serde::{Deserialize, Serialize};
+
+use super::builtin::Builtin;
+use super::{ViewRef, HASH_KEY, POSITION_ITEM, RANGE_KEY};
+use crate::batch::Backoff;
+use crate::dynamo::{query_partition, write_all, Table};
+use crate::error::{Error, Result};
+use crate::log::Select;
+
+/// The registry's hash key.
+pub const REGISTRY: &str = "~projections";
+/// A projection's name: 1 to 48 of `A-Z a-z 0-9 _ -` (its subscriptions are `view.<name>.v<version>`).
+pub const MAX_NAME_LEN: usize = 48;
+
+/// What a projection folds the log with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Kind {
+    /// `state` or `count`, run by the store.
+    Builtin(Builtin),
+    /// The user's code: a Lambda function built on [`crate::views::lambda`], invoked with each batch.
+    Code(Code),
+}
+
+/// A projection in the user's code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Code {
+    Function { function: String },
+}
+
+/// A projection's definition: what it folds, which events, over how many partitions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Definition {
+    #[serde(flatten)]
+    pub kind: Kind,
+    #[serde(default, skip_serializing_if = "Select::is_empty")]
+    pub select: Select,
+    pub partitions: u32,
+}
+
+/// A projection as registered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered {
+    pub name: String,
+    pub definition: Definition,
+    /// The version queries read.
+    pub serving: u32,
+    pub created_at: String,
+}
+
+impl Registered {
+    /// The view `version` writes (its items spread over as many buckets as it has partitions).
+    pub fn view(&self, version: u32) -> ViewRef {
+        ViewRef { projection: self.name.clone(), version, buckets: self.definition.partitions }
+    }
+}
+
+/// The subscription that keeps version `version` of projection `name`.
+pub fn subscription_name(name: &str, version: u32) -> String {
+    format!("view.{name}.v{version}")
+}
+
+/// A projection's name, checked.
+pub fn check_name(name: &str) -> Result<()> {
+    let valid = (1..=MAX_NAME_LEN).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
+    if !valid {
+        return Err(Error::BadInput(format!(
+            "projection name {name:?}: 1 to {MAX_NAME_LEN} letters, digits, '_' or '-'"
+        )));
+    }
+    Ok(())
+}
+
+fn item_of(registered: &Registered) -> Result<HashMap<String, AttributeValue>> {
+    let record = serde_json::to_string(registered).map_err(|e| Error::encode("projection", e))?;
+    Ok(HashMap::from([
+        (HASH_KEY.to_owned(), AttributeValue::S(REGISTRY.into())),
+        (RANGE_KEY.to_owned(), AttributeValue::S(registered.name.clone())),
+        ("record".to_owned(), AttributeValue::S(record)),
+    ]))
+}
+
+fn registered_of(item: &HashMap<String, AttributeValue>) -> Result<Registered> {
+    let record = item.get("record").and_then(|v| v.as_s().ok()).ok_or_else(|| Error::Malformed("projection".into()))?;
+    serde_json::from_str(record).map_err(|e| Error::Malformed(format!("projection: {e}")))
+}
+
+/// Registers a new projection; `BadInput` when one of that name exists.
+pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, registered: &Registered) -> Result<()> {
+    let put = dynamo
+        .put_item()
+        .table_name(table)
+        .set_item(Some(item_of(registered)?))
+        .condition_expression("attribute_not_exists(#k)")
+        .expression_attribute_names("#k", RANGE_KEY)
+        .send()
+        .await;
+    match put {
+        Ok(_) => Ok(()),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => {
+            Err(Error::BadInput(format!("projection {:?} exists", registered.name)))
+        }
+        Err(e) => Err(Error::dynamo("PutItem", e)),
+    }
+}
+
+/// The projection `name`, if registered.
+pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Option<Registered>> {
+    let got = dynamo
+        .get_item()
+        .table_name(table)
+        .key(HASH_KEY, AttributeValue::S(REGISTRY.into()))
+        .key(RANGE_KEY, AttributeValue::S(name.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    got.item.as_ref().map(registered_of).transpose()
+}
+
+/// The projection `name`; `BadInput` when there is none.
+pub async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Registered> {
+    get(dynamo, table, name).await?.ok_or_else(|| Error::BadInput(format!("no projection {name:?}")))
+}
+
+/// Every projection, by name.
+pub async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Registered>> {
+    let items = query_partition(dynamo, table, (HASH_KEY, AttributeValue::S(REGISTRY.into()))).await?;
+    items.iter().map(registered_of).collect()
+}
+
+/// Unregisters `name` (its versions' items are cleared by [`clear`]).
+pub async fn remove(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
+    dynamo
+        .delete_item()
+        .table_name(table)
+        .key(HASH_KEY, AttributeValue::S(REGISTRY.into()))
+        .key(RANGE_KEY, AttributeValue::S(name.into()))
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("DeleteItem", e))?;
+    Ok(())
+}
+
+/// Deletes every item and partition position of `view` (its runners must
+/// be gone: their subscription deleted first). Returns the items deleted.
+pub async fn clear(dynamo: &aws_sdk_dynamodb::Client, table: &str, view: &ViewRef) -> Result<usize> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for bucket in 0..view.buckets.max(1) {
+        let hash = view.bucket_key(bucket);
+        for item in query_partition(dynamo, table, (HASH_KEY, AttributeValue::S(hash.clone()))).await? {
+            if let Some(range) = item.get(RANGE_KEY).and_then(|v| v.as_s().ok()) {
+                keys.push((hash.clone(), range.clone()));
+            }
+        }
+    }
+    for partition in 0..view.buckets.max(1) {
+        keys.push((view.position_key(partition), POSITION_ITEM.to_owned()));
+    }
+    let requests: Vec<WriteRequest> = keys
+        .iter()
+        .map(|(hash, range)| {
+            let key = HashMap::from([
+                (HASH_KEY.to_owned(), AttributeValue::S(hash.clone())),
+                (RANGE_KEY.to_owned(), AttributeValue::S(range.clone())),
+            ]);
+            Ok(WriteRequest::builder().delete_request(DeleteRequest::builder().set_key(Some(key)).build()?).build())
+        })
+        .collect::<Result<_>>()?;
+    let count = requests.len();
+    let tagged: Vec<(usize, WriteRequest)> = requests.into_iter().enumerate().collect();
+    let table = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
+    let left = write_all(dynamo, table, tagged, &Backoff::default(), None).await;
+    if !left.is_empty() {
+        let source = format!("view {}: {} items left undeleted", view.projection, left.len()).into();
+        return Err(Error::Dynamo { operation: "BatchWriteItem", source });
+    }
+    Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::views::builtin::{By, Fold};
+    use serde_json::json;
+
+    #[test]
+    fn definitions_read_both_kinds_and_names_are_checked() {
+        let state: Definition = serde_json::from_value(
+            json!({"kind": "state", "fold": "replace", "partitions": 4, "select": {"categories": ["todo"]}}),
+        )
+        .unwrap();
+        assert_eq!(state.kind, Kind::Builtin(Builtin::State { fold: Fold::Replace }));
+        let count: Definition =
+            serde_json::from_value(json!({"kind": "count", "by": "page", "partitions": 1})).unwrap();
+        assert_eq!(count.kind, Kind::Builtin(Builtin::Count { by: By::Page }));
+        let code: Definition =
+            serde_json::from_value(json!({"kind": "function", "function": "f", "partitions": 2})).unwrap();
+        assert_eq!(code.kind, Kind::Code(Code::Function { function: "f".into() }));
+        assert!(serde_json::from_value::<Definition>(json!({"kind": "sum", "partitions": 1})).is_err());
+        assert!(check_name("todos").is_ok() && check_name("page-views_2").is_ok());
+        for bad in ["", "a.b", "a#b", "~x", &"x".repeat(49)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(subscription_name("todos", 3), "view.todos.v3");
+    }
+}

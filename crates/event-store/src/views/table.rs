@@ -1,0 +1,432 @@
+//! The views table: a batch applied exactly once (items and position in one
+//! transaction, conditioned on the position read), and views read back.
+//!
+//! Items: hash key `<projection>#v<version>#b<bucket>`, range key the
+//! view's key; a state in `doc` (JSON text) with its revision `rev` (every
+//! state write is conditioned on the revision it read, so two writers of one
+//! key never lose an update), a counter in `n`, and `at_slot`/`at_key`: the
+//! last event that changed it. Positions: hash key
+//! `<projection>#v<version>#p<partition>`, range key `position`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, KeysAndAttributes, TransactWriteItem, Update};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::fold::{self, Stored, Transaction, Write};
+use super::{Change, Projection, ViewEvent, ViewRef, HASH_KEY, POSITION_ITEM, RANGE_KEY};
+use crate::batch::Backoff;
+use crate::error::{Error, Result};
+use crate::position::Position;
+use crate::time::now_ms;
+
+/// Transactions cancelled in a row (a condition failed: another writer, a
+/// conflict) before [`apply`] gives up and the partition backs off.
+pub const MAX_CANCELLED: u32 = 10;
+
+type Item = HashMap<String, AttributeValue>;
+
+fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn key(hash: String, range: &str) -> Item {
+    HashMap::from([(HASH_KEY.to_owned(), s(hash)), (RANGE_KEY.to_owned(), s(range))])
+}
+
+/// Where a partition of a view stands: every event up to `at` is applied
+/// (and the parked events delivered again since, by id).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PartitionPosition {
+    pub at: Option<Position>,
+    /// Events applied so far.
+    pub events: u64,
+    #[serde(skip)]
+    pub redriven: HashSet<String>,
+}
+
+/// What [`apply`] did with a batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// The events before this index are in the view (applied now, or before).
+    pub done: usize,
+    /// Of those, the events the view had already.
+    pub skipped: usize,
+    /// The event the projection refused, and why (`done` is its index).
+    pub failed: Option<String>,
+    pub transactions: usize,
+}
+
+/// Applies `events` (one partition's, in log order) to `view`, exactly
+/// once: events the partition's position has passed are skipped; the rest
+/// go in transactions that each write their items and move the position,
+/// conditioned on the position before. A cancelled transaction (another
+/// writer moved the position or an item) is planned again from what is
+/// stored now.
+pub async fn apply(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (view, partition): (&ViewRef, u32),
+    projection: &dyn Projection,
+    events: &[ViewEvent],
+    backoff: &Backoff,
+) -> Result<Applied> {
+    let mut applied = Applied::default();
+    let mut cancelled = 0;
+    'read: loop {
+        let mut position = read_position(dynamo, table, view, partition).await?;
+        while let Some(event) = events.get(applied.done) {
+            let has = match (&event.redriven, &position.at) {
+                (true, _) => position.redriven.contains(&redriven_id(&event.position)),
+                (false, Some(at)) => event.position <= *at,
+                (false, None) => false,
+            };
+            if !has {
+                break;
+            }
+            applied.done += 1;
+            applied.skipped += 1;
+        }
+        if applied.done == events.len() {
+            return Ok(applied);
+        }
+        // A redriven event alone (it does not move the position); else up to the next one.
+        let start = applied.done;
+        let end = match events[start].redriven {
+            true => start + 1,
+            false => events[start..].iter().position(|e| e.redriven).map_or(events.len(), |i| start + i),
+        };
+        let rest = &events[start..end];
+        let keys: BTreeSet<String> = rest.iter().filter_map(|e| projection.key(e)).collect();
+        let stored = read_items(dynamo, table, view, &keys).await?;
+        let plan = fold::plan(projection, rest, &stored);
+        for transaction in &plan.transactions {
+            let redriven = rest[transaction.events.start].redriven;
+            if !commit(dynamo, table, (view, partition), transaction, &position, redriven).await? {
+                cancelled += 1;
+                if cancelled >= MAX_CANCELLED {
+                    return Err(Error::Dynamo {
+                        operation: "TransactWriteItems",
+                        source: format!("view {}: {cancelled} transactions cancelled in a row", view.projection).into(),
+                    });
+                }
+                backoff.wait(cancelled - 1).await;
+                continue 'read;
+            }
+            cancelled = 0;
+            if !redriven {
+                position.at = Some(transaction.last.clone());
+            }
+            applied.done = start + transaction.events.end;
+            applied.transactions += 1;
+        }
+        if let Some((index, error)) = plan.failed {
+            applied.done = start + index;
+            applied.failed = Some(error);
+            return Ok(applied);
+        }
+    }
+}
+
+/// The id a redriven event is remembered by in its partition's position.
+fn redriven_id(position: &Position) -> String {
+    format!("{}/{}", position.slot, position.sort_key)
+}
+
+/// One transaction: its items, and the position moved from `before` (or,
+/// for a redriven event, its id added). `false`: cancelled, nothing written.
+async fn commit(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (view, partition): (&ViewRef, u32),
+    transaction: &Transaction,
+    before: &PartitionPosition,
+    redriven: bool,
+) -> Result<bool> {
+    let events = transaction.events.len();
+    let mut position = Update::builder()
+        .table_name(table)
+        .set_key(Some(key(view.position_key(partition), POSITION_ITEM)))
+        .expression_attribute_names("#events", "events")
+        .expression_attribute_values(":events", n(events))
+        .expression_attribute_values(":now", n(now_ms()))
+        .expression_attribute_names("#updated", "updated_at");
+    position = if redriven {
+        let id = redriven_id(&transaction.last);
+        position
+            .update_expression("ADD #events :events, #redriven :id SET #updated = :now")
+            .condition_expression("attribute_not_exists(#redriven) OR NOT contains(#redriven, :one)")
+            .expression_attribute_names("#redriven", "redriven")
+            .expression_attribute_values(":id", AttributeValue::Ss(vec![id.clone()]))
+            .expression_attribute_values(":one", s(id))
+    } else {
+        let moved = position
+            .update_expression("ADD #events :events SET #slot = :slot, #after = :after, #updated = :now")
+            .expression_attribute_names("#slot", "at_slot")
+            .expression_attribute_names("#after", "at_key")
+            .expression_attribute_values(":slot", n(transaction.last.slot))
+            .expression_attribute_values(":after", s(&transaction.last.sort_key));
+        match &before.at {
+            None => moved.condition_expression("attribute_not_exists(#slot)"),
+            Some(at) => moved
+                .condition_expression("#slot = :was_slot AND #after = :was_after")
+                .expression_attribute_values(":was_slot", n(at.slot))
+                .expression_attribute_values(":was_after", s(&at.sort_key)),
+        }
+    };
+    let mut request =
+        dynamo.transact_write_items().transact_items(TransactWriteItem::builder().update(position.build()?).build());
+    for write in &transaction.writes {
+        request = request.transact_items(item_write(table, view, write)?);
+    }
+    match request.send().await {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.as_service_error(), Some(TransactWriteItemsError::TransactionCanceledException(_))) => {
+            tracing::info!(view = %view.projection, partition, error = %aws_sdk_dynamodb::error::DisplayErrorContext(&e), "view transaction cancelled: read again");
+            Ok(false)
+        }
+        Err(e) => Err(Error::dynamo("TransactWriteItems", e)),
+    }
+}
+
+/// One item's write: its state set (or the item deleted) if its revision is
+/// still the one read, and its counter added to.
+fn item_write(table: &str, view: &ViewRef, write: &Write) -> Result<TransactWriteItem> {
+    let item_key = key(view.item_key(&write.key), &write.key);
+    let condition = |rev: u64| match rev {
+        0 => ("attribute_not_exists(#rev)", None),
+        rev => ("#rev = :rev", Some(n(rev))),
+    };
+    if let Some((Change::Delete, rev)) = &write.state {
+        let (expression, value) = condition(*rev);
+        let delete = Delete::builder()
+            .table_name(table)
+            .set_key(Some(item_key))
+            .condition_expression(expression)
+            .expression_attribute_names("#rev", "rev")
+            .set_expression_attribute_values(value.map(|v| HashMap::from([(":rev".to_owned(), v)])))
+            .build()?;
+        return Ok(TransactWriteItem::builder().delete(delete).build());
+    }
+    let mut sets = vec!["#at_slot = :at_slot", "#at_key = :at_key"];
+    let mut update = Update::builder()
+        .table_name(table)
+        .set_key(Some(item_key))
+        .expression_attribute_names("#at_slot", "at_slot")
+        .expression_attribute_names("#at_key", "at_key")
+        .expression_attribute_values(":at_slot", n(write.at.slot))
+        .expression_attribute_values(":at_key", s(&write.at.sort_key));
+    if let Some(version) = write.stream_version {
+        sets.push("#stream_version = :stream_version");
+        update = update
+            .expression_attribute_names("#stream_version", "stream_version")
+            .expression_attribute_values(":stream_version", n(version));
+    }
+    if let Some((Change::Put(state), rev)) = &write.state {
+        sets.push("#doc = :doc");
+        sets.push("#rev = :next_rev");
+        let (expression, value) = condition(*rev);
+        update = update
+            .expression_attribute_names("#doc", "doc")
+            .expression_attribute_names("#rev", "rev")
+            .expression_attribute_values(":doc", s(state.to_string()))
+            .expression_attribute_values(":next_rev", n(rev + 1))
+            .condition_expression(expression);
+        if let Some(value) = value {
+            update = update.expression_attribute_values(":rev", value);
+        }
+    }
+    let mut expression = format!("SET {}", sets.join(", "));
+    if write.add != 0 {
+        expression.push_str(" ADD #n :n");
+        update = update.expression_attribute_names("#n", "n").expression_attribute_values(":n", n(write.add));
+    }
+    Ok(TransactWriteItem::builder().update(update.update_expression(expression).build()?).build())
+}
+
+/// A partition's position in `view` (consistent).
+pub async fn read_position(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    view: &ViewRef,
+    partition: u32,
+) -> Result<PartitionPosition> {
+    let got = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key(view.position_key(partition), POSITION_ITEM)))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    let Some(item) = got.item else { return Ok(PartitionPosition::default()) };
+    let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+    let at = match (number("at_slot"), item.get("at_key").and_then(|v| v.as_s().ok())) {
+        (Some(slot), Some(sort_key)) => Some(Position { slot, sort_key: sort_key.clone() }),
+        _ => None,
+    };
+    let redriven = item.get("redriven").and_then(|v| v.as_ss().ok()).map(|ids| ids.iter().cloned().collect());
+    Ok(PartitionPosition { at, events: number("events").unwrap_or(0) as u64, redriven: redriven.unwrap_or_default() })
+}
+
+/// The stored state and revision of each of `keys` that has an item
+/// (`BatchGetItem`, consistent, 100 keys a request, unprocessed keys asked again).
+async fn read_items(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    view: &ViewRef,
+    keys: &BTreeSet<String>,
+) -> Result<HashMap<String, Stored>> {
+    let mut stored = HashMap::new();
+    let all: Vec<Item> = keys.iter().map(|k| key(view.item_key(k), k)).collect();
+    for chunk in all.chunks(100) {
+        let mut pending = KeysAndAttributes::builder().set_keys(Some(chunk.to_vec())).consistent_read(true).build()?;
+        for attempt in 0.. {
+            let got = dynamo
+                .batch_get_item()
+                .request_items(table, pending.clone())
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("BatchGetItem", e))?;
+            for item in got.responses.and_then(|mut r| r.remove(table)).unwrap_or_default() {
+                let item = ViewItem::from_item(&item)?;
+                stored.insert(item.key, Stored { state: item.state, rev: item.rev });
+            }
+            match got.unprocessed_keys.and_then(|mut u| u.remove(table)) {
+                Some(left) if !left.keys().is_empty() => {
+                    if attempt >= 8 {
+                        let source = format!("view {}: keys left unread", view.projection).into();
+                        return Err(Error::Dynamo { operation: "BatchGetItem", source });
+                    }
+                    crate::batch::Backoff::default().wait(attempt).await;
+                    pending = left;
+                }
+                _ => break,
+            }
+        }
+    }
+    Ok(stored)
+}
+
+/// One item of a view, as queries answer it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ViewItem {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<i64>,
+    /// For a state view: the stream version its state is at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_version: Option<u64>,
+    /// The last event that changed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<Position>,
+    #[serde(skip)]
+    pub rev: u64,
+}
+
+impl ViewItem {
+    fn from_item(item: &Item) -> Result<Self> {
+        let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok());
+        let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
+        let key = text(RANGE_KEY).ok_or_else(|| Error::Malformed("view item without a key".into()))?.clone();
+        let state = text("doc")
+            .map(|doc| serde_json::from_str(doc).map_err(|e| Error::Malformed(format!("view item {key:?}: {e}"))))
+            .transpose()?;
+        let at = match (number("at_slot"), text("at_key")) {
+            (Some(slot), Some(sort_key)) => Some(Position { slot, sort_key: sort_key.clone() }),
+            _ => None,
+        };
+        Ok(Self {
+            state,
+            count: number("n"),
+            stream_version: number("stream_version").map(|v| v as u64),
+            at,
+            rev: number("rev").unwrap_or(0) as u64,
+            key,
+        })
+    }
+}
+
+/// One item of `view`, if it has it.
+pub async fn get(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    view: &ViewRef,
+    item: &str,
+) -> Result<Option<ViewItem>> {
+    let got = dynamo
+        .get_item()
+        .table_name(table)
+        .set_key(Some(key(view.item_key(item), item)))
+        .send()
+        .await
+        .map_err(|e| Error::dynamo("GetItem", e))?;
+    got.item.as_ref().map(ViewItem::from_item).transpose()
+}
+
+/// Up to `limit` items of `view` in key order, whose keys start with
+/// `prefix`, after key `after`: one query per bucket, merged.
+pub async fn page(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    view: &ViewRef,
+    (prefix, after): (&str, Option<&str>),
+    limit: usize,
+) -> Result<Vec<ViewItem>> {
+    let mut items = Vec::new();
+    for bucket in 0..view.buckets.max(1) {
+        items.extend(bucket_page(dynamo, table, view.bucket_key(bucket), (prefix, after), limit).await?);
+    }
+    items.sort_by(|a, b| a.key.cmp(&b.key));
+    items.truncate(limit);
+    Ok(items)
+}
+
+/// Up to `limit` items of one bucket in key order (the query pages on until it has them).
+async fn bucket_page(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    bucket: String,
+    (prefix, after): (&str, Option<&str>),
+    limit: usize,
+) -> Result<Vec<ViewItem>> {
+    let mut condition = "#h = :h".to_owned();
+    let mut values = HashMap::from([(":h".to_owned(), s(bucket.clone()))]);
+    let mut names = HashMap::from([("#h".to_owned(), HASH_KEY.to_owned())]);
+    if !prefix.is_empty() {
+        names.insert("#r".into(), RANGE_KEY.into());
+        condition.push_str(" AND begins_with(#r, :prefix)");
+        values.insert(":prefix".into(), s(prefix));
+    }
+    let mut start = after.map(|after| key(bucket, after));
+    let mut items = Vec::new();
+    loop {
+        let page = dynamo
+            .query()
+            .table_name(table)
+            .key_condition_expression(&condition)
+            .set_expression_attribute_names(Some(names.clone()))
+            .set_expression_attribute_values(Some(values.clone()))
+            .set_exclusive_start_key(start)
+            .limit(limit.clamp(1, 1000) as i32)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("Query", e))?;
+        for item in page.items() {
+            items.push(ViewItem::from_item(item)?);
+        }
+        start = page.last_evaluated_key;
+        if start.is_none() || items.len() >= limit {
+            items.truncate(limit);
+            return Ok(items);
+        }
+    }
+}
