@@ -1117,3 +1117,200 @@ async fn bad_requests_create_nothing_and_pause_reset_and_delete_do_what_they_say
         .unwrap();
     assert_eq!(gone.status, RunStatus::Gone);
 }
+
+/// `n` posted events of `types` types and `keys` visitors (`{"type": "t<i % types>", "n": i}`
+/// in an envelope of their own), arriving from `from` over `spread_ms`, moved into the event table.
+async fn posted_events(env: &TestEnv, n: i64, (types, keys): (i64, i64), from: i64, spread_ms: i64) {
+    let records: Vec<_> = (0..n)
+        .map(|i| {
+            let envelope = json!({"id": format!("posted-{i}"), "received_at": format_ms(from), "method": "POST",
+                "path": "/events", "query": {}, "headers": {}, "body": {"type": format!("t{}", i % types), "n": i}});
+            (format!("visitor-{}", i % keys), envelope.to_string().into_bytes(), from + i * spread_ms / n)
+        })
+        .collect();
+    buffer_through_pump(env, &records).await;
+    scan_pass(env).await;
+}
+
+/// Every item of a projection's view, by key (the management action's pages, followed to the end).
+async fn view_items(env: &TestEnv, target: &LambdaTarget, name: &str) -> HashMap<String, Value> {
+    let (mut items, mut after) = (HashMap::new(), None::<String>);
+    loop {
+        let mut query = json!({"action": "view", "name": name, "limit": 1000});
+        if let Some(after) = &after {
+            query["after"] = json!(after);
+        }
+        let page = manage(env, target, query).await.unwrap();
+        for item in page["items"].as_array().unwrap() {
+            items.insert(item["key"].as_str().unwrap().to_owned(), item.clone());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return items,
+        }
+    }
+}
+
+/// Issue 47: a `count` projection kept through DynamoDB faults (10 %, applied-then-500
+/// writes among them), a runner killed mid-batch and a lost checkpoint (everything
+/// delivered again) ends with counts equal to the events sent, exactly.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_count_projection_counts_every_event_exactly_once_through_faults_a_kill_and_a_redelivery() {
+    use event_store_fault_proxy::{Config, FaultProxy};
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let (n, types) = (1_200, 150);
+    posted_events(&env, n, (types, 40), T0, 3_000).await;
+    let create = json!({"action": "create_projection", "name": "types", "kind": "count", "by": "type",
+        "partitions": 4, "start": format_ms(T0 - 60_000)});
+    let created = manage(&env, &target, create).await.unwrap();
+    assert_eq!(created["subscription"], "view.types.v1");
+
+    // Partition 0 killed once its view has taken a transaction, before its checkpoint is saved:
+    // its lease lapses as a crashed runner's does.
+    let view = event_store::views::ViewRef { projection: "types".into(), version: 1, buckets: 4 };
+    let subs = Arc::new(subscriptions(&env, &target, runs::subscription_config(&env.names)));
+    let running = tokio::spawn({
+        let subs = subs.clone();
+        async move { subs.run_partition(PartitionTask::first("view.types.v1", 0), far()).await }
+    });
+    let table = env.names.view_table.clone();
+    let position = loop {
+        let position = event_store::views::table::read_position(&env.dynamo, &table, &view, 0).await.unwrap();
+        if position.events > 0 || running.is_finished() {
+            break position;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    running.abort();
+    let killed_mid_batch = position.events > 0 && running.await.is_err_and(|e| e.is_cancelled());
+    let partition_key = event_store::readers::subscriptions::partition_item_key("view.types.v1", 0);
+    let expire = |key: HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+        env.dynamo
+            .update_item()
+            .table_name(&env.names.event_table)
+            .set_key(Some(key))
+            .update_expression("SET lease_until = :zero")
+            .expression_attribute_values(":zero", aws_sdk_dynamodb::types::AttributeValue::N("0".into()))
+            .send()
+    };
+    expire(partition_key.clone()).await.unwrap();
+
+    // Every runner through faults, in front of a moto that takes a transaction alone (as DynamoDB isolates one).
+    let alone = FaultProxy::start_transactions_alone(&env.dynamo_endpoint()).await.unwrap();
+    let faults = FaultProxy::start(&alone.endpoint, Config { seed: 47, rate: 0.1, only: None }).await.unwrap();
+    let faulty = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk).endpoint_url(&faults.endpoint).build(),
+    );
+    let config = runs::subscription_config(&env.names);
+    let through_faults = |lambda: aws_sdk_lambda::Client| {
+        let (faulty, kinesis, config) = (faulty.clone(), env.kinesis.clone(), config.clone());
+        move |invoker| Subscriptions::new(faulty, kinesis, lambda, config, invoker).with_backoff(quick())
+    };
+    let applied = || async {
+        let mut sum = 0;
+        for partition in 0..4 {
+            sum += event_store::views::table::read_position(&env.dynamo, &table, &view, partition).await.unwrap().events;
+        }
+        sum
+    };
+    for _ in 0..20 {
+        let make = through_faults(lambda_client(&env, &target));
+        run_subscriptions(make, json!({"source": "aws.events"}), deadline_in(Duration::from_secs(900))).await;
+        if applied().await == n as u64 {
+            break;
+        }
+        // A run the faults ended (unavailable) keeps its lease for the backoff: the next tick goes on.
+        for partition in 0..4 {
+            expire(event_store::readers::subscriptions::partition_item_key("view.types.v1", partition)).await.unwrap();
+        }
+    }
+    assert_eq!(applied().await, n as u64, "every event applied once");
+    let transactions_applied_then_failed =
+        faults.applied_then_failed().iter().filter(|a| a.operation.ends_with("TransactWriteItems")).count();
+
+    // A lost checkpoint: partition 1 delivers everything again; its view skips what it has.
+    env.dynamo
+        .update_item()
+        .table_name(&env.names.event_table)
+        .set_key(Some(event_store::readers::subscriptions::partition_item_key("view.types.v1", 1)))
+        .update_expression("SET #c.#slot = :slot, #c.#after = :after")
+        .expression_attribute_names("#c", "checkpoint")
+        .expression_attribute_names("#slot", "slot")
+        .expression_attribute_names("#after", "after")
+        .expression_attribute_values(":slot", aws_sdk_dynamodb::types::AttributeValue::N((T0 - 60_000).to_string()))
+        .expression_attribute_values(
+            ":after",
+            aws_sdk_dynamodb::types::AttributeValue::S(event_store::event_item::sort_key_floor(T0 - 60_000)),
+        )
+        .send()
+        .await
+        .unwrap();
+    let again = subs.run_partition(PartitionTask::first("view.types.v1", 1), far()).await.unwrap();
+    assert!(again.delivered > 0, "partition 1 delivered its events again: {again:?}");
+    assert_eq!(applied().await, n as u64, "and its view took none of them twice");
+
+    let items = view_items(&env, &target, "types").await;
+    assert_eq!(items.len() as i64, 3 * types, "a minute, an hour and a day per type (one minute: 3 s of events)");
+    for (key, item) in &items {
+        assert_eq!(item["count"], n / types, "{key}: every event of its type, once");
+    }
+    let one = manage(&env, &target, json!({"action": "view", "name": "types", "key": items.keys().next().unwrap()}));
+    let one = one.await.unwrap();
+    assert_eq!(one["item"]["count"], n / types);
+    assert!(one["position"]["through"].as_str().is_some(), "every answer carries the position it reflects");
+    println!(
+        "killed mid-batch: {killed_mid_batch}; faults: {:?}; transactions applied then failed: {transactions_applied_then_failed}",
+        faults.counts()
+    );
+    assert!(killed_mid_batch, "the kill came after the view's first transaction, before the run ended");
+    assert!(!faults.applied_then_failed().is_empty(), "some writes were applied, then answered 500");
+}
+
+/// Issue 47: a `state` view of entity streams (as the relay puts their events in the log):
+/// each stream's events merged in version order (RFC 7386), other events left out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_view_merges_each_streams_events_in_version_order() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let relayed = |stream: &str, version: u64, data: Value, at: i64| {
+        let body = json!({"stream": stream, "EntityId": stream, "version": version, "id": format!("e{version}"),
+            "type": "changed", "data": data, "time": format_ms(at)});
+        let envelope = json!({"id": format!("{stream}/{version}"), "received_at": format_ms(at), "method": "POST",
+            "path": format!("/streams/{stream}"), "query": {}, "headers": {}, "body": body});
+        (format!("streams/{stream}"), envelope.to_string().into_bytes(), at)
+    };
+    let mut records = Vec::new();
+    for i in 0..30i64 {
+        let stream = format!("todo-{}", i % 3);
+        let data = match i / 3 {
+            0 => json!({"title": format!("task {}", i % 3), "done": false, "note": "x"}),
+            9 => json!({"done": true, "note": null}),
+            v => json!({"edits": v}),
+        };
+        records.push(relayed(&stream, (i / 3) as u64, data, T0 + i * 50));
+    }
+    records.push(relayed("note-1", 0, json!({"title": "not a todo"}), T0 + 10));
+    records.push(("visitor-1".into(), json!({"id": "hit-1", "path": "/track.gif"}).to_string().into_bytes(), T0 + 20));
+    buffer_through_pump(&env, &records).await;
+    scan_pass(&env).await;
+    let create = json!({"action": "create_projection", "name": "todos", "kind": "state", "category": ["todo"],
+        "partitions": 2, "start": format_ms(T0 - 60_000)});
+    manage(&env, &target, create).await.unwrap();
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
+    let items = view_items(&env, &target, "todos").await;
+    let keys: std::collections::BTreeSet<&str> = items.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["todo-0", "todo-1", "todo-2"].into_iter().collect());
+    for i in 0..3 {
+        let item = &items[&format!("todo-{i}")];
+        assert_eq!(item["state"], json!({"title": format!("task {i}"), "done": true, "edits": 8}));
+        assert_eq!(item["stream_version"], 9);
+    }
+    let refused = manage(&env, &target, json!({"action": "rescale", "name": "view.todos.v1", "partitions": 4})).await;
+    assert!(refused.unwrap_err().to_string().contains("projection"), "a projection's subscription is not rescaled alone");
+    let deleted = manage(&env, &target, json!({"action": "delete_projection", "name": "todos"})).await.unwrap();
+    assert!(deleted["items"].as_u64().unwrap() >= 3);
+    let left = env.scan_table(&env.names.view_table).await;
+    assert!(left.is_empty(), "nothing of the view is left: {left:?}");
+}

@@ -89,6 +89,7 @@ impl TestEnv {
             (names.buffer_table.clone(), event_store::buffer_item::HASH_KEY.to_owned()),
             (names.entity_table.clone(), event_store::bookkeeping::entity_positions::HASH_KEY.to_owned()),
             (names.key_table.clone(), event_store::privacy::keys::HASH_KEY.to_owned()),
+            (names.view_table.clone(), event_store::views::HASH_KEY.to_owned()),
         ]);
         let counter = RequestCounter::recording(event_store_emulator::iam::IamRecorder::new(hash_keys));
         let dynamo = aws_sdk_dynamodb::Client::from_conf(
@@ -104,6 +105,11 @@ impl TestEnv {
         create_streams(&kinesis, &names, shards).await.expect("streams");
         counter.reset();
         Self { emulators, kinesis_endpoint, sdk, counter, dynamo, kinesis, names }
+    }
+
+    /// Where DynamoDB requests go (for tests that put a proxy in front of it).
+    pub fn dynamo_endpoint(&self) -> String {
+        self.emulators.dynamo.endpoint.clone()
     }
 
     pub async fn stream_arn(&self, stream: &str) -> String {
