@@ -6,7 +6,7 @@
 //!
 //! Verbs: `status`; `playback` (locally in this process, on a deployed stack
 //! by invoking its playback function asynchronously and following the run);
-//! `subscription <action>` (locally in this process, on a deployed stack by
+//! `subscription <action>`, `projection <action>` and `view` (locally in this process, on a deployed stack by
 //! invoking its subscriptions function); `tail`; `redrive` (the dead-letter
 //! queues, in this process); `streams` (entity streams through their HTTP
 //! API, SigV4-signed on a deployed stack); `verify` (the archive's hash chain
@@ -21,6 +21,7 @@
 
 mod playback;
 mod privacy;
+mod projection;
 mod redrive;
 mod render;
 mod select;
@@ -69,6 +70,13 @@ enum Command {
         #[command(subcommand)]
         action: subscription::Action,
     },
+    /// Manage projections: read models kept from the log exactly once (docs/projections.md); prints JSON.
+    Projection {
+        #[command(subcommand)]
+        action: projection::Action,
+    },
+    /// A projection's view: one item (KEY), or a page in key order, with the log position it reflects.
+    View(projection::ViewArgs),
     /// Drain the pump's and the relay's dead-letter queues (re-buffer, re-relay) (the stack's outputs, or --queue).
     Redrive(redrive::Args),
     /// Read and append entity streams through their HTTP API (signed with your AWS credentials on a stack).
@@ -207,6 +215,8 @@ impl Verb {
                 settings_from_env()?;
                 Verb::Subscription(action.request(now_ms)?)
             }
+            Command::Projection { action } => Verb::Subscription(action.request()?),
+            Command::View(args) => Verb::Subscription(args.request()?),
             Command::Streams { url, action } => {
                 Verb::Streams { url: url.as_deref().map(streams::base_url).transpose()?, call: action.call()? }
             }

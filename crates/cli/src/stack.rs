@@ -55,6 +55,8 @@ pub struct Stack {
     pub archive_bucket: Option<String>,
     /// Subjects' data keys (`KeyTableName`, or the local stack's), to open sealed events.
     pub key_table: Option<String>,
+    /// Projections' views (`ViewTableName`, or the local stack's); local management actions use it.
+    pub view_table: Option<String>,
     /// A deployed stack's privacy function (`PrivacyFunctionName`), which `forget` invokes.
     pub privacy_function: Option<String>,
     /// The deployed stack's name; `None` for the local one.
@@ -117,6 +119,7 @@ pub async fn local() -> Result<Stack, StackError> {
         streams_url: Some(format!("http://127.0.0.1:{}/streams", env_port("PORT", 3000))),
         archive_bucket: Some(names.archive_bucket),
         key_table: Some(names.key_table),
+        view_table: Some(names.view_table),
         privacy_function: None,
         name: None,
     })
@@ -166,6 +169,7 @@ pub async fn deployed(name: &str) -> Result<Stack, StackError> {
         streams_url: outputs.get("StreamsUrl").cloned(),
         archive_bucket: outputs.get("ArchiveBucketName").cloned(),
         key_table: outputs.get("KeyTableName").cloned(),
+        view_table: outputs.get("ViewTableName").cloned(),
         privacy_function: outputs.get("PrivacyFunctionName").cloned(),
         name: Some(name.to_owned()),
     })

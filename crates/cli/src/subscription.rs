@@ -171,6 +171,7 @@ pub async fn manage(stack: &Stack, request: Manage) -> Result<Value> {
         Some(function) => invoke(stack, function, payload).await,
         None => {
             let mut config = SubscriptionConfig::for_table(stack.resources.event_table.clone())?;
+            config.view_table = stack.view_table.clone();
             let dynamo = aws_sdk_dynamodb::Client::new(&stack.sdk);
             // The slot size the stack recorded, whatever this shell's TIME_UNIT says (every action
             // checks it); on a store no stage has started yet, the environment's, as `make local`'s.

@@ -169,6 +169,34 @@ async fn subscriptions_are_managed_and_the_complete_log_is_followed_from_the_com
     let listed = list();
     assert_eq!(listed, json!([]));
 
+    // projection and view: a projection is created, listed, queried and deleted; its
+    // subscription is not the user's to delete; bad options are refused before the store is asked.
+    let created = event_store(&["projection", "create", "kinds", "--kind", "count", "--by", "type"], moto.port);
+    assert_eq!(created.status.code(), Some(0), "{}", stderr(&created));
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert_eq!(created["subscription"], "view.kinds.v1", "{created}");
+    let projections: Value = serde_json::from_slice(&event_store(&["projection", "list"], moto.port).stdout).unwrap();
+    assert_eq!(projections["projections"][0]["projection"]["name"], "kinds", "{projections}");
+    let page = event_store(&["view", "kinds", "--prefix", "day/"], moto.port);
+    assert_eq!(page.status.code(), Some(0), "{}", stderr(&page));
+    let page: Value = serde_json::from_slice(&page.stdout).unwrap();
+    assert_eq!((page["items"].clone(), page["version"].clone()), (json!([]), json!(1)), "{page}");
+    assert!(page["position"]["partitions"].is_array(), "{page}");
+    let one: Value = serde_json::from_slice(&event_store(&["view", "kinds", "day/x/click"], moto.port).stdout).unwrap();
+    assert_eq!(one["item"], Value::Null, "{one}");
+    let alone = event_store(&["subscription", "delete", "view.kinds.v1"], moto.port);
+    assert_eq!(alone.status.code(), Some(4), "{}", stderr(&alone));
+    assert!(stderr(&alone).contains("projection"), "{}", stderr(&alone));
+    for args in [vec!["projection", "create", "x", "--kind", "count"], vec!["view", "kinds", "k", "--limit", "5"]] {
+        let refused = event_store(&args, moto.port);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}: {}", stderr(&refused));
+    }
+    let deleted = event_store(&["projection", "delete", "kinds"], moto.port);
+    assert_eq!(deleted.status.code(), Some(0), "{}", stderr(&deleted));
+    let gone = event_store(&["view", "kinds"], moto.port);
+    assert_eq!(gone.status.code(), Some(4), "{}", stderr(&gone));
+    assert_eq!(list(), json!([]), "the projection's subscription went with it");
+
     // redrive: a failure record for the four records (buffered again under the same keys) and a
     // message that is none; the local stack has no queue of its own, so it is named.
     let sqs = aws_sdk_sqs::Client::new(&stack.sdk);

@@ -117,6 +117,7 @@ impl Settings {
         set("ARCHIVE_BUCKET", &self.names.archive_bucket);
         // Per-subject encryption, on as in a deployed stack (docs/privacy.md); the stack makes the key.
         set("KEY_TABLE", &self.names.key_table);
+        set("VIEW_TABLE", &self.names.view_table);
         set("SUBJECT_KMS_KEY", &self.names.subject_key_alias);
         let unset = |name: &str| lookup(name).is_none_or(|v| v.trim().is_empty());
         let mut defaults: Vec<(&str, String)> =
@@ -184,7 +185,7 @@ mod tests {
         }
         let names = ["EVENT_STREAM", "PLAYBACK_STREAM", "DYNAMO_BUFFER_TABLE", "DYNAMO_EVENT_TABLE"]
             .into_iter()
-            .chain(["DYNAMO_ENTITY_TABLE", "ARCHIVE_BUCKET", "KEY_TABLE", "SUBJECT_KMS_KEY"]);
+            .chain(["DYNAMO_ENTITY_TABLE", "ARCHIVE_BUCKET", "KEY_TABLE", "SUBJECT_KMS_KEY", "VIEW_TABLE"]);
         let secrets_and_sdk = [
             "SUBJECT_HASH_KEY",
             "IP_SALT",

@@ -1210,7 +1210,8 @@ async fn a_count_projection_counts_every_event_exactly_once_through_faults_a_kil
     let applied = || async {
         let mut sum = 0;
         for partition in 0..4 {
-            sum += event_store::views::table::read_position(&env.dynamo, &table, &view, partition).await.unwrap().events;
+            sum +=
+                event_store::views::table::read_position(&env.dynamo, &table, &view, partition).await.unwrap().events;
         }
         sum
     };
@@ -1297,9 +1298,13 @@ async fn a_state_view_merges_each_streams_events_in_version_order() {
     let create = json!({"action": "create_projection", "name": "todos", "kind": "state", "category": ["todo"],
         "partitions": 2, "start": format_ms(T0 - 60_000)});
     manage(&env, &target, create).await.unwrap();
+    env.counter.reset();
     let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
     assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
     let items = view_items(&env, &target, "todos").await;
+    // What the runners and the queries asked of the views table, the template allows.
+    common::assert_only_declared_actions(&env.counter, event_store::subscription::AWS_ACTIONS);
+    common::assert_allowed_by_the_template(&env.counter, "SubscriptionsFunction");
     let keys: std::collections::BTreeSet<&str> = items.keys().map(String::as_str).collect();
     assert_eq!(keys, ["todo-0", "todo-1", "todo-2"].into_iter().collect());
     for i in 0..3 {
@@ -1308,7 +1313,10 @@ async fn a_state_view_merges_each_streams_events_in_version_order() {
         assert_eq!(item["stream_version"], 9);
     }
     let refused = manage(&env, &target, json!({"action": "rescale", "name": "view.todos.v1", "partitions": 4})).await;
-    assert!(refused.unwrap_err().to_string().contains("projection"), "a projection's subscription is not rescaled alone");
+    assert!(
+        refused.unwrap_err().to_string().contains("projection"),
+        "a projection's subscription is not rescaled alone"
+    );
     let deleted = manage(&env, &target, json!({"action": "delete_projection", "name": "todos"})).await.unwrap();
     assert!(deleted["items"].as_u64().unwrap() >= 3);
     let left = env.scan_table(&env.names.view_table).await;
