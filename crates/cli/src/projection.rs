@@ -12,6 +12,7 @@ use event_store::views::registry::{Code, Kind};
 use crate::select::SelectArgs;
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once from the command line, as `subscription`'s
 pub enum Action {
     /// Create a projection: its view kept from START on, exactly once.
     Create {
@@ -63,7 +64,6 @@ impl Action {
                     ),
                     (other, _, _) => anyhow::bail!("--kind {other:?}: state, count or function"),
                 };
-                event_store::views::registry::check_name(&name)?;
                 event_store::readers::subscriptions::spec::check_partitions(partitions)?;
                 Manage::CreateProjection(NewProjection {
                     name,

@@ -56,12 +56,12 @@ pub struct EntityEvent<'a> {
 
 impl ViewEvent {
     /// The posted JSON or the entity event's fields (`stream`, `version`, `type`, `data`, …).
-    pub fn body(&self) -> Option<&Value> {
+    pub(crate) fn body(&self) -> Option<&Value> {
         self.data.as_ref()?.get("body").filter(|b| !b.is_null())
     }
 
     /// The entity event this is, when it is one.
-    pub fn entity(&self) -> Option<EntityEvent<'_>> {
+    pub(crate) fn entity(&self) -> Option<EntityEvent<'_>> {
         entity_stream(&self.partition_key)?;
         let body = self.body()?;
         Some(EntityEvent {
@@ -73,12 +73,12 @@ impl ViewEvent {
     }
 
     /// An entity event's `type`, or a posted event's `type` field.
-    pub fn event_type(&self) -> Option<&str> {
+    pub(crate) fn event_type(&self) -> Option<&str> {
         self.body()?.get("type")?.as_str()
     }
 
     /// A top-level field of the envelope (`path`, `subject`, …).
-    pub fn field(&self, name: &str) -> Option<&str> {
+    pub(crate) fn field(&self, name: &str) -> Option<&str> {
         self.data.as_ref()?.get(name)?.as_str()
     }
 }
@@ -130,23 +130,23 @@ pub struct ViewRef {
 
 impl ViewRef {
     /// The bucket `key` is in.
-    pub fn bucket(&self, key: &str) -> u32 {
+    pub(crate) fn bucket(&self, key: &str) -> u32 {
         part_of(key_hash(key), self.buckets.max(1))
     }
 
     /// The hash key of bucket `bucket` of this view.
-    pub fn bucket_key(&self, bucket: u32) -> String {
+    pub(crate) fn bucket_key(&self, bucket: u32) -> String {
         format!("{}#v{}#b{bucket}", self.projection, self.version)
     }
 
     /// The hash key of the item `key`.
-    pub fn item_key(&self, key: &str) -> String {
+    pub(crate) fn item_key(&self, key: &str) -> String {
         self.bucket_key(self.bucket(key))
     }
 
     /// The hash key of a partition's position: one item each, so positions
     /// of many partitions written at once are not one hot key.
-    pub fn position_key(&self, partition: u32) -> String {
+    pub(crate) fn position_key(&self, partition: u32) -> String {
         format!("{}#v{}#p{partition}", self.projection, self.version)
     }
 }

@@ -59,18 +59,18 @@ pub struct Registered {
 
 impl Registered {
     /// The view `version` writes (its items spread over as many buckets as it has partitions).
-    pub fn view(&self, version: u32) -> ViewRef {
+    pub(crate) fn view(&self, version: u32) -> ViewRef {
         ViewRef { projection: self.name.clone(), version, buckets: self.definition.partitions }
     }
 }
 
 /// The subscription that keeps version `version` of projection `name`.
-pub fn subscription_name(name: &str, version: u32) -> String {
+pub(crate) fn subscription_name(name: &str, version: u32) -> String {
     format!("view.{name}.v{version}")
 }
 
 /// A projection's name, checked.
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let valid = (1..=MAX_NAME_LEN).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
     if !valid {
@@ -96,7 +96,7 @@ fn registered_of(item: &HashMap<String, AttributeValue>) -> Result<Registered> {
 }
 
 /// Registers a new projection; `BadInput` when one of that name exists.
-pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, registered: &Registered) -> Result<()> {
+pub(crate) async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, registered: &Registered) -> Result<()> {
     let put = dynamo
         .put_item()
         .table_name(table)
@@ -115,7 +115,7 @@ pub async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, registered: 
 }
 
 /// The projection `name`, if registered.
-pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Option<Registered>> {
+pub(crate) async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Option<Registered>> {
     let got = dynamo
         .get_item()
         .table_name(table)
@@ -129,18 +129,18 @@ pub async fn get(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> 
 }
 
 /// The projection `name`; `BadInput` when there is none.
-pub async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Registered> {
+pub(crate) async fn existing(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<Registered> {
     get(dynamo, table, name).await?.ok_or_else(|| Error::BadInput(format!("no projection {name:?}")))
 }
 
 /// Every projection, by name.
-pub async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Registered>> {
+pub(crate) async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Result<Vec<Registered>> {
     let items = query_partition(dynamo, table, (HASH_KEY, AttributeValue::S(REGISTRY.into()))).await?;
     items.iter().map(registered_of).collect()
 }
 
 /// Unregisters `name` (its versions' items are cleared by [`clear`]).
-pub async fn remove(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
+pub(crate) async fn remove(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
     dynamo
         .delete_item()
         .table_name(table)
@@ -154,7 +154,7 @@ pub async fn remove(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) 
 
 /// Deletes every item and partition position of `view` (its runners must
 /// be gone: their subscription deleted first). Returns the items deleted.
-pub async fn clear(dynamo: &aws_sdk_dynamodb::Client, table: &str, view: &ViewRef) -> Result<usize> {
+pub(crate) async fn clear(dynamo: &aws_sdk_dynamodb::Client, table: &str, view: &ViewRef) -> Result<usize> {
     let mut keys: Vec<(String, String)> = Vec::new();
     for bucket in 0..view.buckets.max(1) {
         let hash = view.bucket_key(bucket);

@@ -69,7 +69,7 @@ pub struct Applied {
 /// conditioned on the position before. A cancelled transaction (another
 /// writer moved the position or an item) is planned again from what is
 /// stored now.
-pub async fn apply(
+pub(crate) async fn apply(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     (view, partition): (&ViewRef, u32),
@@ -251,7 +251,7 @@ fn item_write(table: &str, view: &ViewRef, write: &Write) -> Result<TransactWrit
 }
 
 /// A partition's position in `view` (consistent).
-pub async fn read_position(
+pub(crate) async fn read_position(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     view: &ViewRef,
@@ -356,7 +356,7 @@ impl ViewItem {
 }
 
 /// One item of `view`, if it has it.
-pub async fn get(
+pub(crate) async fn get(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     view: &ViewRef,
@@ -374,7 +374,7 @@ pub async fn get(
 
 /// Up to `limit` items of `view` in key order, whose keys start with
 /// `prefix`, after key `after`: one query per bucket, merged.
-pub async fn page(
+pub(crate) async fn page(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     view: &ViewRef,
