@@ -112,7 +112,7 @@ impl EventItem {
     /// Whether this stands for a stored item that does not decode (its events
     /// unknown: every partition of a reader meets it, and parks it or waits
     /// on it), as the log's reader hands such an item on in its place.
-    pub fn in_its_place(&self) -> bool {
+    pub(crate) fn in_its_place(&self) -> bool {
         self.partition_key.is_empty()
     }
 

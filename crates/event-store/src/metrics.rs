@@ -27,7 +27,7 @@ pub(crate) fn seconds_line(
 }
 
 /// The archiver's line: how many damaged items it quarantined.
-pub fn quarantined_line(namespace: &str, items: u64, now_ms: i64) -> String {
+pub(crate) fn quarantined_line(namespace: &str, items: u64, now_ms: i64) -> String {
     line(namespace, (QUARANTINED_METRIC, "Count"), items as f64, &[], now_ms)
 }
 

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 const SCALE: i64 = 10_000;
 
 /// The 64-bit hash of a partition key (the first 8 bytes of its sha256).
-pub fn key_hash(partition_key: &str) -> u64 {
+pub(crate) fn key_hash(partition_key: &str) -> u64 {
     let digest = Sha256::digest(partition_key.as_bytes());
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
@@ -37,12 +37,12 @@ pub fn key_hash(partition_key: &str) -> u64 {
 }
 
 /// The part (of `parts` equal ranges of hashes) that holds `hash`.
-pub fn part_of(hash: u64, parts: u32) -> u32 {
+pub(crate) fn part_of(hash: u64, parts: u32) -> u32 {
     ((u128::from(hash) * u128::from(parts.max(1))) >> 64) as u32
 }
 
 /// The hash key of slice `slice` of `slot` cut into `slices`.
-pub fn storage_key(slot: i64, slices: u32, slice: u32) -> i64 {
+pub(crate) fn storage_key(slot: i64, slices: u32, slice: u32) -> i64 {
     slot * SCALE + i64::from(slices) + i64::from(slice)
 }
 

@@ -94,7 +94,7 @@ pub fn key_in(family: Family, sort_key: String) -> HashMap<String, AttributeValu
 
 /// The key of the bookkeeping item under partition key `slot` (a family's,
 /// or one of its own keys) with sort key `sort_key`.
-pub fn key_at(slot: i64, sort_key: String) -> HashMap<String, AttributeValue> {
+pub(crate) fn key_at(slot: i64, sort_key: String) -> HashMap<String, AttributeValue> {
     HashMap::from([
         (HASH_KEY.to_owned(), AttributeValue::N(slot.to_string())),
         (RANGE_KEY.to_owned(), AttributeValue::S(sort_key)),
@@ -102,7 +102,7 @@ pub fn key_at(slot: i64, sort_key: String) -> HashMap<String, AttributeValue> {
 }
 
 /// The scan's bookkeeping items whose sort key is in `[from, to]`: [`query_in`].
-pub async fn query_range(
+pub(crate) async fn query_range(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     from: String,

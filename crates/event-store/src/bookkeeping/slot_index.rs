@@ -47,7 +47,7 @@ impl SlotRef {
 
     /// The hash keys that may hold events of `range` in this slot, in order
     /// of sub-key, then of slice count and slice.
-    pub fn storage_keys(&self, range: KeyRange) -> Vec<i64> {
+    pub(crate) fn storage_keys(&self, range: KeyRange) -> Vec<i64> {
         let mut keys: Vec<i64> = (0..i64::from(self.subkeys)).map(|k| self.slot + k).collect();
         for bit in 0..u16::BITS {
             if self.sliced & (1 << bit) != 0 {
@@ -67,7 +67,7 @@ impl SlotRef {
     }
 
     /// Every hash key the slot's chunks are stored under.
-    pub fn all_storage_keys(&self) -> Vec<i64> {
+    pub(crate) fn all_storage_keys(&self) -> Vec<i64> {
         self.storage_keys(KeyRange::ALL)
     }
 
@@ -125,7 +125,7 @@ pub fn index_item(slot: i64, subkeys: u32) -> HashMap<String, AttributeValue> {
 }
 
 /// The index entry saying `slot` has events cut into `slices` slices.
-pub fn sliced_index_item(slot: i64, slices: u32) -> HashMap<String, AttributeValue> {
+pub(crate) fn sliced_index_item(slot: i64, slices: u32) -> HashMap<String, AttributeValue> {
     key(index_key_sliced(slot, slices))
 }
 

@@ -96,7 +96,7 @@ pub enum Expected {
 
 impl Expected {
     /// The version the first appended event gets if the expectation holds.
-    pub fn first_version(self) -> Option<u64> {
+    pub(crate) fn first_version(self) -> Option<u64> {
         match self {
             Expected::Any => None,
             Expected::NoStream => Some(0),

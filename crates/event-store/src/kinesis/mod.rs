@@ -25,7 +25,8 @@ use crate::error::{Error, Result};
 
 mod read;
 
-pub use read::{events_stored_since, existing_shards, get_records, lambda_event, list_shards, stored_since};
+pub(crate) use read::{events_stored_since, existing_shards, stored_since};
+pub use read::{get_records, lambda_event, list_shards};
 
 /// One record to put: the two things Kinesis keeps besides the sequence
 /// number. (Not `aws_sdk_kinesis::types::Record`, which is a record read back.)

@@ -17,7 +17,7 @@ pub async fn list_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Res
 }
 
 /// [`list_shards`], `None` when there is no such stream.
-pub async fn existing_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Option<Vec<Shard>>> {
+pub(crate) async fn existing_shards(kinesis: &aws_sdk_kinesis::Client, stream: &str) -> Result<Option<Vec<Shard>>> {
     let mut shards = Vec::new();
     let mut next_token: Option<String> = None;
     loop {
@@ -57,7 +57,7 @@ pub async fn get_records(
 /// Which of `records` are on `stream`, read back from every shard from
 /// `since_ms` (Kinesis arrival time) to the tip: after an ambiguous failure,
 /// this tells the records Kinesis applied from those it did not.
-pub async fn stored_since(
+pub(crate) async fn stored_since(
     client: &aws_sdk_kinesis::Client,
     stream: &str,
     since_ms: i64,
@@ -78,7 +78,7 @@ pub async fn stored_since(
 /// Which of `events` (user records, put alone or in KPL aggregated records)
 /// are on `stream` from `since_ms` on: what a delivery that was cut short
 /// stored ahead of its first failure, so that only the rest goes again.
-pub async fn events_stored_since(
+pub(crate) async fn events_stored_since(
     client: &aws_sdk_kinesis::Client,
     stream: &str,
     since_ms: i64,

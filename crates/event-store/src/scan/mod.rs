@@ -41,7 +41,8 @@ use crate::event_item;
 use crate::invoke::{continue_with, Invoker};
 use crate::time::{effective_deadline, format_ms, now_ms, remaining};
 use plan::{buffer_deletes, Moving, PageOutcome, PagePlan, TableKey};
-pub use task::{next_step, ScanSummary, SegmentStep, SegmentTask};
+pub(crate) use task::next_step;
+pub use task::{ScanSummary, SegmentStep, SegmentTask};
 
 /// The AWS actions this stage calls, and so the only ones its IAM role
 /// grants (tests check the code against this list, and the template against it).

@@ -102,7 +102,7 @@ pub enum SegmentStep {
 
 /// After a page: the pass is done when DynamoDB returned no last key, else
 /// go on while more than `margin` is left, else hand over.
-pub fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration) -> SegmentStep {
+pub(crate) fn next_step(last_key: Option<String>, remaining: Duration, margin: Duration) -> SegmentStep {
     match last_key {
         None => SegmentStep::PassDone,
         Some(key) if remaining > margin => SegmentStep::NextPage(key),

@@ -38,9 +38,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{info, warn};
 
+pub(crate) use crate::readers::subscriptions::position_ms;
 pub use crate::readers::subscriptions::{
-    position_ms, status, statuses, NewSubscription, OnPoison, PartitionStatus, State, Subscription, SubscriptionStatus,
-    Target,
+    status, statuses, NewSubscription, OnPoison, PartitionStatus, State, Subscription, SubscriptionStatus, Target,
 };
 pub use manage::Manage;
 pub use run::{PartitionTask, RunStatus, RunSummary};

@@ -39,7 +39,8 @@ pub use partitions::{partition_item_key, partition_slot};
 pub(crate) use positions::{rescale, rescale_step, reset, RescaleStep};
 
 pub use spec::{NewSubscription, OnPoison, State, Subscription, Target};
-pub use status::{position_ms, status, statuses, PartitionStatus, SubscriptionStatus};
+pub(crate) use status::position_ms;
+pub use status::{status, statuses, PartitionStatus, SubscriptionStatus};
 
 /// The key of the subscriptions' item with sort key `sort_key` (their own
 /// partition, slot -6; moved from slot -2 by [`adopt`]).

@@ -145,7 +145,7 @@ pub struct Subscription {
 
 impl Subscription {
     /// The keys partition `partition` reads.
-    pub fn keys_of(&self, partition: u32) -> KeyRange {
+    pub(crate) fn keys_of(&self, partition: u32) -> KeyRange {
         match self.keying {
             Keying::Modulo => KeyRange::ALL,
             Keying::Ranges => KeyRange::new(partition, self.partitions),
@@ -153,7 +153,7 @@ impl Subscription {
     }
 
     /// Where a partition that has not run (in this epoch) starts.
-    pub fn start_checkpoint(&self, unit: u64) -> Checkpoint {
+    pub(crate) fn start_checkpoint(&self, unit: u64) -> Checkpoint {
         match self.epoch_start {
             Some(start) => Checkpoint { seq: start.seq, ..Checkpoint::starting_at(start.at, unit) },
             None => Checkpoint::starting_at(self.start_ms, unit),
@@ -161,12 +161,12 @@ impl Subscription {
     }
 
     /// The earliest arrival (ms) the current partitions deliver.
-    pub fn start_floor(&self) -> i64 {
+    pub(crate) fn start_floor(&self) -> i64 {
         self.epoch_start.map_or(self.start_ms, |start| start.at.max(self.start_ms))
     }
 
     /// Where the old partitions of a rescale stop, once it is set (ms).
-    pub fn stop_at(&self) -> Option<i64> {
+    pub(crate) fn stop_at(&self) -> Option<i64> {
         self.rescale.as_ref().and_then(|r| r.at)
     }
 

@@ -62,7 +62,7 @@ fn skew(partitions: &[PartitionStatus]) -> Option<Skew> {
 }
 
 /// Where a checkpoint stands, in ms of arrival time: the event after which it is, or its slot's start.
-pub fn position_ms(checkpoint: &Checkpoint) -> i64 {
+pub(crate) fn position_ms(checkpoint: &Checkpoint) -> i64 {
     checkpoint.after.as_deref().and_then(|k| k.get(..13)).and_then(|ms| ms.parse().ok()).unwrap_or(checkpoint.slot)
 }
 
