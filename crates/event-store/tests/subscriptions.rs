@@ -5,6 +5,9 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;
+/// The example a user copies (`examples/todos`): a projection in their own code.
+#[path = "../../../examples/todos/src/todos.rs"]
+mod todos;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1271,13 +1274,6 @@ async fn a_count_projection_counts_every_event_exactly_once_through_faults_a_kil
 async fn a_state_view_merges_each_streams_events_in_version_order() {
     let env = TestEnv::start(1).await;
     let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
-    let relayed = |stream: &str, version: u64, data: Value, at: i64| {
-        let body = json!({"stream": stream, "EntityId": stream, "version": version, "id": format!("e{version}"),
-            "type": "changed", "data": data, "time": format_ms(at)});
-        let envelope = json!({"id": format!("{stream}/{version}"), "received_at": format_ms(at), "method": "POST",
-            "path": format!("/streams/{stream}"), "query": {}, "headers": {}, "body": body});
-        (format!("streams/{stream}"), envelope.to_string().into_bytes(), at)
-    };
     let mut records = Vec::new();
     for i in 0..30i64 {
         let stream = format!("todo-{}", i % 3);
@@ -1286,9 +1282,9 @@ async fn a_state_view_merges_each_streams_events_in_version_order() {
             9 => json!({"done": true, "note": null}),
             v => json!({"edits": v}),
         };
-        records.push(relayed(&stream, (i / 3) as u64, data, T0 + i * 50));
+        records.push(relayed(&stream, (i / 3) as u64, ("changed", data), T0 + i * 50));
     }
-    records.push(relayed("note-1", 0, json!({"title": "not a todo"}), T0 + 10));
+    records.push(relayed("note-1", 0, ("changed", json!({"title": "not a todo"})), T0 + 10));
     records.push(("visitor-1".into(), json!({"id": "hit-1", "path": "/track.gif"}).to_string().into_bytes(), T0 + 20));
     buffer_through_pump(&env, &records).await;
     scan_pass(&env).await;
@@ -1318,4 +1314,76 @@ async fn a_state_view_merges_each_streams_events_in_version_order() {
     assert!(deleted["items"].as_u64().unwrap() >= 3);
     let left = env.scan_table(&env.names.view_table).await;
     assert!(left.is_empty(), "nothing of the view is left: {left:?}");
+}
+
+/// An entity event as the relay puts it in the log (`entity::relay`'s envelope).
+fn relayed(stream: &str, version: u64, (kind, data): (&str, Value), at: i64) -> (String, Vec<u8>, i64) {
+    let body = json!({"stream": stream, "EntityId": stream, "version": version, "id": format!("e{version}"),
+        "type": kind, "data": data, "time": format_ms(at)});
+    let envelope = json!({"id": format!("{stream}/{version}"), "received_at": format_ms(at), "method": "POST",
+        "path": format!("/streams/{stream}"), "query": {}, "headers": {}, "body": body});
+    (format!("streams/{stream}"), envelope.to_string().into_bytes(), at)
+}
+
+/// Issue 47: a projection in the user's code (`examples/todos`, the seed article's Todo list)
+/// behind the Lambda `Invoke` API, applying each batch with `views::lambda::handle`: the
+/// store's runner, batching and parking, the function's own transaction and position.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_todo_example_keeps_the_seed_articles_read_model_from_a_function() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    let (dynamo, table) = (env.dynamo.clone(), env.names.view_table.clone());
+    target.consume_with(move |payload| {
+        let batch: event_store::views::lambda::ViewBatch = serde_json::from_value(payload.clone()).unwrap();
+        let applied = event_store::views::lambda::handle(&dynamo, &table, &todos::Todos, batch);
+        Answer::Ok(tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(applied)))
+    });
+    let title = |t: &str| json!({"title": t});
+    let records = vec![
+        relayed("todo-1", 0, ("TodoCreated", title("milk")), T0),
+        relayed("todo-2", 0, ("TodoCreated", title("bread")), T0 + 10),
+        relayed("todo-1", 1, ("TodoUpdated", title("oat milk")), T0 + 20),
+        relayed("todo-3", 0, ("TodoCreated", title("eggs")), T0 + 30),
+        relayed("todo-2", 1, ("StreamDeleted", json!({})), T0 + 40),
+        relayed("todo-3", 1, ("TodoArchived", json!({})), T0 + 50),
+        relayed("todo-1", 2, ("TodoCompleted", json!({})), T0 + 60),
+        relayed("todo-3", 2, ("TodoCompleted", json!({})), T0 + 70),
+    ];
+    buffer_through_pump(&env, &records).await;
+    scan_pass(&env).await;
+    let create = json!({"action": "create_projection", "name": "todos", "kind": "function", "function": CONSUMER,
+        "category": ["todo"], "partitions": 2, "start": format_ms(T0 - 60_000)});
+    manage(&env, &target, create).await.unwrap();
+    let runs = tick(&env, &target, runs::subscription_config(&env.names)).await;
+    assert!(runs.iter().all(|r| r.status == RunStatus::CaughtUp), "{runs:?}");
+    assert_eq!(runs.iter().map(|r| r.parked).sum::<usize>(), 1, "the unknown event, parked: {runs:?}");
+
+    let items = view_items(&env, &target, "todos").await;
+    assert_eq!(items["todo-1"]["state"], json!({"title": "oat milk", "completed": true}));
+    assert!(!items.contains_key("todo-2"), "a deleted todo leaves the list");
+    assert_eq!(items["todo-3"]["state"], json!({"title": "eggs", "completed": true}), "past the parked event");
+    assert_eq!(items["todo-1"]["stream_version"], 2);
+    let parked = manage(&env, &target, json!({"action": "parked", "name": "view.todos.v1"})).await.unwrap();
+    assert_eq!(parked["parked"].as_array().map(Vec::len), Some(1), "{parked}");
+    assert!(parked["parked"][0]["error"].as_str().unwrap().contains("TodoArchived"), "{parked}");
+    // Delivered again (a lost checkpoint): the function's view skips what it has.
+    let batches = target.received().len();
+    let again = subscriptions(&env, &target, runs::subscription_config(&env.names));
+    for partition in 0..2 {
+        env.dynamo
+            .update_item()
+            .table_name(&env.names.event_table)
+            .set_key(Some(event_store::readers::subscriptions::partition_item_key("view.todos.v1", partition)))
+            .update_expression("SET #c.#slot = :slot REMOVE #c.#after")
+            .expression_attribute_names("#c", "checkpoint")
+            .expression_attribute_names("#slot", "slot")
+            .expression_attribute_names("#after", "after")
+            .expression_attribute_values(":slot", aws_sdk_dynamodb::types::AttributeValue::N((T0 - 60_000).to_string()))
+            .send()
+            .await
+            .unwrap();
+        again.run_partition(PartitionTask::first("view.todos.v1", partition), far()).await.unwrap();
+    }
+    assert!(target.received().len() > batches, "delivered again");
+    assert_eq!(view_items(&env, &target, "todos").await, items, "nothing applied twice");
 }

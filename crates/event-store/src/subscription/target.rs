@@ -299,13 +299,18 @@ pub(crate) fn lambda_payload(
 /// Reads a Lambda target's answer: `function_error` set fails the batch; a
 /// `batchItemFailures` list fails it from the lowest listed event (an
 /// identifier that names no event of the batch fails all of it, as for an
-/// event source mapping); anything else delivers it.
+/// event source mapping); `{"unavailable": reason}` (a projection's function
+/// that could not write its view: not the events' fault) means unavailable;
+/// anything else delivers it.
 pub(crate) fn read_answer(events: &[Delivery], function_error: Option<&str>, payload: &[u8]) -> Attempt {
     let text = || String::from_utf8_lossy(&payload[..payload.len().min(1_000)]).into_owned();
     if let Some(kind) = function_error {
         return Attempt::FailedFrom(0, format!("function error {kind}: {}", text()));
     }
     let answer: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
+    if let Some(reason) = answer.get("unavailable").and_then(Value::as_str) {
+        return Attempt::Unavailable(format!("the function could not go on: {reason}"));
+    }
     let Some(failures) = answer.get("batchItemFailures").and_then(Value::as_array) else {
         return Attempt::Delivered;
     };
@@ -471,6 +476,8 @@ mod tests {
         assert!(matches!(read_answer(&batch, None, partial), Attempt::FailedFrom(2, _)));
         let unknown = br#"{"batchItemFailures": [{"itemIdentifier": "nope"}]}"#;
         assert!(matches!(read_answer(&batch, None, unknown), Attempt::FailedFrom(0, _)), "unknown id: all failed");
+        let outage = br#"{"unavailable": "dynamodb TransactWriteItems: throttled"}"#;
+        assert!(matches!(read_answer(&batch, None, outage), Attempt::Unavailable(m) if m.contains("throttled")));
         assert!(
             matches!(read_answer(&batch, Some("Unhandled"), b"{}"), Attempt::FailedFrom(0, m) if m.contains("Unhandled"))
         );

@@ -13,6 +13,7 @@
 
 pub mod builtin;
 pub(crate) mod fold;
+pub mod lambda;
 pub mod registry;
 pub mod table;
 
@@ -56,12 +57,12 @@ pub struct EntityEvent<'a> {
 
 impl ViewEvent {
     /// The posted JSON or the entity event's fields (`stream`, `version`, `type`, `data`, …).
-    pub(crate) fn body(&self) -> Option<&Value> {
+    pub fn body(&self) -> Option<&Value> {
         self.data.as_ref()?.get("body").filter(|b| !b.is_null())
     }
 
     /// The entity event this is, when it is one.
-    pub(crate) fn entity(&self) -> Option<EntityEvent<'_>> {
+    pub fn entity(&self) -> Option<EntityEvent<'_>> {
         entity_stream(&self.partition_key)?;
         let body = self.body()?;
         Some(EntityEvent {
@@ -73,12 +74,12 @@ impl ViewEvent {
     }
 
     /// An entity event's `type`, or a posted event's `type` field.
-    pub(crate) fn event_type(&self) -> Option<&str> {
+    pub fn event_type(&self) -> Option<&str> {
         self.body()?.get("type")?.as_str()
     }
 
     /// A top-level field of the envelope (`path`, `subject`, …).
-    pub(crate) fn field(&self, name: &str) -> Option<&str> {
+    pub fn field(&self, name: &str) -> Option<&str> {
         self.data.as_ref()?.get(name)?.as_str()
     }
 }
