@@ -4,9 +4,10 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use event_store::subscription::projections::{NewProjection, ViewQuery};
+use event_store::subscription::projections::NewProjection;
 use event_store::subscription::Manage;
 use event_store::views::builtin::{Builtin, By, Fold};
+use event_store::views::query::ViewQuery;
 use event_store::views::registry::{Code, Kind};
 
 use crate::select::SelectArgs;
@@ -96,6 +97,9 @@ pub struct ViewArgs {
     /// Items per page (1 to 1000; default 100).
     #[arg(long)]
     limit: Option<usize>,
+    /// With KEY, of a state view: wait (a few seconds at most) until its stream is at this version.
+    #[arg(long)]
+    at_least_version: Option<u64>,
 }
 
 impl ViewArgs {
@@ -103,12 +107,16 @@ impl ViewArgs {
         if self.key.is_some() && (self.prefix.is_some() || self.after.is_some() || self.limit.is_some()) {
             anyhow::bail!("a KEY names one item: --prefix, --after and --limit are for pages");
         }
+        if self.key.is_none() && self.at_least_version.is_some() {
+            anyhow::bail!("--at-least-version waits for one item: name its KEY");
+        }
         Ok(Manage::View(ViewQuery {
             name: self.name,
             key: self.key,
             prefix: self.prefix,
             after: self.after,
             limit: self.limit,
+            at_least_version: self.at_least_version,
         }))
     }
 }

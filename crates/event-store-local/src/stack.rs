@@ -25,6 +25,7 @@ use event_store::privacy::Subjects;
 use event_store::pump::Pump;
 use event_store::scan::Scan;
 use event_store::subscription::{Answer, Subscriptions};
+use event_store::views::http::ViewsApi;
 use event_store_emulator::invoke::{at_hop, recursive_loop, LocalInvoker, Queued};
 use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_bucket, create_streams, create_subject_key, create_tables};
@@ -174,7 +175,8 @@ impl Stack {
                 EntityStore::new(self.dynamo.clone(), names.entity_table.clone())
                     .with_archive(Some(self.archive.clone()), config.inline_max_bytes)
                     .with_subjects(subjects)
-            }),
+            })
+            .with_views(Some(ViewsApi::new(self.dynamo.clone(), names.view_table.clone()))),
             glance: crate::glance::Glance {
                 clients: event_store::status::Clients {
                     dynamo: self.dynamo.clone(),

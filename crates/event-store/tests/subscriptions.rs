@@ -1386,4 +1386,40 @@ async fn the_todo_example_keeps_the_seed_articles_read_model_from_a_function() {
     }
     assert!(target.received().len() > batches, "delivered again");
     assert_eq!(view_items(&env, &target, "todos").await, items, "nothing applied twice");
+
+    // The same view over HTTP, as the streams function serves it beside /streams.
+    let api = event_store::views::http::ViewsApi::new(env.dynamo.clone(), env.names.view_table.clone());
+    let get = |target: &str| {
+        use lambda_http::RequestExt;
+        let query: lambda_http::aws_lambda_events::query_map::QueryMap =
+            target.split_once('?').map_or("", |(_, q)| q).parse().unwrap_or_default();
+        let request = lambda_http::http::Request::builder().method("GET").uri(target);
+        let request = request.body(lambda_http::Body::Empty).unwrap().with_query_string_parameters(query);
+        let api = &api;
+        async move {
+            let response = api.handle(&request).await;
+            (response.status().as_u16(), serde_json::from_slice::<Value>(response.body().as_ref()).unwrap())
+        }
+    };
+    let (status, one) = get("/views/todos/todo-1").await;
+    assert_eq!((status, &one["item"]["state"]), (200, &json!({"title": "oat milk", "completed": true})), "{one}");
+    let applied: u64 =
+        one["position"]["partitions"].as_array().unwrap().iter().map(|p| p["events"].as_u64().unwrap()).sum();
+    assert_eq!(applied, 7, "every event the function applied (the eighth is parked): {one}");
+    assert_eq!(get("/views/todos/todo-1?at_least_version=2").await.0, 200, "the version the last append answered");
+    let started = Instant::now();
+    let (status, behind) = get("/views/todos/todo-1?at_least_version=3").await;
+    assert_eq!((status, &behind["stream_version"]), (503, &json!(2)), "{behind}");
+    assert!(started.elapsed() >= Duration::from_secs(4), "it waited for the version before answering");
+    let (status, page) = get("/views/todos?prefix=todo-&limit=1").await;
+    assert_eq!(
+        (status, page["items"][0]["key"].as_str(), page["next"].as_str()),
+        (200, Some("todo-1"), Some("todo-1"))
+    );
+    let (_, rest) = get("/views/todos?prefix=todo-&after=todo-1").await;
+    let keys: Vec<&str> = rest["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap()).collect();
+    assert_eq!((keys, rest.get("next")), (vec!["todo-3"], None), "{rest}");
+    assert_eq!(get("/views/todos/todo-2").await.0, 404, "a deleted todo");
+    assert_eq!(get("/views/nope").await.0, 404);
+    assert_eq!(get("/views/todos?limit=x").await.0, 400);
 }

@@ -1,10 +1,12 @@
-//! `streams` Lambda: the `/streams/{name}` entity API. All logic is in `event_store::entity`.
+//! `streams` Lambda: the `/streams/{name}` entity API, and projections' `/views` beside it. All logic is in
+//! `event_store::entity` and `event_store::views`.
 
 use event_store::archive::object::Bucket;
 use event_store::config::StreamsConfig;
 use event_store::entity::http::StreamsApi;
 use event_store::entity::EntityStore;
 use event_store::privacy::Subjects;
+use event_store::views::http::ViewsApi;
 use lambda_http::{run, service_fn, Error, Request};
 
 #[tokio::main]
@@ -14,10 +16,12 @@ async fn main() -> Result<(), Error> {
     let aws = event_store::aws_config().await;
     let bucket = config.archive_bucket.clone().map(|name| Bucket::new(&aws, name));
     let subjects = Subjects::configured(&aws, config.subjects.as_ref())?;
-    let store = EntityStore::new(aws_sdk_dynamodb::Client::new(&aws), config.entity_table)
+    let dynamo = aws_sdk_dynamodb::Client::new(&aws);
+    let views = config.view_table.map(|table| ViewsApi::new(dynamo.clone(), table));
+    let store = EntityStore::new(dynamo, config.entity_table)
         .with_archive(bucket, config.inline_max_bytes)
         .with_subjects(subjects);
-    let api = StreamsApi::new(store);
+    let api = StreamsApi::new(store).with_views(views);
     let api = &api;
     run(service_fn(move |request: Request| async move { Ok::<_, Error>(api.handle(request).await) })).await
 }

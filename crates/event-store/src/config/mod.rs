@@ -414,6 +414,8 @@ pub struct StreamsConfig {
     pub archive_bucket: Option<String>,
     /// Per-subject encryption (`KEY_TABLE` and the rest): the data of subjects' streams is sealed.
     pub subjects: Option<SubjectsConfig>,
+    /// The projections' views (`VIEW_TABLE`), served at `/views`.
+    pub view_table: Option<String>,
 }
 
 impl StreamsConfig {
@@ -428,6 +430,7 @@ impl StreamsConfig {
             "SUBJECT_HASH_KEY",
             "STREAM_SUBJECTS",
             "KEY_CACHE_SECONDS",
+            "VIEW_TABLE",
         ],
     };
 
@@ -438,6 +441,7 @@ impl StreamsConfig {
             inline_max_bytes: inline_max_bytes(&env)?,
             archive_bucket: env.raw("ARCHIVE_BUCKET"),
             subjects: SubjectsConfig::from_env(&env, Role::Streams)?,
+            view_table: env.optional("VIEW_TABLE")?,
         })
     }
 }

@@ -8,6 +8,7 @@
 //! | `DELETE /streams/{name}` with `If-Match` | 201, 409, 404, 410, 428 |
 //! | `GET /streams/{name}/state` | 200, 304, 404 |
 //! | `PUT /streams/{name}/snapshot` with `If-Match` | 200, 409, 404, 428 |
+//! | `GET /views/{projection}[/{key}]` ([`ViewsApi`]) | 200, 404, 503 |
 
 use lambda_http::http::{header, HeaderMap, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
@@ -16,6 +17,7 @@ use tracing::{error, info};
 
 use super::{Direction, EntityError, EntityStore, Expected, Invalid};
 use crate::http::{body_text, check_json_content_type, json_response, Reject};
+use crate::views::http::ViewsApi;
 
 /// Events one `GET` returns unless `limit` says otherwise.
 pub const DEFAULT_PAGE_EVENTS: usize = 100;
@@ -136,24 +138,36 @@ fn rejected(r: Reject) -> Response<Body> {
     json_response(r.status, &json!({ "error": r.message }))
 }
 
-/// The `/streams` API of one entity table.
+/// The `/streams` API of one entity table, and the projections' `/views` beside it.
 pub struct StreamsApi {
     store: EntityStore,
+    views: Option<ViewsApi>,
 }
 
 impl StreamsApi {
     pub fn new(store: EntityStore) -> Self {
-        Self { store }
+        Self { store, views: None }
+    }
+
+    /// Serves `/views` too (`VIEW_TABLE`): read models, under the same auth as the streams they come from.
+    pub fn with_views(self, views: Option<ViewsApi>) -> Self {
+        Self { views, ..self }
     }
 
     /// True when `path` is one of this API's (the local server sends those here).
     pub fn serves(path: &str) -> bool {
-        route(path).is_some()
+        route(path).is_some() || ViewsApi::serves(path)
     }
 
     /// Answers one request. Never fails: every outcome is a response.
     pub async fn handle(&self, req: Request) -> Response<Body> {
         let path = req.uri().path().to_owned();
+        if route(&path).is_none() && ViewsApi::serves(&path) {
+            return match &self.views {
+                Some(views) => views.handle(&req).await,
+                None => rejected(reject(StatusCode::NOT_FOUND, "this stack serves no views (VIEW_TABLE)")),
+            };
+        }
         let answer = match (route(&path), req.method().clone()) {
             (Some(Route::Stream(name)), Method::POST) => self.append(&req, name, &path).await,
             (Some(Route::Stream(name)), Method::GET) => self.read(&req, name, &path).await,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tracing::info;
 
-use super::projections::{NewProjection, ViewQuery};
+use super::projections::NewProjection;
 use super::target::{self, Attempt, DeliveredEvent, Delivery, Position};
 use super::Subscriptions;
 use crate::bookkeeping::slot_index::{read_index, SlotRef};
@@ -15,6 +15,7 @@ use crate::log::Window;
 use crate::readers::subscriptions::spec::{self, NewSubscription, State, Target};
 use crate::readers::subscriptions::{self, Parked};
 use crate::time::now_ms;
+use crate::views::query::ViewQuery;
 
 /// A management request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

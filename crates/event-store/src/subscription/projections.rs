@@ -15,17 +15,14 @@ use crate::log::Select;
 use crate::readers::subscriptions::spec::{NewSubscription, ViewTarget};
 use crate::readers::subscriptions::{self};
 use crate::time::{format_ms, now_ms};
+use crate::views::query::{self, Found, ViewQuery};
 use crate::views::registry::{self, subscription_name, Code, Definition, Kind, Registered};
-use crate::views::table::{self as views, read_position};
+use crate::views::table as views;
 use crate::views::ViewEvent;
 
 /// Events per batch a projection's partition folds at once (Kinesis' 500:
 /// more events per transaction's position write, and more of a counter's adds summed).
 pub const PROJECTION_BATCH: usize = 500;
-/// Items a page of a view answers when the request sets no limit, and the most it may ask.
-pub const VIEW_PAGE: usize = 100;
-pub const MAX_VIEW_PAGE: usize = 1_000;
-
 /// `projection create`'s fields, as a user sends them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewProjection {
@@ -44,21 +41,6 @@ pub struct NewProjection {
     /// Where the view starts: `beginning` (the default: a read model of the whole log), `now`, or a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<String>,
-}
-
-/// A view query: one item, or a page in key order.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ViewQuery {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<usize>,
 }
 
 impl Subscriptions {
@@ -132,7 +114,7 @@ impl Subscriptions {
         let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
         let mut out = Vec::new();
         for registered in registry::list(dynamo, views_table).await? {
-            let position = self.view_position(&registered).await?;
+            let position = query::position(dynamo, views_table, &registered).await?;
             out.push(json!({ "projection": registered, "position": position }));
         }
         Ok(json!({ "projections": out }))
@@ -154,44 +136,14 @@ impl Subscriptions {
 
     /// One item of a projection's serving view, or a page of them, with the position the view reflects.
     pub(crate) async fn view(&self, query: ViewQuery) -> Result<Value> {
-        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
-        let registered = registry::existing(dynamo, views_table, &query.name).await?;
-        let view = registered.view(registered.serving);
-        let position = self.view_position(&registered).await?;
-        let mut answer = json!({ "projection": query.name, "version": view.version, "position": position });
-        match &query.key {
-            Some(key) => answer["item"] = json!(views::get(dynamo, views_table, &view, key).await?),
-            None => {
-                let limit = query.limit.unwrap_or(VIEW_PAGE);
-                if !(1..=MAX_VIEW_PAGE).contains(&limit) {
-                    return Err(Error::BadInput(format!("limit must be 1 to {MAX_VIEW_PAGE}, not {limit}")));
-                }
-                let prefix = query.prefix.as_deref().unwrap_or_default();
-                let items = views::page(dynamo, views_table, &view, (prefix, query.after.as_deref()), limit).await?;
-                if items.len() == limit {
-                    answer["next"] = json!(items.last().map(|i| i.key.clone()));
-                }
-                answer["items"] = json!(items);
-            }
+        match query::answer(&self.dynamo, self.view_table()?, &query).await? {
+            Found::Answer(answer) => Ok(answer),
+            Found::NoProjection => Err(Error::BadInput(format!("no projection {:?}", query.name))),
+            Found::Behind(version) => Err(Error::BadInput(format!(
+                "{:?} is at version {version:?}, not yet {:?}: ask again",
+                query.key, query.at_least_version
+            ))),
         }
-        Ok(answer)
-    }
-
-    /// Where a projection's serving version stands: each partition's last
-    /// applied event, and `through`, the arrival every partition has applied
-    /// the log up to (the least of theirs; absent while one has applied nothing).
-    async fn view_position(&self, registered: &Registered) -> Result<Value> {
-        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
-        let view = registered.view(registered.serving);
-        let mut partitions = Vec::new();
-        let mut through: Option<i64> = Some(i64::MAX);
-        for partition in 0..registered.definition.partitions {
-            let position = read_position(dynamo, views_table, &view, partition).await?;
-            let ms = position.at.as_ref().and_then(|at| at.sort_key.get(..13)).and_then(|ms| ms.parse::<i64>().ok());
-            through = through.zip(ms).map(|(a, b)| a.min(b));
-            partitions.push(json!({ "partition": partition, "at": position.at, "events": position.events }));
-        }
-        Ok(json!({ "through": through.map(format_ms), "partitions": partitions }))
     }
 }
 
@@ -214,6 +166,5 @@ mod tests {
                 .unwrap();
         assert!(matches!(code.kind, Kind::Code(Code::Function { .. })));
         assert!(serde_json::from_value::<NewProjection>(json!({"name": "x", "kind": "count"})).is_err());
-        assert!(serde_json::from_value::<ViewQuery>(json!({"name": "x", "typo": 1})).is_err());
     }
 }

@@ -13,7 +13,9 @@
 
 pub mod builtin;
 pub(crate) mod fold;
+pub mod http;
 pub mod lambda;
+pub mod query;
 pub mod registry;
 pub mod table;
 

@@ -265,28 +265,47 @@ pub(crate) async fn read_position(
         .send()
         .await
         .map_err(|e| Error::dynamo("GetItem", e))?;
-    let Some(item) = got.item else { return Ok(PartitionPosition::default()) };
+    Ok(got.item.as_ref().map(position_of).unwrap_or_default())
+}
+
+fn position_of(item: &Item) -> PartitionPosition {
     let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
     let at = match (number("at_slot"), item.get("at_key").and_then(|v| v.as_s().ok())) {
         (Some(slot), Some(sort_key)) => Some(Position { slot, sort_key: sort_key.clone() }),
         _ => None,
     };
     let redriven = item.get("redriven").and_then(|v| v.as_ss().ok()).map(|ids| ids.iter().cloned().collect());
-    Ok(PartitionPosition { at, events: number("events").unwrap_or(0) as u64, redriven: redriven.unwrap_or_default() })
+    PartitionPosition { at, events: number("events").unwrap_or(0) as u64, redriven: redriven.unwrap_or_default() }
 }
 
-/// The stored state and revision of each of `keys` that has an item
-/// (`BatchGetItem`, consistent, 100 keys a request, unprocessed keys asked again).
-async fn read_items(
+/// The positions of partitions `0..partitions` of `view`, in order (`BatchGetItem`, 100 a request).
+pub(crate) async fn positions(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
     view: &ViewRef,
-    keys: &BTreeSet<String>,
-) -> Result<HashMap<String, Stored>> {
-    let mut stored = HashMap::new();
-    let all: Vec<Item> = keys.iter().map(|k| key(view.item_key(k), k)).collect();
-    for chunk in all.chunks(100) {
-        let mut pending = KeysAndAttributes::builder().set_keys(Some(chunk.to_vec())).consistent_read(true).build()?;
+    partitions: u32,
+) -> Result<Vec<PartitionPosition>> {
+    let keys: Vec<Item> = (0..partitions).map(|p| key(view.position_key(p), POSITION_ITEM)).collect();
+    let mut found: HashMap<String, PartitionPosition> = HashMap::new();
+    for item in batch_get(dynamo, table, &keys, false).await? {
+        if let Some(hash) = item.get(HASH_KEY).and_then(|v| v.as_s().ok()) {
+            found.insert(hash.clone(), position_of(&item));
+        }
+    }
+    Ok((0..partitions).map(|p| found.remove(&view.position_key(p)).unwrap_or_default()).collect())
+}
+
+/// The items of `keys` that exist (`BatchGetItem`, 100 keys a request, unprocessed keys asked again).
+async fn batch_get(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    keys: &[Item],
+    consistent: bool,
+) -> Result<Vec<Item>> {
+    let mut out = Vec::new();
+    for chunk in keys.chunks(100) {
+        let mut pending =
+            KeysAndAttributes::builder().set_keys(Some(chunk.to_vec())).consistent_read(consistent).build()?;
         for attempt in 0.. {
             let got = dynamo
                 .batch_get_item()
@@ -294,22 +313,35 @@ async fn read_items(
                 .send()
                 .await
                 .map_err(|e| Error::dynamo("BatchGetItem", e))?;
-            for item in got.responses.and_then(|mut r| r.remove(table)).unwrap_or_default() {
-                let item = ViewItem::from_item(&item)?;
-                stored.insert(item.key, Stored { state: item.state, rev: item.rev });
-            }
+            out.extend(got.responses.and_then(|mut r| r.remove(table)).unwrap_or_default());
             match got.unprocessed_keys.and_then(|mut u| u.remove(table)) {
                 Some(left) if !left.keys().is_empty() => {
                     if attempt >= 8 {
-                        let source = format!("view {}: keys left unread", view.projection).into();
+                        let source = format!("{table}: {} keys left unread", left.keys().len()).into();
                         return Err(Error::Dynamo { operation: "BatchGetItem", source });
                     }
-                    crate::batch::Backoff::default().wait(attempt).await;
+                    Backoff::default().wait(attempt).await;
                     pending = left;
                 }
                 _ => break,
             }
         }
+    }
+    Ok(out)
+}
+
+/// The stored state and revision of each of `keys` that has an item (consistent reads).
+async fn read_items(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    view: &ViewRef,
+    keys: &BTreeSet<String>,
+) -> Result<HashMap<String, Stored>> {
+    let all: Vec<Item> = keys.iter().map(|k| key(view.item_key(k), k)).collect();
+    let mut stored = HashMap::new();
+    for item in batch_get(dynamo, table, &all, true).await? {
+        let item = ViewItem::from_item(&item)?;
+        stored.insert(item.key, Stored { state: item.state, rev: item.rev });
     }
     Ok(stored)
 }
