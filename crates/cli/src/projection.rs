@@ -8,7 +8,7 @@ use event_store::subscription::projections::NewProjection;
 use event_store::subscription::Manage;
 use event_store::views::builtin::{Builtin, By, Fold};
 use event_store::views::query::ViewQuery;
-use event_store::views::registry::{Code, Kind};
+use event_store::views::registry::{Code, Definition, Kind};
 
 use crate::select::SelectArgs;
 
@@ -40,6 +40,25 @@ pub enum Action {
         #[command(flatten)]
         select: SelectArgs,
     },
+    /// Build the next version from the log beside the serving one (a new definition: --kind and
+    /// its options; else the same), switched to once caught up; the serving one answers meanwhile.
+    Rebuild {
+        name: String,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long, default_value = "merge")]
+        fold: String,
+        #[arg(long)]
+        by: Option<String>,
+        #[arg(long)]
+        function: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        #[command(flatten)]
+        select: SelectArgs,
+    },
+    /// Stop a rebuild: the version being built is deleted.
+    CancelRebuild { name: String },
     /// Every projection, with where its partitions stand.
     List,
     /// Delete a projection: its subscription, then its view's items.
@@ -56,15 +75,7 @@ impl Action {
     pub fn request(self) -> Result<Manage> {
         Ok(match self {
             Action::Create { name, kind, fold, by, function, partitions, start, select } => {
-                let kind = match (kind.as_str(), by, function) {
-                    ("state", None, None) => Kind::Builtin(Builtin::State { fold: word::<Fold>("fold", &fold)? }),
-                    ("count", Some(by), None) => Kind::Builtin(Builtin::Count { by: word::<By>("by", &by)? }),
-                    ("function", None, Some(function)) => Kind::Code(Code::Function { function }),
-                    ("state" | "count" | "function", _, _) => anyhow::bail!(
-                        "--kind state takes --fold, count takes --by, function takes --function (and only those)"
-                    ),
-                    (other, _, _) => anyhow::bail!("--kind {other:?}: state, count or function"),
-                };
+                let kind = kind_of(&kind, &fold, by, function)?;
                 event_store::readers::subscriptions::spec::check_partitions(partitions)?;
                 Manage::CreateProjection(NewProjection {
                     name,
@@ -75,10 +86,38 @@ impl Action {
                     start: Some(start),
                 })
             }
+            Action::Rebuild { name, kind, fold, by, function, partitions, select } => {
+                let definition = match kind {
+                    Some(kind) => Some(Definition {
+                        kind: kind_of(&kind, &fold, by, function)?,
+                        select: select.select()?,
+                        partitions: event_store::readers::subscriptions::spec::check_partitions(partitions)?,
+                    }),
+                    None if by.is_some() || function.is_some() => {
+                        anyhow::bail!("a new definition starts with --kind")
+                    }
+                    None => None,
+                };
+                Manage::RebuildProjection { name, definition }
+            }
+            Action::CancelRebuild { name } => Manage::CancelRebuild { name },
             Action::List => Manage::Projections,
             Action::Delete { name } => Manage::DeleteProjection { name },
         })
     }
+}
+
+/// `--kind` with its own options: `state --fold`, `count --by`, `function --function`.
+fn kind_of(kind: &str, fold: &str, by: Option<String>, function: Option<String>) -> Result<Kind> {
+    Ok(match (kind, by, function) {
+        ("state", None, None) => Kind::Builtin(Builtin::State { fold: word::<Fold>("fold", fold)? }),
+        ("count", Some(by), None) => Kind::Builtin(Builtin::Count { by: word::<By>("by", &by)? }),
+        ("function", None, Some(function)) => Kind::Code(Code::Function { function }),
+        ("state" | "count" | "function", _, _) => {
+            anyhow::bail!("--kind state takes --fold, count takes --by, function takes --function (and only those)")
+        }
+        (other, _, _) => anyhow::bail!("--kind {other:?}: state, count or function"),
+    })
 }
 
 /// `event-store view NAME [KEY]`'s arguments.

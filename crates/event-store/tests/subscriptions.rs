@@ -1423,3 +1423,104 @@ async fn the_todo_example_keeps_the_seed_articles_read_model_from_a_function() {
     assert_eq!(get("/views/nope").await.0, 404);
     assert_eq!(get("/views/todos?limit=x").await.0, 400);
 }
+
+/// Issue 47: a rebuild under live appends. Version 2 (a changed definition: more partitions) is
+/// built beside version 1 while events keep coming; queries answer version 1, whole, until the
+/// tick that finds version 2 caught up switches to it; then version 1 is gone and the view is the
+/// fold of the whole log. A second rebuild is cancelled and leaves nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebuild_under_live_appends_switches_once_caught_up_and_queries_never_see_it_half_built() {
+    let env = TestEnv::start(1).await;
+    let target = LambdaTarget::start(&[CONSUMER]).await.unwrap();
+    // Runners of both versions add to the same counters at once: moto takes a transaction alone, as DynamoDB isolates one.
+    let alone = event_store_fault_proxy::FaultProxy::start_transactions_alone(&env.dynamo_endpoint()).await.unwrap();
+    let dynamo = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk)
+            .endpoint_url(&alone.endpoint)
+            .interceptor(env.counter.clone())
+            .build(),
+    );
+    let run_tick = || {
+        let (dynamo, kinesis, config) = (dynamo.clone(), env.kinesis.clone(), runs::subscription_config(&env.names));
+        let lambda = lambda_client(&env, &target);
+        let make = move |invoker| Subscriptions::new(dynamo, kinesis, lambda, config, invoker).with_backoff(quick());
+        run_subscriptions(make, json!({"source": "aws.events"}), deadline_in(Duration::from_secs(900)))
+    };
+    let types = 30;
+    posted_events(&env, 600, (types, 40), T0, 3_000).await;
+    let create = json!({"action": "create_projection", "name": "live", "kind": "count", "by": "type",
+        "partitions": 2, "start": format_ms(T0 - 60_000)});
+    manage(&env, &target, create).await.unwrap();
+    run_tick().await;
+    // The events a day view counts, in all.
+    let total = |answer: &Value| -> i64 {
+        answer["items"].as_array().unwrap().iter().map(|i| i["count"].as_i64().unwrap()).sum()
+    };
+    let page = json!({"action": "view", "name": "live", "prefix": "day/", "limit": 1000});
+    let before = manage(&env, &target, page.clone()).await.unwrap();
+    assert_eq!((before["version"].as_u64(), total(&before)), (Some(1), 600));
+    assert_eq!(before["items"].as_array().map(Vec::len), Some(types as usize), "a day per type");
+
+    let rebuild = json!({"action": "rebuild_projection", "name": "live",
+        "definition": {"kind": "count", "by": "type", "partitions": 4}});
+    let started = manage(&env, &target, rebuild.clone()).await.unwrap();
+    assert_eq!(started["version"], 2, "{started}");
+    assert!(manage(&env, &target, rebuild).await.is_err(), "one rebuild at a time");
+    // Live appends while version 2 is built: events arriving now, after version 1's position.
+    let now = now_ms();
+    let more: Vec<_> = (600..900)
+        .map(|i| {
+            let envelope = json!({"id": format!("posted-{i}"), "received_at": format_ms(now), "method": "POST",
+                "path": "/events", "query": {}, "headers": {}, "body": {"type": format!("t{}", i % types), "n": i}});
+            (format!("visitor-{}", i % 40), envelope.to_string().into_bytes(), now + (i - 600) * 5)
+        })
+        .collect();
+    buffer_through_pump(&env, &more).await;
+    tokio::time::sleep(Duration::from_millis(2_600)).await; // past their slots, so the pass completes them
+    scan_pass(&env).await;
+    let building = tokio::spawn(run_tick());
+    let mut looked = 0;
+    while !building.is_finished() {
+        let answer = manage(&env, &target, page.clone()).await.unwrap();
+        assert_eq!(answer["version"], 1, "the serving version until the switch");
+        assert!(total(&answer) >= 600, "never a half-built view: {answer}");
+        looked += 1;
+    }
+    building.await.unwrap();
+    let caught_up = manage(&env, &target, page.clone()).await.unwrap();
+    assert_eq!((caught_up["version"].as_u64(), total(&caught_up)), (Some(1), 900), "version 1 is live too");
+
+    // The next tick finds version 2 caught up: one write switches the queries, version 1 goes.
+    let ticked: Vec<Value> = run_tick().await.into_iter().map(|a| a.unwrap()).collect();
+    assert!(ticked.iter().any(|a| a["switched"] == json!(["live"])), "{ticked:?}");
+    let after = manage(&env, &target, page.clone()).await.unwrap();
+    assert_eq!((after["version"].as_u64(), total(&after)), (Some(2), 900), "the whole log");
+    let counted = |answer: &Value| -> Vec<(String, i64)> {
+        let items = answer["items"].as_array().unwrap().iter();
+        items.map(|i| (i["key"].as_str().unwrap().to_owned(), i["count"].as_i64().unwrap())).collect()
+    };
+    assert!(counted(&after) == counted(&caught_up), "the same counts, built again");
+    assert_eq!(after["position"]["partitions"].as_array().map(Vec::len), Some(4), "version 2's partitions");
+    let old: Vec<_> = env
+        .scan_table(&env.names.view_table)
+        .await
+        .into_iter()
+        .filter(|item| item["view"].as_s().unwrap().starts_with("live#v1#"))
+        .collect();
+    assert!(old.is_empty(), "version 1's items are deleted: {}", old.len());
+    let listed = manage(&env, &target, json!({"action": "list"})).await.unwrap();
+    let subs: Vec<&str> =
+        listed["subscriptions"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(subs, ["view.live.v2"]);
+
+    // A rebuild cancelled: version 3's subscription and items go; version 2 serves on.
+    let third = json!({"action": "rebuild_projection", "name": "live"});
+    assert_eq!(manage(&env, &target, third).await.unwrap()["version"], 3);
+    run_tick().await;
+    let cancelled = manage(&env, &target, json!({"action": "cancel_rebuild", "name": "live"})).await.unwrap();
+    assert!(cancelled["items"].as_u64().unwrap() > 0, "{cancelled}");
+    let left = env.scan_table(&env.names.view_table).await;
+    assert!(!left.iter().any(|item| item["view"].as_s().unwrap().starts_with("live#v3#")));
+    assert_eq!(manage(&env, &target, page).await.unwrap()["version"], 2);
+    println!("queries while version 2 was built: {looked}");
+}

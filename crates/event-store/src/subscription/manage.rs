@@ -16,6 +16,7 @@ use crate::readers::subscriptions::spec::{self, NewSubscription, State, Target};
 use crate::readers::subscriptions::{self, Parked};
 use crate::time::now_ms;
 use crate::views::query::ViewQuery;
+use crate::views::registry::Definition;
 
 /// A management request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +54,15 @@ pub enum Manage {
     DeleteProjection { name: String },
     /// One item of a projection's view (`key`), or a page of them in key order.
     View(ViewQuery),
+    /// Builds the projection's next version from the log beside the serving one (with a new
+    /// `definition`, or the same); queries switch to it once it has caught up.
+    RebuildProjection {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        definition: Option<Definition>,
+    },
+    /// Stops a rebuild and deletes the version it was building.
+    CancelRebuild { name: String },
 }
 
 impl Subscriptions {
@@ -113,6 +123,8 @@ impl Subscriptions {
             Manage::Projections => self.projections().await?,
             Manage::DeleteProjection { name } => self.delete_projection(&name).await?,
             Manage::View(query) => self.view(query).await?,
+            Manage::RebuildProjection { name, definition } => self.rebuild_projection(&name, definition).await?,
+            Manage::CancelRebuild { name } => self.cancel_rebuild(&name).await?,
         };
         Ok(answer)
     }

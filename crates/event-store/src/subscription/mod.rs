@@ -107,6 +107,9 @@ pub struct TickSummary {
     pub subscriptions: Vec<SubscriptionStatus>,
     /// Partition runners started.
     pub started: usize,
+    /// Projections whose rebuilt version serves from this tick on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub switched: Vec<String>,
 }
 
 impl Subscriptions {
@@ -233,7 +236,12 @@ impl Subscriptions {
         self.ensure_time_unit().await?;
         // An upgraded stack's subscriptions, still in slot -2, move (their partitions at their runners' takes).
         crate::readers::subscriptions::move_all(&self.dynamo, &self.config.event_table).await?;
-        let (complete_end, subscriptions) = self.statuses().await?;
+        let (mut complete_end, mut subscriptions) = self.statuses().await?;
+        // Rebuilt projections that caught up serve from now on; their old versions' runners are not started.
+        let switched = self.switch_rebuilt(&subscriptions).await?;
+        if !switched.is_empty() {
+            (complete_end, subscriptions) = self.statuses().await?;
+        }
         let mut started = 0;
         for sub in subscriptions.iter().filter(|s| s.subscription.state == State::Active) {
             let Some(sub) = self.rescale_step(sub, complete_end).await? else { continue };
@@ -248,7 +256,7 @@ impl Subscriptions {
             }
         }
         info!(subscriptions = subscriptions.len(), started, "subscriptions tick");
-        Ok(TickSummary { watermark: complete_end.map(format_ms), subscriptions, started })
+        Ok(TickSummary { watermark: complete_end.map(format_ms), subscriptions, started, switched })
     }
 }
 

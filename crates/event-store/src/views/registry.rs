@@ -51,16 +51,34 @@ pub struct Definition {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
     pub name: String,
+    /// The serving version's definition.
     pub definition: Definition,
     /// The version queries read.
     pub serving: u32,
+    /// Events that arrived from this time (ms) on are in its views: a rebuild starts here too.
+    pub start_ms: i64,
+    /// A version being built beside the serving one, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub building: Option<Building>,
     pub created_at: String,
 }
 
+/// A version being built from the log beside the serving one, until it has caught up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Building {
+    pub version: u32,
+    pub definition: Definition,
+    pub started_at: String,
+}
+
 impl Registered {
-    /// The view `version` writes (its items spread over as many buckets as it has partitions).
+    /// The view of the serving version (its items spread over as many buckets as it has partitions).
     pub(crate) fn view(&self, version: u32) -> ViewRef {
-        ViewRef { projection: self.name.clone(), version, buckets: self.definition.partitions }
+        let definition = match &self.building {
+            Some(building) if building.version == version => &building.definition,
+            _ => &self.definition,
+        };
+        ViewRef { projection: self.name.clone(), version, buckets: definition.partitions }
     }
 }
 
@@ -81,13 +99,42 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The registry item: the record, and the versions (serving, building or 0) conditions compare.
 fn item_of(registered: &Registered) -> Result<HashMap<String, AttributeValue>> {
     let record = serde_json::to_string(registered).map_err(|e| Error::encode("projection", e))?;
+    let building = registered.building.as_ref().map_or(0, |b| b.version);
     Ok(HashMap::from([
         (HASH_KEY.to_owned(), AttributeValue::S(REGISTRY.into())),
         (RANGE_KEY.to_owned(), AttributeValue::S(registered.name.clone())),
         ("record".to_owned(), AttributeValue::S(record)),
+        ("serving".to_owned(), AttributeValue::N(registered.serving.to_string())),
+        ("building".to_owned(), AttributeValue::N(building.to_string())),
     ]))
+}
+
+/// Replaces the registry item of `next.name` if it still has `was`'s versions: `false` when
+/// another change came first (a rebuild started, switched or cancelled meanwhile).
+pub(crate) async fn replace(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    was: &Registered,
+    next: &Registered,
+) -> Result<bool> {
+    let building = was.building.as_ref().map_or(0, |b| b.version);
+    let put = dynamo
+        .put_item()
+        .table_name(table)
+        .set_item(Some(item_of(next)?))
+        .condition_expression("serving = :serving AND building = :building")
+        .expression_attribute_values(":serving", AttributeValue::N(was.serving.to_string()))
+        .expression_attribute_values(":building", AttributeValue::N(building.to_string()))
+        .send()
+        .await;
+    match put {
+        Ok(_) => Ok(true),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => Ok(false),
+        Err(e) => Err(Error::dynamo("PutItem", e)),
+    }
 }
 
 fn registered_of(item: &HashMap<String, AttributeValue>) -> Result<Registered> {
