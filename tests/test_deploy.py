@@ -201,7 +201,10 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     assert streams == {
         "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table", "ARCHIVE_BUCKET": bucket, "INLINE_MAX_BYTES": "65536",
         "KEY_TABLE": f"{PREFIX}-key-table", "KEY_FUNCTION": f"{PREFIX}-keys",
-        "SUBJECT_HASH_KEY": PARAMETERS["SubjectHashKey"], "STREAM_SUBJECTS": "all", "KEY_CACHE_SECONDS": "60"}
+        "SUBJECT_HASH_KEY": PARAMETERS["SubjectHashKey"], "STREAM_SUBJECTS": "all", "KEY_CACHE_SECONDS": "60",
+        "VIEW_TABLE": f"{PREFIX}-view-table"}
+    # Projections' views: kept by the subscriptions function, read on /views, forgotten by privacy.
+    assert env["subscriptions"]["VIEW_TABLE"] == env["privacy"]["VIEW_TABLE"] == f"{PREFIX}-view-table"
     # Writers ask the keys function for new keys; only it makes them, under the stack's own KMS key.
     assert env["load"]["KEY_FUNCTION"] == f"{PREFIX}-keys" and "SUBJECT_KMS_KEY" not in env["load"]
     assert env["keys"]["SUBJECT_KMS_KEY"].startswith("arn:aws:kms:") and env["keys"]["KEY_TABLE"] == f"{PREFIX}-key-table"

@@ -24,11 +24,12 @@ pub async fn forget(stack: &Stack, subject: &str) -> Result<Value> {
                 .ok()
                 .filter(|k| !k.trim().is_empty())
                 .unwrap_or_else(|| event_store_emulator::resources::LOCAL_SUBJECT_HASH_KEY.to_owned());
-            let config = PrivacyConfig { key_table: key_table.clone(), hash_key };
+            let config = PrivacyConfig { key_table: key_table.clone(), hash_key, view_table: stack.view_table.clone() };
             let privacy = Privacy::new(
                 event_store::privacy::key_store(&stack.sdk, event_store::privacy::KeyStore::reading(key_table)),
                 &config,
-            );
+            )
+            .with_views(aws_sdk_dynamodb::Client::new(&stack.sdk), &config);
             Ok(privacy.handle(payload).await?)
         }
     }

@@ -52,8 +52,9 @@ pub enum Action {
         by: Option<String>,
         #[arg(long)]
         function: Option<String>,
-        #[arg(long, default_value_t = 1)]
-        partitions: u32,
+        /// Default 1, with --kind.
+        #[arg(long)]
+        partitions: Option<u32>,
         #[command(flatten)]
         select: SelectArgs,
     },
@@ -87,14 +88,17 @@ impl Action {
                 })
             }
             Action::Rebuild { name, kind, fold, by, function, partitions, select } => {
+                let select = select.select()?;
                 let definition = match kind {
                     Some(kind) => Some(Definition {
                         kind: kind_of(&kind, &fold, by, function)?,
-                        select: select.select()?,
-                        partitions: event_store::readers::subscriptions::spec::check_partitions(partitions)?,
+                        select,
+                        partitions: event_store::readers::subscriptions::spec::check_partitions(
+                            partitions.unwrap_or(1),
+                        )?,
                     }),
-                    None if by.is_some() || function.is_some() => {
-                        anyhow::bail!("a new definition starts with --kind")
+                    None if by.is_some() || function.is_some() || partitions.is_some() || !select.is_empty() => {
+                        anyhow::bail!("a new definition starts with --kind (and gives all of it)")
                     }
                     None => None,
                 };

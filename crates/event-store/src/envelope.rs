@@ -32,6 +32,9 @@ pub const MAX_PARTITION_KEY_CHARS: usize = 256;
 /// Stream names hold no `/`, so the key names one stream.
 pub const ENTITY_KEY_PREFIX: &str = "streams/";
 
+/// The type of the event `DELETE` appends.
+pub const STREAM_DELETED: &str = "StreamDeleted";
+
 /// The partition key of entity stream `stream`'s events in the log. Names
 /// are at most 248 bytes, so the key fits Kinesis' 256; a longer name (from
 /// before that limit) is cut and completed with a hash of the whole.

@@ -64,6 +64,7 @@ pub mod pump;
 pub mod queue;
 pub mod readers;
 pub mod scan;
+pub mod select;
 pub mod slices;
 pub mod status;
 pub mod subscription;

@@ -596,16 +596,69 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     );
     drop(proxy);
 
-    // Forgotten by the stream's name (the privacy function hashes it both ways): reads, the state and
-    // the log show it forgotten, in place.
-    let privacy = event_store::privacy::manage::Privacy::new(
-        keys(&env, &kms, Duration::ZERO),
-        &event_store::config::PrivacyConfig { key_table: env.names.key_table.clone(), hash_key: HASH_KEY.into() },
+    // A state view of both categories (issue 47), kept by runners that open the events.
+    let viewing = |invoker| {
+        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+        let config = runs::subscription_config(&env.names);
+        Subscriptions::new(env.dynamo.clone(), env.kinesis.clone(), lambda, config, invoker)
+            .with_archive(Some(bucket.clone()))
+            .with_keys(Some(keys(&env, &kms, Duration::ZERO)))
+    };
+    let manage = |action: Value| {
+        let (invoker, rx) = LocalInvoker::channel();
+        let subs = viewing(Arc::new(invoker));
+        async move {
+            let answer = subs.handle(action, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+            drop(rx);
+            answer.to_json().unwrap()
+        }
+    };
+    let project =
+        || runs::run_subscriptions(viewing, json!({"source": "aws.events"}), deadline_in(Duration::from_secs(300)));
+    manage(json!({"action": "create_projection", "name": "people", "kind": "state", "category": ["user", "order"],
+        "start": format_ms(start)}))
+    .await;
+    project().await;
+    let item = |key: &'static str| manage(json!({"action": "view", "name": "people", "key": key}));
+    let before = item("user-7").await;
+    assert_eq!(
+        before["item"]["state"]["note"], "alice-secret/history",
+        "merged in version order: {}",
+        before["item"]["stream_version"]
     );
+    assert_eq!(item("order-1").await["item"]["state"], json!({"n": 1}));
+
+    // Forgotten by the stream's name (the privacy function hashes it both ways): reads, the state,
+    // the log and the state view show it forgotten, in place.
+    let config = event_store::config::PrivacyConfig {
+        key_table: env.names.key_table.clone(),
+        hash_key: HASH_KEY.into(),
+        view_table: Some(env.names.view_table.clone()),
+    };
+    let privacy = event_store::privacy::manage::Privacy::new(keys(&env, &kms, Duration::ZERO), &config)
+        .with_views(env.dynamo.clone(), &config);
     env.counter.reset();
     let forgot = privacy.handle(json!({"action": "forget", "subject": "user-7", "by": "dpo"})).await.unwrap();
     common::assert_allowed_by_the_template(&env.counter, "PrivacyFunction");
     assert_eq!((forgot["forgotten"].as_str(), forgot["generations"].as_u64()), (Some("done"), Some(1)), "{forgot}");
+    assert_eq!(forgot["view_items"], 1, "user-7's item in the state view: {forgot}");
+    let gone = item("user-7").await;
+    assert!(gone["forgotten"]["at"].is_string() && gone.get("item").is_none(), "{gone}");
+    assert_eq!(item("order-1").await["item"]["state"], json!({"n": 1}), "another stream's item, untouched");
+    for view in env.scan_table(&env.names.view_table).await {
+        assert_eq!(in_the_clear(format!("{view:?}").as_bytes()), None, "the views table");
+    }
+    // Rebuilt after the forget: the events reach the new version as forgotten, so it holds the marker too.
+    manage(json!({"action": "rebuild_projection", "name": "people"})).await;
+    project().await;
+    project().await;
+    let rebuilt = manage(json!({"action": "view", "name": "people", "key": "user-7"})).await;
+    assert_eq!(rebuilt["forgotten"]["generation"], 0, "the forgotten events' marker: {rebuilt}");
+    let order = manage(json!({"action": "view", "name": "people", "key": "order-1"})).await;
+    assert_eq!((order["version"].as_u64(), &order["item"]["state"]), (Some(2), &json!({"n": 1})));
+    for view in env.scan_table(&env.names.view_table).await {
+        assert_eq!(in_the_clear(format!("{view:?}").as_bytes()), None, "the views table, rebuilt");
+    }
     assert_eq!(forgot["stream_subject"], subject.as_str());
     let reader = EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone())
         .with_archive(Some(bucket.clone()), 64 * 1024)

@@ -37,7 +37,13 @@ fn functions() -> Vec<(&'static str, Variables, &'static [&'static str], &'stati
         ("ScanFunction", ScanConfig::VARIABLES, event_store::scan::AWS_ACTIONS, &[]),
         ("PlaybackFunction", PlaybackConfig::VARIABLES, event_store::playback::AWS_ACTIONS, &[]),
         ("SubscriptionsFunction", SubscriptionConfig::VARIABLES, event_store::subscription::AWS_ACTIONS, &[]),
-        ("StreamsFunction", StreamsConfig::VARIABLES, event_store::entity::AWS_ACTIONS, &[]),
+        // And GET /views beside /streams: the views' reads.
+        (
+            "StreamsFunction",
+            StreamsConfig::VARIABLES,
+            event_store::entity::AWS_ACTIONS,
+            event_store::views::http::AWS_ACTIONS,
+        ),
         ("ArchiveFunction", ArchiveConfig::VARIABLES, event_store::archiver::AWS_ACTIONS, &[]),
         ("PrivacyFunction", PrivacyConfig::VARIABLES, event_store::privacy::manage::AWS_ACTIONS, &[]),
         ("KeysFunction", KeysConfig::VARIABLES, event_store::privacy::manage::KEYS_AWS_ACTIONS, &[]),
@@ -320,13 +326,14 @@ fn the_relay_sees_only_batch_items_holds_a_stream_before_its_mapping_gives_up_an
         .map(|k| k["AttributeName"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(keys, [event_store::entity::model::HASH_KEY, event_store::entity::model::RANGE_KEY]);
-    // The entity API is application data: every /streams route is signed (SigV4), unlike the pixel.
+    // The entity API is application data: every /streams route is signed (SigV4), unlike the pixel;
+    // so are the views (read models of it) beside it.
     let events = template["Resources"]["StreamsFunction"]["Properties"]["Events"].as_mapping().unwrap();
-    assert_eq!(events.len(), 5);
+    let paths: Vec<&str> = events.values().map(|e| e["Properties"]["Path"].as_str().unwrap()).collect();
+    assert_eq!(paths.iter().filter(|p| p.starts_with("/streams/{name}")).count(), 5, "{paths:?}");
+    assert_eq!(paths.iter().filter(|p| p.starts_with("/views/{projection}")).count(), 2, "{paths:?}");
     for (name, event) in events {
-        let properties = &event["Properties"];
-        assert!(properties["Path"].as_str().unwrap().starts_with("/streams/{name}"), "{name:?}");
-        assert_eq!(properties["Auth"]["Authorizer"].as_str(), Some("AWS_IAM"), "{name:?}");
+        assert_eq!(event["Properties"]["Auth"]["Authorizer"].as_str(), Some("AWS_IAM"), "{name:?}");
     }
 }
 

@@ -15,7 +15,8 @@ async fn main() -> Result<(), Error> {
     let privacy = Privacy::new(
         event_store::privacy::key_store(&aws, event_store::privacy::KeyStore::reading(config.key_table.clone())),
         &config,
-    );
+    )
+    .with_views(aws_sdk_dynamodb::Client::new(&aws), &config);
     let privacy = &privacy;
     run(service_fn(
         move |event: LambdaEvent<Value>| async move { Ok::<_, Error>(privacy.handle(event.payload).await?) },

@@ -5,7 +5,9 @@
 //! A subscription created before the first hit (4 partitions, a Kinesis
 //! target) must have delivered every event too, in order per key. Entity
 //! streams appended over `/streams` first (the Todo flow, the Counter, a few
-//! accounts) must come back in both, each stream in version order.
+//! accounts) must come back in both, each stream in version order. Two
+//! projections made at the start (the entity streams' state, the hits per
+//! page) must hold exactly what was sent, read back over `/views`.
 
 mod check;
 mod delivered;
@@ -13,6 +15,7 @@ mod hits;
 mod report;
 mod steps;
 mod stored;
+mod views;
 mod watermark;
 
 use std::time::{Duration, Instant};
@@ -41,6 +44,7 @@ struct Outcome {
     played: Played,
     verified: Verified,
     delivered: Delivered,
+    views: views::ViewsReport,
 }
 
 /// `rate`: pixel hits a second at most (none: as fast as `concurrency` allows).
@@ -57,12 +61,13 @@ pub async fn run(
     let load = steps::send_pixel_hits(&demo, events, (concurrency, rate)).await;
     let stored = steps::wait_for_the_event_table(&demo, &entities, &load).await?;
     steps::wait_for_the_subscription(&demo, &stored).await?;
+    let views = steps::check_the_views(&demo, &entities, &load, &stored).await?;
     let archived = steps::archive_first_half(&demo, &stored).await?;
     let played = steps::play_back(&demo).await?;
     let verified = steps::verify_the_archive(&demo, played.window_end).await?;
     let delivered = steps::read_back(&demo, &stored).await?;
     let idle = steps::idle_probes(&demo, probes).await?;
     let stack = steps::stop(demo).await?;
-    let outcome = Outcome { entities, load, stored, archived, played, verified, delivered };
+    let outcome = Outcome { entities, load, stored, archived, played, verified, delivered, views };
     Ok(Report::of(&outcome, idle, &stack, started))
 }

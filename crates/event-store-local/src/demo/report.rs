@@ -36,6 +36,8 @@ pub struct Report {
     pub scan_interval: Duration,
     /// The first half of the window, archived to S3 before the playback, and the chain verified.
     pub archive: ArchiveReport,
+    /// The demo's projections, read back over `/views`.
+    pub views: super::views::ViewsReport,
     pub lines: Vec<String>,
 }
 
@@ -90,6 +92,8 @@ impl Report {
             && self.entity_problems.is_empty()
             && self.archive.events > 0
             && self.archive.first_break.is_none()
+            && self.views.problems.is_empty()
+            && self.views.streams_checked > 0
     }
 
     /// The report of a run (`started` at its start): what the checks found, the figures, the lines.
@@ -113,6 +117,7 @@ impl Report {
         let subscription_check = check(stored, subscribed, accepted);
         let entity_run = &run.entities.run;
         report.entity_events = entity_run.events();
+        report.views = run.views.clone();
         report.entity_problems = entity_run.problems.clone();
         report.entity_problems.extend(crate::entities::check_versions(&entity_run.streams, played, "playback"));
         report.entity_problems.extend(crate::entities::check_versions(&entity_run.streams, subscribed, "subscription"));
@@ -257,6 +262,14 @@ pub fn print(report: &Report) {
     for problem in &report.entity_problems {
         println!("entity problem       {problem}");
     }
+    println!(
+        "views                {:>7}  (entity streams at their versions and pages counted, read over /views{})",
+        report.views.streams_checked + report.views.pages_checked,
+        if report.views.problems.is_empty() { ", checked" } else { ": FAILED" }
+    );
+    for problem in &report.views.problems {
+        println!("view problem         {problem}");
+    }
     let archive = &report.archive;
     println!(
         "archived             {:>7}  (in {} objects; hash chain: {} entries verified{})",
@@ -296,6 +309,7 @@ impl Report {
             "latency_p50_ms": self.latency_p50_ms, "latency_p99_ms": self.latency_p99_ms,
             "archived": self.archive.events, "archive_objects": self.archive.objects,
             "archive_verified_entries": self.archive.verified_entries, "archive_break": self.archive.first_break,
+            "view_problems": self.views.problems,
         })
     }
 }

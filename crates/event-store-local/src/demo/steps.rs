@@ -37,6 +37,8 @@ pub(super) struct Demo {
     subscription: String,
     /// The played-back window's start (the subscription's too).
     window_start: i64,
+    /// The demo's projections.
+    views: super::views::Views,
     run_id: String,
     services: JoinSet<()>,
     stop: watch::Sender<bool>,
@@ -118,7 +120,8 @@ pub(super) async fn start(settings: Settings) -> Result<Demo> {
             ..Default::default()
         }))
         .await?;
-    Ok(Demo { watching, completions, subscriptions, subscription, window_start, run_id, services, stop, stack })
+    let views = super::views::create(&subscriptions, &run_id, window_start).await?;
+    Ok(Demo { watching, completions, subscriptions, subscription, window_start, views, run_id, services, stop, stack })
 }
 
 /// Appends to entity streams over `/streams`: the Todo flow, the Counter, the account streams, the contended one.
@@ -165,6 +168,17 @@ pub(super) async fn wait_for_the_subscription(demo: &Demo, stored: &Stored) -> R
     // The subscription delivers the last events before the playback starts, so that the playback's
     // load on the emulator is not measured as the subscription's latency.
     wait_until_counted(&demo.subscriptions, &demo.subscription, stored.items.len()).await
+}
+
+/// Reads the demo's projections back over `/views` and checks them against what was sent.
+pub(super) async fn check_the_views(
+    demo: &Demo,
+    entities: &Entities,
+    load: &Load,
+    stored: &Stored,
+) -> Result<super::views::ViewsReport> {
+    let place = (&demo.subscriptions, demo.stack.settings.port);
+    super::views::check(place, &demo.views, (&entities.run, load.hits), stored.items.len()).await
 }
 
 /// Archives the slots before the median stored event's arrival, as the
@@ -261,8 +275,11 @@ pub(super) async fn idle_probes(demo: &Demo, probes: Probes) -> Result<Measured>
 /// Deletes the demo's subscription and stops the services; the stack (for the report's figures) is kept.
 pub(super) async fn stop(demo: Demo) -> Result<Stack> {
     // Bound in the order `start` made them: on an error they drop in reverse, the stack last.
-    let Demo { stack, stop, mut services, subscription, subscriptions, .. } = demo;
+    let Demo { stack, stop, mut services, subscription, subscriptions, views, .. } = demo;
     subscriptions.manage(Manage::Delete { name: subscription }).await?;
+    for name in [views.state, views.pages] {
+        subscriptions.manage(Manage::DeleteProjection { name }).await?;
+    }
     let _ = stop.send(true);
     while services.join_next().await.is_some() {}
     Ok(stack)

@@ -83,19 +83,26 @@ pub(super) enum Role {
     Streams,
 }
 
-/// The `privacy` function's (`forget`): the key table, and the secret subjects are hashed with.
+/// The `privacy` function's (`forget`): the key table, the secret subjects are hashed with, and the
+/// projections' views (`VIEW_TABLE`), where a forgotten stream's state is replaced by the marker.
 #[derive(Debug, Clone)]
 pub struct PrivacyConfig {
     pub key_table: String,
     pub hash_key: String,
+    pub view_table: Option<String>,
 }
 
 impl PrivacyConfig {
-    pub const VARIABLES: Variables = Variables { required: &["KEY_TABLE", "SUBJECT_HASH_KEY"], optional: &[] };
+    pub const VARIABLES: Variables =
+        Variables { required: &["KEY_TABLE", "SUBJECT_HASH_KEY"], optional: &["VIEW_TABLE"] };
 
     pub fn from_env() -> Result<Self> {
         let env = Env(Self::VARIABLES);
-        let config = Self { key_table: env.var("KEY_TABLE")?, hash_key: env.var("SUBJECT_HASH_KEY")? };
+        let config = Self {
+            key_table: env.var("KEY_TABLE")?,
+            hash_key: env.var("SUBJECT_HASH_KEY")?,
+            view_table: env.optional("VIEW_TABLE")?,
+        };
         if config.hash_key.len() < MIN_HASH_KEY_BYTES {
             return Err(Error::Config(format!("SUBJECT_HASH_KEY: at least {MIN_HASH_KEY_BYTES} characters")));
         }

@@ -42,6 +42,14 @@ fn route(path: &str) -> Option<Route<'_>> {
     }
 }
 
+/// A `/views` path: one whose first `views` segment comes before any `streams` one (a view's key
+/// may hold `streams/...`, and a base path may hold either word: the API's own segment is first).
+fn views_first(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    let first = |word: &str| segments.iter().position(|s| *s == word);
+    ViewsApi::serves(path) && first("views") < first("streams").or(Some(usize::MAX))
+}
+
 fn reject(status: StatusCode, message: impl Into<String>) -> Reject {
     Reject::new(status, message)
 }
@@ -162,7 +170,7 @@ impl StreamsApi {
     /// Answers one request. Never fails: every outcome is a response.
     pub async fn handle(&self, req: Request) -> Response<Body> {
         let path = req.uri().path().to_owned();
-        if route(&path).is_none() && ViewsApi::serves(&path) {
+        if views_first(&path) {
             return match &self.views {
                 Some(views) => views.handle(&req).await,
                 None => rejected(reject(StatusCode::NOT_FOUND, "this stack serves no views (VIEW_TABLE)")),
@@ -315,6 +323,8 @@ mod tests {
         assert!(route("/streams/a/b/c").is_none());
         assert!(route("/track.gif").is_none());
         assert!(StreamsApi::serves("/streams/x") && !StreamsApi::serves("/events"));
+        assert!(views_first("/views/pages/day/x//streams/foo"), "a view's key may hold streams/");
+        assert!(views_first("/prod/views/t/k") && !views_first("/streams/views"));
     }
 
     #[test]

@@ -53,8 +53,7 @@ pub const MAX_TYPE_BYTES: usize = 256;
 const VERSION_DIGITS: usize = 12;
 /// The highest version a stream may reach.
 pub const MAX_VERSION: u64 = 999_999_999_999;
-/// The type of the event `DELETE` appends.
-pub const STREAM_DELETED: &str = "StreamDeleted";
+pub use crate::envelope::STREAM_DELETED;
 
 /// Why a request cannot be acted on; the message is safe to show the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

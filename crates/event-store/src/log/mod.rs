@@ -16,11 +16,10 @@ pub mod copies;
 pub(crate) mod objects;
 pub mod reader;
 pub mod record;
-pub mod select;
 pub mod tiers;
 pub(crate) mod window;
 
 pub use crate::position::{Checkpoint, Lookback};
+pub use crate::select::{Select, Source};
 pub use record::{PlayedEvent, RecordFormat};
-pub use select::{Select, Source};
 pub use window::{Filter, Window};

@@ -8,9 +8,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::log::select::Select;
 use crate::log::window::{Filter, Window};
 use crate::log::RecordFormat;
+use crate::select::Select;
 use crate::slices::KeyRange;
 use crate::time::parse_time;
 

@@ -21,11 +21,11 @@ use crate::kinesis::{put_in_key_order, send_put_records, stored_since, OutgoingR
 use crate::log::copies::RecentIds;
 use crate::log::reader::Page;
 use crate::log::record::{fits_one_record, kinesis_records, PlayedEvent};
-use crate::log::select::pass_over;
 use crate::log::tiers::Readable;
 use crate::log::Checkpoint;
 use crate::log::Window;
 use crate::readers::playbacks;
+use crate::select::pass_over;
 use crate::time::{format_ms, now_ms, remaining};
 
 /// How long before a put its read-back starts, for clock differences with Kinesis.

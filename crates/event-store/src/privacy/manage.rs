@@ -39,11 +39,18 @@ pub enum Request {
 pub struct Privacy {
     keys: Arc<Keys>,
     hash_key: Vec<u8>,
+    /// The projections' views (`VIEW_TABLE`) and a client of them.
+    views: Option<(aws_sdk_dynamodb::Client, String)>,
 }
 
 impl Privacy {
     pub fn new(keys: Arc<Keys>, config: &PrivacyConfig) -> Self {
-        Self { keys, hash_key: config.hash_key.as_bytes().to_vec() }
+        Self { keys, hash_key: config.hash_key.as_bytes().to_vec(), views: None }
+    }
+
+    /// Forgets in the projections' views too: a `state` view's item of the stream of that name.
+    pub fn with_views(self, dynamo: aws_sdk_dynamodb::Client, config: &PrivacyConfig) -> Self {
+        Self { views: config.view_table.clone().map(|table| (dynamo, table)), ..self }
     }
 
     /// Answers one action: `{"subject": <hash>, "stream_subject": <hash>, "forgotten": "done" | "already" |
@@ -68,10 +75,17 @@ impl Privacy {
                         Forgot::Already | Forgot::Unknown => {}
                     }
                 }
-                info!(subject = %hash, stream_subject = %stream, by = %by, outcome, generations, "forget");
-                Ok(
-                    json!({ "subject": hash, "stream_subject": stream, "forgotten": outcome, "generations": generations }),
-                )
+                // The views' copies: whatever the keys' outcome (a forget repeated after a crash finishes it).
+                let views = match &self.views {
+                    Some((dynamo, table)) => {
+                        let marker = json!({ "at": crate::time::format_ms(crate::time::now_ms()) });
+                        crate::views::registry::forget(dynamo, table, &subject, &marker).await?
+                    }
+                    None => 0,
+                };
+                info!(subject = %hash, stream_subject = %stream, by = %by, outcome, generations, views, "forget");
+                Ok(json!({ "subject": hash, "stream_subject": stream, "forgotten": outcome, "generations": generations,
+                    "view_items": views }))
             }
         }
     }

@@ -26,6 +26,7 @@ pub(crate) mod follow;
 pub mod manage;
 pub mod metrics;
 pub mod projections;
+pub(crate) mod rebuild;
 pub(crate) mod run;
 pub(crate) mod runner;
 pub(crate) mod target;
@@ -238,7 +239,7 @@ impl Subscriptions {
         crate::readers::subscriptions::move_all(&self.dynamo, &self.config.event_table).await?;
         let (mut complete_end, mut subscriptions) = self.statuses().await?;
         // Rebuilt projections that caught up serve from now on; their old versions' runners are not started.
-        let switched = self.switch_rebuilt(&subscriptions).await?;
+        let switched = self.tend_projections(&subscriptions).await;
         if !switched.is_empty() {
             (complete_end, subscriptions) = self.statuses().await?;
         }

@@ -12,23 +12,19 @@ use super::target::{self, Attempt, Delivery};
 use super::Subscriptions;
 use crate::error::{Error, Result};
 use crate::log::Select;
-use crate::readers::subscriptions::spec::{self, NewSubscription, ViewTarget};
-use crate::readers::subscriptions::spec::{parse_start, Subscription};
-use crate::readers::subscriptions::SubscriptionStatus;
+use crate::readers::subscriptions::spec::{parse_start, NewSubscription, Subscription, Target, ViewTarget};
 use crate::readers::subscriptions::{self};
 use crate::time::{format_ms, now_ms};
 use crate::views::query::{self, Found, ViewQuery};
-use crate::views::registry::{self, subscription_name, Building, Code, Definition, Kind, Registered};
+use crate::views::registry::{self, subscription_name, Code, Definition, Kind, Registered};
 use crate::views::table as views;
 use crate::views::ViewEvent;
 use crate::views::ViewRef;
 
-/// How close to the complete end every partition of a version being built must be before
-/// queries switch to it (its lag, as `subscription list` shows it).
-pub const REBUILD_CAUGHT_UP: std::time::Duration = std::time::Duration::from_secs(30);
 /// Events per batch a projection's partition folds at once (Kinesis' 500:
 /// more events per transaction's position write, and more of a counter's adds summed).
 pub const PROJECTION_BATCH: usize = 500;
+
 /// `projection create`'s fields, as a user sends them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewProjection {
@@ -50,7 +46,7 @@ pub struct NewProjection {
 }
 
 impl Subscriptions {
-    fn view_table(&self) -> Result<&str> {
+    pub(super) fn view_table(&self) -> Result<&str> {
         self.config.view_table.as_deref().ok_or_else(|| {
             Error::Config("VIEW_TABLE is not set: this stack has no views table (deploy the current template)".into())
         })
@@ -100,14 +96,15 @@ impl Subscriptions {
             name: new.name.clone(),
             definition,
             serving: 1,
+            instance: Some(registry::new_instance()),
             start_ms,
             building: None,
             created_at: format_ms(now),
         };
-        let sub = version_subscription(&registered, 1, &registered.definition, now)?;
+        let sub = version_subscription(&registered.view(1), &registered, &registered.definition, now)?;
         registry::create(dynamo, views_table, &registered).await?;
         if let Err(err) = subscriptions::create(dynamo, &self.config.event_table, &sub).await {
-            registry::remove(dynamo, views_table, &new.name).await?;
+            registry::remove(dynamo, views_table, &new.name, Some(&registered)).await?;
             return Err(err);
         }
         info!(projection = %new.name, subscription = %sub.name, partitions = sub.partitions, "projection created");
@@ -125,109 +122,33 @@ impl Subscriptions {
         Ok(json!({ "projections": out }))
     }
 
-    /// Deletes a projection: each version's subscription first (no runner writes after), then its
-    /// items, then its name.
+    /// Deletes a projection: its name first (only while no rebuild started, switched or ended
+    /// meanwhile), then each version's subscription (no runner writes after) and items.
     pub(crate) async fn delete_projection(&self, name: &str) -> Result<Value> {
         let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
         let registered = registry::existing(dynamo, views_table, name).await?;
-        let mut items = 0;
-        for version in std::iter::once(registered.serving).chain(registered.building.as_ref().map(|b| b.version)) {
-            items += self.drop_version(&registered, version).await?;
+        if !registry::remove(dynamo, views_table, name, Some(&registered)).await? {
+            return Err(Error::BadInput(format!("projection {name:?} changed meanwhile: ask again")));
         }
-        registry::remove(dynamo, views_table, name).await?;
+        let mut items = 0;
+        for view in registered.views() {
+            items += self.drop_version(&view).await?;
+        }
         info!(projection = name, items, "projection deleted");
         Ok(json!({ "deleted": name, "items": items }))
     }
 
-    /// Deletes one version: its subscription, then its items; the items deleted.
-    async fn drop_version(&self, registered: &Registered, version: u32) -> Result<usize> {
+    /// Deletes one version: its subscription (only if it keeps this very view), then its items;
+    /// the items deleted. A runner in flight may still write its batch after: under this version's
+    /// own keys (its instance's), which nothing reads again.
+    pub(super) async fn drop_version(&self, view: &ViewRef) -> Result<usize> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        let sub = subscription_name(&registered.name, version);
-        if subscriptions::get(dynamo, table, &sub).await?.is_some() {
+        let sub = subscription_name(&view.projection, view.version);
+        let keeps = |s: &Subscription| matches!(&s.target, Target::View(t) if &t.view == view);
+        if subscriptions::get(dynamo, table, &sub).await?.is_some_and(|s| keeps(&s)) {
             subscriptions::delete(dynamo, table, &sub).await?;
         }
-        registry::clear(dynamo, self.view_table()?, &registered.view(version)).await
-    }
-
-    /// Starts building the next version beside the serving one, from the projection's start, with
-    /// `definition` (a changed one) or the serving one's; queries switch to it once it has caught up.
-    pub(crate) async fn rebuild_projection(&self, name: &str, definition: Option<Definition>) -> Result<Value> {
-        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
-        let registered = registry::existing(dynamo, views_table, name).await?;
-        if let Some(building) = &registered.building {
-            return Err(Error::BadInput(format!(
-                "projection {name:?} is building version {} already: cancel it first",
-                building.version
-            )));
-        }
-        let definition = definition.unwrap_or_else(|| registered.definition.clone());
-        definition.select.check()?;
-        spec::check_partitions(definition.partitions)?;
-        if let Kind::Code(Code::Function { function }) = &definition.kind {
-            target::check_function(&self.lambda, function).await?;
-        }
-        let version = registered.serving + 1;
-        let now = now_ms();
-        let building = Building { version, definition: definition.clone(), started_at: format_ms(now) };
-        let next = Registered { building: Some(building), ..registered.clone() };
-        let sub = version_subscription(&next, version, &definition, now)?;
-        // What a crash between the writes below left of this version, cleared first.
-        self.drop_version(&next, version).await?;
-        if !registry::replace(dynamo, views_table, &registered, &next).await? {
-            return Err(Error::BadInput(format!("projection {name:?} changed meanwhile: ask again")));
-        }
-        subscriptions::create(dynamo, &self.config.event_table, &sub).await?;
-        info!(projection = name, version, "projection rebuild started");
-        Ok(json!({ "rebuilding": name, "version": version, "subscription": sub.name }))
-    }
-
-    /// Stops a rebuild: the version being built is deleted; the serving one goes on.
-    pub(crate) async fn cancel_rebuild(&self, name: &str) -> Result<Value> {
-        let (dynamo, views_table) = (&self.dynamo, self.view_table()?);
-        let registered = registry::existing(dynamo, views_table, name).await?;
-        let Some(building) = registered.building.clone() else {
-            return Err(Error::BadInput(format!("projection {name:?} is not being rebuilt")));
-        };
-        let next = Registered { building: None, ..registered.clone() };
-        if !registry::replace(dynamo, views_table, &registered, &next).await? {
-            return Err(Error::BadInput(format!("projection {name:?} changed meanwhile: ask again")));
-        }
-        let items = self.drop_version(&registered, building.version).await?;
-        info!(projection = name, version = building.version, items, "projection rebuild cancelled");
-        Ok(json!({ "cancelled": name, "version": building.version, "items": items }))
-    }
-
-    /// The tick's part: each version being built whose every partition is within
-    /// [`REBUILD_CAUGHT_UP`] of the complete end becomes the serving one (one conditional
-    /// write), and the version it replaces is deleted. The names of the projections switched.
-    pub(crate) async fn switch_rebuilt(&self, statuses: &[SubscriptionStatus]) -> Result<Vec<String>> {
-        let Some(views_table) = self.config.view_table.as_deref() else { return Ok(Vec::new()) };
-        let bound = REBUILD_CAUGHT_UP.as_millis() as i64;
-        let mut switched = Vec::new();
-        for registered in registry::list(&self.dynamo, views_table).await? {
-            let Some(building) = &registered.building else { continue };
-            let sub = subscription_name(&registered.name, building.version);
-            let caught_up = statuses.iter().find(|s| s.subscription.name == sub).is_some_and(|s| {
-                s.partitions.len() == s.subscription.partitions as usize
-                    && s.partitions.iter().all(|p| p.lag_ms.is_some_and(|lag| lag <= bound))
-            });
-            if !caught_up {
-                continue;
-            }
-            let next = Registered {
-                definition: building.definition.clone(),
-                serving: building.version,
-                building: None,
-                ..registered.clone()
-            };
-            if !registry::replace(&self.dynamo, views_table, &registered, &next).await? {
-                continue;
-            }
-            let items = self.drop_version(&registered, registered.serving).await?;
-            info!(projection = %registered.name, version = building.version, old_items = items, "projection switched to its rebuilt version");
-            switched.push(registered.name.clone());
-        }
-        Ok(switched)
+        registry::clear(dynamo, self.view_table()?, view).await
     }
 
     /// One item of a projection's serving view, or a page of them, with the position the view reflects.
@@ -235,6 +156,7 @@ impl Subscriptions {
         match query::answer(&self.dynamo, self.view_table()?, &query).await? {
             Found::Answer(answer) => Ok(answer),
             Found::NoProjection => Err(Error::BadInput(format!("no projection {:?}", query.name))),
+            Found::Forgotten(marker) => Ok(json!({ "projection": query.name, "key": query.key, "forgotten": marker })),
             Found::Behind(version) => Err(Error::BadInput(format!(
                 "{:?} is at version {version:?}, not yet {:?}: ask again",
                 query.key, query.at_least_version
@@ -243,23 +165,22 @@ impl Subscriptions {
     }
 }
 
-/// The subscription that keeps `version` of `registered` with `definition`.
-fn version_subscription(
+/// The subscription that keeps `view`, a version of `registered` with `definition`.
+pub(super) fn version_subscription(
+    view: &ViewRef,
     registered: &Registered,
-    version: u32,
     definition: &Definition,
     now: i64,
 ) -> Result<Subscription> {
     let subscription = NewSubscription {
-        name: subscription_name(&registered.name, version),
+        name: subscription_name(&registered.name, view.version),
         start: Some(registered.start_ms.to_string()),
         select: definition.select.clone(),
         partitions: Some(definition.partitions),
         batch_size: Some(PROJECTION_BATCH),
         ..NewSubscription::default()
     };
-    let view = ViewRef { projection: registered.name.clone(), version, buckets: definition.partitions };
-    subscription.for_view(ViewTarget { view, kind: definition.kind.clone() }, now)
+    subscription.for_view(ViewTarget { view: view.clone(), kind: definition.kind.clone() }, now)
 }
 
 #[cfg(test)]

@@ -299,16 +299,16 @@ pub(crate) fn lambda_payload(
 /// Reads a Lambda target's answer: `function_error` set fails the batch; a
 /// `batchItemFailures` list fails it from the lowest listed event (an
 /// identifier that names no event of the batch fails all of it, as for an
-/// event source mapping); `{"unavailable": reason}` (a projection's function
-/// that could not write its view: not the events' fault) means unavailable;
-/// anything else delivers it.
-pub(crate) fn read_answer(events: &[Delivery], function_error: Option<&str>, payload: &[u8]) -> Attempt {
+/// event source mapping); from a projection's function (`view`),
+/// `{"unavailable": reason}` (it could not write its view: not the events'
+/// fault) means unavailable; anything else delivers it.
+pub(crate) fn read_answer(events: &[Delivery], function_error: Option<&str>, payload: &[u8], view: bool) -> Attempt {
     let text = || String::from_utf8_lossy(&payload[..payload.len().min(1_000)]).into_owned();
     if let Some(kind) = function_error {
         return Attempt::FailedFrom(0, format!("function error {kind}: {}", text()));
     }
     let answer: Value = serde_json::from_slice(payload).unwrap_or(Value::Null);
-    if let Some(reason) = answer.get("unavailable").and_then(Value::as_str) {
+    if let Some(reason) = answer.get("unavailable").and_then(Value::as_str).filter(|_| view) {
         return Attempt::Unavailable(format!("the function could not go on: {reason}"));
     }
     let Some(failures) = answer.get("batchItemFailures").and_then(Value::as_array) else {
@@ -344,7 +344,7 @@ pub(crate) async fn invoke(
     match sent {
         Ok(out) => {
             let payload = out.payload().map(|p| p.as_ref()).unwrap_or_default();
-            read_answer(events, out.function_error(), payload)
+            read_answer(events, out.function_error(), payload, view.is_some())
         }
         Err(err) => Attempt::Unavailable(Error::invoke(err).to_string()),
     }
@@ -470,23 +470,27 @@ mod tests {
     #[test]
     fn answers_are_read_as_an_event_source_mapping_reads_them() {
         let batch = events(5);
-        assert_eq!(read_answer(&batch, None, b"null"), Attempt::Delivered);
-        assert_eq!(read_answer(&batch, None, br#"{"batchItemFailures": []}"#), Attempt::Delivered);
+        assert_eq!(read_answer(&batch, None, b"null", false), Attempt::Delivered);
+        assert_eq!(read_answer(&batch, None, br#"{"batchItemFailures": []}"#, false), Attempt::Delivered);
         let partial = br#"{"batchItemFailures": [{"itemIdentifier": "e3"}, {"itemIdentifier": "e2"}]}"#;
-        assert!(matches!(read_answer(&batch, None, partial), Attempt::FailedFrom(2, _)));
+        assert!(matches!(read_answer(&batch, None, partial, false), Attempt::FailedFrom(2, _)));
         let unknown = br#"{"batchItemFailures": [{"itemIdentifier": "nope"}]}"#;
-        assert!(matches!(read_answer(&batch, None, unknown), Attempt::FailedFrom(0, _)), "unknown id: all failed");
-        let outage = br#"{"unavailable": "dynamodb TransactWriteItems: throttled"}"#;
-        assert!(matches!(read_answer(&batch, None, outage), Attempt::Unavailable(m) if m.contains("throttled")));
         assert!(
-            matches!(read_answer(&batch, Some("Unhandled"), b"{}"), Attempt::FailedFrom(0, m) if m.contains("Unhandled"))
+            matches!(read_answer(&batch, None, unknown, false), Attempt::FailedFrom(0, _)),
+            "unknown id: all failed"
+        );
+        let outage = br#"{"unavailable": "dynamodb TransactWriteItems: throttled"}"#;
+        assert!(matches!(read_answer(&batch, None, outage, true), Attempt::Unavailable(m) if m.contains("throttled")));
+        assert_eq!(read_answer(&batch, None, outage, false), Attempt::Delivered, "only a view's function says that");
+        assert!(
+            matches!(read_answer(&batch, Some("Unhandled"), b"{}", false), Attempt::FailedFrom(0, m) if m.contains("Unhandled"))
         );
         let payload: Value = serde_json::from_slice(&lambda_payload("orders", (3, None), &batch[..2])).unwrap();
         assert_eq!(
             payload,
             serde_json::json!({"subscription": "orders", "partition": 3, "events": [{"n": 0}, {"n": 1}]})
         );
-        let view = ViewRef { projection: "todos".into(), version: 2, buckets: 4 };
+        let view = ViewRef { projection: "todos".into(), version: 2, buckets: 4, instance: None };
         let payload: Value =
             serde_json::from_slice(&lambda_payload("view.todos.v2", (0, Some(&view)), &batch[..1])).unwrap();
         assert_eq!(payload["view"], serde_json::json!({"projection": "todos", "version": 2, "buckets": 4}));

@@ -5,8 +5,10 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::Digest;
 
-use super::{Change, Projection, ViewEvent};
+use super::{forgotten, Change, Projection, ViewEvent, FORGOTTEN};
+use crate::envelope::STREAM_DELETED;
 
 /// How a `state` view folds a stream's events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,8 +26,9 @@ pub enum Fold {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum By {
-    /// The page's path, without its query: a posted event's `page` field,
-    /// else the path of the `Referer` header (for the pixel, the page that embeds it).
+    /// The page's path, without its query: a posted event's `page` field (the
+    /// pixel's `page` parameter), else the path of the `Referer` header (for
+    /// the pixel, the page that embeds it).
     Page,
     /// The referrer's host: a posted event's (or the pixel's query's)
     /// `referrer`, else the `Referer` header's.
@@ -41,7 +44,8 @@ pub enum By {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Builtin {
-    /// Per entity stream (the key is its name): its state, folded from its events' `data`.
+    /// Per entity stream (the key is its name): its state, folded from its events' `data`; a
+    /// deleted stream's (`StreamDeleted`) leaves the view.
     State {
         #[serde(default)]
         fold: Fold,
@@ -62,6 +66,16 @@ impl Projection for Builtin {
 
     fn apply(&self, state: Option<&Value>, event: &ViewEvent) -> std::result::Result<Change, String> {
         let (Builtin::State { fold }, Some(entity)) = (self, event.entity()) else { return Ok(Change::Keep) };
+        // A forgotten subject's state stays the marker; its events, opened after the forget, become it.
+        if state.is_some_and(|s| forgotten(s).is_some()) {
+            return Ok(Change::Keep);
+        }
+        if let Some(marker) = entity.forgotten {
+            return Ok(Change::Put(serde_json::json!({ FORGOTTEN: marker })));
+        }
+        if entity.event_type == STREAM_DELETED {
+            return Ok(Change::Delete);
+        }
         Ok(Change::Put(match fold {
             Fold::Replace => entity.data.clone(),
             Fold::Merge => {
@@ -89,7 +103,7 @@ fn value_of(by: By, event: &ViewEvent) -> Option<String> {
     let query_field = |name: &str| event.data.as_ref()?.get("query")?.get(name)?.as_array()?.first()?.as_str();
     let referer = || event.data.as_ref()?.get("headers")?.get("referer")?.as_str();
     let value = match by {
-        By::Page => match body_field("page") {
+        By::Page => match body_field("page").or_else(|| query_field("page")) {
             Some(page) => path_of(page),
             None => path_of(referer()?),
         },
@@ -98,12 +112,31 @@ fn value_of(by: By, event: &ViewEvent) -> Option<String> {
             url::Url::parse(given.or_else(referer)?).ok()?.host_str()?.to_owned()
         }
         By::Type => event.event_type()?.to_owned(),
-        By::Entity => match event.entity() {
-            Some(entity) => entity.stream.to_owned(),
-            None => event.field("subject")?.to_owned(),
+        // A stream that is a data subject carries its keyed hash: counted by that, not by its name.
+        By::Entity => match (event.entity(), event.body().and_then(|b| b.get("subject")).and_then(Value::as_str)) {
+            (Some(_), Some(subject)) => subject.to_owned(),
+            (Some(entity), None) => entity.stream.to_owned(),
+            (None, _) => event.field("subject")?.to_owned(),
         },
     };
-    (!value.is_empty()).then_some(value)
+    (!value.is_empty()).then(|| bounded(value))
+}
+
+/// The longest value a counter's key keeps whole: a longer one (a pixel's `Referer` is the
+/// client's to choose) is cut and completed with a hash of the whole, so keys stay well under
+/// DynamoDB's 1,024 bytes and apart.
+const MAX_VALUE_BYTES: usize = 200;
+
+fn bounded(value: String) -> String {
+    if value.len() <= MAX_VALUE_BYTES {
+        return value;
+    }
+    let mut end = MAX_VALUE_BYTES - 17;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    let digest = hex::encode(&sha2::Sha256::digest(value.as_bytes())[..8]);
+    format!("{}#{digest}", &value[..end])
 }
 
 /// A URL's or a path's path, without query or fragment.
@@ -139,6 +172,15 @@ mod tests {
             replace.apply(Some(&json!({"a": 1})), &second).unwrap(),
             Change::Put(json!({"done": true, "title": null}))
         );
+        let gone = entity(2, Value::Null);
+        let mut gone = gone.clone();
+        gone.data.as_mut().unwrap()["body"]["forgotten"] = json!({"at": "T", "generation": 0});
+        let Change::Put(marker) = merge.apply(Some(&state), &gone).unwrap() else { panic!("a put") };
+        assert_eq!(marker, json!({"$forgotten": {"at": "T", "generation": 0}}), "a forgotten event: the marker");
+        assert_eq!(merge.apply(Some(&marker), &first).unwrap(), Change::Keep, "and it stays");
+        let mut deleted = entity(3, json!({}));
+        deleted.data.as_mut().unwrap()["body"]["type"] = json!("StreamDeleted");
+        assert_eq!(merge.apply(Some(&state), &deleted).unwrap(), Change::Delete, "a deleted stream leaves");
         let hit = event("visitor-1", 5, json!({"path": "/track.gif"}));
         assert_eq!((merge.key(&hit), merge.apply(None, &hit).unwrap()), (None, Change::Keep), "not an entity event");
     }
@@ -168,12 +210,20 @@ mod tests {
             json!({"body": {"type": "signup", "page": "/join?ref=x", "referrer": "https://news.example/a"}}),
         );
         assert!(pages.tallies(&posted)[2].0.ends_with("//join"), "a posted page field wins");
+        let tagged = event("v", ms, json!({"query": {"page": ["/p?x=1"]}, "headers": {"referer": "https://a/b"}}));
+        assert!(pages.tallies(&tagged)[0].0.ends_with("//p"), "the pixel's page parameter");
         assert!(hosts.tallies(&posted)[0].0.ends_with("/news.example"));
         assert!(Builtin::Count { by: By::Type }.tallies(&posted)[1].0.ends_with("/signup"));
         let sealed = event("alice", ms, json!({"subject": "h:3f2a", "body": {"EntityId": "alice"}}));
         let entities = Builtin::Count { by: By::Entity };
         assert!(entities.tallies(&sealed)[0].0.ends_with("/h:3f2a"), "by the keyed hash, not the clear id");
         assert!(entities.tallies(&event("anon", ms, json!({"path": "/track.gif"}))).is_empty());
+        let body = json!({"stream": "user-7", "version": 0, "type": "t", "data": null, "subject": "s:9c"});
+        let sealed_stream = event("streams/user-7", ms, json!({"body": body}));
+        assert!(entities.tallies(&sealed_stream)[0].0.ends_with("/s:9c"), "a subject's stream by its hash");
+        let long = format!("https://x.example/{}", "p".repeat(3_000));
+        let long_page = pages.tallies(&event("v", ms, json!({"headers": {"referer": long}})));
+        assert!(long_page[0].0.len() < 300, "a long value is cut: {}", long_page[0].0.len());
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub const MAX_TRANSACTION_BYTES: usize = 3_500_000;
 pub const MAX_STATE_BYTES: usize = 390_000;
 /// Bytes an item write takes besides its key and state (attribute names, numbers, the position).
 const WRITE_OVERHEAD: usize = 200;
+/// The longest key: DynamoDB's range key limit.
+pub const MAX_KEY_BYTES: usize = 1024;
 
 /// An item as read before the batch: its state and revision (0: no item).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -96,6 +98,10 @@ pub fn plan(projection: &dyn Projection, events: &[ViewEvent], stored: &HashMap<
         let tallies = projection.tallies(event);
         let keys: Vec<&str> =
             state_change.iter().map(|(k, _)| k.as_str()).chain(tallies.iter().map(|(k, _)| k.as_str())).collect();
+        if let Some(error) = refused_keys(&keys) {
+            out.failed = Some((i, error));
+            break;
+        }
         if !open.fits(&keys, state_bytes(&state_change)) {
             open.close(i, &mut out.transactions, &mut current);
             open = Open::new(i);
@@ -117,6 +123,17 @@ pub fn plan(projection: &dyn Projection, events: &[ViewEvent], stored: &HashMap<
     let end = out.failed.as_ref().map_or(events.len(), |(i, _)| *i);
     open.close(end, &mut out.transactions, &mut current);
     out
+}
+
+/// Why an event's keys cannot be written, if they cannot: one empty or over [`MAX_KEY_BYTES`]
+/// (DynamoDB refuses the transaction), or more than one transaction's worth.
+fn refused_keys(keys: &[&str]) -> Option<String> {
+    if let Some(key) = keys.iter().find(|k| k.is_empty() || k.len() > MAX_KEY_BYTES) {
+        return Some(format!("a key of {} bytes: keys are 1 to {MAX_KEY_BYTES}", key.len()));
+    }
+    let distinct: std::collections::BTreeSet<&&str> = keys.iter().collect();
+    (distinct.len() > MAX_ITEM_WRITES)
+        .then(|| format!("{} keys: an event writes at most {MAX_ITEM_WRITES}", distinct.len()))
 }
 
 fn state_bytes(change: &Option<(String, Change)>) -> usize {
@@ -304,5 +321,12 @@ mod tests {
         assert_eq!(plan.transactions.last().map(|t| t.events.end), Some(30));
         let huge = vec![event("k", 0, json!({"pad": "y".repeat(400_000)}))];
         assert!(plan_of(&huge).failed.is_some_and(|(i, e)| i == 0 && e.contains("over")));
+        assert!(refused_keys(&["a", &"k".repeat(1025)]).is_some_and(|e| e.contains("1025 bytes")));
+        assert!(refused_keys(&[""]).is_some());
+        let many: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        assert!(
+            refused_keys(&many.iter().map(String::as_str).collect::<Vec<_>>()).is_some_and(|e| e.contains("100 keys"))
+        );
+        assert_eq!(refused_keys(&["a", "a", &"k".repeat(1024)]), None);
     }
 }

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | 200 | the item, or the page, with the position the view reflects |
 //! | 404 | no such projection, or no such item |
+//! | 410 | the item's subject is forgotten (`forget`): the marker, when |
 //! | 503 + `Retry-After` | `at_least_version` not reached within the wait; the store unavailable |
 
 use lambda_http::http::{Method, StatusCode};
@@ -32,6 +33,9 @@ fn route(path: &str) -> Option<(String, Option<String>)> {
         _ => None,
     }
 }
+
+/// What `GET /views` calls: the registry item, an item, a page (`Query`), the positions.
+pub const AWS_ACTIONS: &[&str] = &["dynamodb:GetItem", "dynamodb:Query", "dynamodb:BatchGetItem"];
 
 /// The `/views` API of one views table.
 pub struct ViewsApi {
@@ -81,6 +85,9 @@ impl ViewsApi {
             ),
             Ok(Found::Answer(answer)) => json_response(StatusCode::OK, &answer),
             Ok(Found::NoProjection) => error(StatusCode::NOT_FOUND, format!("no projection {:?}", query.name)),
+            Ok(Found::Forgotten(marker)) => {
+                json_response(StatusCode::GONE, &json!({ "error": "its subject is forgotten", "forgotten": marker }))
+            }
             Ok(Found::Behind(version)) => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &json!({ "error": "the view has not reached that version yet: ask again", "stream_version": version }),

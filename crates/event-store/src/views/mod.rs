@@ -55,6 +55,16 @@ pub struct EntityEvent<'a> {
     pub version: u64,
     pub event_type: &'a str,
     pub data: &'a Value,
+    /// In place of `data` once the stream's subject is forgotten: when, and the key's generation.
+    pub forgotten: Option<&'a Value>,
+}
+
+/// The one field of a view item's state once its subject is forgotten (`forget`), with when.
+pub const FORGOTTEN: &str = "$forgotten";
+
+/// The forgotten marker a state holds instead of the subject's data, if it does.
+pub fn forgotten(state: &Value) -> Option<&Value> {
+    state.get(FORGOTTEN)
 }
 
 impl ViewEvent {
@@ -72,6 +82,7 @@ impl ViewEvent {
             version: body.get("version")?.as_u64()?,
             event_type: body.get("type").and_then(Value::as_str).unwrap_or_default(),
             data: body.get("data").unwrap_or(&Value::Null),
+            forgotten: body.get("forgotten").filter(|f| !f.is_null()),
         })
     }
 
@@ -129,6 +140,9 @@ pub struct ViewRef {
     pub projection: String,
     pub version: u32,
     pub buckets: u32,
+    /// Made with the version: part of every key of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 impl ViewRef {
@@ -139,7 +153,7 @@ impl ViewRef {
 
     /// The hash key of bucket `bucket` of this view.
     pub(crate) fn bucket_key(&self, bucket: u32) -> String {
-        format!("{}#v{}#b{bucket}", self.projection, self.version)
+        format!("{}#b{bucket}", self.prefix())
     }
 
     /// The hash key of the item `key`.
@@ -150,7 +164,21 @@ impl ViewRef {
     /// The hash key of a partition's position: one item each, so positions
     /// of many partitions written at once are not one hot key.
     pub(crate) fn position_key(&self, partition: u32) -> String {
-        format!("{}#v{}#p{partition}", self.projection, self.version)
+        format!("{}#p{partition}", self.prefix())
+    }
+
+    /// The hash key of the markers of events a redrive applied in a partition (out of the log's order).
+    pub(crate) fn redriven_key(&self, partition: u32) -> String {
+        format!("{}#r{partition}", self.prefix())
+    }
+
+    /// What every key of this version starts with: the projection, the version and its instance
+    /// (made when the version was, so a version number given again never meets an old one's items).
+    fn prefix(&self) -> String {
+        match &self.instance {
+            Some(instance) => format!("{}#v{}.{instance}", self.projection, self.version),
+            None => format!("{}#v{}", self.projection, self.version),
+        }
     }
 }
 
@@ -191,11 +219,17 @@ mod tests {
 
     #[test]
     fn views_spread_items_over_their_buckets_and_keep_positions_apart() {
-        let view = ViewRef { projection: "pages".into(), version: 2, buckets: 8 };
+        let view = ViewRef { projection: "pages".into(), version: 2, buckets: 8, instance: None };
         let buckets: std::collections::BTreeSet<u32> = (0..200).map(|i| view.bucket(&format!("k{i}"))).collect();
         assert_eq!(buckets.len(), 8, "200 keys reach every bucket");
         assert!(view.item_key("k1").starts_with("pages#v2#b"));
         assert_eq!(view.position_key(3), "pages#v2#p3");
+        let made = ViewRef { instance: Some("1a2b".into()), ..view.clone() };
+        assert_eq!(
+            (made.position_key(3), made.redriven_key(0)),
+            ("pages#v2.1a2b#p3".into(), "pages#v2.1a2b#r0".into())
+        );
+        assert!(made.item_key("k1").starts_with("pages#v2.1a2b#b"), "an instance's keys are its own");
         let one = ViewRef { buckets: 0, ..view };
         assert_eq!(one.bucket("anything"), 0, "no buckets is one");
     }

@@ -7,13 +7,14 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::builtin::Builtin;
 use super::{ViewRef, HASH_KEY, POSITION_ITEM, RANGE_KEY};
 use crate::batch::Backoff;
 use crate::dynamo::{query_partition, write_all, Table};
 use crate::error::{Error, Result};
-use crate::log::Select;
+use crate::select::Select;
 
 /// The registry's hash key.
 pub const REGISTRY: &str = "~projections";
@@ -53,8 +54,10 @@ pub struct Registered {
     pub name: String,
     /// The serving version's definition.
     pub definition: Definition,
-    /// The version queries read.
+    /// The version queries read, and its instance (part of its keys).
     pub serving: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// Events that arrived from this time (ms) on are in its views: a rebuild starts here too.
     pub start_ms: i64,
     /// A version being built beside the serving one, if any.
@@ -67,6 +70,8 @@ pub struct Registered {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Building {
     pub version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     pub definition: Definition,
     pub started_at: String,
 }
@@ -74,18 +79,33 @@ pub struct Building {
 impl Registered {
     /// The view of the serving version (its items spread over as many buckets as it has partitions).
     pub(crate) fn view(&self, version: u32) -> ViewRef {
-        let definition = match &self.building {
-            Some(building) if building.version == version => &building.definition,
-            _ => &self.definition,
+        let (definition, instance) = match &self.building {
+            Some(building) if building.version == version => (&building.definition, &building.instance),
+            _ => (&self.definition, &self.instance),
         };
-        ViewRef { projection: self.name.clone(), version, buckets: definition.partitions }
+        let instance = instance.clone();
+        ViewRef { projection: self.name.clone(), version, buckets: definition.partitions, instance }
     }
+
+    /// The views this projection keeps: the serving one, and the one being built.
+    pub(crate) fn views(&self) -> Vec<ViewRef> {
+        std::iter::once(self.serving).chain(self.building.as_ref().map(|b| b.version)).map(|v| self.view(v)).collect()
+    }
+}
+
+/// A new version's instance: random, so that a version number given again (a cancelled rebuild's,
+/// a deleted projection's) never meets what an earlier one left.
+pub(crate) fn new_instance() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
 /// The subscription that keeps version `version` of projection `name`.
 pub(crate) fn subscription_name(name: &str, version: u32) -> String {
-    format!("view.{name}.v{version}")
+    format!("{VIEW_PREFIX}{name}.v{version}")
 }
+
+/// What the names of projections' subscriptions start with (users' subscriptions may not).
+pub const VIEW_PREFIX: &str = "view.";
 
 /// A projection's name, checked.
 pub(crate) fn check_name(name: &str) -> Result<()> {
@@ -125,7 +145,9 @@ pub(crate) async fn replace(
         .put_item()
         .table_name(table)
         .set_item(Some(item_of(next)?))
-        .condition_expression("serving = :serving AND building = :building")
+        .condition_expression("#serving = :serving AND #building = :building")
+        .expression_attribute_names("#serving", "serving")
+        .expression_attribute_names("#building", "building")
         .expression_attribute_values(":serving", AttributeValue::N(was.serving.to_string()))
         .expression_attribute_values(":building", AttributeValue::N(building.to_string()))
         .send()
@@ -186,17 +208,33 @@ pub(crate) async fn list(dynamo: &aws_sdk_dynamodb::Client, table: &str) -> Resu
     items.iter().map(registered_of).collect()
 }
 
-/// Unregisters `name` (its versions' items are cleared by [`clear`]).
-pub(crate) async fn remove(dynamo: &aws_sdk_dynamodb::Client, table: &str, name: &str) -> Result<()> {
-    dynamo
+/// Unregisters `name` (its versions' items are cleared by [`clear`]); with `was`, only while it
+/// still has `was`'s versions (`false` when another change came first).
+pub(crate) async fn remove(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    name: &str,
+    was: Option<&Registered>,
+) -> Result<bool> {
+    let mut delete = dynamo
         .delete_item()
         .table_name(table)
         .key(HASH_KEY, AttributeValue::S(REGISTRY.into()))
-        .key(RANGE_KEY, AttributeValue::S(name.into()))
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("DeleteItem", e))?;
-    Ok(())
+        .key(RANGE_KEY, AttributeValue::S(name.into()));
+    if let Some(was) = was {
+        let building = was.building.as_ref().map_or(0, |b| b.version);
+        delete = delete
+            .condition_expression("#serving = :serving AND #building = :building")
+            .expression_attribute_names("#serving", "serving")
+            .expression_attribute_names("#building", "building")
+            .expression_attribute_values(":serving", AttributeValue::N(was.serving.to_string()))
+            .expression_attribute_values(":building", AttributeValue::N(building.to_string()));
+    }
+    match delete.send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => Ok(false),
+        Err(e) => Err(Error::dynamo("DeleteItem", e)),
+    }
 }
 
 /// Deletes every item and partition position of `view` (its runners must
@@ -233,6 +271,42 @@ pub(crate) async fn clear(dynamo: &aws_sdk_dynamodb::Client, table: &str, view: 
         return Err(Error::Dynamo { operation: "BatchWriteItem", source });
     }
     Ok(count)
+}
+
+/// Puts the forgotten marker `marker` in place of the state of item `key` (a stream: the subject of
+/// that name) in every version of every `state` projection whose selection takes that stream, whether
+/// it has the item yet or not: a runner still holding events opened before the forget (read, or a key
+/// it cached) finds the marker there, its transaction conditioned on the revision it read is cancelled,
+/// and the fold keeps the marker. The items written. Views of projections in users' code are theirs.
+pub(crate) async fn forget(dynamo: &aws_sdk_dynamodb::Client, table: &str, key: &str, marker: &Value) -> Result<usize> {
+    let state = serde_json::json!({ super::FORGOTTEN: marker }).to_string();
+    let mut changed = 0;
+    for registered in list(dynamo, table).await? {
+        let versions = std::iter::once((registered.serving, &registered.definition))
+            .chain(registered.building.as_ref().map(|b| (b.version, &b.definition)));
+        for (version, definition) in versions {
+            let holds = definition.select.keeps(&crate::envelope::entity_key(key), None) != Some(false);
+            if !matches!(definition.kind, Kind::Builtin(Builtin::State { .. })) || !holds {
+                continue;
+            }
+            let view = registered.view(version);
+            let update = dynamo
+                .update_item()
+                .table_name(table)
+                .key(HASH_KEY, AttributeValue::S(view.item_key(key)))
+                .key(RANGE_KEY, AttributeValue::S(key.to_owned()))
+                .update_expression("SET #doc = :doc ADD #rev :one")
+                .expression_attribute_names("#doc", "doc")
+                .expression_attribute_names("#rev", "rev")
+                .expression_attribute_values(":doc", AttributeValue::S(state.clone()))
+                .expression_attribute_values(":one", AttributeValue::N("1".into()))
+                .send()
+                .await;
+            update.map_err(|e| Error::dynamo("UpdateItem", e))?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
 }
 
 #[cfg(test)]

@@ -6,12 +6,13 @@
 //! state write is conditioned on the revision it read, so two writers of one
 //! key never lose an update), a counter in `n`, and `at_slot`/`at_key`: the
 //! last event that changed it. Positions: hash key
-//! `<projection>#v<version>#p<partition>`, range key `position`.
+//! `<projection>#v<version>#p<partition>`, range key `position`; the events a
+//! redrive applied, out of the log's order: `...#r<partition>`, range key the event's place.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, KeysAndAttributes, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, KeysAndAttributes, Put, TransactWriteItem, Update};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -26,9 +27,9 @@ use crate::time::now_ms;
 /// conflict) before [`apply`] gives up and the partition backs off.
 pub const MAX_CANCELLED: u32 = 10;
 
-type Item = HashMap<String, AttributeValue>;
+pub(super) type Item = HashMap<String, AttributeValue>;
 
-fn s(value: impl Into<String>) -> AttributeValue {
+pub(super) fn s(value: impl Into<String>) -> AttributeValue {
     AttributeValue::S(value.into())
 }
 
@@ -36,19 +37,19 @@ fn n(value: impl ToString) -> AttributeValue {
     AttributeValue::N(value.to_string())
 }
 
-fn key(hash: String, range: &str) -> Item {
+pub(super) fn key(hash: String, range: &str) -> Item {
     HashMap::from([(HASH_KEY.to_owned(), s(hash)), (RANGE_KEY.to_owned(), s(range))])
 }
 
-/// Where a partition of a view stands: every event up to `at` is applied
-/// (and the parked events delivered again since, by id).
+/// Where a partition of a view stands: every event up to `at` is applied; `txn` counts the
+/// transactions that wrote it (each conditioned on the count it read).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PartitionPosition {
     pub at: Option<Position>,
     /// Events applied so far.
     pub events: u64,
     #[serde(skip)]
-    pub redriven: HashSet<String>,
+    pub txn: u64,
 }
 
 /// What [`apply`] did with a batch.
@@ -64,11 +65,12 @@ pub struct Applied {
 }
 
 /// Applies `events` (one partition's, in log order) to `view`, exactly
-/// once: events the partition's position has passed are skipped; the rest
-/// go in transactions that each write their items and move the position,
-/// conditioned on the position before. A cancelled transaction (another
-/// writer moved the position or an item) is planned again from what is
-/// stored now.
+/// once: events the partition's position has passed are skipped, and so is
+/// an event a redrive applied already (a marker item of its own says so);
+/// the rest go in transactions that each write their items and move the
+/// position, conditioned on the position's transaction count read. A
+/// cancelled transaction (another writer came first) is planned again from
+/// what is stored now.
 pub(crate) async fn apply(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -80,14 +82,12 @@ pub(crate) async fn apply(
     let mut applied = Applied::default();
     let mut cancelled = 0;
     'read: loop {
+        let Some(first) = events.get(applied.done) else { return Ok(applied) };
         let mut position = read_position(dynamo, table, view, partition).await?;
+        let redriven = redriven_from(dynamo, table, (view, partition), &first.position).await?;
         while let Some(event) = events.get(applied.done) {
-            let has = match (&event.redriven, &position.at) {
-                (true, _) => position.redriven.contains(&redriven_id(&event.position)),
-                (false, Some(at)) => event.position <= *at,
-                (false, None) => false,
-            };
-            if !has {
+            let passed = !event.redriven && position.at.as_ref().is_some_and(|at| event.position <= *at);
+            if !(passed || redriven.contains(&redriven_id(&event.position))) {
                 break;
             }
             applied.done += 1;
@@ -120,6 +120,7 @@ pub(crate) async fn apply(
                 continue 'read;
             }
             cancelled = 0;
+            position.txn += 1;
             if !redriven {
                 position.at = Some(transaction.last.clone());
             }
@@ -134,13 +135,45 @@ pub(crate) async fn apply(
     }
 }
 
-/// The id a redriven event is remembered by in its partition's position.
+/// The id of an event in its partition's redrive markers: its place in the log (ids order as the log).
 fn redriven_id(position: &Position) -> String {
-    format!("{}/{}", position.slot, position.sort_key)
+    format!("{:013}/{}", position.slot, position.sort_key)
 }
 
-/// One transaction: its items, and the position moved from `before` (or,
-/// for a redriven event, its id added). `false`: cancelled, nothing written.
+/// The ids of the events a redrive applied in this partition, from `from` on (one `Query`; none, mostly).
+async fn redriven_from(
+    dynamo: &aws_sdk_dynamodb::Client,
+    table: &str,
+    (view, partition): (&ViewRef, u32),
+    from: &Position,
+) -> Result<HashSet<String>> {
+    let mut ids = HashSet::new();
+    let mut start = None;
+    loop {
+        let page = dynamo
+            .query()
+            .table_name(table)
+            .key_condition_expression("#h = :h AND #r >= :from")
+            .expression_attribute_names("#h", HASH_KEY)
+            .expression_attribute_names("#r", RANGE_KEY)
+            .expression_attribute_values(":h", s(view.redriven_key(partition)))
+            .expression_attribute_values(":from", s(redriven_id(from)))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| Error::dynamo("Query", e))?;
+        ids.extend(page.items().iter().filter_map(|i| i.get(RANGE_KEY)?.as_s().ok().cloned()));
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return Ok(ids);
+        }
+    }
+}
+
+/// One transaction: its items, and the position moved (a redriven event: its
+/// marker put instead), conditioned on the position's transaction count in
+/// `before`. `false`: cancelled, nothing written.
 async fn commit(
     dynamo: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -149,49 +182,57 @@ async fn commit(
     before: &PartitionPosition,
     redriven: bool,
 ) -> Result<bool> {
-    let events = transaction.events.len();
     let mut position = Update::builder()
         .table_name(table)
         .set_key(Some(key(view.position_key(partition), POSITION_ITEM)))
         .expression_attribute_names("#events", "events")
-        .expression_attribute_values(":events", n(events))
-        .expression_attribute_values(":now", n(now_ms()))
-        .expression_attribute_names("#updated", "updated_at");
-    position = if redriven {
-        let id = redriven_id(&transaction.last);
-        position
-            .update_expression("ADD #events :events, #redriven :id SET #updated = :now")
-            .condition_expression("attribute_not_exists(#redriven) OR NOT contains(#redriven, :one)")
-            .expression_attribute_names("#redriven", "redriven")
-            .expression_attribute_values(":id", AttributeValue::Ss(vec![id.clone()]))
-            .expression_attribute_values(":one", s(id))
-    } else {
-        let moved = position
-            .update_expression("ADD #events :events SET #slot = :slot, #after = :after, #updated = :now")
+        .expression_attribute_names("#txn", "txn")
+        .expression_attribute_names("#updated", "updated_at")
+        .expression_attribute_values(":events", n(transaction.events.len()))
+        .expression_attribute_values(":one", n(1))
+        .expression_attribute_values(":now", n(now_ms()));
+    position = match before.txn {
+        0 => position.condition_expression("attribute_not_exists(#txn)"),
+        txn => position.condition_expression("#txn = :txn").expression_attribute_values(":txn", n(txn)),
+    };
+    position = match redriven {
+        true => position.update_expression("ADD #events :events, #txn :one SET #updated = :now"),
+        false => position
+            .update_expression("ADD #events :events, #txn :one SET #slot = :slot, #after = :after, #updated = :now")
             .expression_attribute_names("#slot", "at_slot")
             .expression_attribute_names("#after", "at_key")
             .expression_attribute_values(":slot", n(transaction.last.slot))
-            .expression_attribute_values(":after", s(&transaction.last.sort_key));
-        match &before.at {
-            None => moved.condition_expression("attribute_not_exists(#slot)"),
-            Some(at) => moved
-                .condition_expression("#slot = :was_slot AND #after = :was_after")
-                .expression_attribute_values(":was_slot", n(at.slot))
-                .expression_attribute_values(":was_after", s(&at.sort_key)),
-        }
+            .expression_attribute_values(":after", s(&transaction.last.sort_key)),
     };
     let mut request =
         dynamo.transact_write_items().transact_items(TransactWriteItem::builder().update(position.build()?).build());
+    if redriven {
+        let marker = Put::builder()
+            .table_name(table)
+            .set_item(Some(key(view.redriven_key(partition), &redriven_id(&transaction.last))))
+            .condition_expression("attribute_not_exists(#h)")
+            .expression_attribute_names("#h", HASH_KEY)
+            .build()?;
+        request = request.transact_items(TransactWriteItem::builder().put(marker).build());
+    }
     for write in &transaction.writes {
         request = request.transact_items(item_write(table, view, write)?);
     }
     match request.send().await {
         Ok(_) => Ok(true),
-        Err(e) if matches!(e.as_service_error(), Some(TransactWriteItemsError::TransactionCanceledException(_))) => {
-            tracing::info!(view = %view.projection, partition, error = %aws_sdk_dynamodb::error::DisplayErrorContext(&e), "view transaction cancelled: read again");
-            Ok(false)
-        }
-        Err(e) => Err(Error::dynamo("TransactWriteItems", e)),
+        Err(e) => match e.as_service_error() {
+            Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+                let reasons: Vec<&str> = cancelled.cancellation_reasons().iter().filter_map(|r| r.code()).collect();
+                // Another writer came first (a condition, a conflict): read again. Anything else (a
+                // validation error) is no race, and reading again would not help.
+                if reasons.iter().all(|r| matches!(*r, "None" | "ConditionalCheckFailed" | "TransactionConflict")) {
+                    tracing::info!(view = %view.projection, partition, ?reasons, "view transaction cancelled: read again");
+                    return Ok(false);
+                }
+                Err(Error::dynamo("TransactWriteItems", e))
+            }
+            _ => Err(Error::dynamo("TransactWriteItems", e)),
+        },
     }
 }
 
@@ -203,7 +244,7 @@ fn item_write(table: &str, view: &ViewRef, write: &Write) -> Result<TransactWrit
         0 => ("attribute_not_exists(#rev)", None),
         rev => ("#rev = :rev", Some(n(rev))),
     };
-    if let Some((Change::Delete, rev)) = &write.state {
+    if let Some((Change::Delete, rev)) = &write.state.as_ref().filter(|_| write.add == 0) {
         let (expression, value) = condition(*rev);
         let delete = Delete::builder()
             .table_name(table)
@@ -243,6 +284,18 @@ fn item_write(table: &str, view: &ViewRef, write: &Write) -> Result<TransactWrit
         }
     }
     let mut expression = format!("SET {}", sets.join(", "));
+    if let Some((Change::Delete, rev)) = &write.state {
+        // The state goes, the counter stays (added to in the same transaction).
+        let (condition_text, value) = condition(*rev);
+        expression.push_str(" REMOVE #doc, #rev");
+        update = update
+            .expression_attribute_names("#doc", "doc")
+            .expression_attribute_names("#rev", "rev")
+            .condition_expression(condition_text);
+        if let Some(value) = value {
+            update = update.expression_attribute_values(":rev", value);
+        }
+    }
     if write.add != 0 {
         expression.push_str(" ADD #n :n");
         update = update.expression_attribute_names("#n", "n").expression_attribute_values(":n", n(write.add));
@@ -274,8 +327,8 @@ fn position_of(item: &Item) -> PartitionPosition {
         (Some(slot), Some(sort_key)) => Some(Position { slot, sort_key: sort_key.clone() }),
         _ => None,
     };
-    let redriven = item.get("redriven").and_then(|v| v.as_ss().ok()).map(|ids| ids.iter().cloned().collect());
-    PartitionPosition { at, events: number("events").unwrap_or(0) as u64, redriven: redriven.unwrap_or_default() }
+    let count = |name: &str| number(name).unwrap_or(0) as u64;
+    PartitionPosition { at, events: count("events"), txn: count("txn") }
 }
 
 /// The positions of partitions `0..partitions` of `view`, in order (`BatchGetItem`, 100 a request).
@@ -365,7 +418,7 @@ pub struct ViewItem {
 }
 
 impl ViewItem {
-    fn from_item(item: &Item) -> Result<Self> {
+    pub(super) fn from_item(item: &Item) -> Result<Self> {
         let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok());
         let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok()).and_then(|v| v.parse::<i64>().ok());
         let key = text(RANGE_KEY).ok_or_else(|| Error::Malformed("view item without a key".into()))?.clone();
@@ -384,81 +437,5 @@ impl ViewItem {
             rev: number("rev").unwrap_or(0) as u64,
             key,
         })
-    }
-}
-
-/// One item of `view`, if it has it.
-pub(crate) async fn get(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    view: &ViewRef,
-    item: &str,
-) -> Result<Option<ViewItem>> {
-    let got = dynamo
-        .get_item()
-        .table_name(table)
-        .set_key(Some(key(view.item_key(item), item)))
-        .send()
-        .await
-        .map_err(|e| Error::dynamo("GetItem", e))?;
-    got.item.as_ref().map(ViewItem::from_item).transpose()
-}
-
-/// Up to `limit` items of `view` in key order, whose keys start with
-/// `prefix`, after key `after`: one query per bucket, merged.
-pub(crate) async fn page(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    view: &ViewRef,
-    (prefix, after): (&str, Option<&str>),
-    limit: usize,
-) -> Result<Vec<ViewItem>> {
-    let mut items = Vec::new();
-    for bucket in 0..view.buckets.max(1) {
-        items.extend(bucket_page(dynamo, table, view.bucket_key(bucket), (prefix, after), limit).await?);
-    }
-    items.sort_by(|a, b| a.key.cmp(&b.key));
-    items.truncate(limit);
-    Ok(items)
-}
-
-/// Up to `limit` items of one bucket in key order (the query pages on until it has them).
-async fn bucket_page(
-    dynamo: &aws_sdk_dynamodb::Client,
-    table: &str,
-    bucket: String,
-    (prefix, after): (&str, Option<&str>),
-    limit: usize,
-) -> Result<Vec<ViewItem>> {
-    let mut condition = "#h = :h".to_owned();
-    let mut values = HashMap::from([(":h".to_owned(), s(bucket.clone()))]);
-    let mut names = HashMap::from([("#h".to_owned(), HASH_KEY.to_owned())]);
-    if !prefix.is_empty() {
-        names.insert("#r".into(), RANGE_KEY.into());
-        condition.push_str(" AND begins_with(#r, :prefix)");
-        values.insert(":prefix".into(), s(prefix));
-    }
-    let mut start = after.map(|after| key(bucket, after));
-    let mut items = Vec::new();
-    loop {
-        let page = dynamo
-            .query()
-            .table_name(table)
-            .key_condition_expression(&condition)
-            .set_expression_attribute_names(Some(names.clone()))
-            .set_expression_attribute_values(Some(values.clone()))
-            .set_exclusive_start_key(start)
-            .limit(limit.clamp(1, 1000) as i32)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("Query", e))?;
-        for item in page.items() {
-            items.push(ViewItem::from_item(item)?);
-        }
-        start = page.last_evaluated_key;
-        if start.is_none() || items.len() >= limit {
-            items.truncate(limit);
-            return Ok(items);
-        }
     }
 }

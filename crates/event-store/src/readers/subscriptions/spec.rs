@@ -8,7 +8,7 @@ use crate::log::{Filter, RecordFormat, Select};
 use crate::position::Checkpoint;
 use crate::slices::{key_hash, part_of, KeyRange};
 use crate::time::{format_ms, parse_time};
-use crate::views::registry::Kind;
+use crate::views::registry::{Kind, VIEW_PREFIX};
 use crate::views::ViewRef;
 
 /// The most partitions a subscription may have (each is one runner at a
@@ -221,6 +221,9 @@ impl NewSubscription {
         }
         if matches!(target, Target::View(_)) {
             return Err(bad("a view is the target of a projection: create the projection"));
+        }
+        if self.name.starts_with(VIEW_PREFIX) {
+            return Err(bad(&format!("names starting with {VIEW_PREFIX:?} are projections' subscriptions")));
         }
         self.with_target(target, now)
     }

@@ -102,29 +102,45 @@ impl Runner<'_> {
             Target::Kinesis(stream) => {
                 let clients = (&subs.putter, &subs.kinesis);
                 let ahead = self.position.ahead_since;
-                put_on_stream(clients, stream, &batch, (self.sub.record_format, ahead), &subs.backoff).await
+                let outcome =
+                    put_on_stream(clients, stream, &batch, (self.sub.record_format, ahead), &subs.backoff).await;
+                (batch, outcome)
             }
             Target::Lambda(function) => {
                 let place = (self.sub.name.as_str(), self.partition);
                 let batches = target::lambda_batches(&batch, self.sub.batch_size);
                 let (deadline, margin) = (self.deadline, subs.config.deadline_margin);
                 let out_of_time = move || remaining(deadline) <= margin;
-                deliver_in_order(batches, &subs.backoff, (stop_at_poison, &out_of_time), |range| {
+                let outcome = deliver_in_order(batches, &subs.backoff, (stop_at_poison, &out_of_time), |range| {
                     target::invoke(&subs.lambda, function, (place.0, place.1, None), &batch[range])
                 })
-                .await
+                .await;
+                (batch, outcome)
             }
             Target::View(view) => {
-                let batches = target::lambda_batches(&batch, self.sub.batch_size);
+                // Stopped after each parked event, which is parked (and the checkpoint moved past it)
+                // before any later event is applied: applied past, an unparked refused event would be
+                // skipped by the view's position after a crash, never parked.
                 let (deadline, margin) = (self.deadline, subs.config.deadline_margin);
                 let out_of_time = move || remaining(deadline) <= margin;
-                let (name, partition) = (self.sub.name.as_str(), self.partition);
-                deliver_in_order(batches, &subs.backoff, (stop_at_poison, &out_of_time), |range| {
-                    subs.apply_view(name, view, partition, &batch[range])
-                })
-                .await
+                let (name, partition, view) = (self.sub.name.clone(), self.partition, view.clone());
+                let mut rest = batch;
+                loop {
+                    let batches = target::lambda_batches(&rest, self.sub.batch_size);
+                    let outcome = deliver_in_order(batches, &subs.backoff, (true, &out_of_time), |range| {
+                        subs.apply_view(&name, &view, partition, &rest[range])
+                    })
+                    .await;
+                    let parked_and_on = !outcome.poison.is_empty() && !stop_at_poison && outcome.done < rest.len();
+                    if !parked_and_on || outcome.unavailable.is_some() || outcome.out_of_time {
+                        break (rest, outcome);
+                    }
+                    self.record(&rest, &outcome).await?;
+                    rest = rest.split_off(outcome.done);
+                }
             }
         };
+        let (batch, outcome) = outcome;
         self.record(&batch, &outcome).await?;
         if let Some(error) = outcome.unavailable {
             warn!(subscription = %self.sub.name, partition = self.partition, error, "target unavailable: the partition is tried again after the backoff");

@@ -23,11 +23,11 @@ use crate::error::{Error, Result};
 use crate::invoke::continue_with;
 use crate::log::copies::RecentIds;
 use crate::log::reader::{Page, PAGES_AHEAD};
-use crate::log::select::pass_over;
 use crate::log::Window;
 use crate::position::Checkpoint;
 use crate::readers::subscriptions::spec::{State, Subscription};
 use crate::readers::subscriptions::{self, Parked, Take};
+use crate::select::pass_over;
 use crate::time::{effective_deadline, format_ms, ms_of, now_ms, remaining, slot_of};
 
 /// How long a handed-over lease waits for its continuation to start (as for playback).

@@ -1,0 +1,122 @@
+//! The demo's projections (docs/projections.md): the entity streams' state, and the pixel hits
+//! per page, kept by the stack from the log exactly once, read back over HTTP (`/views`, as a
+//! client would) and checked against what the demo sent.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use event_store::log::Select;
+use event_store::subscription::projections::NewProjection;
+use event_store::subscription::{Manage, Subscriptions};
+use event_store::time::format_ms;
+use event_store::views::builtin::{Builtin, By, Fold};
+use event_store::views::registry::Kind;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use super::delivered::wait_until_counted;
+use crate::entities::EntityRun;
+
+/// The demo's two projections, by name.
+pub(super) struct Views {
+    /// `state` of the demo's entity streams (the Todo flow's, the Counter's, the accounts').
+    pub(super) state: String,
+    /// `count` of events by page.
+    pub(super) pages: String,
+}
+
+/// What reading the views back found.
+#[derive(Debug, Clone, Default)]
+pub struct ViewsReport {
+    pub streams_checked: usize,
+    pub pages_checked: usize,
+    pub problems: Vec<String>,
+}
+
+/// Creates the demo's projections, from `start` on (the window's start).
+pub(super) async fn create(subscriptions: &Subscriptions, run_id: &str, start: i64) -> Result<Views> {
+    let short = &run_id[..8];
+    let views = Views { state: format!("entities-{short}"), pages: format!("pages-{short}") };
+    let categories = ["todo", "counter", "account"].map(str::to_owned).to_vec();
+    let select = Select { categories, ..Select::default() };
+    for (name, kind, select) in [
+        (&views.state, Kind::Builtin(Builtin::State { fold: Fold::Merge }), select),
+        (&views.pages, Kind::Builtin(Builtin::Count { by: By::Page }), Select::default()),
+    ] {
+        println!("== creating projection {name}: {kind:?}, from now, 2 partitions");
+        let new = NewProjection {
+            name: name.clone(),
+            kind,
+            category: Vec::new(),
+            select,
+            partitions: Some(2),
+            start: Some(format_ms(start)),
+        };
+        subscriptions.manage(Manage::CreateProjection(new)).await?;
+    }
+    Ok(views)
+}
+
+/// Waits until both projections have taken every event the demo stored for them, then reads
+/// them over HTTP: each entity stream at its last version (the Todo flow's deleted, so gone), and
+/// each page's count, summed over its days, equal to the hits sent for it (`/page-<n % 7>`).
+pub(super) async fn check(
+    (subscriptions, port): (&Subscriptions, u16),
+    views: &Views,
+    (entities, hits): (&EntityRun, usize),
+    stored: usize,
+) -> Result<ViewsReport> {
+    println!(
+        "== waiting until projections {} and {} have taken every event, then reading them over /views",
+        views.state, views.pages
+    );
+    // The state view takes the entity events (the deletes too); the pages view every event.
+    wait_until_counted(subscriptions, &format!("view.{}.v1", views.state), entities.events()).await?;
+    wait_until_counted(subscriptions, &format!("view.{}.v1", views.pages), stored).await?;
+    let mut report = ViewsReport::default();
+    for (stream, events) in &entities.streams {
+        let (status, answer) = get(port, &format!("/views/{}/{stream}", views.state)).await?;
+        report.streams_checked += 1;
+        // The Todo flow ends with the todo's delete: a deleted stream leaves a state view.
+        let deleted = stream.starts_with("todo-");
+        let version = answer["item"]["stream_version"].as_u64();
+        let right = match deleted {
+            true => status == 404,
+            false => status == 200 && version == events.checked_sub(1),
+        };
+        if !right {
+            let expected = if deleted { "gone (deleted)".into() } else { format!("at version {}", events - 1) };
+            report.problems.push(format!("state view: {stream} answered {status} {version:?}, expected {expected}"));
+        }
+    }
+    let (status, answer) = get(port, &format!("/views/{}?prefix=day/&limit=1000", views.pages)).await?;
+    let mut counted: BTreeMap<String, i64> = BTreeMap::new();
+    for item in answer["items"].as_array().into_iter().flatten() {
+        let key = item["key"].as_str().unwrap_or_default();
+        let page = key.splitn(3, '/').nth(2).unwrap_or_default().to_owned();
+        *counted.entry(page).or_default() += item["count"].as_i64().unwrap_or(0);
+    }
+    let mut sent: BTreeMap<String, i64> = BTreeMap::new();
+    for n in 0..hits {
+        *sent.entry(format!("/page-{}", n % 7)).or_default() += 1;
+    }
+    report.pages_checked = sent.len();
+    if status != 200 || counted != sent {
+        report.problems.push(format!("pages view: answered {status}, counted {counted:?}, sent {sent:?}"));
+    }
+    Ok(report)
+}
+
+/// `GET http://127.0.0.1:{port}{path}`: the status and the JSON answer.
+async fn get(port: u16, path: &str) -> Result<(u16, Value)> {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let uri: hyper::Uri = format!("http://127.0.0.1:{port}{path}").parse()?;
+    let response = tokio::time::timeout(Duration::from_secs(30), client.get(uri)).await.context("GET /views")??;
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+}
