@@ -61,7 +61,7 @@ pub async fn run(
     let load = steps::send_pixel_hits(&demo, events, (concurrency, rate)).await;
     let stored = steps::wait_for_the_event_table(&demo, &entities, &load).await?;
     steps::wait_for_the_subscription(&demo, &stored).await?;
-    let views = steps::check_the_views(&demo, &entities, &load, &stored).await?;
+    let views = steps::check_the_views(&demo, &entities, &load).await?;
     let archived = steps::archive_first_half(&demo, &stored).await?;
     let played = steps::play_back(&demo).await?;
     let verified = steps::verify_the_archive(&demo, played.window_end).await?;

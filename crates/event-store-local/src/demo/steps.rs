@@ -175,10 +175,9 @@ pub(super) async fn check_the_views(
     demo: &Demo,
     entities: &Entities,
     load: &Load,
-    stored: &Stored,
 ) -> Result<super::views::ViewsReport> {
     let place = (&demo.subscriptions, demo.stack.settings.port);
-    super::views::check(place, &demo.views, (&entities.run, load.hits), stored.items.len()).await
+    super::views::check(place, &demo.views, (&entities.run, load.hits)).await
 }
 
 /// Archives the slots before the median stored event's arrival, as the
