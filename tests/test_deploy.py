@@ -577,7 +577,7 @@ def drive_the_deployed_stack(lam, api, env, kinesis, dynamo, sqs, outputs, moto_
                            hashlib.sha256).digest()
     stream_42 = hmac.new(streams_key, b"user-42", hashlib.sha256).hexdigest()
     assert code == 0 and json.loads(out) == {"subject": user_42, "stream_subject": stream_42, "forgotten": "already",
-                                             "generations": 0}, out
+                                             "generations": 0, "view_items": 0}, out
     code, out, err = event_store(["forget", "nobody"], env)
     assert code == 2 and "nothing to forget" in out, out + err
 

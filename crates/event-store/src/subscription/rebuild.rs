@@ -54,13 +54,24 @@ impl Subscriptions {
         Ok(json!({ "rebuilding": name, "version": version, "subscription": sub.name }))
     }
 
-    /// Creates a version's subscription, in place of one an earlier version of that number left.
+    /// Creates a version's subscription (unless it exists, keeping this very view), in place of
+    /// one an earlier instance of that number left, which is dropped only if the registry, read
+    /// again, no longer names it (another rebuild may have made it meanwhile).
     async fn start_version(&self, sub: &spec::Subscription) -> Result<()> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        let Target::View(new) = &sub.target else { return Ok(()) };
         if let Some(old) = subscriptions::get(dynamo, table, &sub.name).await? {
-            if let Target::View(old) = &old.target {
-                self.drop_version(&old.view).await?;
+            let Target::View(old) = &old.target else {
+                return Err(Error::BadInput(format!("subscription {:?} is not a projection's", sub.name)));
+            };
+            if old.view == new.view {
+                return Ok(());
             }
+            let named = registry::get(dynamo, self.view_table()?, &new.view.projection).await?;
+            if named.is_some_and(|r| r.views().contains(&old.view)) {
+                return Err(Error::BadInput(format!("{:?} keeps a version its projection still names", sub.name)));
+            }
+            self.drop_version(&old.view).await?;
         }
         subscriptions::create(dynamo, table, sub).await
     }
@@ -99,36 +110,16 @@ impl Subscriptions {
     async fn tend(&self, statuses: &[SubscriptionStatus]) -> Result<Vec<String>> {
         let Some(views_table) = self.config.view_table.as_deref() else { return Ok(Vec::new()) };
         let registry = registry::list(&self.dynamo, views_table).await?;
-        let bound = REBUILD_CAUGHT_UP.as_millis() as i64;
         let mut switched = Vec::new();
         for registered in &registry {
-            let Some(building) = &registered.building else { continue };
-            let view = registered.view(building.version);
-            let status = statuses.iter().find(|s| matches!(&s.subscription.target, Target::View(t) if t.view == view));
-            let Some(status) = status else {
-                let sub = version_subscription(&view, registered, &building.definition, now_ms())?;
-                self.start_version(&sub).await?;
-                info!(projection = %registered.name, version = building.version, "rebuild resumed: its subscription made");
-                continue;
-            };
-            let caught_up = status.partitions.len() == status.subscription.partitions as usize
-                && status.partitions.iter().all(|p| p.lag_ms.is_some_and(|lag| lag <= bound));
-            if !caught_up {
-                continue;
+            // One projection's trouble is logged, and the others are tended.
+            match self.tend_one(registered, statuses, views_table).await {
+                Ok(true) => switched.push(registered.name.clone()),
+                Ok(false) => {}
+                Err(err) => {
+                    warn!(projection = %registered.name, error = %err, "projection not tended: the next tick tries again")
+                }
             }
-            let next = Registered {
-                definition: building.definition.clone(),
-                serving: building.version,
-                instance: building.instance.clone(),
-                building: None,
-                ..registered.clone()
-            };
-            if !registry::replace(&self.dynamo, views_table, registered, &next).await? {
-                continue;
-            }
-            let items = self.drop_version(&registered.view(registered.serving)).await?;
-            info!(projection = %registered.name, version = building.version, old_items = items, "projection switched to its rebuilt version");
-            switched.push(registered.name.clone());
         }
         // View subscriptions of versions no projection names: a dropped version's leftovers.
         for status in statuses {
@@ -137,10 +128,61 @@ impl Subscriptions {
             // Registered after the list was read (a create or rebuild meanwhile) is named next time.
             let young = status.subscription.created_at >= format_ms(now_ms() - 60_000);
             if !named && !young && !switched.contains(&target.view.projection) {
-                let items = self.drop_version(&target.view).await?;
-                warn!(subscription = %status.subscription.name, items, "a view no projection names: deleted");
+                match self.drop_version(&target.view).await {
+                    Ok(items) => {
+                        warn!(subscription = %status.subscription.name, items, "a view no projection names: deleted")
+                    }
+                    Err(err) => {
+                        warn!(subscription = %status.subscription.name, error = %err, "a view no projection names: not deleted yet")
+                    }
+                }
             }
         }
         Ok(switched)
+    }
+
+    /// One projection's rebuild looked at: resumed if its subscription is missing (the registry read
+    /// again first), switched to if caught up. `true` when queries now read the rebuilt version.
+    async fn tend_one(
+        &self,
+        registered: &Registered,
+        statuses: &[SubscriptionStatus],
+        views_table: &str,
+    ) -> Result<bool> {
+        let Some(building) = &registered.building else { return Ok(false) };
+        let view = registered.view(building.version);
+        let status = statuses.iter().find(|s| matches!(&s.subscription.target, Target::View(t) if t.view == view));
+        let Some(status) = status else {
+            let now = registry::get(&self.dynamo, views_table, &registered.name).await?;
+            if now.as_ref() == Some(registered) {
+                let sub = version_subscription(&view, registered, &building.definition, now_ms())?;
+                self.start_version(&sub).await?;
+                info!(projection = %registered.name, version = building.version, "rebuild resumed: its subscription made");
+            }
+            return Ok(false);
+        };
+        let bound = REBUILD_CAUGHT_UP.as_millis() as i64;
+        let caught_up = status.partitions.len() == status.subscription.partitions as usize
+            && status.partitions.iter().all(|p| p.lag_ms.is_some_and(|lag| lag <= bound));
+        if !caught_up {
+            return Ok(false);
+        }
+        let next = Registered {
+            definition: building.definition.clone(),
+            serving: building.version,
+            instance: building.instance.clone(),
+            building: None,
+            ..registered.clone()
+        };
+        if !registry::replace(&self.dynamo, views_table, registered, &next).await? {
+            return Ok(false);
+        }
+        info!(projection = %registered.name, version = building.version, "projection switched to its rebuilt version");
+        // Switched: the old version's removal, if it fails, is the orphan sweep's of a later tick.
+        match self.drop_version(&registered.view(registered.serving)).await {
+            Ok(items) => info!(projection = %registered.name, old_items = items, "the version it replaced deleted"),
+            Err(err) => warn!(projection = %registered.name, error = %err, "the version it replaced not deleted yet"),
+        }
+        Ok(true)
     }
 }

@@ -251,6 +251,12 @@ pub(crate) async fn clear(dynamo: &aws_sdk_dynamodb::Client, table: &str, view: 
     }
     for partition in 0..view.buckets.max(1) {
         keys.push((view.position_key(partition), POSITION_ITEM.to_owned()));
+        let markers = view.redriven_key(partition);
+        for item in query_partition(dynamo, table, (HASH_KEY, AttributeValue::S(markers.clone()))).await? {
+            if let Some(range) = item.get(RANGE_KEY).and_then(|v| v.as_s().ok()) {
+                keys.push((markers.clone(), range.clone()));
+            }
+        }
     }
     let requests: Vec<WriteRequest> = keys
         .iter()
