@@ -154,7 +154,10 @@ pub(crate) async fn replace(
         .await;
     match put {
         Ok(_) => Ok(true),
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => Ok(false),
+        // Our own write, applied before a 500 and retried by the SDK, is no conflict.
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => {
+            Ok(get(dynamo, table, &next.name).await?.as_ref() == Some(next))
+        }
         Err(e) => Err(Error::dynamo("PutItem", e)),
     }
 }
@@ -177,6 +180,10 @@ pub(crate) async fn create(dynamo: &aws_sdk_dynamodb::Client, table: &str, regis
     match put {
         Ok(_) => Ok(()),
         Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => {
+            // Our own put, applied before a 500 and retried by the SDK, is no conflict.
+            if get(dynamo, table, &registered.name).await?.as_ref() == Some(registered) {
+                return Ok(());
+            }
             Err(Error::BadInput(format!("projection {:?} exists", registered.name)))
         }
         Err(e) => Err(Error::dynamo("PutItem", e)),
@@ -232,7 +239,10 @@ pub(crate) async fn remove(
     }
     match delete.send().await {
         Ok(_) => Ok(true),
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => Ok(false),
+        // Our own delete, applied before a 500 and retried by the SDK, left nothing.
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => {
+            Ok(get(dynamo, table, name).await?.is_none())
+        }
         Err(e) => Err(Error::dynamo("DeleteItem", e)),
     }
 }
