@@ -50,7 +50,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-delivery bench-privacy build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-delivery bench-privacy bench-projection build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -161,6 +161,10 @@ bench-entity: tools-moto ## the entity-stream figures only (requests per append 
 bench-delivery: tools-moto tools-node ## delivery's figures only (write units by slice count, read units per delivered event by partitions) -> bench/delivery.md, results.json's delivery
 	$(CARGO) build --release --locked -p event-store-bench
 	BENCH_ONLY=delivery ./target/release/event-store-bench
+
+bench-projection: tools-moto ## projections' figures only (a count projection vs a subscription, write units per event, a rebuild's read side from each tier) -> bench/projection.md, results.json's projection
+	$(CARGO) build --release --locked -p event-store-bench
+	BENCH_ONLY=projection ./target/release/event-store-bench
 
 bench-archive: tools-moto ## the cold tier's figures only (replay from each tier, archiving, storage cost) -> bench/archive.md, results.json's archive, docs/capacity.md
 	$(CARGO) build --release --locked -p event-store-bench

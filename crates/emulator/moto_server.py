@@ -33,8 +33,21 @@ Query on a table's own key reads that partition's items only (moto sorts
 every item of the table for each Query, so a poll of one small partition
 cost as much as a scan of the whole table and grew with it; DynamoDB reads
 the partition). The items, their order and the answer are the same.
+
+And a TransactWriteItems keeps a copy of the items it names, not of their
+tables: moto deep-copies the whole table once for every item a transaction
+names, to put it back if the transaction is cancelled, so one transaction
+of 99 items on a table of 1,500 small items took ~2 s (99 copies of 19 ms)
+and grew with the table, while DynamoDB's does not. Here the named items
+are copied before the transaction and put back if it fails; moto's copy
+of a table, inside it, is the table itself. What a transaction writes, and
+what a cancelled one leaves (nothing), are the same. Its changes reach the
+table's stream when it ends, and only if it is not cancelled, as DynamoDB's
+do (moto appended a cancelled put's record, then dropped it with the table
+it replaced, so a reader could see it and the next change took its number).
 """
 
+import copy
 import faulthandler
 import functools
 import signal
@@ -42,7 +55,9 @@ import sys
 import threading
 
 from moto import backends
+from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import table as dynamodb_table
+from moto.dynamodb.models.dynamo_type import DynamoType
 from moto.kinesis import models
 from moto.server import main
 from werkzeug.serving import WSGIRequestHandler
@@ -60,11 +75,18 @@ _kinesis = threading.Lock()
 models.Shard.put_record = _locked(models.Shard.put_record, _kinesis)
 models.Shard.get_records = _locked(models.Shard.get_records, _kinesis)
 _table_streams = threading.Lock()
+# A transaction on this thread: `changes` holds its table-stream changes until it ends.
+_transaction = threading.local()
 _add = dynamodb_table.StreamShard.add
 _add_locked = _locked(_add, _table_streams)
 
 
 def _add_to_table_stream(self, old, new):
+    # A change inside a transaction waits for its end (below): a cancelled one emits nothing.
+    held = getattr(_transaction, "changes", None)
+    if held is not None:
+        held.append((self, old, new))
+        return None
     # A table with moto's own event source mapping runs the mapped function
     # (in Docker) inside add: not under the lock every table's writes share.
     if self.table.lambda_event_source_mappings:
@@ -98,6 +120,76 @@ def _locked_unless_mapped(method):
 
 for _name in ("get_item", "put_item", "delete_item"):
     setattr(dynamodb_table.Table, _name, _locked_unless_mapped(getattr(dynamodb_table.Table, _name)))
+
+class _CopyButNotTables:
+    """The `copy` module, as moto's dynamodb backend sees it."""
+
+    def __getattr__(self, name):
+        return getattr(copy, name)
+
+    def deepcopy(self, value, *args, **kwargs):
+        if getattr(_transaction, "changes", None) is not None and isinstance(value, dynamodb_table.Table):
+            return value
+        return copy.deepcopy(value, *args, **kwargs)
+
+
+dynamodb_models.copy = _CopyButNotTables()
+_transact = dynamodb_models.DynamoDBBackend.transact_write_items
+
+
+def _named_item(backend, entry):
+    """(table, hash, range) of the item a transaction entry names; None when moto will refuse it."""
+    try:
+        _, op = next(iter(entry.items()))
+        table = backend.tables[op["TableName"]]
+        attributes = op.get("Key") or op["Item"]
+        hash_value = DynamoType(attributes[table.hash_key_attr])
+        range_value = DynamoType(attributes[table.range_key_attr]) if table.range_key_attr else None
+        return table, hash_value, range_value
+    except (KeyError, TypeError, AttributeError, StopIteration):
+        return None
+
+
+def _put_back(table, hash_value, range_value, item):
+    if range_value is None:
+        if item is None:
+            table.items.pop(hash_value, None)
+        else:
+            table.items[hash_value] = item
+    elif item is None:
+        table.items.get(hash_value, {}).pop(range_value, None)
+    else:
+        table.items[hash_value][range_value] = item
+
+
+def _transact_copying_its_items(self, transact_items):
+    saved = []
+    with _table_items:
+        for entry in transact_items:
+            named = _named_item(self, entry)
+            if named is not None:
+                table, hash_value, range_value = named
+                found = table.items.get(hash_value)
+                if found is not None and range_value is not None:
+                    found = found.get(range_value)
+                saved.append((*named, copy.deepcopy(found)))
+    _transaction.changes = []
+    try:
+        result = _transact(self, transact_items)
+    except Exception:
+        with _table_items:
+            # In reverse: an item named twice (which moto refuses) gets its first copy back.
+            for table, hash_value, range_value, item in reversed(saved):
+                _put_back(table, hash_value, range_value, item)
+        raise
+    finally:
+        changes, _transaction.changes = _transaction.changes, None
+    for shard, old, new in changes:
+        _add_to_table_stream(shard, old, new)
+    return result
+
+
+dynamodb_models.DynamoDBBackend.transact_write_items = _transact_copying_its_items
 
 # The partition a Query on this thread reads: (table, hash key), else None.
 _querying = threading.local()

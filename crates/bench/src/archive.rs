@@ -68,7 +68,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
 
     // A week ago, a millisecond apart, through the pump and the scan.
     let t0 = (event_store::time::now_ms() - 7 * 86_400_000) / 60_000 * 60_000;
-    pump_and_scan(&dynamo, &kinesis, &names, t0, events, size).await?;
+    let record = |i: usize| (format!("user-{}", i % 50), payload(i, size));
+    pump_and_scan(&dynamo, &kinesis, &names, (t0, events), &record).await?;
     let dynamo_bytes: usize = event_items(&dynamo, &names.event_table).await?;
 
     let window = serde_json::json!({"start": format_ms(t0), "end": format_ms(t0 + events as i64 + 1), "restart": true});
@@ -134,13 +135,12 @@ pub async fn run(sdk: &aws_config::SdkConfig, events: usize, size: usize) -> Res
 }
 
 /// The events, from `t0` a millisecond apart, through the pump and the scan onto the event table.
-async fn pump_and_scan(
+pub(crate) async fn pump_and_scan(
     dynamo: &aws_sdk_dynamodb::Client,
     kinesis: &aws_sdk_kinesis::Client,
     names: &Names,
-    t0: i64,
-    events: usize,
-    size: usize,
+    (t0, events): (i64, usize),
+    record: &dyn Fn(usize) -> (String, Vec<u8>),
 ) -> Result<()> {
     let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench-archive";
     let pump = Pump::new(dynamo.clone(), kinesis.clone(), PumpConfig::new(&names.buffer_table, &names.event_table));
@@ -149,9 +149,10 @@ async fn pump_and_scan(
             .iter()
             .map(|i| {
                 let sequence = format!("4959{:052}", i + 1);
+                let (key, data) = record(*i);
                 serde_json::json!({
-                    "kinesis": {"partitionKey": format!("user-{}", i % 50), "sequenceNumber": sequence,
-                                "data": base64(&payload(*i, size)), "approximateArrivalTimestamp": (t0 + *i as i64) as f64 / 1000.0},
+                    "kinesis": {"partitionKey": key, "sequenceNumber": sequence,
+                                "data": base64(&data), "approximateArrivalTimestamp": (t0 + *i as i64) as f64 / 1000.0},
                     "eventID": format!("shardId-bench{batch:07}:{sequence}"), "eventSourceARN": arn,
                 })
             })

@@ -20,6 +20,7 @@ mod entity;
 mod latency;
 mod measure;
 mod privacy;
+mod projection;
 mod put_path;
 mod raw;
 mod results;
@@ -54,6 +55,7 @@ async fn main() -> Result<()> {
         Some("archive") => sections::only_archive(&run).await,
         Some("entity") => sections::only_entity(&run).await,
         Some("delivery") => sections::only_delivery(&run).await,
+        Some("projection") => sections::only_projection(&run).await,
         _ => sections::full(&run).await,
     }
 }

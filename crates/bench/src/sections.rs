@@ -8,7 +8,7 @@ use event_store_emulator::{moto_server, Emulator};
 
 use crate::cold_start::{self, COLD_STARTS};
 use crate::results::{self, archive_json, encryption_json};
-use crate::{archive, delivery, entity, latency, privacy, stages};
+use crate::{archive, delivery, entity, latency, privacy, projection, stages};
 
 /// What every section is given: the repository, the bench's moto and its
 /// SDK config, events per payload size, and the date and machine the
@@ -79,6 +79,24 @@ async fn delivery_section(run: &Run<'_>) -> Result<serde_json::Value> {
     Ok(serde_json::json!({ "date": run.date, "machine": run.machine, "figures": json }))
 }
 
+/// `BENCH_ONLY=projection`: projections' figures alone (bench/projection.md, results.json's `projection`).
+pub(crate) async fn only_projection(run: &Run<'_>) -> Result<()> {
+    let projection = projection_section(run).await?;
+    results::replace_in_results(&run.dir().join("results.json"), vec![("projection", projection)])?;
+    println!(
+        "wrote bench/projection.md and results.json's projection (BENCH_ONLY=projection: the other stages were not run)"
+    );
+    Ok(())
+}
+
+/// Projections' figures on a moto of their own (bench/projection.md).
+async fn projection_section(run: &Run<'_>) -> Result<serde_json::Value> {
+    println!("== projections: a count projection against a subscription, a rebuild's read side from each tier");
+    let (json, md) = projection::run(run.root, run.sdk).await?;
+    std::fs::write(run.dir().join("projection.md"), format!("# Projections ({}, {})\n{md}", run.date, run.machine))?;
+    Ok(serde_json::json!({ "date": run.date, "machine": run.machine, "figures": json }))
+}
+
 /// `BENCH_ONLY=entity`: the entity streams alone (bench/entity.md).
 pub(crate) async fn only_entity(run: &Run<'_>) -> Result<()> {
     entity_section(run).await?;
@@ -99,6 +117,7 @@ pub(crate) async fn full(run: &Run<'_>) -> Result<()> {
     std::fs::write(run.dir().join("latency.md"), &latency_md)?;
     let cold = cold_starts_section(run).await?;
     let delivery = delivery_section(run).await?;
+    let projection = projection_section(run).await?;
     let bootstraps: BTreeMap<&str, u64> = results::bootstrap_sizes().into_iter().collect();
     let json = serde_json::json!({
         "date": date, "machine": machine, "results": payloads, "arm64_bootstrap_bytes": bootstraps,
@@ -106,6 +125,7 @@ pub(crate) async fn full(run: &Run<'_>) -> Result<()> {
         "archive": archive_json(&archived, date, machine),
         "encryption": encryption_json(&sealed, date, machine),
         "delivery": delivery,
+        "projection": projection,
     });
     std::fs::write(run.dir().join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = results::markdown(&payloads, machine, date);
