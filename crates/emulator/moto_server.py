@@ -41,10 +41,14 @@ of 99 items on a table of 1,500 small items took ~2 s (99 copies of 19 ms)
 and grew with the table, while DynamoDB's does not. Here the named items
 are copied before the transaction and put back if it fails; moto's copy
 of a table, inside it, is the table itself. What a transaction writes, and
-what a cancelled one leaves (nothing), are the same. Its changes reach the
-table's stream when it ends, and only if it is not cancelled, as DynamoDB's
-do (moto appended a cancelled put's record, then dropped it with the table
-it replaced, so a reader could see it and the next change took its number).
+what a cancelled one leaves (nothing), are the same; a transaction moto
+refuses without its own rollback (an entry of two operations) is put back
+too, as DynamoDB writes nothing of it. Its changes reach the table's stream
+when it ends, and only if it is not cancelled, as DynamoDB's do (moto
+appended a cancelled put's record, then dropped it with the table it
+replaced, so a reader could see it and the next change took its number).
+Neither copy is isolated from other threads' writes to the same items, as
+moto's was not: the fault proxy's transactions-alone lane isolates them.
 """
 
 import copy
@@ -85,7 +89,8 @@ def _add_to_table_stream(self, old, new):
     # A change inside a transaction waits for its end (below): a cancelled one emits nothing.
     held = getattr(_transaction, "changes", None)
     if held is not None:
-        held.append((self, old, new))
+        # As they are now: moto's later writes change an item in place.
+        held.append((self, copy.deepcopy(old), copy.deepcopy(new)))
         return None
     # A table with moto's own event source mapping runs the mapped function
     # (in Docker) inside add: not under the lock every table's writes share.
@@ -146,7 +151,7 @@ def _named_item(backend, entry):
         hash_value = DynamoType(attributes[table.hash_key_attr])
         range_value = DynamoType(attributes[table.range_key_attr]) if table.range_key_attr else None
         return table, hash_value, range_value
-    except (KeyError, TypeError, AttributeError, StopIteration):
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, StopIteration):
         return None
 
 
@@ -167,12 +172,17 @@ def _transact_copying_its_items(self, transact_items):
     with _table_items:
         for entry in transact_items:
             named = _named_item(self, entry)
-            if named is not None:
-                table, hash_value, range_value = named
+            if named is None:
+                continue
+            table, hash_value, range_value = named
+            try:
                 found = table.items.get(hash_value)
                 if found is not None and range_value is not None:
                     found = found.get(range_value)
-                saved.append((*named, copy.deepcopy(found)))
+            except TypeError:
+                # A key of a type that cannot be hashed: moto refuses the entry before writing it.
+                continue
+            saved.append((*named, copy.deepcopy(found)))
     _transaction.changes = []
     try:
         result = _transact(self, transact_items)

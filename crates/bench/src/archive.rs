@@ -142,7 +142,7 @@ pub(crate) async fn pump_and_scan(
     (t0, events): (i64, usize),
     record: &dyn Fn(usize) -> (String, Vec<u8>),
 ) -> Result<()> {
-    let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench-archive";
+    let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/bench-events";
     let pump = Pump::new(dynamo.clone(), kinesis.clone(), PumpConfig::new(&names.buffer_table, &names.event_table));
     for (batch, chunk) in (0..events).collect::<Vec<_>>().chunks(PUMP_BATCH).enumerate() {
         let records: Vec<serde_json::Value> = chunk

@@ -14,6 +14,7 @@
 //! 4. a projection whose function writes nothing, from the hot table; then the events archived
 //!    (the hot copies gone) and the projection rebuilt, version 2 reading the archive: the
 //!    rebuild's read side from each tier (`rebuild_read_ratio_archive_to_hot`, target >= 1.0).
+//!    Version 1's caught-up runs are ticked beside version 2's, as deployed: against the archive.
 //!
 //! moto reports no capacity for `TransactWriteItems`: the units are counted from the requests
 //! (two write units per transactional write of an item under 1 KB; the largest item the view
@@ -52,6 +53,8 @@ const TYPES: [&str; 10] =
 const PARTITIONS: u32 = 4;
 const SIZE: usize = 1024;
 const CONSUMER: &str = "bench-consumer";
+/// Runs of each measurement: the best is kept, as for the other stages.
+const ROUNDS: usize = 2;
 /// Ticks one measurement may take before the section gives up.
 const TICKS: usize = 20;
 
@@ -88,30 +91,40 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
     let stack = Stack { dynamo: dynamo.clone(), kinesis, lambda, config, bucket: bucket.clone() };
     let start = format_ms(t0 - 60_000);
 
-    println!("   a subscription delivering {EVENTS} events to a Lambda target ({PARTITIONS} partitions)");
-    let create = json!({"action": "create", "name": "baseline", "start": start, "target": {"lambda": CONSUMER},
-        "partitions": PARTITIONS, "batch_size": 500});
-    stack.manage(create).await?;
-    let subscription = stack.until_caught_up("baseline").await?;
-    stack.manage(json!({"action": "delete", "name": "baseline"})).await?;
+    println!(
+        "   a subscription delivering {EVENTS} events to a Lambda target ({PARTITIONS} partitions), {ROUNDS} times"
+    );
+    let mut subscription = 0.0f64;
+    for round in 0..ROUNDS {
+        let name = format!("baseline-{round}");
+        let create = json!({"action": "create", "name": name, "start": start, "target": {"lambda": CONSUMER},
+            "partitions": PARTITIONS, "batch_size": 500});
+        stack.manage(create).await?;
+        subscription = subscription.max(stack.until_caught_up(&name).await?);
+        stack.manage(json!({"action": "delete", "name": name})).await?;
+    }
 
-    println!("   count projections by page and by type over the same events");
+    println!("   count projections by page and by type over the same events, {ROUNDS} times each");
     let mut counts = Vec::new();
     for (by, values) in [("page", PAGES), ("type", TYPES.len())] {
-        requests.reset();
-        let create = json!({"action": "create_projection", "name": by, "kind": "count", "by": by,
-            "partitions": PARTITIONS, "start": start});
-        stack.manage(create).await?;
-        let events_per_second = stack.until_caught_up(&format!("view.{by}.v1")).await?;
-        let (transact_writes, transactions) = requests.counts();
-        let counted = stack.counted(by).await?;
-        ensure!(
-            counted == (values, EVENTS as i64),
-            "{by}: counted {counted:?} (values, events), not ({values}, {EVENTS})"
-        );
-        let largest = largest_item(&dynamo, &names.view_table).await?;
-        ensure!(largest < 1024, "a view item of {largest} bytes: more than one write unit a write");
-        stack.manage(json!({"action": "delete_projection", "name": by})).await?;
+        let (mut events_per_second, mut transact_writes, mut transactions, mut largest) = (0.0f64, 0, 0, 0);
+        for round in 0..ROUNDS {
+            let name = format!("{by}-{round}");
+            requests.reset();
+            let create = json!({"action": "create_projection", "name": name, "kind": "count", "by": by,
+                "partitions": PARTITIONS, "start": start});
+            stack.manage(create).await?;
+            events_per_second = events_per_second.max(stack.until_caught_up(&format!("view.{name}.v1")).await?);
+            (transact_writes, transactions) = requests.counts();
+            let counted = stack.counted(&name).await?;
+            ensure!(
+                counted == (values, EVENTS as i64),
+                "{by}: counted {counted:?} (values, events), not ({values}, {EVENTS})"
+            );
+            largest = largest_item(&dynamo, &names.view_table).await?;
+            ensure!(largest < 1024, "a view item of {largest} bytes: more than one write unit a write");
+            stack.manage(json!({"action": "delete_projection", "name": name})).await?;
+        }
         let per_event = |n: u64| n as f64 / EVENTS as f64;
         counts.push(json!({
             "by": by, "values": values, "events_per_second": events_per_second,
@@ -132,7 +145,8 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
     archive.hot_retention = Duration::from_millis(1);
     let archiver = Archiver { dynamo: dynamo.clone(), bucket, config: archive };
     let archived = archiver.run(now_ms(), Instant::now() + Duration::from_secs(900)).await?;
-    ensure!(archived.events == EVENTS as u64 && !archived.more, "archived {archived:?}");
+    let all_cold = archived.events == EVENTS as u64 && archived.kept == 0 && archived.quarantined == 0;
+    ensure!(all_cold && !archived.more, "archived {archived:?}: not every event, or some kept hot");
     stack.manage(json!({"action": "rebuild_projection", "name": "noop"})).await?;
     let cold = stack.until_caught_up("view.noop.v2").await?;
 
@@ -155,9 +169,11 @@ pub(crate) async fn run(root: &Path, sdk: &aws_config::SdkConfig) -> Result<(Val
 /// Hit `i`: the bench's tracking event on page `/page-<i mod PAGES>`, of a type, by visitor `i mod VISITORS`.
 fn hit(i: usize) -> (String, Vec<u8>) {
     let mut event: Value = serde_json::from_slice(&payload(i, SIZE)).unwrap_or_default();
+    let visitor = format!("visitor-{}", i % VISITORS);
     event["query"]["page"] = json!([format!("/page-{}", i % PAGES)]);
+    event["query"]["EntityId"] = json!([visitor]);
     event["body"] = json!({"type": TYPES[i / 7 % TYPES.len()]});
-    (format!("visitor-{}", i % VISITORS), serde_json::to_vec(&event).unwrap_or_default())
+    (visitor, serde_json::to_vec(&event).unwrap_or_default())
 }
 
 /// The subscriptions function of the bench's stack, as the tests run it in-process.
@@ -286,7 +302,7 @@ fn markdown(f: &Value) -> String {
     let number = |v: &Value| v.as_f64().unwrap_or(0.0);
     let met = |v: &Value, at_least: f64| if number(v) >= at_least { "met" } else { "NOT met" };
     let mut md = format!(
-        "\n{events} tracking events of {bytes} B from {visitors} visitors (the log's keys), {partitions} partitions, \
+        "\n{events} tracking events of about {bytes} B from {visitors} visitors (the log's keys), {partitions} partitions, \
          each run through the subscriptions function's tick on moto (transactions serialized, as DynamoDB isolates them).\n\n\
          | | events/s | ratio to the subscription | transactions per event | transactional writes per event | write units per event |\n\
          |---|---:|---:|---:|---:|---:|\n\

@@ -77,11 +77,12 @@ impl FaultProxy {
 
     /// A proxy without faults in front of moto where a `TransactWriteItems`
     /// is never upstream at the same time as any other request, and all other
-    /// requests go at once. moto applies a transaction on a deep copy of all
-    /// its tables kept for the rollback, and a cancelled one (a failed
-    /// condition: every `409` of an append) puts that copy back, undoing
-    /// whatever other requests wrote meanwhile, acknowledged appends
-    /// included. DynamoDB isolates a transaction from other writes; this
+    /// requests go at once. moto keeps a copy of what a transaction writes
+    /// (the local moto_server: of the items it names) and a cancelled one (a
+    /// failed condition: every `409` of an append) puts that copy back,
+    /// undoing whatever other requests wrote to them meanwhile, acknowledged
+    /// appends included; nor are its conditions checked and its writes made
+    /// in one step. DynamoDB isolates a transaction from other writes; this
     /// gives the local stack the same.
     pub async fn start_transactions_alone(upstream: &str) -> std::io::Result<Self> {
         Self::launch(upstream, Config { seed: 0, rate: 0.0, only: Some(&[]) }, Lane::TransactionsAlone).await
