@@ -21,8 +21,8 @@ use crate::views::table as views;
 use crate::views::ViewEvent;
 use crate::views::ViewRef;
 
-/// Events per batch a projection's partition folds at once (Kinesis' 500:
-/// more events per transaction's position write, and more of a counter's adds summed).
+/// Events per batch a function projection's partition is sent (a subscription's Lambda batch);
+/// a built-in one folds [`crate::views::BUILTIN_BATCH`].
 pub const PROJECTION_BATCH: usize = 500;
 
 /// `projection create`'s fields, as a user sends them.
@@ -177,7 +177,10 @@ pub(super) fn version_subscription(
         start: Some(registered.start_ms.to_string()),
         select: definition.select.clone(),
         partitions: Some(definition.partitions),
-        batch_size: Some(PROJECTION_BATCH),
+        batch_size: Some(match definition.kind {
+            Kind::Builtin(_) => crate::views::BUILTIN_BATCH,
+            Kind::Code(_) => PROJECTION_BATCH,
+        }),
         ..NewSubscription::default()
     };
     subscription.for_view(ViewTarget { view: view.clone(), kind: definition.kind.clone() }, now)
@@ -202,5 +205,31 @@ mod tests {
                 .unwrap();
         assert!(matches!(code.kind, Kind::Code(Code::Function { .. })));
         assert!(serde_json::from_value::<NewProjection>(json!({"name": "x", "kind": "count"})).is_err());
+    }
+
+    #[test]
+    fn a_builtin_projection_folds_larger_batches_than_a_function_is_sent() {
+        let view = ViewRef { projection: "p".into(), version: 1, buckets: 2, instance: Some("i".into()) };
+        let batch_of = |kind: Kind| {
+            let definition = Definition { kind, select: Default::default(), partitions: 2 };
+            let registered = Registered {
+                name: "p".into(),
+                definition: definition.clone(),
+                serving: 1,
+                instance: Some("i".into()),
+                start_ms: 0,
+                building: None,
+                created_at: String::new(),
+            };
+            version_subscription(&view, &registered, &definition, 1_000).map(|s| s.batch_size)
+        };
+        assert_eq!(batch_of(Kind::Builtin(Builtin::Count { by: By::Type })).unwrap(), crate::views::BUILTIN_BATCH);
+        let function = Kind::Code(Code::Function { function: "f".into() });
+        assert_eq!(batch_of(function).unwrap(), PROJECTION_BATCH);
+        // A subscription with any other target is still refused a batch over 500.
+        let target = Some(Target::Kinesis("arn".into()));
+        let plain = NewSubscription { name: "s".into(), target, batch_size: Some(501), ..NewSubscription::default() };
+        let refused = plain.validate(1_000).unwrap_err().to_string();
+        assert!(refused.contains("1 to 500"), "{refused}");
     }
 }

@@ -239,8 +239,13 @@ impl NewSubscription {
         let partitions = self.partitions.unwrap_or(1);
         check_partitions(partitions)?;
         let batch_size = self.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
-        if !(1..=crate::batch::KINESIS_BATCH_RECORDS).contains(&batch_size) {
-            return Err(bad(&format!("batch_size must be 1 to 500, not {batch_size}")));
+        // A built-in view folds its batches in this process; every other target is sent them.
+        let most = match &target {
+            Target::View(ViewTarget { kind: Kind::Builtin(_), .. }) => crate::views::BUILTIN_BATCH,
+            _ => crate::batch::KINESIS_BATCH_RECORDS,
+        };
+        if !(1..=most).contains(&batch_size) {
+            return Err(bad(&format!("batch_size must be 1 to {most}, not {batch_size}")));
         }
         for filter in &self.filter {
             if !(filter.field.is_empty() || filter.field.starts_with('/')) {
