@@ -18,6 +18,18 @@ use serde_json::Value;
 
 #[derive(Subcommand)]
 pub enum Action {
+    /// Stream names in name order with their versions (the next page: --after the answer's `next`).
+    List {
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Names after this one.
+        #[arg(long)]
+        after: Option<String>,
+        /// Streams in the page, 1 to 100 (the API's default: 100).
+        #[arg(long)]
+        limit: Option<u32>,
+    },
     /// A page of a stream's events in order (the next page: --from the answer's last version + 1).
     Read {
         name: String,
@@ -83,6 +95,15 @@ impl Action {
         };
         let version = |v: u64| ("if-match", format!("\"{v}\""));
         Ok(match self {
+            Action::List { prefix, after, limit } => {
+                if limit.is_some_and(|l| !(1..=100).contains(&l)) {
+                    return Err(anyhow!("--limit is 1 to 100"));
+                }
+                let mut query = vec![("prefix", prefix)];
+                query.extend(after.map(|a| ("after", a)));
+                query.extend(limit.map(|l| ("limit", l.to_string())));
+                Call { method: Method::GET, path: String::new(), query, precondition: None, body: None }
+            }
             Action::Read { name, from, limit, backward } => {
                 if limit.is_some_and(|l| !(1..=1000).contains(&l)) {
                     return Err(anyhow!("--limit is 1 to 1000"));
@@ -177,7 +198,11 @@ pub async fn send(base: &reqwest::Url, call: Call, signer: Option<&SdkConfig>) -
     {
         let mut segments = url.path_segments_mut().map_err(|()| anyhow!("the streams URL {base} has no path"))?;
         segments.pop_if_empty();
-        segments.extend(call.path.trim_start_matches('/').split('/'));
+        // No path: the API's base itself (a listing), not a trailing `/`.
+        let path = call.path.trim_start_matches('/');
+        if !path.is_empty() {
+            segments.extend(path.split('/'));
+        }
     }
     if !call.query.is_empty() {
         url.query_pairs_mut().extend_pairs(call.query.iter().map(|(k, v)| (*k, v.as_str())));
@@ -268,6 +293,13 @@ mod tests {
         assert_eq!((delete.method, delete.precondition), (Method::DELETE, Some(("if-match", "\"4\"".to_owned()))));
         let snapshot = Action::Snapshot { name: "t".into(), state: "{}".into(), expect: 1 }.call().unwrap();
         assert_eq!(snapshot.path, "/t/snapshot");
+        let list = Action::List { prefix: "order-".into(), after: Some("order-9".into()), limit: Some(5) };
+        let call = list.call().unwrap();
+        assert_eq!((call.method, call.path.as_str()), (Method::GET, ""));
+        let query = [("prefix", "order-".to_owned()), ("after", "order-9".to_owned()), ("limit", "5".to_owned())];
+        assert_eq!(call.query, query);
+        let too_many = Action::List { prefix: String::new(), after: None, limit: Some(101) }.call().unwrap_err();
+        assert_eq!(too_many.to_string(), "--limit is 1 to 100");
     }
 
     #[test]

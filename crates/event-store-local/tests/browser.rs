@@ -145,6 +145,10 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     let said: serde_json::Value = serde_json::from_str(&said).unwrap();
     let types: Vec<&str> = said["events"].as_array().unwrap().iter().filter_map(|e| e["type"].as_str()).collect();
     assert_eq!((code, types), (Some(0), vec!["TodoCreated", "TodoDone"]));
+    let (code, said, _) = run(&["streams", "list", "--prefix", "todo-"]);
+    let said: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let listed = serde_json::json!([{"name": "todo-browser", "version": 1, "deleted": false}]);
+    assert_eq!((code, &said["streams"], &said["next"]), (Some(0), &listed, &serde_json::Value::Null), "{said}");
     let (total, recent) = glance(&browser, 4).await;
     assert_eq!(total, 4, "{recent:?}");
     assert_eq!(recent.iter().filter(|l| l.contains(" streams/todo-browser ")).count(), 2, "{recent:?}");

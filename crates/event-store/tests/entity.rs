@@ -155,6 +155,56 @@ async fn the_todo_flow_counter_and_every_precondition_answer() {
         .unwrap();
     assert_eq!(call(&api, malformed).await.status, StatusCode::BAD_REQUEST);
     assert!(matches!(store(&env).read("bad-1", None, 10, Direction::Forward).await, Err(EntityError::NotFound)));
+
+    // Listing (issue 48): 23 order streams (one deleted) beside the todo and the counter, in name
+    // order within a prefix, paged, with versions, from the name index: no Scan, no event read.
+    for i in (0..23).rev() {
+        let events = (0..=i % 3).map(|_| NewEvent::new("Placed", json!({}))).collect();
+        counter.append(&format!("order-{i:02}"), Expected::NoStream, events).await.unwrap();
+    }
+    counter.delete("order-05", 2).await.unwrap();
+    let before = |operation: &str| env.counter.get(operation);
+    let (scans, gets, queries) = (before("DynamoDB.Scan"), before("DynamoDB.BatchGetItem"), before("DynamoDB.Query"));
+    let (mut listed, mut after, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let target = match &after {
+            Some(after) => format!("/streams?prefix=order-&limit=10&after={after}"),
+            None => "/streams?prefix=order-&limit=10".to_owned(),
+        };
+        let page = call(&api, request("GET", &target, &[], None)).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        pages += 1;
+        listed.extend(page.body["streams"].as_array().unwrap().iter().cloned());
+        match page.body["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3, "10, 10 and 3");
+    let names: Vec<String> = (0..23).map(|i| format!("order-{i:02}")).collect();
+    assert_eq!(listed.iter().map(|s| s["name"].as_str().unwrap().to_owned()).collect::<Vec<_>>(), names);
+    for (i, stream) in listed.iter().enumerate() {
+        let (version, deleted) = if i == 5 { (3, true) } else { (i as u64 % 3, false) };
+        assert_eq!(
+            (stream["version"].as_u64(), stream["deleted"].as_bool()),
+            (Some(version), Some(deleted)),
+            "{stream}"
+        );
+    }
+    assert_eq!(env.counter.get("DynamoDB.Scan"), scans, "no scan");
+    assert_eq!(env.counter.get("DynamoDB.BatchGetItem") - gets, 3, "one read of the tips per page");
+    assert_eq!(env.counter.get("DynamoDB.Query") - queries, 3 * 16, "a query per shard of the name index per page");
+    let everything = store(&env).list_streams("", None, 100).await.unwrap();
+    let all: Vec<&str> = everything.streams.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        (all.len(), all[0], all[23], all[24], everything.next),
+        (25, "counter-1", "order-22", "todo-7f3a", None)
+    );
+    let after_all = store(&env).list_streams("order-", Some("order-22"), 5).await.unwrap();
+    assert_eq!((after_all.streams.len(), after_all.next), (0, None));
+    let bad_limit = call(&api, request("GET", "/streams?limit=101", &[], None)).await;
+    assert_eq!(bad_limit.status, StatusCode::BAD_REQUEST, "{}", bad_limit.body);
+
     // A transaction is authorized by the actions of its parts (UpdateItem, PutItem, ConditionCheckItem).
     let declared: Vec<&str> =
         event_store::entity::AWS_ACTIONS.iter().copied().chain(["dynamodb:TransactWriteItems"]).collect();
@@ -961,7 +1011,8 @@ async fn a_cancelled_append_never_reaches_the_table_stream() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(seen.iter().all(|(stream, _)| stream == "real"), "{seen:?}");
+    // The stream's items, and its name in the index that lists streams.
+    assert!(seen.iter().all(|(stream, item)| stream == "real" || item == "_real"), "{seen:?}");
     // The reader now follows the iterator its last read returned. A stream that does not exist: 404.
     let missing = store.append("ghost", Expected::Version(0), vec![NewEvent::new("Boo", json!({}))]).await;
     assert!(matches!(missing, Err(EntityError::NotFound)), "{missing:?}");

@@ -372,7 +372,7 @@ impl Positions {
 
     /// The `item` of every stream in `streams`, by `BatchGetItem` (100 keys a
     /// request, unprocessed keys asked again with backoff).
-    async fn get_all(&self, streams: &[&str], item: &str) -> Result<Vec<HashMap<String, AttributeValue>>> {
+    pub(crate) async fn get_all(&self, streams: &[&str], item: &str) -> Result<Vec<HashMap<String, AttributeValue>>> {
         let mut found = Vec::new();
         let mut unique: Vec<&str> = streams.to_vec();
         unique.sort_unstable();

@@ -251,6 +251,9 @@ impl EntityStore {
                 .build()
                 .map_err(|e| AppendFailure::Store(e.into()))?;
             transaction = transaction.transact_items(TransactWriteItem::builder().update(position).build());
+            // And its name in the index that lists streams (`listing`).
+            let name = super::listing::index_put(&self.table, stream, now).map_err(AppendFailure::Store)?;
+            transaction = transaction.transact_items(TransactWriteItem::builder().put(name).build());
         }
         if let Some(request) = request.recorded() {
             let record =

@@ -4,6 +4,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `POST /streams/{name}` (`If-None-Match: *`, `If-Match: "v"` or none) | 201, 409, 404, 410 |
+//! | `GET /streams?prefix=&after=&limit=` (names in name order, [`super::listing`]) | 200, 400 |
 //! | `GET /streams/{name}?from=&limit=&direction=` | 200, 304, 404 |
 //! | `DELETE /streams/{name}` with `If-Match` | 201, 409, 404, 410, 428 |
 //! | `GET /streams/{name}/state` | 200, 304, 404 |
@@ -25,16 +26,18 @@ pub const DEFAULT_PAGE_EVENTS: usize = 100;
 pub const MAX_PAGE_EVENTS: usize = 1000;
 
 enum Route<'a> {
+    List,
     Stream(&'a str),
     State(&'a str),
     Snapshot(&'a str),
 }
 
-/// `.../streams/{name}[/state|/snapshot]`, behind any stage or base path.
+/// `.../streams[/{name}[/state|/snapshot]]`, behind any stage or base path.
 fn route(path: &str) -> Option<Route<'_>> {
     let segments: Vec<&str> = path.split('/').collect();
     let at = segments.iter().rposition(|s| *s == "streams")?;
     match &segments[at + 1..] {
+        [] => Some(Route::List),
         [name] => Some(Route::Stream(name)),
         [name, "state"] => Some(Route::State(name)),
         [name, "snapshot"] => Some(Route::Snapshot(name)),
@@ -177,6 +180,7 @@ impl StreamsApi {
             };
         }
         let answer = match (route(&path), req.method().clone()) {
+            (Some(Route::List), Method::GET) => self.list(&req).await,
             (Some(Route::Stream(name)), Method::POST) => self.append(&req, name, &path).await,
             (Some(Route::Stream(name)), Method::GET) => self.read(&req, name, &path).await,
             (Some(Route::Stream(name)), Method::DELETE) => self.delete(&req, name, &path).await,
@@ -201,6 +205,19 @@ impl StreamsApi {
         };
         Ok(match self.store.append(name, expected, events).await {
             Ok(done) => created(done, path, name),
+            Err(err) => failure(err),
+        })
+    }
+
+    async fn list(&self, req: &Request) -> Result<Response<Body>, Reject> {
+        let query = req.query_string_parameters();
+        let limit = match query.first("limit") {
+            None => super::listing::MAX_LISTED,
+            Some(limit) => limit.parse().map_err(|_| reject(StatusCode::BAD_REQUEST, "limit must be a number"))?,
+        };
+        let (prefix, after) = (query.first("prefix").unwrap_or_default(), query.first("after"));
+        Ok(match self.store.list_streams(prefix, after, limit).await {
+            Ok(listing) => json_response(StatusCode::OK, &json!(listing)),
             Err(err) => failure(err),
         })
     }
@@ -319,7 +336,7 @@ mod tests {
         assert!(matches!(route("/streams/todo-1"), Some(Route::Stream("todo-1"))));
         assert!(matches!(route("/prod/streams/todo-1/state"), Some(Route::State("todo-1"))));
         assert!(matches!(route("/streams/todo-1/snapshot"), Some(Route::Snapshot("todo-1"))));
-        assert!(route("/streams").is_none());
+        assert!(matches!(route("/streams"), Some(Route::List)) && matches!(route("/prod/streams"), Some(Route::List)));
         assert!(route("/streams/a/b/c").is_none());
         assert!(route("/track.gif").is_none());
         assert!(StreamsApi::serves("/streams/x") && !StreamsApi::serves("/events"));

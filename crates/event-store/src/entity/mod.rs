@@ -14,6 +14,7 @@
 mod append;
 pub mod cqrs;
 pub mod http;
+pub mod listing;
 pub mod model;
 mod offload;
 mod read;
@@ -41,6 +42,8 @@ pub use snapshot::Snapshot;
 /// its parts). [`EntityStore::stream_names`] also needs `dynamodb:Scan`; the
 /// streams function does not call it.
 pub const AWS_ACTIONS: &[&str] = &[
+    // Listing streams: their tips.
+    "dynamodb:BatchGetItem",
     "dynamodb:ConditionCheckItem",
     "dynamodb:GetItem",
     "dynamodb:PutItem",
