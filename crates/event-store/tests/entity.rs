@@ -156,6 +156,34 @@ async fn the_todo_flow_counter_and_every_precondition_answer() {
     assert_eq!(call(&api, malformed).await.status, StatusCode::BAD_REQUEST);
     assert!(matches!(store(&env).read("bad-1", None, 10, Direction::Forward).await, Err(EntityError::NotFound)));
 
+    // Schema versions (issue 48): an event says its data's schema version (1 when absent); the
+    // HTTP API answers events as stored, a store given upcasters reads them as the current schema.
+    let v1 = json!({"type": "TodoCreated", "data": {"text": "bread"}});
+    let v2 = json!({"type": "TodoCreated", "data": {"title": "jam"}, "schema_version": 2});
+    let made = call(&api, request("POST", "/streams/todo-schemas", &[], Some(json!([v1, v2])))).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let stored = call(&api, request("GET", "/streams/todo-schemas", &[], None)).await;
+    let as_stored: Vec<(Value, Value)> = stored.body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["data"].clone(), e["schema_version"].clone()))
+        .collect();
+    assert_eq!(as_stored, vec![(json!({"text": "bread"}), Value::Null), (json!({"title": "jam"}), json!(2))]);
+    let zero = json!({"type": "TodoCreated", "data": {}, "schema_version": 0});
+    assert_eq!(
+        call(&api, request("POST", "/streams/todo-schemas", &[], Some(zero))).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let upcasters = event_store::entity::upcast::Upcasters::new()
+        .register("TodoCreated", 1, |data| Ok(json!({"title": data["text"]})));
+    let upcasting = store(&env).with_upcasters(upcasters);
+    let read = upcasting.read("todo-schemas", None, 10, Direction::Forward).await.unwrap();
+    let current: Vec<(Value, Option<u32>)> = read.events.iter().map(|e| (e.data.clone(), e.schema_version)).collect();
+    assert_eq!(current, vec![(json!({"title": "bread"}), Some(2)), (json!({"title": "jam"}), Some(2))]);
+    let state = upcasting.state("todo-schemas").await.unwrap();
+    assert_eq!(state.events[0].data, json!({"title": "bread"}), "state reads upcast too");
+
     // Listing (issue 48): 23 order streams (one deleted) beside the todo and the counter, in name
     // order within a prefix, paged, with versions, from the name index: no Scan, no event read.
     for i in (0..23).rev() {
@@ -196,14 +224,15 @@ async fn the_todo_flow_counter_and_every_precondition_answer() {
     assert_eq!(env.counter.get("DynamoDB.Query") - queries, 3 * 16, "a query per shard of the name index per page");
     let everything = store(&env).list_streams("", None, 100).await.unwrap();
     let all: Vec<&str> = everything.streams.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(
-        (all.len(), all[0], all[23], all[24], everything.next),
-        (25, "counter-1", "order-22", "todo-7f3a", None)
-    );
+    let ends = (all.len(), all[0], all[23], all[24], all[25], everything.next);
+    assert_eq!(ends, (26, "counter-1", "order-22", "todo-7f3a", "todo-schemas", None));
     let after_all = store(&env).list_streams("order-", Some("order-22"), 5).await.unwrap();
     assert_eq!((after_all.streams.len(), after_all.next), (0, None));
     let bad_limit = call(&api, request("GET", "/streams?limit=101", &[], None)).await;
     assert_eq!(bad_limit.status, StatusCode::BAD_REQUEST, "{}", bad_limit.body);
+    let long = format!("/streams?prefix={}", "a".repeat(1100));
+    let long_prefix = call(&api, request("GET", &long, &[], None)).await;
+    assert_eq!(long_prefix.status, StatusCode::BAD_REQUEST, "not a name, not a retry: {}", long_prefix.body);
 
     // A transaction is authorized by the actions of its parts (UpdateItem, PutItem, ConditionCheckItem).
     let declared: Vec<&str> =
@@ -978,6 +1007,23 @@ async fn cqrs_es_aggregates_live_in_entity_streams() {
     let expected: HashMap<String, Vec<usize>> =
         [("a1", 4), ("b2", 3), ("c3", 5)].into_iter().map(|(id, n)| (id.to_owned(), (1..=n).collect())).collect();
     assert_eq!(replayed, expected);
+
+    // Issue 48: cqrs-es's own upcasters work through this backend, which keeps each event's
+    // `event_version`: deposits recorded at 1.0 load as 2.0's, amounts in cents.
+    use cqrs_es::persist::SemanticVersionEventUpcaster;
+    let cents = SemanticVersionEventUpcaster::new(
+        "Deposited",
+        "2.0",
+        Box::new(|mut payload: Value| {
+            let amount = payload["Deposited"]["amount"].as_i64().unwrap_or(0);
+            payload["Deposited"]["amount"] = json!(amount * 100);
+            payload
+        }),
+    );
+    let upcasting = event_store().with_upcasters(vec![Box::new(cents)]);
+    let loaded = upcasting.load_aggregate("a1").await.unwrap();
+    assert_eq!(loaded.aggregate.balance, 100 * 100 - 30 + 100, "the two deposits in cents, the withdrawal as stored");
+    assert_eq!(event_store().load_aggregate("a1").await.unwrap().aggregate.balance, 71, "stored as they were");
 }
 
 /// moto emits a stream record for the put of a transaction it then cancels

@@ -75,19 +75,23 @@ fn new_event(event: &SerializedEvent) -> NewEvent {
         event_type: event.event_type.clone(),
         data: event.payload.clone(),
         metadata: Some(json!({"event_version": event.event_version, "metadata": event.metadata})),
+        schema_version: None,
     }
 }
 
 /// The event as cqrs-es reads it. Events appended by other clients (over
-/// HTTP, say) have no event version: it reads as "", their metadata as is.
+/// HTTP, say) have no cqrs-es event version: their schema version stands for
+/// it when they carry one (`2`, which cqrs-es reads as 2.0.0), else it reads
+/// as ""; their metadata as is.
 fn serialized(aggregate_type: &str, aggregate_id: &str, event: RecordedEvent) -> SerializedEvent {
+    let schema = event.schema_version.map(|v| v.to_string()).unwrap_or_default();
     let (event_version, metadata) = match event.metadata {
         Some(Value::Object(mut wrapper)) if wrapper.contains_key("event_version") => {
             let version = wrapper.remove("event_version").and_then(|v| v.as_str().map(str::to_owned));
             (version.unwrap_or_default(), wrapper.remove("metadata").unwrap_or_else(|| json!({})))
         }
-        Some(other) => (String::new(), other),
-        None => (String::new(), json!({})),
+        Some(other) => (schema, other),
+        None => (schema, json!({})),
     };
     SerializedEvent {
         aggregate_id: aggregate_id.to_owned(),
@@ -250,6 +254,7 @@ mod tests {
             subject: None,
             sealed: None,
             forgotten: None,
+            schema_version: None,
         }
     }
 
@@ -271,11 +276,13 @@ mod tests {
     }
 
     #[test]
-    fn events_other_clients_appended_read_with_an_empty_version() {
+    fn events_other_clients_appended_read_with_their_schema_version_or_none() {
         let back = serialized("account", "a1", recorded(0, Some(json!({"run": 7}))));
         assert_eq!((back.sequence, back.event_version.as_str(), back.metadata), (1, "", json!({"run": 7})));
         let back = serialized("account", "a1", recorded(4, None));
         assert_eq!((back.sequence, back.metadata), (5, json!({})));
+        let schema_2 = RecordedEvent { schema_version: Some(2), ..recorded(1, None) };
+        assert_eq!(serialized("account", "a1", schema_2).event_version, "2", "its schema version stands for it");
     }
 
     #[test]

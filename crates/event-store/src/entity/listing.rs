@@ -4,12 +4,13 @@
 //! Each stream's name is an item of the entity table under one of
 //! [`NAME_SHARDS`] hash keys, `~streams#<nn>` (a `#` is in no stream's name),
 //! its sort key `_<name>` (a bookkeeping key: the relay and reads pass over
-//! it). It is put in the stream's first append's transaction, so a stream is
-//! listed exactly when it exists. The shard is the name's hash: no one key
-//! takes every new stream (each shard is its own partition, 16 of them
-//! taking 16 times one partition's writes). A listing queries every shard in
-//! name order between the prefix and the last name listed, merges their
-//! first names, and reads those streams' tips for their versions.
+//! it). It is put in the stream's first append's transaction, so a stream
+//! created since the index exists is listed once that append commits. The
+//! shard is the name's hash: no one key takes every new stream (DynamoDB can
+//! give the 16 keys partitions of their own as their writes grow). A listing
+//! queries every shard in name order between the prefix and the last name
+//! listed, merges their first names, and reads those streams' tips for their
+//! versions.
 
 use std::collections::HashMap;
 
@@ -17,7 +18,7 @@ use aws_sdk_dynamodb::types::Put;
 use futures::future::try_join_all;
 use serde::Serialize;
 
-use super::model::{StreamItem, BOOKKEEPING_PREFIX, HASH_KEY, RANGE_KEY, TIP};
+use super::model::{Invalid, StreamItem, BOOKKEEPING_PREFIX, HASH_KEY, MAX_NAME_BYTES, RANGE_KEY, TIP};
 use super::{n, s, EntityError, EntityStore};
 use crate::error::Error;
 
@@ -73,13 +74,20 @@ fn bounds(prefix: &str, after: Option<&str>) -> Option<(String, String)> {
     (from <= to).then(|| (sort_key(&from), sort_key(&to)))
 }
 
-/// The page of `limit` names out of each shard's first names (each in name order, `more` when
-/// a shard had names past those it gave).
-fn merge(mut names: Vec<String>, more: bool, limit: usize) -> (Vec<String>, Option<String>) {
+/// The page of at most `limit` names out of each shard's first names, in name order, and the
+/// name to list after next. A shard that had more names than it gave knows none past its last:
+/// the page stops there (the smallest such last name), so no name is skipped.
+fn merge(shards: Vec<(Vec<String>, bool)>, limit: usize) -> (Vec<String>, Option<String>) {
+    let known_to = shards.iter().filter(|(_, more)| *more).filter_map(|(names, _)| names.last()).min().cloned();
+    let mut names: Vec<String> = shards
+        .into_iter()
+        .flat_map(|(names, _)| names)
+        .filter(|name| known_to.as_ref().is_none_or(|to| name <= to))
+        .collect();
     names.sort();
     let cut = names.len() > limit;
     names.truncate(limit);
-    let next = if cut || more { names.last().cloned() } else { None };
+    let next = if cut || known_to.is_some() { names.last().cloned() } else { None };
     (names, next)
 }
 
@@ -88,13 +96,16 @@ impl EntityStore {
     /// (1 to [`MAX_LISTED`]), with their versions and whether they are deleted.
     pub async fn list_streams(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Listing, EntityError> {
         if !(1..=MAX_LISTED).contains(&limit) {
-            return Err(super::Invalid::BadRequest(format!("limit is 1 to {MAX_LISTED}")).into());
+            return Err(Invalid::BadRequest(format!("limit is 1 to {MAX_LISTED}")).into());
+        }
+        if prefix.len() > MAX_NAME_BYTES || after.is_some_and(|a| a.len() > MAX_NAME_BYTES) {
+            return Err(
+                Invalid::BadRequest(format!("prefix and after are names: at most {MAX_NAME_BYTES} bytes")).into()
+            );
         }
         let Some((from, to)) = bounds(prefix, after) else { return Ok(Listing { streams: Vec::new(), next: None }) };
         let shards = (0..NAME_SHARDS).map(|shard| self.shard_names(shard, (&from, &to), limit));
-        let found = try_join_all(shards).await?;
-        let more = found.iter().any(|(_, more)| *more);
-        let (names, next) = merge(found.into_iter().flat_map(|(names, _)| names).collect(), more, limit);
+        let (names, next) = merge(try_join_all(shards).await?, limit);
         let mut tips = self.tips(&names).await?;
         let streams = names
             .into_iter()
@@ -175,12 +186,15 @@ mod tests {
     }
 
     #[test]
-    fn a_page_is_the_first_names_of_every_shard_merged() {
+    fn a_page_is_the_first_names_of_every_shard_merged_up_to_what_each_shard_knows() {
         let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-        let (page, next) = merge(names(&["c", "a", "d", "b"]), false, 3);
+        let (page, next) = merge(vec![(names(&["a", "c"]), false), (names(&["b", "d"]), false)], 3);
         assert_eq!((page, next.as_deref()), (names(&["a", "b", "c"]), Some("c")));
-        assert_eq!(merge(names(&["b", "a"]), false, 3), (names(&["a", "b"]), None), "all of it");
-        assert_eq!(merge(names(&["b", "a"]), true, 3).1.as_deref(), Some("b"), "a shard had more");
-        assert_eq!(merge(Vec::new(), false, 3), (Vec::new(), None));
+        let all = merge(vec![(names(&["a"]), false), (names(&["b"]), false)], 3);
+        assert_eq!(all, (names(&["a", "b"]), None), "all of it");
+        // A shard cut short at "b" may hold "c" after it: the page stops at "b", "e" waits.
+        let (page, next) = merge(vec![(names(&["a", "b"]), true), (names(&["d", "e"]), false)], 3);
+        assert_eq!((page, next.as_deref()), (names(&["a", "b"]), Some("b")));
+        assert_eq!(merge(Vec::new(), 3), (Vec::new(), None));
     }
 }

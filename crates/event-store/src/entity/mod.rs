@@ -22,6 +22,7 @@ pub mod relay;
 pub(crate) mod rerelay;
 mod sealing;
 mod snapshot;
+pub mod upcast;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -113,6 +114,8 @@ pub struct EntityStore {
     /// Seals subjects' streams' data ([`crate::privacy`]); `keys` opens it.
     subjects: Option<crate::privacy::Subjects>,
     keys: Option<std::sync::Arc<crate::privacy::keys::Keys>>,
+    /// Applied to every event read ([`upcast`]); `None`: events as stored.
+    upcasters: Option<std::sync::Arc<upcast::Upcasters>>,
 }
 
 fn s(value: impl Into<String>) -> AttributeValue {
@@ -131,7 +134,7 @@ impl EntityStore {
     pub fn new(dynamo: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         // Transaction conflicts between writers of one stream clear in milliseconds.
         let backoff = Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(500), max_attempts: 8 };
-        Self { dynamo, table: table.into(), backoff, offloads: None, subjects: None, keys: None }
+        Self { dynamo, table: table.into(), backoff, offloads: None, subjects: None, keys: None, upcasters: None }
     }
 
     pub fn table(&self) -> &str {

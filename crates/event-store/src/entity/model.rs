@@ -116,11 +116,14 @@ pub struct NewEvent {
     pub data: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// The version of `data`'s shape (1 when absent), which upcasters go by (`entity::upcast`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
 }
 
 impl NewEvent {
     pub fn new(event_type: impl Into<String>, data: Value) -> Self {
-        Self { id: None, event_type: event_type.into(), data, metadata: None }
+        Self { id: None, event_type: event_type.into(), data, metadata: None, schema_version: None }
     }
 }
 
@@ -163,6 +166,9 @@ pub struct StoredEventItem {
     /// sealed event has its sealed block in S3 (`data_ref`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<Sealed>,
+    /// Its data's schema version when not 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
 }
 
 impl StoredEventItem {
@@ -216,6 +222,9 @@ pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventI
         if event.event_type.is_empty() || event.event_type.len() > MAX_TYPE_BYTES {
             return Err(Invalid::BadRequest(format!("event {i}: type is 1 to {MAX_TYPE_BYTES} bytes")));
         }
+        if event.schema_version == Some(0) {
+            return Err(Invalid::BadRequest(format!("event {i}: schema_version is 1 or more")));
+        }
         let id = event.id.unwrap_or_else(uuid::Uuid::new_v4).to_string();
         if !ids.insert(id.clone()) {
             return Err(Invalid::BadRequest(format!("event {i}: id {id} appears twice")));
@@ -228,6 +237,7 @@ pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventI
             data_ref: None,
             subject: None,
             sealed: None,
+            schema_version: event.schema_version.filter(|v| *v != 1),
         });
     }
     check(&stored, limits)?;
@@ -306,6 +316,7 @@ pub(crate) fn deleted_event(stream: &str) -> StoredEventItem {
         data_ref: None,
         subject: None,
         sealed: None,
+        schema_version: None,
     }
 }
 
@@ -431,6 +442,9 @@ pub struct RecordedEvent {
     /// In place of `data` once the subject is forgotten: when, and the key's generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forgotten: Option<Value>,
+    /// Its data's schema version when not 1 (as stored, or as upcast).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
 }
 
 impl RecordedEvent {
@@ -449,6 +463,7 @@ impl RecordedEvent {
             subject: e.subject.clone(),
             sealed: e.sealed.clone(),
             forgotten: None,
+            schema_version: e.schema_version,
         }
     }
 }

@@ -53,7 +53,7 @@ impl EntityStore {
         Ok(stored)
     }
 
-    /// Puts offloaded data back into `events`, and opens sealed data.
+    /// Puts offloaded data back into `events`, opens sealed data, and upcasts it.
     pub(super) async fn resolve(&self, events: &mut [RecordedEvent]) -> Result<(), Error> {
         for event in events.iter_mut() {
             if let Some(reference) = event.data_ref.take() {
@@ -74,6 +74,7 @@ impl EntityStore {
                 }
             }
             self.open_event(event).await?;
+            self.upcast(event)?;
         }
         Ok(())
     }

@@ -99,6 +99,7 @@ fn request_keys_follow_the_ids_and_delete_has_a_fixed_id() {
                 data_ref: None,
                 subject: None,
                 sealed: None,
+                schema_version: None,
             })
             .collect()
     };

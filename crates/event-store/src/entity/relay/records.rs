@@ -101,6 +101,7 @@ mod tests {
                 data_ref: None,
                 subject: None,
                 sealed: None,
+                schema_version: None,
             })
             .collect();
         let batch = Batch { stream: stream.into(), item: batch_key(first), first, at: 1_700_000_000_000, events };
