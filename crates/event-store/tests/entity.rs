@@ -183,6 +183,13 @@ async fn the_todo_flow_counter_and_every_precondition_answer() {
     assert_eq!(current, vec![(json!({"title": "bread"}), Some(2)), (json!({"title": "jam"}), Some(2))]);
     let state = upcasting.state("todo-schemas").await.unwrap();
     assert_eq!(state.events[0].data, json!({"title": "bread"}), "state reads upcast too");
+    // Written by a store that knows the type's current schema, a new event is at it: not upcast again.
+    let tea = vec![NewEvent::new("TodoCreated", json!({"title": "tea"}))];
+    upcasting.append("todo-schemas", Expected::Version(1), tea).await.unwrap();
+    let raw = store(&env).read("todo-schemas", Some(2), 1, Direction::Forward).await.unwrap();
+    assert_eq!((&raw.events[0].data, raw.events[0].schema_version), (&json!({"title": "tea"}), Some(2)));
+    let read = upcasting.read("todo-schemas", Some(2), 1, Direction::Forward).await.unwrap();
+    assert_eq!(read.events[0].data, json!({"title": "tea"}));
 
     // Listing (issue 48): 23 order streams (one deleted) beside the todo and the counter, in name
     // order within a prefix, paged, with versions, from the name index: no Scan, no event read.

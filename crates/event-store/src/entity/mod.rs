@@ -151,6 +151,8 @@ impl EntityStore {
         events: Vec<NewEvent>,
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
+        let mut events = events;
+        self.stamp(&mut events);
         let keyed = Keyed::by_client(&events);
         let events = self.prepare(stream, events).await?;
         self.append_stored(stream, expected, events, Also::Nothing, keyed).await
@@ -169,6 +171,8 @@ impl EntityStore {
     ) -> Result<Appended, EntityError> {
         check_name(stream)?;
         let state = self.seal_state(stream, snapshot_text(state)?).await?;
+        let mut events = events;
+        self.stamp(&mut events);
         let keyed = Keyed::by_client(&events);
         let events = self.prepare(stream, events).await?;
         self.append_stored(stream, expected, events, Also::Snapshot(&state), keyed).await

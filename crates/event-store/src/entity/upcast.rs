@@ -3,16 +3,17 @@
 //! absent; `version` is its place in the stream). [`Upcasters`] holds, per
 //! event type and schema version, a pure function from that version's data to
 //! the next one's, and a store given them ([`EntityStore::with_upcasters`])
-//! applies them in turn on every read, as Marten and cqrs-es do. What is
-//! stored never changes: the HTTP API (a store without upcasters) and the
-//! log carry events as stored, with their schema version.
+//! applies them in turn on every read, as Marten and cqrs-es do, and writes
+//! new events of a type at the version its steps reach. What is stored never
+//! changes: the HTTP API (a store without upcasters) and the log carry events
+//! as stored, with their schema version.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::model::RecordedEvent;
+use super::model::{NewEvent, RecordedEvent};
 use super::EntityStore;
 use crate::error::Error;
 
@@ -47,6 +48,11 @@ impl Upcasters {
         self
     }
 
+    /// The schema version `event_type`'s steps reach: what its new events are written at.
+    fn current(&self, event_type: &str) -> Option<u32> {
+        self.steps.keys().filter(|(t, _)| t == event_type).map(|(_, from)| from.saturating_add(1)).max()
+    }
+
     /// `event` at the latest schema its steps reach. Data not opened (sealed, offloaded) or
     /// forgotten is left as it is.
     pub fn upcast(&self, event: &mut RecordedEvent) -> Result<(), Error> {
@@ -74,6 +80,15 @@ impl EntityStore {
     pub fn with_upcasters(mut self, upcasters: Upcasters) -> Self {
         self.upcasters = Some(Arc::new(upcasters));
         self
+    }
+
+    /// New events that do not say their schema version are at their type's current one: written
+    /// by this code, they have the shape its steps lead to, and must not be upcast again.
+    pub(super) fn stamp(&self, events: &mut [NewEvent]) {
+        let Some(upcasters) = &self.upcasters else { return };
+        for event in events.iter_mut().filter(|e| e.schema_version.is_none()) {
+            event.schema_version = upcasters.current(&event.event_type);
+        }
     }
 
     /// `event` as this store's upcasters read it (as stored when it has none).
@@ -116,6 +131,7 @@ mod tests {
         assert_eq!(other.schema_version, None, "no step for its type: as stored");
         let failed = upcasters.upcast(&mut event("TodoRenamed", None, json!({}))).unwrap_err().to_string();
         assert!(failed.contains("todo-1 version 3: upcasting TodoRenamed from schema 1"), "{failed}");
+        assert_eq!((upcasters.current("TodoCreated"), upcasters.current("TodoDone")), (Some(3), None));
         let mut forgotten = event("TodoCreated", None, Value::Null);
         forgotten.forgotten = Some(json!({"at": "x"}));
         upcasters.upcast(&mut forgotten).unwrap();
