@@ -17,7 +17,7 @@ use event_store::config::{PlaybackConfig, RelayConfig, ScanConfig};
 use event_store::entity::http::StreamsApi;
 use event_store::entity::model::{batch_key, prepare, Batch, Limits, Tip, TIP};
 use event_store::entity::relay::Relay;
-use event_store::entity::{Direction, EntityError, EntityStore, Expected, NewEvent};
+use event_store::entity::{Direction, EntityError, EntityStore, Expected, NewEvent, StreamMetadata};
 use event_store::log::PlayedEvent;
 use event_store::playback::{Playback, Status};
 use event_store::time::{format_ms, now_ms};
@@ -398,6 +398,9 @@ async fn a_stream_of_100000_events_reads_back_forward_and_backward_in_pages() {
         last_request: None,
         last_first: None,
         updated_at: at,
+        meta_version: None,
+        retention: None,
+        trimmed: None,
     };
     items.push(serde_dynamo::to_item(&tip).unwrap());
     for chunk in items.chunks(25) {
@@ -1146,4 +1149,133 @@ async fn concurrent_writes_each_get_their_own_table_stream_sequence_number() {
     let mut pending = VecDeque::new();
     let delivered = deliver_all(&mut reader, &mut pending, 100, 0, |_| async { Default::default() }).await.unwrap();
     assert_eq!(delivered, WRITERS * WRITES);
+}
+
+/// The versions of the batch items a stream has in the table (their first versions).
+async fn stored_batches(env: &TestEnv, stream: &str) -> Vec<u64> {
+    let out = env
+        .dynamo
+        .query()
+        .table_name(&env.names.entity_table)
+        .key_condition_expression("#s = :s AND begins_with(#i, :e)")
+        .expression_attribute_names("#s", "stream")
+        .expression_attribute_names("#i", "item")
+        .expression_attribute_values(":s", aws_sdk_dynamodb::types::AttributeValue::S(stream.into()))
+        .expression_attribute_values(":e", aws_sdk_dynamodb::types::AttributeValue::S("e".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    out.items().iter().map(|item| item["first"].as_n().unwrap().parse().unwrap()).collect()
+}
+
+fn versions_of(body: &Value) -> Vec<u64> {
+    body["events"].as_array().unwrap().iter().map(|e| e["version"].as_u64().unwrap()).collect()
+}
+
+/// Stream metadata (issue 48): `max_count`, `truncate_before` and `max_age`
+/// hide history from every read at once (versions keep their numbers, the
+/// stream's version does not move, an older snapshot stays usable); the
+/// relay, as its table stream drives it, then removes the hidden batches from
+/// the table (a batch straddling the cut stays whole), after putting every
+/// version on the log; a stale `If-Match` on the metadata is a 409.
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_metadata_hides_history_at_once_and_the_relay_removes_it_from_the_table() {
+    let env = TestEnv::start(1).await;
+    let store = store(&env);
+    let api = StreamsApi::new(store.clone());
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    let mut pending = VecDeque::new();
+    let relay = relay(&env, env.kinesis.clone());
+    // 25 events: 13 appends of one (0..=12), one of four (13..=16, straddling the cut at 15), 8 of one.
+    let sizes = [vec![1; 13], vec![4], vec![1; 8]].concat();
+    let mut version = None;
+    for size in sizes {
+        let events = (0..size).map(|i| NewEvent::new("Posted", json!({"i": i}))).collect();
+        let expected = version.map_or(Expected::NoStream, Expected::Version);
+        version = Some(store.append("ledger-1", expected, events).await.unwrap().last);
+    }
+    assert_eq!(version, Some(24));
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+
+    let meta = call(&api, request("GET", "/streams/ledger-1/metadata", &[], None)).await;
+    assert_eq!((meta.status, meta.etag.as_deref()), (StatusCode::OK, Some("\"0\"")), "{}", meta.body);
+    let set = |body: Value, if_match: Option<&str>| {
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend(if_match.map(|v| ("if-match", v)));
+        request("PUT", "/streams/ledger-1/metadata", &headers, Some(body))
+    };
+    let done = call(&api, set(json!({"max_count": 10, "custom": {"owner": "ops"}}), Some("\"0\""))).await;
+    assert_eq!((done.status, done.etag.as_deref()), (StatusCode::OK, Some("\"1\"")), "{}", done.body);
+    let stale = call(&api, set(json!({"max_count": 5}), Some("\"0\""))).await;
+    assert_eq!((stale.status, stale.etag.as_deref()), (StatusCode::CONFLICT, Some("\"1\"")), "{}", stale.body);
+    let typo = call(&api, set(json!({"maxCount": 5}), None)).await;
+    assert_eq!(typo.status, StatusCode::BAD_REQUEST, "{}", typo.body);
+    let missing = request("PUT", "/streams/nobody/metadata", &[("content-type", "application/json")], Some(json!({})));
+    assert_eq!(call(&api, missing).await.status, StatusCode::NOT_FOUND);
+    let meta = call(&api, request("GET", "/streams/ledger-1/metadata", &[], None)).await;
+    assert_eq!(meta.body["metadata"], json!({"max_count": 10, "custom": {"owner": "ops"}}));
+
+    // Reads honour it at once, before any cleanup: the last 10, with their own versions.
+    let page = call(&api, request("GET", "/streams/ledger-1?limit=100", &[], None)).await;
+    assert_eq!(versions_of(&page.body), (15..=24).collect::<Vec<_>>());
+    assert_eq!((page.etag.as_deref(), &page.body["version"]), (Some("\"24\""), &json!(24)), "the version stays");
+    let back = call(&api, request("GET", "/streams/ledger-1?direction=backward&limit=4", &[], None)).await;
+    assert_eq!(versions_of(&back.body), vec![24, 23, 22, 21]);
+    let back = call(&api, request("GET", "/streams/ledger-1?from=16&direction=backward", &[], None)).await;
+    assert_eq!((versions_of(&back.body), &back.body["next"]), (vec![16, 15], &Value::Null));
+    let state = store.state("ledger-1").await.unwrap();
+    assert_eq!(state.events.iter().map(|e| e.version).collect::<Vec<_>>(), (15..=24).collect::<Vec<_>>());
+    // A snapshot older than the cut stays usable: the events after it start at the cut.
+    store.save_snapshot("ledger-1", 12, &json!({"posted": 13})).await.unwrap();
+    let state = call(&api, request("GET", "/streams/ledger-1/state", &[], None)).await;
+    assert_eq!((state.body["snapshot"]["version"].as_u64(), versions_of(&state.body)[0]), (Some(12), 15));
+    assert_eq!(stored_batches(&env, "ledger-1").await.len(), 22, "nothing removed yet");
+
+    // The relay cleans up after the metadata's change: every batch wholly below 15 leaves the table.
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    let kept = stored_batches(&env, "ledger-1").await;
+    assert_eq!(kept, [vec![13], (17..=24).collect()].concat(), "13..=16 straddles the cut: kept whole");
+    assert_eq!(store.tip("ledger-1").await.unwrap().unwrap().trimmed, Some(13));
+    assert_eq!(store.state("ledger-1").await.unwrap().snapshot.map(|s| s.version), Some(12), "snapshots stay");
+    // The log kept every version.
+    let logged = env.read_stream(&env.names.event_stream).await.len();
+    assert_eq!(logged, 25, "each version put on the log once, before its batch was removed");
+
+    // truncate_before replaces it (If-Match of the metadata's version); the next append cleans up too.
+    assert_eq!(call(&api, set(json!({"truncate_before": 20}), Some("\"1\""))).await.status, StatusCode::OK);
+    let page = call(&api, request("GET", "/streams/ledger-1", &[], None)).await;
+    assert_eq!(versions_of(&page.body), (20..=24).collect::<Vec<_>>());
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    assert_eq!(stored_batches(&env, "ledger-1").await, (20..=24).collect::<Vec<_>>());
+
+    // max_age: once the stream's events are older, none is shown; an append after is.
+    assert_eq!(call(&api, set(json!({"max_age": 1}), Some("\"2\""))).await.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let page = call(&api, request("GET", "/streams/ledger-1", &[], None)).await;
+    assert_eq!((versions_of(&page.body), &page.body["version"]), (vec![], &json!(24)));
+    store.append("ledger-1", Expected::Version(24), vec![NewEvent::new("Posted", json!({}))]).await.unwrap();
+    let page = call(&api, request("GET", "/streams/ledger-1?direction=backward", &[], None)).await;
+    assert_eq!(versions_of(&page.body), vec![25]);
+    assert_eq!(versions_of(&call(&api, request("GET", "/streams/ledger-1/state", &[], None)).await.body), vec![25]);
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    assert_eq!(stored_batches(&env, "ledger-1").await, vec![25]);
+    assert_eq!(env.read_stream(&env.names.event_stream).await.len(), 26);
+    // Cleared: everything the table still holds is shown again (what was removed is gone).
+    // A cleanup longer than one step (100 batches) continues from its own change of the tip.
+    for v in 0..105u64 {
+        let expected = v.checked_sub(1).map_or(Expected::NoStream, Expected::Version);
+        store.append("ledger-2", expected, vec![NewEvent::new("Posted", json!({}))]).await.unwrap();
+    }
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    let one = StreamMetadata { max_count: Some(1), ..Default::default() };
+    assert_eq!(store.set_metadata("ledger-2", None, &one).await.unwrap(), 1);
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    assert_eq!(stored_batches(&env, "ledger-2").await, vec![104]);
+    // Without If-Match: whatever version it is at.
+    assert_eq!(call(&api, set(json!({}), None)).await.status, StatusCode::OK);
+    assert_eq!(store.metadata("ledger-1").await.unwrap().0, 4);
+    assert!(store.tip("ledger-1").await.unwrap().unwrap().retention.is_none());
 }

@@ -290,9 +290,15 @@ fn the_relay_sees_only_batch_items_holds_a_stream_before_its_mapping_gives_up_an
     let hold = &template["Parameters"]["RelayHoldAfterSeconds"];
     assert!(hold["MaxValue"].as_i64().unwrap() < age, "the hold limit stays under the record age limit");
     assert_eq!(hold["Default"].as_u64(), Some(event_store::config::DEFAULT_RELAY_HOLD_AFTER_SECONDS));
-    // Only inserts of batch items invoke it: not tips, snapshots, nor the positions it writes itself.
+    // Only inserts of batch items invoke it (not tips, snapshots, nor the positions it writes
+    // itself), and changes of tips that carry a retention (it cleans up after them).
     let filters = mapping["FilterCriteria"]["Filters"].as_sequence().unwrap();
-    assert_eq!(filters.len(), 1);
+    assert_eq!(filters.len(), 2);
+    let tips: serde_json::Value = serde_json::from_str(filters[1]["Pattern"].as_str().unwrap()).unwrap();
+    assert_eq!(tips["eventName"], serde_json::json!(["MODIFY"]));
+    assert_eq!(tips["dynamodb"]["Keys"]["item"]["S"], serde_json::json!([event_store::entity::model::TIP]));
+    // A leaf attribute: event filters match `exists` on leaves only.
+    assert_eq!(tips["dynamodb"]["NewImage"]["retention"]["S"], serde_json::json!([{"exists": true}]));
     let pattern: serde_json::Value = serde_json::from_str(filters[0]["Pattern"].as_str().unwrap()).unwrap();
     assert_eq!(pattern["eventName"], serde_json::json!(["INSERT"]));
     let prefix = pattern["dynamodb"]["Keys"]["item"]["S"][0]["prefix"].as_str().unwrap();

@@ -9,6 +9,8 @@
 //! | `DELETE /streams/{name}` with `If-Match` | 201, 409, 404, 410, 428 |
 //! | `GET /streams/{name}/state` | 200, 304, 404 |
 //! | `PUT /streams/{name}/snapshot` with `If-Match` | 200, 409, 404, 428 |
+//! | `GET /streams/{name}/metadata` (its own version as the ETag) | 200, 404 |
+//! | `PUT /streams/{name}/metadata` (`If-Match: "v"` of the metadata, or none) | 200, 400, 404, 409 |
 //! | `GET /views/{projection}[/{key}]` ([`ViewsApi`]) | 200, 404, 503 |
 
 use lambda_http::http::{header, HeaderMap, Method, StatusCode};
@@ -30,9 +32,10 @@ enum Route<'a> {
     Stream(&'a str),
     State(&'a str),
     Snapshot(&'a str),
+    Metadata(&'a str),
 }
 
-/// `.../streams[/{name}[/state|/snapshot]]`, behind any stage or base path.
+/// `.../streams[/{name}[/state|/snapshot|/metadata]]`, behind any stage or base path.
 fn route(path: &str) -> Option<Route<'_>> {
     let segments: Vec<&str> = path.split('/').collect();
     let at = segments.iter().rposition(|s| *s == "streams")?;
@@ -41,6 +44,7 @@ fn route(path: &str) -> Option<Route<'_>> {
         [name] => Some(Route::Stream(name)),
         [name, "state"] => Some(Route::State(name)),
         [name, "snapshot"] => Some(Route::Snapshot(name)),
+        [name, "metadata"] => Some(Route::Metadata(name)),
         _ => None,
     }
 }
@@ -127,6 +131,9 @@ fn failure(err: EntityError) -> Response<Body> {
         EntityError::Conflict { current } => {
             (StatusCode::CONFLICT, json!({"error": err.to_string(), "current_version": current}), Some(*current))
         }
+        EntityError::MetadataConflict { current } => {
+            (StatusCode::CONFLICT, json!({"error": err.to_string(), "metadata_version": current}), Some(*current))
+        }
         EntityError::Deleted { current } => {
             (StatusCode::GONE, json!({"error": err.to_string(), "current_version": current}), Some(*current))
         }
@@ -186,6 +193,8 @@ impl StreamsApi {
             (Some(Route::Stream(name)), Method::DELETE) => self.delete(&req, name, &path).await,
             (Some(Route::State(name)), Method::GET) => self.state(&req, name).await,
             (Some(Route::Snapshot(name)), Method::PUT) => self.snapshot(&req, name).await,
+            (Some(Route::Metadata(name)), Method::GET) => Ok(self.metadata(name).await),
+            (Some(Route::Metadata(name)), Method::PUT) => self.set_metadata(&req, name).await,
             (Some(_), _) => Err(reject(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")),
             (None, _) => Err(reject(StatusCode::NOT_FOUND, "not found")),
         };
@@ -304,6 +313,31 @@ impl StreamsApi {
             Err(err) => failure(err),
         })
     }
+
+    async fn metadata(&self, name: &str) -> Response<Body> {
+        match self.store.metadata(name).await {
+            Ok((version, metadata)) => {
+                let body = json!({"stream": name, "metadata_version": version, "metadata": metadata});
+                with_etag(json_response(StatusCode::OK, &body), version)
+            }
+            Err(err) => failure(err),
+        }
+    }
+
+    async fn set_metadata(&self, req: &Request, name: &str) -> Result<Response<Body>, Reject> {
+        let expected = header_text(req.headers(), header::IF_MATCH)?.map(parse_version).transpose()?;
+        check_json_content_type(req)?;
+        let text = body_text(req)?.ok_or_else(|| reject(StatusCode::BAD_REQUEST, "empty body: send the metadata"))?;
+        let metadata: super::StreamMetadata =
+            serde_json::from_str(&text).map_err(|e| reject(StatusCode::BAD_REQUEST, format!("metadata: {e}")))?;
+        Ok(match self.store.set_metadata(name, expected, &metadata).await {
+            Ok(version) => {
+                let body = json!({"stream": name, "metadata_version": version});
+                with_etag(json_response(StatusCode::OK, &body), version)
+            }
+            Err(err) => failure(err),
+        })
+    }
 }
 
 fn created(done: super::Appended, path: &str, name: &str) -> Response<Body> {
@@ -336,6 +370,7 @@ mod tests {
         assert!(matches!(route("/streams/todo-1"), Some(Route::Stream("todo-1"))));
         assert!(matches!(route("/prod/streams/todo-1/state"), Some(Route::State("todo-1"))));
         assert!(matches!(route("/streams/todo-1/snapshot"), Some(Route::Snapshot("todo-1"))));
+        assert!(matches!(route("/streams/todo-1/metadata"), Some(Route::Metadata("todo-1"))));
         assert!(matches!(route("/streams"), Some(Route::List)) && matches!(route("/prod/streams"), Some(Route::List)));
         assert!(route("/streams/a/b/c").is_none());
         assert!(route("/track.gif").is_none());
@@ -371,6 +406,8 @@ mod tests {
         assert_eq!(conflict.status(), StatusCode::CONFLICT);
         assert_eq!(conflict.headers()[header::ETAG], "\"5\"");
         assert_eq!(failure(EntityError::NotFound).status(), StatusCode::NOT_FOUND);
+        let stale = failure(EntityError::MetadataConflict { current: 3 });
+        assert_eq!((stale.status(), &stale.headers()[header::ETAG]), (StatusCode::CONFLICT, &"\"3\"".parse().unwrap()));
         assert_eq!(failure(EntityError::Deleted { current: 2 }).status(), StatusCode::GONE);
         assert_eq!(failure(Invalid::TooLarge("x".into()).into()).status(), StatusCode::PAYLOAD_TOO_LARGE);
         let store = failure(crate::Error::Malformed("boom".into()).into());

@@ -15,11 +15,13 @@ mod append;
 pub mod cqrs;
 pub mod http;
 pub mod listing;
+mod metadata;
 pub mod model;
 mod offload;
 mod read;
 pub mod relay;
 pub(crate) mod rerelay;
+pub(crate) mod retention;
 mod sealing;
 mod snapshot;
 pub mod upcast;
@@ -33,9 +35,11 @@ use crate::batch::Backoff;
 use crate::error::Error;
 use crate::offload::Offloads;
 use append::Keyed;
+pub use metadata::{Trimmed, META_ITEM};
 use model::{batch_key, check_name, deleted_event, Batch, StreamItem, Tip, HASH_KEY, RANGE_KEY, TIP};
 pub use model::{Expected, Invalid, NewEvent, RecordedEvent};
 pub use read::{Direction, Page, State, READ_PAYLOAD_BYTES};
+pub use retention::{Retention, StreamMetadata, MAX_CUSTOM_METADATA_BYTES};
 use snapshot::snapshot_text;
 pub use snapshot::Snapshot;
 
@@ -72,6 +76,9 @@ pub enum EntityError {
     #[error("the stream is at version {current}")]
     Conflict { current: u64 },
     /// The stream was deleted (its `StreamDeleted` event is at `current`).
+    /// The metadata's expected version did not hold.
+    #[error("the stream's metadata is at version {current}")]
+    MetadataConflict { current: u64 },
     #[error("the stream was deleted at version {current}")]
     Deleted { current: u64 },
     /// A snapshot of a later version is already stored.

@@ -3,9 +3,11 @@
 //! query asks for about the items it needs.
 
 use super::model::{batch_key, Batch, Invalid, RecordedEvent, SnapshotItem, StreamItem, Tip, HASH_KEY, RANGE_KEY, TIP};
+use super::retention::Cut;
 use super::snapshot::Snapshot;
 use super::{check_name, s, EntityError, EntityStore};
 use crate::error::Error;
+use crate::time::now_ms;
 
 /// Which way a read goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +48,8 @@ const MAX_QUERY_ITEMS: usize = 1000;
 pub const READ_PAYLOAD_BYTES: usize = 4 << 20;
 
 impl EntityStore {
-    /// Reads up to `limit` events from `from` (default: the start forward, the end backward).
+    /// Reads up to `limit` events from `from` (default: the start forward, the
+    /// end backward), of those the stream's metadata still shows.
     pub async fn read(
         &self,
         stream: &str,
@@ -54,7 +57,7 @@ impl EntityStore {
         limit: usize,
         direction: Direction,
     ) -> Result<Page, EntityError> {
-        let mut page = self.read_with_refs(stream, from, limit, direction).await?;
+        let mut page = self.read_page(stream, from, limit, direction, true).await?;
         // Data put back from S3 fits one answer: the page ends before the event that would pass it.
         let mut from_s3 = 0;
         let fits = page.events.iter().position(|e| {
@@ -73,7 +76,8 @@ impl EntityStore {
         Ok(page)
     }
 
-    /// [`read`](Self::read), offloaded data left as its reference (`data_ref`):
+    /// [`read`](Self::read), offloaded data left as its reference (`data_ref`),
+    /// and every event the table holds, whatever the stream's metadata hides:
     /// what the relay puts in the log.
     pub(crate) async fn read_with_refs(
         &self,
@@ -82,32 +86,53 @@ impl EntityStore {
         limit: usize,
         direction: Direction,
     ) -> Result<Page, EntityError> {
+        self.read_page(stream, from, limit, direction, false).await
+    }
+
+    async fn read_page(
+        &self,
+        stream: &str,
+        from: Option<u64>,
+        limit: usize,
+        direction: Direction,
+        honour_metadata: bool,
+    ) -> Result<Page, EntityError> {
         check_name(stream)?;
         let limit = limit.clamp(1, MAX_QUERY_ITEMS);
         let tip = self.tip(stream).await?.ok_or(EntityError::NotFound)?;
+        let cut = if honour_metadata { tip.cut(now_ms()) } else { Cut::NONE };
         let events = match direction {
-            Direction::Forward => self.read_forward(stream, from.unwrap_or(0), tip.version, limit).await?,
+            Direction::Forward => {
+                self.read_forward(stream, from.unwrap_or(0).max(cut.from), tip.version, limit, cut).await?
+            }
             Direction::Backward => {
-                self.read_backward(stream, from.unwrap_or(tip.version).min(tip.version), limit).await?
+                self.read_backward(stream, from.unwrap_or(tip.version).min(tip.version), limit, cut).await?
             }
         };
         let next = match (direction, events.last()) {
             (Direction::Forward, Some(e)) if e.version < tip.version => Some(e.version + 1),
-            (Direction::Backward, Some(e)) if e.version > 0 => Some(e.version - 1),
+            (Direction::Backward, Some(e)) if e.version > cut.from => Some(e.version - 1),
             _ => None,
         };
         Ok(Page { version: tip.version, deleted: tip.deleted, events, next })
     }
 
-    async fn read_forward(&self, stream: &str, from: u64, to: u64, limit: usize) -> Result<Vec<RecordedEvent>, Error> {
+    async fn read_forward(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        limit: usize,
+        cut: Cut,
+    ) -> Result<Vec<RecordedEvent>, Error> {
         if from > to {
             return Ok(vec![]);
         }
         let mut events = Vec::new();
         // The batch that holds `from` may start before it: when no batch starts at `from`, look one back.
-        let mut batches = self.query_batches(stream, (from, to), true, limit).await?;
+        let mut batches = self.query_batches(stream, (from, to), true, limit, cut).await?;
         if from > 0 && batches.first().is_none_or(|b| b.first != from) {
-            if let Some(before) = self.query_batches(stream, (0, from - 1), false, 1).await?.pop() {
+            if let Some(before) = self.query_batches(stream, (0, from - 1), false, 1, cut).await?.pop() {
                 batches.insert(0, before);
             }
         }
@@ -121,10 +146,20 @@ impl EntityStore {
         Ok(events)
     }
 
-    async fn read_backward(&self, stream: &str, from: u64, limit: usize) -> Result<Vec<RecordedEvent>, Error> {
+    async fn read_backward(
+        &self,
+        stream: &str,
+        from: u64,
+        limit: usize,
+        cut: Cut,
+    ) -> Result<Vec<RecordedEvent>, Error> {
         let mut events = Vec::new();
-        for batch in self.query_batches(stream, (0, from), false, limit).await? {
-            let mut in_batch: Vec<RecordedEvent> = batch.read().filter(|e| e.version <= from).collect();
+        if from < cut.from {
+            return Ok(events);
+        }
+        for batch in self.query_batches(stream, (0, from), false, limit, cut).await? {
+            let mut in_batch: Vec<RecordedEvent> =
+                batch.read().filter(|e| e.version <= from && e.version >= cut.from).collect();
             in_batch.reverse();
             events.extend(in_batch);
             if events.len() >= limit {
@@ -135,13 +170,16 @@ impl EntityStore {
         Ok(events)
     }
 
-    /// Batches starting within `range` (inclusive), in order, until they hold at least `events` events.
+    /// Batches starting within `range` (inclusive), in order, until they hold
+    /// at least `events` events; those past `cut`'s age left out (read
+    /// backward, the first of them ends the read: all before it are older).
     async fn query_batches(
         &self,
         stream: &str,
         range: (u64, u64),
         forward: bool,
         events: usize,
+        cut: Cut,
     ) -> Result<Vec<Batch>, Error> {
         let mut batches: Vec<Batch> = Vec::new();
         let mut held = 0;
@@ -166,6 +204,12 @@ impl EntityStore {
                 .map_err(|e| Error::dynamo("Query", e))?;
             for item in out.items().iter().cloned() {
                 if let StreamItem::Batch(batch) = StreamItem::decode(item)? {
+                    if cut.expired(batch.at) {
+                        if forward {
+                            continue;
+                        }
+                        return Ok(batches);
+                    }
                     held += batch.events.len();
                     batches.push(batch);
                 }
@@ -177,13 +221,16 @@ impl EntityStore {
         }
     }
 
-    /// The entity's latest snapshot and the events after it: one request when
-    /// the snapshot is among the latest batches.
+    /// The entity's latest snapshot and the events after it that its metadata
+    /// still shows: one request when the snapshot is among the latest batches.
+    /// A snapshot older than the cut stays usable: the events after it start
+    /// where the cut does.
     pub async fn state(&self, stream: &str) -> Result<State, EntityError> {
         check_name(stream)?;
         let (mut tip, mut snapshot, mut batches) = (None::<Tip>, None::<SnapshotItem>, Vec::<Batch>::new());
         let mut start = None;
         let mut requests = 0;
+        let now = now_ms();
         loop {
             let out = self
                 .dynamo
@@ -211,23 +258,24 @@ impl EntityStore {
                     StreamItem::Bookkeeping => {}
                 }
             }
-            if tip.is_none() {
-                return Err(EntityError::NotFound);
-            }
-            // Done once the batch holding the first event after the snapshot is in.
-            let needed_from = snapshot.as_ref().map_or(0, |s| s.version + 1);
+            let Some(cut) = tip.as_ref().map(|t| t.cut(now)) else { return Err(EntityError::NotFound) };
+            // Done once the batch holding the first event shown after the snapshot is in.
+            let needed_from = snapshot.as_ref().map_or(0, |s| s.version + 1).max(cut.from);
             start = out.last_evaluated_key().cloned();
-            if start.is_none() || batches.last().is_some_and(|b| b.first <= needed_from) {
+            let reached = |b: &Batch| b.first <= needed_from || cut.expired(b.at);
+            if start.is_none() || batches.last().is_some_and(reached) {
                 break;
             }
         }
         let tip = tip.ok_or(EntityError::NotFound)?;
+        let cut = tip.cut(now);
         let after = snapshot.as_ref().map(|s| s.version);
         let mut events: Vec<RecordedEvent> = batches
             .iter()
             .rev()
+            .filter(|b| !cut.expired(b.at))
             .flat_map(|b| b.read())
-            .filter(|e| after.is_none_or(|v| e.version > v) && e.version <= tip.version)
+            .filter(|e| after.is_none_or(|v| e.version > v) && e.version >= cut.from && e.version <= tip.version)
             .collect();
         let from_s3: usize = events.iter().filter_map(|e| e.data_ref.as_ref()).map(|r| r.bytes).sum();
         if from_s3 > READ_PAYLOAD_BYTES {

@@ -34,7 +34,7 @@ use futures::StreamExt;
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use super::model::{Batch, RecordedEvent};
+use super::model::{Batch, RecordedEvent, Tip};
 use super::{Direction, EntityError, EntityStore};
 use crate::batch::Backoff;
 use crate::bookkeeping::entity_positions::{Positions, RelayPosition};
@@ -45,13 +45,15 @@ use crate::time::now_ms;
 
 mod records;
 
-pub use records::{events_after, inserted_batch, log_record};
+pub use records::{events_after, inserted_batch, log_record, retained_tip};
 
 /// The AWS actions the relay calls (its event source mapping needs the stream-reading ones on top;
 /// `sqs:SendMessage` is both the mapping's and the relay's, for a held stream).
 pub const AWS_ACTIONS: &[&str] = &[
     "kinesis:PutRecords",
     "dynamodb:BatchGetItem",
+    // Cleaning up what streams' metadata hides (`EntityStore::trim`).
+    "dynamodb:BatchWriteItem",
     "dynamodb:GetItem",
     "dynamodb:Query",
     "dynamodb:UpdateItem",
@@ -130,7 +132,16 @@ impl Relay {
     /// relayed skip their records by position).
     pub async fn handle(&self, event: Event) -> DynamoDbEventResponse {
         let mut streams: Vec<(String, Delivered)> = Vec::new();
+        let mut retained: HashMap<String, Tip> = HashMap::new();
         for (index, record) in event.records.iter().enumerate() {
+            match retained_tip(record) {
+                Ok(Some(tip)) => {
+                    retained.insert(tip.stream.clone(), tip);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(err) => error!(error = %err, keys = ?record.change.keys, "entity tip not read"),
+            }
             match inserted_batch(record) {
                 Ok(Some(batch)) => match streams.iter_mut().find(|(name, _)| *name == batch.stream) {
                     Some((_, delivered)) => delivered.batches.push(batch),
@@ -162,7 +173,41 @@ impl Relay {
             failure.item_identifier = event.records[index].change.sequence_number.clone();
             response.batch_item_failures.push(failure);
         }
+        self.clean_up(retained.into_values().collect()).await;
         response
+    }
+
+    /// Removes from the table what these streams' metadata hides, up to what
+    /// the log has (their relay positions). A failure only waits for the
+    /// stream's next change: readers never see hidden events anyway.
+    async fn clean_up(&self, tips: Vec<Tip>) {
+        if tips.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = tips.iter().map(|t| t.stream.as_str()).collect();
+        let positions = match self.positions.relay_positions(&names).await {
+            Ok(positions) => positions,
+            Err(err) => return warn!(error = %err, "relay positions unreadable: no cleanup now"),
+        };
+        let now = now_ms();
+        for tip in &tips {
+            let relayed = positions.get(&tip.stream).and_then(|p| p.relayed);
+            match self.store.trim(tip, relayed, now).await {
+                Ok(done) if done.batches > 0 => {
+                    info!(
+                        stream = tip.stream,
+                        batches = done.batches,
+                        events = done.events,
+                        more = done.more,
+                        "cleaned up"
+                    )
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    warn!(error = %err, stream = tip.stream, "cleanup failed: retried at the stream's next change")
+                }
+            }
+        }
     }
 
     /// Relays the delivered streams from their positions: the versions their

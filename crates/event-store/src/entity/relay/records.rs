@@ -5,7 +5,7 @@
 use aws_lambda_events::event::dynamodb::EventRecord;
 use serde_json::json;
 
-use crate::entity::model::{batch_version, Batch, RecordedEvent, RANGE_KEY};
+use crate::entity::model::{batch_version, Batch, RecordedEvent, Tip, RANGE_KEY, TIP};
 use crate::envelope::{entity_event_id, entity_key, Envelope, Headers, ENTITY_ID};
 use crate::error::{Error, Result};
 use crate::kinesis::OutgoingRecord;
@@ -22,6 +22,18 @@ pub fn inserted_batch(record: &EventRecord) -> std::result::Result<Option<Batch>
         _ => false,
     };
     if !is_batch {
+        return Ok(None);
+    }
+    serde_dynamo::from_item(image.clone()).map(Some).map_err(|e| e.to_string())
+}
+
+/// The tip a stream record changes, if it is one with a retention (an append
+/// to, a metadata change of, or a cleanup of such a stream): what the relay
+/// cleans up after.
+pub fn retained_tip(record: &EventRecord) -> std::result::Result<Option<Tip>, String> {
+    let image = &record.change.new_image;
+    let is_tip = matches!(image.get(RANGE_KEY), Some(serde_dynamo::AttributeValue::S(key)) if key == TIP);
+    if record.event_name == "REMOVE" || !is_tip || !image.contains_key("retention") {
         return Ok(None);
     }
     serde_dynamo::from_item(image.clone()).map(Some).map_err(|e| e.to_string())
@@ -138,6 +150,22 @@ mod tests {
         assert!(inserted_batch(&record("INSERT", position)).unwrap().is_none());
         let broken = json!({"stream": {"S": "s"}, "item": {"S": batch_key(0)}});
         assert!(inserted_batch(&record("INSERT", broken)).is_err());
+    }
+
+    #[test]
+    fn a_tip_with_a_retention_is_one_to_clean_up_after() {
+        let tip = |retention: Option<&str>| {
+            let mut image =
+                json!({"stream": {"S": "s"}, "item": {"S": TIP}, "version": {"N": "24"}, "updated_at": {"N": "1"}});
+            if let Some(text) = retention {
+                image["retention"] = json!({"S": text});
+            }
+            image
+        };
+        let kept = retained_tip(&record("MODIFY", tip(Some(r#"{"max_count":10}"#)))).unwrap().unwrap();
+        assert_eq!((kept.stream.as_str(), kept.cut(0).from), ("s", 15));
+        assert!(retained_tip(&record("MODIFY", tip(None))).unwrap().is_none(), "no retention: nothing to do");
+        assert!(retained_tip(&record("INSERT", batch_image("s", 0, &["A"]))).unwrap().is_none());
     }
 
     fn batch(first: u64, events: usize) -> Batch {
