@@ -336,7 +336,7 @@ fn the_relay_sees_only_batch_items_holds_a_stream_before_its_mapping_gives_up_an
     // so are the views (read models of it) beside it.
     let events = template["Resources"]["StreamsFunction"]["Properties"]["Events"].as_mapping().unwrap();
     let paths: Vec<&str> = events.values().map(|e| e["Properties"]["Path"].as_str().unwrap()).collect();
-    assert_eq!(paths.iter().filter(|p| p.starts_with("/streams/{name}")).count(), 5, "{paths:?}");
+    assert_eq!(paths.iter().filter(|p| p.starts_with("/streams/{name}")).count(), 7, "{paths:?}");
     assert_eq!(paths.iter().filter(|p| p.starts_with("/views/{projection}")).count(), 2, "{paths:?}");
     for (name, event) in events {
         assert_eq!(event["Properties"]["Auth"]["Authorizer"].as_str(), Some("AWS_IAM"), "{name:?}");
