@@ -69,6 +69,16 @@ pub enum Action {
         #[arg(long)]
         expect: u64,
     },
+    /// A stream's metadata; with --set, replace it: `{"max_age": s, "max_count": n,
+    /// "truncate_before": v, "custom": {...}}` (`-`: stdin; `{}` clears it).
+    Metadata {
+        name: String,
+        #[arg(long)]
+        set: Option<String>,
+        /// Only if the metadata is at exactly this version (its own, not the stream's).
+        #[arg(long, requires = "set")]
+        expect: Option<u64>,
+    },
 }
 
 /// One request to the API, checked before anything is sent.
@@ -147,6 +157,13 @@ impl Action {
                 query: vec![],
                 precondition: Some(version(expect)),
                 body: Some(json_argument("state", &state)?),
+            },
+            Action::Metadata { name, set, expect } => Call {
+                method: if set.is_some() { Method::PUT } else { Method::GET },
+                path: format!("{}/metadata", named(&name)?),
+                query: vec![],
+                precondition: expect.map(version),
+                body: set.map(|m| json_argument("metadata", &m)).transpose()?,
             },
         })
     }
@@ -300,6 +317,11 @@ mod tests {
         assert_eq!(call.query, query);
         let too_many = Action::List { prefix: String::new(), after: None, limit: Some(101) }.call().unwrap_err();
         assert_eq!(too_many.to_string(), "--limit is 1 to 100");
+        let get = Action::Metadata { name: "t".into(), set: None, expect: None }.call().unwrap();
+        assert_eq!((get.method, get.path.as_str(), get.body), (Method::GET, "/t/metadata", None));
+        let set = Action::Metadata { name: "t".into(), set: Some(r#"{"max_count":10}"#.into()), expect: Some(2) };
+        let set = set.call().unwrap();
+        assert_eq!((set.method, set.precondition), (Method::PUT, Some(("if-match", "\"2\"".to_owned()))));
     }
 
     #[test]

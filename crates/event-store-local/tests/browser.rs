@@ -149,6 +149,14 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     let said: serde_json::Value = serde_json::from_str(&said).unwrap();
     let listed = serde_json::json!([{"name": "todo-browser", "version": 1, "deleted": false}]);
     assert_eq!((code, &said["streams"], &said["next"]), (Some(0), &listed, &serde_json::Value::Null), "{said}");
+    // Stream metadata: the last event only, read at once; the log (the chart below) keeps both.
+    let (code, said, err) =
+        run(&["streams", "metadata", "todo-browser", "--set", r#"{"max_count":1}"#, "--expect", "0"]);
+    assert_eq!(code, Some(0), "{said} {err}");
+    let (code, said, _) = run(&["streams", "read", "todo-browser"]);
+    let said: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let versions: Vec<u64> = said["events"].as_array().unwrap().iter().filter_map(|e| e["version"].as_u64()).collect();
+    assert_eq!((code, versions), (Some(0), vec![1]));
     let (total, recent) = glance(&browser, 4).await;
     assert_eq!(total, 4, "{recent:?}");
     assert_eq!(recent.iter().filter(|l| l.contains(" streams/todo-browser ")).count(), 2, "{recent:?}");

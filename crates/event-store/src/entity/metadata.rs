@@ -25,7 +25,7 @@ use crate::time::now_ms;
 
 /// Sort key of a stream's metadata item.
 pub const META_ITEM: &str = "_meta";
-/// Batches one cleanup removes at most (four `BatchWriteItem`s); a stream with
+/// Batches one cleanup removes at most (four `BatchWriteItem`s, four `Query` pages); a stream with
 /// more to remove is cleaned up again when its tip changes, which the cleanup
 /// itself does (`trimmed`), so a long history goes in bounded steps.
 pub(crate) const MAX_TRIM_BATCHES: usize = 100;
@@ -182,32 +182,40 @@ impl EntityStore {
         if low > high {
             return Ok(Trimmed::default());
         }
-        // Batches never change once written: an eventually consistent read (half the cost) is enough.
-        let out = self
-            .dynamo
-            .query()
-            .table_name(&self.table)
-            .key_condition_expression("#stream = :stream AND #item BETWEEN :low AND :high")
-            .expression_attribute_names("#stream", HASH_KEY)
-            .expression_attribute_names("#item", RANGE_KEY)
-            .expression_attribute_values(":stream", s(&tip.stream))
-            .expression_attribute_values(":low", s(batch_key(low)))
-            .expression_attribute_values(":high", s(batch_key(high)))
-            .limit(MAX_TRIM_BATCHES as i32)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("Query", e))?;
-        let mut removed: Vec<(Batch, u64)> = Vec::new();
-        for item in out.items().iter().cloned() {
-            let units = item_size(&item).div_ceil(1024) as u64;
-            let StreamItem::Batch(batch) = StreamItem::decode(item)? else { continue };
-            // Hidden events are a prefix: the first batch shown ends the cleanup.
-            if !cut.hides_all(&batch) || batch.last() > relayed {
+        // Pages of a quarter of the bound, so a cleanup that finds little to do reads little;
+        // batches never change once written, so an eventually consistent read (half the cost) will do.
+        let (mut removed, mut start): (Vec<(Batch, u64)>, _) = (Vec::new(), None);
+        'pages: while removed.len() < MAX_TRIM_BATCHES {
+            let out = self
+                .dynamo
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#stream = :stream AND #item BETWEEN :low AND :high")
+                .expression_attribute_names("#stream", HASH_KEY)
+                .expression_attribute_names("#item", RANGE_KEY)
+                .expression_attribute_values(":stream", s(&tip.stream))
+                .expression_attribute_values(":low", s(batch_key(low)))
+                .expression_attribute_values(":high", s(batch_key(high)))
+                .limit((MAX_TRIM_BATCHES / 4) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| Error::dynamo("Query", e))?;
+            for item in out.items().iter().cloned() {
+                let units = item_size(&item).div_ceil(1024) as u64;
+                let StreamItem::Batch(batch) = StreamItem::decode(item)? else { continue };
+                // Hidden events are a prefix: the first batch shown ends the cleanup.
+                if !cut.hides_all(&batch) || batch.last() > relayed {
+                    break 'pages;
+                }
+                removed.push((batch, units));
+            }
+            start = out.last_evaluated_key().cloned();
+            if start.is_none() {
                 break;
             }
-            removed.push((batch, units));
         }
-        let more = removed.len() == MAX_TRIM_BATCHES && out.last_evaluated_key().is_some();
+        let more = removed.len() >= MAX_TRIM_BATCHES;
         let Some(next) = removed.last().map(|(b, _)| b.last() + 1) else { return Ok(Trimmed::default()) };
         let requests = removed
             .iter()
