@@ -154,7 +154,7 @@ bench: tools-moto tools-node build ## throughput per stage vs the emulator's raw
 	$(CARGO) build --release --locked $(addprefix -p ,$(FUNCTIONS)) -p event-store-local -p event-store-bench
 	./target/release/event-store-bench
 
-bench-entity: tools-moto ## the entity-stream figures only (requests per append and load, appends/s vs raw, a hot stream) -> bench/entity.md
+bench-entity: tools-moto ## the entity-stream figures only (requests per append and load, appends/s vs raw, a hot stream, the metadata cleanup's write units per event removed) -> bench/entity.md, results.json's entity
 	$(CARGO) build --release --locked -p event-store-bench
 	BENCH_ONLY=entity ./target/release/event-store-bench
 

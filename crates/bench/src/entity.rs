@@ -16,6 +16,8 @@ use aws_sdk_dynamodb::types::{
 };
 use event_store::entity::{EntityError, EntityStore, Expected, NewEvent};
 use event_store_emulator::request_counter::RequestCounter;
+
+use crate::cleanup::KEEP;
 use event_store_emulator::resources::{create_tables, Names};
 use futures::StreamExt;
 use serde::Serialize;
@@ -44,6 +46,8 @@ pub struct EntityFigures {
     pub hot_appends: usize,
     pub hot_conflicts: usize,
     pub hot_appends_per_second: f64,
+    /// Stream metadata's cleanup (`max_count`), through the relay.
+    pub cleanup: crate::cleanup::CleanupFigures,
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -137,6 +141,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
     let load_requests = fresh_load(&store, &counter, &data).await?;
     let (hot_time, hot_conflicts) = hot_stream(&dynamo, &names, &data).await?;
     let hot_appends = HOT_WRITERS * HOT_APPENDS_EACH;
+    let serial_sdk = sdk.to_builder().endpoint_url(&serial.endpoint).build();
+    let cleanup = crate::cleanup::run(&serial_sdk, &dynamo, &counter, &names).await?;
 
     let rate = |count: usize, time: Duration| count as f64 / time.as_secs_f64().max(1e-9);
     let appends_per_second = rate(appends, store_time);
@@ -153,6 +159,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
         hot_appends,
         hot_conflicts,
         hot_appends_per_second: rate(hot_appends, hot_time),
+        cleanup,
     })
 }
 
@@ -264,7 +271,9 @@ pub fn markdown(f: &EntityFigures, date: &str, machine: &str) -> String {
          | DynamoDB requests per append of one event | {:.2} | <= 2 |\n\
          | DynamoDB requests to load an entity with a fresh snapshot | {:.0} | 1 |\n\
          | appends/s across {} streams ({} appends of ~1 KB, {} at a time; moto fed one request at a time) vs the raw `TransactWriteItems` loop of the same shape | {:.0} vs {:.0} = {:.2} | >= 0.8 |\n\
-         | one hot stream, {} writers with If-Match ({} appends) | {:.0} appends/s, {} conflicts (409) | reported |\n",
+         | one hot stream, {} writers with If-Match ({} appends) | {:.0} appends/s, {} conflicts (409) | reported |\n\
+         | stream metadata's cleanup through the relay ({} streams, `max_count` {KEEP}: {} events in {} batches removed): write units per event removed, all / one-event appends of ~1 KB / ten-event appends | {:.2} / {:.2} / {:.2} | reported |\n\
+         | ... DynamoDB requests per batch removed (the relay's reads of positions, the `Query` pages, `BatchWriteItem`s, the tip's `trimmed`) | {:.2} | reported |\n",
         f.dynamodb_requests_per_append,
         f.dynamodb_requests_per_fresh_load,
         f.streams,
@@ -277,5 +286,12 @@ pub fn markdown(f: &EntityFigures, date: &str, machine: &str) -> String {
         f.hot_appends,
         f.hot_appends_per_second,
         f.hot_conflicts,
+        f.cleanup.streams,
+        f.cleanup.events_removed,
+        f.cleanup.batches_removed,
+        f.cleanup.write_units_per_event_removed,
+        f.cleanup.write_units_per_event_removed_single,
+        f.cleanup.write_units_per_event_removed_batched,
+        f.cleanup.dynamodb_requests_per_batch_removed,
     )
 }

@@ -16,6 +16,7 @@ mod archive;
 mod capacity;
 mod cold_start;
 mod delivery;
+mod cleanup;
 mod entity;
 mod latency;
 mod measure;

@@ -99,8 +99,10 @@ async fn projection_section(run: &Run<'_>) -> Result<serde_json::Value> {
 
 /// `BENCH_ONLY=entity`: the entity streams alone (bench/entity.md).
 pub(crate) async fn only_entity(run: &Run<'_>) -> Result<()> {
-    entity_section(run).await?;
-    println!("wrote bench/entity.md (BENCH_ONLY=entity: the other stages were not run)");
+    let (entity, _) = entity_section(run).await?;
+    // The other figures stay as the last full run left them; `entity` is this run's.
+    results::replace_in_results(&run.dir().join("results.json"), vec![("entity", serde_json::to_value(&entity)?)])?;
+    println!("wrote bench/entity.md and results.json's entity (BENCH_ONLY=entity: the other stages were not run)");
     Ok(())
 }
 
