@@ -14,9 +14,9 @@ use event_store_emulator::{moto_server, Emulator};
 
 mod archive;
 mod capacity;
+mod cleanup;
 mod cold_start;
 mod delivery;
-mod cleanup;
 mod entity;
 mod latency;
 mod measure;

@@ -1151,6 +1151,14 @@ async fn concurrent_writes_each_get_their_own_table_stream_sequence_number() {
     assert_eq!(delivered, WRITERS * WRITES);
 }
 
+/// The pump over everything on the event stream (it drops the copies it has buffered).
+async fn pump_all(env: &TestEnv) {
+    let pump = common::pump(env);
+    for batch in env.event_source_batches().await {
+        assert!(pump.handle(batch).await.batch_item_failures.is_empty());
+    }
+}
+
 /// The versions of the batch items a stream has in the table (their first versions).
 async fn stored_batches(env: &TestEnv, stream: &str) -> Vec<u64> {
     let out = env
@@ -1199,6 +1207,8 @@ async fn stream_metadata_hides_history_at_once_and_the_relay_removes_it_from_the
     }
     assert_eq!(version, Some(24));
     deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    // Buffered by the pump: only then may the table's copy go.
+    pump_all(&env).await;
 
     let meta = call(&api, request("GET", "/streams/ledger-1/metadata", &[], None)).await;
     assert_eq!((meta.status, meta.etag.as_deref()), (StatusCode::OK, Some("\"0\"")), "{}", meta.body);
@@ -1264,6 +1274,19 @@ async fn stream_metadata_hides_history_at_once_and_the_relay_removes_it_from_the
     assert_eq!(stored_batches(&env, "ledger-1").await, vec![25]);
     assert_eq!(env.read_stream(&env.names.event_stream).await.len(), 26);
     // Cleared: everything the table still holds is shown again (what was removed is gone).
+    // The cleanup goes by the metadata as it is when it runs, not by the change that woke it:
+    // truncated, then cleared before the relay saw the first change, nothing goes.
+    for v in 0..5u64 {
+        let expected = v.checked_sub(1).map_or(Expected::NoStream, Expected::Version);
+        store.append("ledger-3", expected, vec![NewEvent::new("Posted", json!({}))]).await.unwrap();
+    }
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    pump_all(&env).await;
+    let truncate = StreamMetadata { truncate_before: Some(3), ..Default::default() };
+    store.set_metadata("ledger-3", Some(0), &truncate).await.unwrap();
+    store.set_metadata("ledger-3", Some(1), &StreamMetadata::default()).await.unwrap();
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    assert_eq!(stored_batches(&env, "ledger-3").await, (0..5).collect::<Vec<_>>());
     // A cleanup longer than one step (100 batches) continues from its own change of the tip.
     for v in 0..105u64 {
         let expected = v.checked_sub(1).map_or(Expected::NoStream, Expected::Version);
@@ -1273,9 +1296,138 @@ async fn stream_metadata_hides_history_at_once_and_the_relay_removes_it_from_the
     let one = StreamMetadata { max_count: Some(1), ..Default::default() };
     assert_eq!(store.set_metadata("ledger-2", None, &one).await.unwrap(), 1);
     deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
+    assert_eq!(stored_batches(&env, "ledger-2").await.len(), 105, "relayed, not yet buffered: all kept");
+    pump_all(&env).await;
+    // The next change of the tip (here the same metadata again) cleans up.
+    assert_eq!(store.set_metadata("ledger-2", None, &one).await.unwrap(), 2);
+    deliver_all(&mut reader, &mut pending, 100, 10, |event| relay.handle(event)).await.unwrap();
     assert_eq!(stored_batches(&env, "ledger-2").await, vec![104]);
     // Without If-Match: whatever version it is at.
     assert_eq!(call(&api, set(json!({}), None)).await.status, StatusCode::OK);
     assert_eq!(store.metadata("ledger-1").await.unwrap().0, 4);
     assert!(store.tip("ledger-1").await.unwrap().unwrap().retention.is_none());
+}
+
+/// Appends across streams (issue 48): 8 concurrent writers each move 5
+/// "transfers" as one request appending to two streams on their versions,
+/// conditioned on a third stream's version and a fourth's absence. Every
+/// acknowledged transfer is in both streams, none in one only; a failed
+/// condition is a 409 naming its stream and version; a retry by ids is the
+/// original answer; the log plays each stream's events once, in version order.
+#[tokio::test(flavor = "multi_thread")]
+async fn appends_across_streams_are_all_or_nothing_under_concurrent_writers() {
+    let env = TestEnv::start(2).await;
+    let window_start = now_ms() - 1;
+    // moto applies concurrent transactions without a lock; DynamoDB serializes writes to an item.
+    let serial =
+        event_store_fault_proxy::FaultProxy::start_one_at_a_time(env.sdk.endpoint_url().unwrap()).await.unwrap();
+    let dynamo = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&env.sdk).endpoint_url(&serial.endpoint).build(),
+    );
+    let store = EntityStore::new(dynamo, env.names.entity_table.clone());
+    let api = Arc::new(StreamsApi::new(store.clone()));
+    for (stream, events) in [("acct-a", 1), ("acct-b", 1), ("rules", 8)] {
+        let events = (0..events).map(|i| NewEvent::new("Opened", json!({"i": i}))).collect();
+        store.append(stream, Expected::NoStream, events).await.unwrap();
+    }
+    let json = [("content-type", "application/json")];
+    let transfer = |a: u64, b: u64, rules: u64, (w, n): (u64, u64), ids: (uuid::Uuid, uuid::Uuid)| {
+        json!({
+            "appends": [
+                {"stream": "acct-a", "expected_version": a, "events": [{"id": ids.0, "type": "Debited", "data": {"w": w, "n": n}}]},
+                {"stream": "acct-b", "expected_version": b, "events": [{"id": ids.1, "type": "Credited", "data": {"w": w, "n": n}}]},
+            ],
+            "conditions": [{"stream": "rules", "expected_version": rules}, {"stream": "nobody", "expected_version": "no_stream"}],
+        })
+    };
+    let writers: Vec<_> = (0..8u64)
+        .map(|w| {
+            let (api, store) = (api.clone(), store.clone());
+            tokio::spawn(async move {
+                let (mut acknowledged, mut refused, mut other) = (Vec::new(), 0, Vec::new());
+                for n in 0..5u64 {
+                    let ids = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+                    loop {
+                        let version = |s: &'static str| {
+                            let store = store.clone();
+                            async move { store.tip(s).await.unwrap().unwrap().version }
+                        };
+                        let (a, b, rules) = (version("acct-a").await, version("acct-b").await, version("rules").await);
+                        let body = transfer(a, b, rules, (w, n), ids);
+                        let answer = call(&api, request("POST", "/streams", &json, Some(body.clone()))).await;
+                        match answer.status {
+                            StatusCode::CREATED => {
+                                acknowledged.push((body, answer.body));
+                                break;
+                            }
+                            StatusCode::CONFLICT
+                                if ["acct-a", "acct-b", "rules"].contains(&answer.body["stream"].as_str().unwrap())
+                                    && answer.body["current_version"].is_u64() =>
+                            {
+                                refused += 1
+                            }
+                            status => other.push(format!("{status}: {}", answer.body)),
+                        }
+                    }
+                }
+                (acknowledged, refused, other)
+            })
+        })
+        .collect();
+    // The third stream moves while they write: conditions on its old version are refused.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.append("rules", Expected::Version(7), vec![NewEvent::new("Changed", json!({}))]).await.unwrap();
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    for writer in writers {
+        let (acks, r, other) = writer.await.unwrap();
+        assert!(other.is_empty(), "every refusal is a 409 naming a stream and its version: {other:?}");
+        acknowledged.extend(acks);
+        refused += r;
+    }
+    assert_eq!(acknowledged.len(), 40);
+    println!("8 writers, 40 appends across two streams: {refused} refused (409)");
+    // All or nothing: each stream holds exactly the acknowledged transfers, at the versions answered.
+    for (index, stream) in ["acct-a", "acct-b"].iter().enumerate() {
+        let page = store.read(stream, Some(1), 1000, Direction::Forward).await.unwrap();
+        assert_eq!(page.version, 40, "{stream}: one event per acknowledged transfer, no gaps");
+        let stored: HashMap<u64, (u64, u64)> = page
+            .events
+            .iter()
+            .map(|e| (e.version, (e.data["w"].as_u64().unwrap(), e.data["n"].as_u64().unwrap())))
+            .collect();
+        for (body, answer) in &acknowledged {
+            let data = &body["appends"][index]["events"][0]["data"];
+            let at = answer["appends"][index]["first"].as_u64().unwrap();
+            assert_eq!(answer["appends"][index]["stream"], json!(stream));
+            assert_eq!(stored[&at], (data["w"].as_u64().unwrap(), data["n"].as_u64().unwrap()), "{stream} at {at}");
+        }
+    }
+    // A retry by ids, whatever was appended since, is the original answer; nothing is written.
+    let (body, answer) = &acknowledged[3];
+    let retry = call(&api, request("POST", "/streams", &json, Some(body.clone()))).await;
+    assert_eq!((retry.status, &retry.body), (StatusCode::CREATED, answer));
+    assert_eq!(store.tip("acct-a").await.unwrap().unwrap().version, 40);
+    // A stale condition names its stream and version; a deleted stream is a 410.
+    let ids = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let stale = call(&api, request("POST", "/streams", &json, Some(transfer(40, 40, 7, (9, 9), ids)))).await;
+    assert_eq!(
+        (stale.status, &stale.body["stream"], &stale.body["current_version"]),
+        (StatusCode::CONFLICT, &json!("rules"), &json!(8))
+    );
+    store.delete("acct-b", 40).await.unwrap();
+    let gone = call(&api, request("POST", "/streams", &json, Some(transfer(40, 41, 8, (9, 9), ids)))).await;
+    assert_eq!((gone.status, &gone.body["stream"]), (StatusCode::GONE, &json!("acct-b")), "{}", gone.body);
+    assert_eq!(store.tip("acct-a").await.unwrap().unwrap().version, 40, "nothing of a refused request is written");
+
+    // The log: each stream's events once, in version order.
+    let relay = relay(&env, env.kinesis.clone());
+    let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
+    let mut reader =
+        TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
+    deliver_all(&mut reader, &mut VecDeque::new(), 100, 10, |event| relay.handle(event)).await.unwrap();
+    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, 41 + 42 + 9).await;
+    for (stream, count) in [("acct-a", 41), ("acct-b", 42), ("rules", 9)] {
+        assert_eq!(played.get(stream), Some(&(0..count).collect::<Vec<_>>()), "{stream}: each version once, in order");
+    }
 }

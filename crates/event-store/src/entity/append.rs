@@ -174,7 +174,7 @@ impl EntityStore {
     }
 
     /// The put of a new item of an append's transaction (refused if it exists).
-    fn put_new(&self, item: &impl serde::Serialize, what: &'static str) -> Result<Put, AppendFailure> {
+    pub(super) fn put_new(&self, item: &impl serde::Serialize, what: &'static str) -> Result<Put, AppendFailure> {
         let item = serde_dynamo::to_item(item).map_err(|e| AppendFailure::Store(Error::encode(what, e)))?;
         Put::builder()
             .table_name(&self.table)
@@ -229,17 +229,47 @@ impl EntityStore {
         also: Also<'_>,
     ) -> Result<(), AppendFailure> {
         let now = now_ms();
+        let mut items = self.append_items(stream, expected, first, events, request.key, also, now)?;
+        if let Some(request) = request.recorded() {
+            let last = first + events.len() as u64 - 1;
+            let record = RequestItem {
+                stream: stream.to_owned(),
+                item: request_item_key(request),
+                first,
+                last,
+                at: now,
+                across: None,
+            };
+            items.push(TransactWriteItem::builder().put(self.put_new(&record, "request record")?).build());
+        }
+        match self.dynamo.transact_write_items().set_transact_items(Some(items)).send().await {
+            Ok(_) => Ok(()),
+            Err(err) if is_cancelled(&err) => Err(AppendFailure::Cancelled),
+            Err(err) => Err(AppendFailure::Store(Error::dynamo("TransactWriteItems", err))),
+        }
+    }
+
+    /// The writes of one stream's append, its request record aside: the tip's
+    /// version check, the batch, a new stream's relay position and name-index
+    /// item, and the snapshot `also` names.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn append_items(
+        &self,
+        stream: &str,
+        expected: Expected,
+        first: u64,
+        events: &[StoredEventItem],
+        request: &str,
+        also: Also<'_>,
+        now: i64,
+    ) -> Result<Vec<TransactWriteItem>, AppendFailure> {
         let last = first + events.len() as u64 - 1;
-        let update =
-            self.tip_update(stream, expected, (first, last), request.key, matches!(also, Also::Delete), now)?;
+        let update = self.tip_update(stream, expected, (first, last), request, matches!(also, Also::Delete), now)?;
         let batch =
             Batch { stream: stream.to_owned(), item: batch_key(first), first, at: now, events: events.to_vec() };
         let put = self.put_new(&batch, "batch item")?;
-        let mut transaction = self
-            .dynamo
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(update).build())
-            .transact_items(TransactWriteItem::builder().put(put).build());
+        let mut items =
+            vec![TransactWriteItem::builder().update(update).build(), TransactWriteItem::builder().put(put).build()];
         if first == 0 {
             // A stream created from now on has a relay position from its first append,
             // so the relay can tell it from a stream relayed before positions existed.
@@ -250,16 +280,10 @@ impl EntityStore {
                 .expression_attribute_values(":now", n(now))
                 .build()
                 .map_err(|e| AppendFailure::Store(e.into()))?;
-            transaction = transaction.transact_items(TransactWriteItem::builder().update(position).build());
+            items.push(TransactWriteItem::builder().update(position).build());
             // And its name in the index that lists streams (`listing`).
             let name = super::listing::index_put(&self.table, stream, now).map_err(AppendFailure::Store)?;
-            transaction = transaction.transact_items(TransactWriteItem::builder().put(name).build());
-        }
-        if let Some(request) = request.recorded() {
-            let record =
-                RequestItem { stream: stream.to_owned(), item: request_item_key(request), first, last, at: now };
-            let put = self.put_new(&record, "request record")?;
-            transaction = transaction.transact_items(TransactWriteItem::builder().put(put).build());
+            items.push(TransactWriteItem::builder().put(name).build());
         }
         if let Also::Snapshot(state) = also {
             // No condition of its own: the tip's version check makes this the
@@ -280,13 +304,9 @@ impl EntityStore {
                 .set_item(Some(item))
                 .build()
                 .map_err(|e| AppendFailure::Store(e.into()))?;
-            transaction = transaction.transact_items(TransactWriteItem::builder().put(put).build());
+            items.push(TransactWriteItem::builder().put(put).build());
         }
-        match transaction.send().await {
-            Ok(_) => Ok(()),
-            Err(err) if is_cancelled(&err) => Err(AppendFailure::Cancelled),
-            Err(err) => Err(AppendFailure::Store(Error::dynamo("TransactWriteItems", err))),
-        }
+        Ok(items)
     }
 }
 
@@ -300,7 +320,7 @@ struct Cancelled<'a> {
     recorded: Option<&'a str>,
 }
 
-enum AppendFailure {
+pub(super) enum AppendFailure {
     /// A condition failed (or another transaction held the item): see the tip to know which.
     Cancelled,
     Store(Error),

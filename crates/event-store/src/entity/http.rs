@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `POST /streams/{name}` (`If-None-Match: *`, `If-Match: "v"` or none) | 201, 409, 404, 410 |
 //! | `GET /streams?prefix=&after=&limit=` (names in name order, [`super::listing`]) | 200, 400 |
+//! | `POST /streams` (an append across streams, [`super::across`]) | 201, 400, 409 (naming the stream), 410, 413 |
 //! | `GET /streams/{name}?from=&limit=&direction=` | 200, 304, 404 |
 //! | `DELETE /streams/{name}` with `If-Match` | 201, 409, 404, 410, 428 |
 //! | `GET /streams/{name}/state` | 200, 304, 404 |
@@ -131,6 +132,10 @@ fn failure(err: EntityError) -> Response<Body> {
         EntityError::Conflict { current } => {
             (StatusCode::CONFLICT, json!({"error": err.to_string(), "current_version": current}), Some(*current))
         }
+        EntityError::Refused { stream, current, deleted } => {
+            let status = if *deleted { StatusCode::GONE } else { StatusCode::CONFLICT };
+            (status, json!({"error": err.to_string(), "stream": stream, "current_version": current}), None)
+        }
         EntityError::MetadataConflict { current } => {
             (StatusCode::CONFLICT, json!({"error": err.to_string(), "metadata_version": current}), Some(*current))
         }
@@ -188,6 +193,7 @@ impl StreamsApi {
         }
         let answer = match (route(&path), req.method().clone()) {
             (Some(Route::List), Method::GET) => self.list(&req).await,
+            (Some(Route::List), Method::POST) => self.append_across(&req).await,
             (Some(Route::Stream(name)), Method::POST) => self.append(&req, name, &path).await,
             (Some(Route::Stream(name)), Method::GET) => self.read(&req, name, &path).await,
             (Some(Route::Stream(name)), Method::DELETE) => self.delete(&req, name, &path).await,
@@ -214,6 +220,31 @@ impl StreamsApi {
         };
         Ok(match self.store.append(name, expected, events).await {
             Ok(done) => created(done, path, name),
+            Err(err) => failure(err),
+        })
+    }
+
+    async fn append_across(&self, req: &Request) -> Result<Response<Body>, Reject> {
+        check_json_content_type(req)?;
+        let (appends, conditions) = match super::across::parse_across(req.body().as_ref()) {
+            Ok(parsed) => parsed,
+            Err(err) => return Ok(failure(err.into())),
+        };
+        let streams: Vec<String> = appends.iter().map(|a| a.stream.clone()).collect();
+        Ok(match self.store.append_across(appends, conditions).await {
+            Ok(done) => {
+                let appended: Vec<Value> = streams
+                    .iter()
+                    .zip(&done)
+                    .map(|(stream, d)| json!({"stream": stream, "first": d.first, "last": d.last}))
+                    .collect();
+                info!(
+                    streams = streams.len(),
+                    replayed = done.iter().any(|d| d.replayed),
+                    "append across streams answered"
+                );
+                json_response(StatusCode::CREATED, &json!({"appends": appended}))
+            }
             Err(err) => failure(err),
         })
     }

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{DeleteRequest, Put, TransactWriteItem, Update, Wri
 use serde::{Deserialize, Serialize};
 
 use super::append::is_cancelled;
-use super::model::{batch_key, check_name, Batch, StreamItem, Tip, BOOKKEEPING_PREFIX, HASH_KEY, RANGE_KEY, TIP};
+use super::model::{batch_key, check_name, Batch, StreamItem, BOOKKEEPING_PREFIX, HASH_KEY, RANGE_KEY, TIP};
 use super::retention::{Cut, StreamMetadata};
 use super::{key, n, s, EntityError, EntityStore};
 use crate::dynamo::{write_all, Table};
@@ -165,14 +165,23 @@ impl EntityStore {
     }
 
     /// Removes from the table up to [`MAX_TRIM_BATCHES`] batches whose every
-    /// event `tip`'s metadata hides, oldest first, none with a version after
-    /// `relayed` (the log gets every version first, and the relay reads
-    /// missing ones from the table). A batch straddling the cut stays whole
-    /// (its hidden events are never shown) until the cut passes its last
-    /// event. Snapshots, request records and offloaded data stay.
-    pub(crate) async fn trim(&self, tip: &Tip, relayed: Option<u64>, now: i64) -> Result<Trimmed, Error> {
+    /// event the stream's metadata hides, oldest first, none with a version
+    /// after `logged` (the log holds every version durably first: on the event
+    /// stream and buffered by the pump; until then the relay may read it from
+    /// the table). A batch straddling the cut stays whole (its hidden events
+    /// are never shown) until the cut passes its last event. Snapshots,
+    /// request records and offloaded data stay. The metadata is read from the
+    /// tip now, never from the (possibly old) change that woke the cleanup.
+    pub(crate) async fn trim(
+        &self,
+        stream: &str,
+        logged: Option<u64>,
+        now: i64,
+        give_up: Instant,
+    ) -> Result<Trimmed, Error> {
+        let Some(tip) = self.tip(stream).await? else { return Ok(Trimmed::default()) };
         let cut = tip.cut(now);
-        let Some(relayed) = relayed.filter(|_| cut != Cut::NONE) else { return Ok(Trimmed::default()) };
+        let Some(relayed) = logged.filter(|_| cut != Cut::NONE) else { return Ok(Trimmed::default()) };
         // A hidden batch starts below the cut (anywhere, by age), and at or before `relayed`.
         let high = match cut.not_before {
             Some(_) => relayed,
@@ -182,8 +191,8 @@ impl EntityStore {
         if low > high {
             return Ok(Trimmed::default());
         }
-        // Pages of a quarter of the bound, so a cleanup that finds little to do reads little;
-        // batches never change once written, so an eventually consistent read (half the cost) will do.
+        // Pages of a quarter of the bound, so a cleanup that finds little to do reads little; strongly
+        // consistent, so no batch is passed over (`trimmed` moves past whatever a step saw).
         let (mut removed, mut start): (Vec<(Batch, u64)>, _) = (Vec::new(), None);
         'pages: while removed.len() < MAX_TRIM_BATCHES {
             let out = self
@@ -193,10 +202,11 @@ impl EntityStore {
                 .key_condition_expression("#stream = :stream AND #item BETWEEN :low AND :high")
                 .expression_attribute_names("#stream", HASH_KEY)
                 .expression_attribute_names("#item", RANGE_KEY)
-                .expression_attribute_values(":stream", s(&tip.stream))
+                .expression_attribute_values(":stream", s(stream))
                 .expression_attribute_values(":low", s(batch_key(low)))
                 .expression_attribute_values(":high", s(batch_key(high)))
                 .limit((MAX_TRIM_BATCHES / 4) as i32)
+                .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()
                 .await
@@ -225,16 +235,15 @@ impl EntityStore {
             })
             .collect::<Result<Vec<_>, Error>>()?;
         let table = Table { name: &self.table, key: &[HASH_KEY, RANGE_KEY] };
-        let give_up = Some(Instant::now() + std::time::Duration::from_secs(10));
-        let failed = write_all(&self.dynamo, table, requests, &self.backoff, give_up).await;
+        let failed = write_all(&self.dynamo, table, requests, &self.backoff, Some(give_up)).await;
         if let Some(first) = failed.iter().min() {
             return Err(Error::Throttled {
                 service: "dynamodb",
                 operation: "BatchWriteItem",
-                source: format!("{}: batch {first} not removed", tip.stream).into(),
+                source: format!("{stream}: batch {first} not removed").into(),
             });
         }
-        self.record_trimmed(&tip.stream, next).await?;
+        self.record_trimmed(stream, next).await?;
         Ok(Trimmed {
             batches: removed.len(),
             events: removed.iter().map(|(b, _)| b.events.len() as u64).sum(),

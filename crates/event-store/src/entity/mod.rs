@@ -11,6 +11,7 @@
 //! and the put of one batch item holding all the request's events (so a
 //! reader sees all of them or none). The storage layout is in [`model`].
 
+mod across;
 mod append;
 pub mod cqrs;
 pub mod http;
@@ -34,6 +35,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use crate::batch::Backoff;
 use crate::error::Error;
 use crate::offload::Offloads;
+pub use across::{Condition, StreamAppend, MAX_ACROSS_BYTES, MAX_STREAMS_ACROSS};
 use append::Keyed;
 pub use metadata::{Trimmed, META_ITEM};
 use model::{batch_key, check_name, deleted_event, Batch, StreamItem, Tip, HASH_KEY, RANGE_KEY, TIP};
@@ -76,6 +78,10 @@ pub enum EntityError {
     #[error("the stream is at version {current}")]
     Conflict { current: u64 },
     /// The stream was deleted (its `StreamDeleted` event is at `current`).
+    /// An append across streams: this stream's expectation or condition did not
+    /// hold (`current`: its version, `None` when it does not exist).
+    #[error("{stream}: the expected version or condition does not hold (it is at {current:?}{})", if *.deleted { ", deleted" } else { "" })]
+    Refused { stream: String, current: Option<u64>, deleted: bool },
     /// The metadata's expected version did not hold.
     #[error("the stream's metadata is at version {current}")]
     MetadataConflict { current: u64 },

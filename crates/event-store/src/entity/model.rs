@@ -216,6 +216,10 @@ pub struct RequestItem {
     pub first: u64,
     pub last: u64,
     pub at: i64,
+    /// For an append across streams (recorded in its first stream): JSON text of
+    /// every stream's `[{"stream", "first", "last"}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub across: Option<String>,
 }
 
 /// The id of the event `DELETE` appends: fixed per stream, so a retried

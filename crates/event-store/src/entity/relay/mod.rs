@@ -34,7 +34,7 @@ use futures::StreamExt;
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use super::model::{Batch, RecordedEvent, Tip};
+use super::model::{Batch, RecordedEvent};
 use super::{Direction, EntityError, EntityStore};
 use crate::batch::Backoff;
 use crate::bookkeeping::entity_positions::{Positions, RelayPosition};
@@ -66,6 +66,9 @@ const READ_PAGE: usize = 1000;
 /// request each (the next only once the one before is stored), so a long gap
 /// is relayed over several deliveries, each well inside the function's timeout.
 pub const MAX_VERSIONS_PER_DELIVERY: u64 = 200;
+/// How long after a delivery starts the cleanup of hidden history starts no
+/// more steps: a delivery puts in seconds, and the function's timeout is 30 s.
+const CLEANUP_BUDGET: Duration = Duration::from_secs(15);
 /// Streams whose positions one delivery updates at once.
 const POSITION_CONCURRENCY: usize = 16;
 
@@ -131,12 +134,15 @@ impl Relay {
     /// (the event source delivers again from there; the streams already
     /// relayed skip their records by position).
     pub async fn handle(&self, event: Event) -> DynamoDbEventResponse {
+        let started = std::time::Instant::now();
         let mut streams: Vec<(String, Delivered)> = Vec::new();
-        let mut retained: HashMap<String, Tip> = HashMap::new();
+        let mut retained: Vec<String> = Vec::new();
         for (index, record) in event.records.iter().enumerate() {
             match retained_tip(record) {
                 Ok(Some(tip)) => {
-                    retained.insert(tip.stream.clone(), tip);
+                    if !retained.contains(&tip.stream) {
+                        retained.push(tip.stream);
+                    }
                     continue;
                 }
                 Ok(None) => {}
@@ -173,38 +179,40 @@ impl Relay {
             failure.item_identifier = event.records[index].change.sequence_number.clone();
             response.batch_item_failures.push(failure);
         }
-        self.clean_up(retained.into_values().collect()).await;
+        self.clean_up(&retained, started + CLEANUP_BUDGET).await;
         response
     }
 
     /// Removes from the table what these streams' metadata hides, up to what
-    /// the log has (their relay positions). A failure only waits for the
-    /// stream's next change: readers never see hidden events anyway.
-    async fn clean_up(&self, tips: Vec<Tip>) {
-        if tips.is_empty() {
+    /// the log holds (on the event stream, and buffered: the smaller of their
+    /// relay and logged positions), starting no stream's step after
+    /// `give_up`. What is left waits for the stream's next change: readers
+    /// never see hidden events anyway.
+    async fn clean_up(&self, streams: &[String], give_up: std::time::Instant) {
+        if streams.is_empty() {
             return;
         }
-        let names: Vec<&str> = tips.iter().map(|t| t.stream.as_str()).collect();
-        let positions = match self.positions.relay_positions(&names).await {
-            Ok(positions) => positions,
-            Err(err) => return warn!(error = %err, "relay positions unreadable: no cleanup now"),
+        let names: Vec<&str> = streams.iter().map(String::as_str).collect();
+        let positions = self.positions.relay_positions(&names).await;
+        let logged = self.positions.logged(&names).await;
+        let (positions, logged) = match (positions, logged) {
+            (Ok(positions), Ok(logged)) => (positions, logged),
+            (Err(err), _) | (_, Err(err)) => return warn!(error = %err, "positions unreadable: no cleanup now"),
         };
         let now = now_ms();
-        for tip in &tips {
-            let relayed = positions.get(&tip.stream).and_then(|p| p.relayed);
-            match self.store.trim(tip, relayed, now).await {
+        for stream in streams {
+            if std::time::Instant::now() >= give_up {
+                return info!(stream, "out of the cleanup's time: left for the stream's next change");
+            }
+            let relayed = positions.get(stream).and_then(|p| p.relayed);
+            let durable = relayed.zip(logged.get(stream).copied()).map(|(r, l)| r.min(l));
+            match self.store.trim(stream, durable, now, give_up).await {
                 Ok(done) if done.batches > 0 => {
-                    info!(
-                        stream = tip.stream,
-                        batches = done.batches,
-                        events = done.events,
-                        more = done.more,
-                        "cleaned up"
-                    )
+                    info!(stream, batches = done.batches, events = done.events, more = done.more, "cleaned up")
                 }
                 Ok(_) => {}
                 Err(err) => {
-                    warn!(error = %err, stream = tip.stream, "cleanup failed: retried at the stream's next change")
+                    warn!(error = %err, stream, "cleanup failed: retried at the stream's next change")
                 }
             }
         }
