@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put, ScalarAttributeType,
     StreamSpecification, StreamViewType, TransactWriteItem, Update,
 };
-use event_store::entity::{EntityError, EntityStore, Expected, NewEvent};
+use event_store::entity::{Condition, EntityError, EntityStore, Expected, NewEvent, StreamAppend};
 use event_store_emulator::request_counter::RequestCounter;
 
 use crate::cleanup::KEEP;
@@ -46,6 +46,9 @@ pub struct EntityFigures {
     pub hot_appends: usize,
     pub hot_conflicts: usize,
     pub hot_appends_per_second: f64,
+    /// Appends across two streams with a condition on a third, each with client ids.
+    pub appends_across: usize,
+    pub dynamodb_requests_per_append_across: f64,
     /// Stream metadata's cleanup (`max_count`), through the relay.
     pub cleanup: crate::cleanup::CleanupFigures,
 }
@@ -141,6 +144,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
     let load_requests = fresh_load(&store, &counter, &data).await?;
     let (hot_time, hot_conflicts) = hot_stream(&dynamo, &names, &data).await?;
     let hot_appends = HOT_WRITERS * HOT_APPENDS_EACH;
+    let (appends_across, across_requests) = appends_across(&store, &counter, &data).await?;
     let serial_sdk = sdk.to_builder().endpoint_url(&serial.endpoint).build();
     let cleanup = crate::cleanup::run(&serial_sdk, &dynamo, &counter, &names).await?;
 
@@ -159,6 +163,8 @@ pub async fn run(sdk: &aws_config::SdkConfig, endpoint: &str) -> Result<EntityFi
         hot_appends,
         hot_conflicts,
         hot_appends_per_second: rate(hot_appends, hot_time),
+        appends_across,
+        dynamodb_requests_per_append_across: across_requests as f64 / appends_across as f64,
         cleanup,
     })
 }
@@ -259,6 +265,26 @@ async fn hot_stream(
     Ok((hot_time, hot_conflicts))
 }
 
+/// Appends across two streams, each on the version the last answer gave,
+/// with a condition on a third stream's version and client ids (so each is
+/// recorded for a retry): the DynamoDB requests they took.
+async fn appends_across(store: &EntityStore, counter: &RequestCounter, data: &serde_json::Value) -> Result<(usize, u64)> {
+    const APPENDS: usize = 20;
+    store.append("rules", Expected::NoStream, vec![NewEvent::new("Set", json!({}))]).await?;
+    let (mut a, mut b) = (Expected::NoStream, Expected::NoStream);
+    counter.reset();
+    for _ in 0..APPENDS {
+        let event = |kind: &str| NewEvent { id: Some(uuid::Uuid::new_v4()), ..NewEvent::new(kind, data.clone()) };
+        let appends = vec![
+            StreamAppend { stream: "from".into(), expected: a, events: vec![event("Debited")] },
+            StreamAppend { stream: "to".into(), expected: b, events: vec![event("Credited")] },
+        ];
+        let done = store.append_across(appends, vec![("rules".into(), Condition::Version(0))]).await?;
+        (a, b) = (Expected::Version(done[0].last), Expected::Version(done[1].last));
+    }
+    Ok((APPENDS, counter.service_total("DynamoDB")))
+}
+
 fn uuid() -> String {
     format!("{:032x}", fastrand::u128(..))
 }
@@ -272,8 +298,10 @@ pub fn markdown(f: &EntityFigures, date: &str, machine: &str) -> String {
          | DynamoDB requests to load an entity with a fresh snapshot | {:.0} | 1 |\n\
          | appends/s across {} streams ({} appends of ~1 KB, {} at a time; moto fed one request at a time) vs the raw `TransactWriteItems` loop of the same shape | {:.0} vs {:.0} = {:.2} | >= 0.8 |\n\
          | one hot stream, {} writers with If-Match ({} appends) | {:.0} appends/s, {} conflicts (409) | reported |\n\
+         | DynamoDB requests per append across two streams (one event each, client ids) with a condition on a third | {:.2} | 1 |\n\
          | stream metadata's cleanup through the relay ({} streams, `max_count` {KEEP}: {} events in {} batches removed): write units per event removed, all / one-event appends of ~1 KB / ten-event appends | {:.2} / {:.2} / {:.2} | reported |\n\
-         | ... DynamoDB requests per batch removed (the relay's reads of positions, the `Query` pages, `BatchWriteItem`s, the tip's `trimmed`) | {:.2} | reported |\n",
+         | ... DynamoDB requests per batch removed (the relay's reads of positions, the `Query` pages, `BatchWriteItem`s, the tip's `trimmed`) | {:.2} | reported |\n\
+         | ... in steady state (one append at a time to a stream at its `max_count`): the relay's DynamoDB requests per append beyond a stream without metadata | {:.1} | reported |\n",
         f.dynamodb_requests_per_append,
         f.dynamodb_requests_per_fresh_load,
         f.streams,
@@ -286,6 +314,7 @@ pub fn markdown(f: &EntityFigures, date: &str, machine: &str) -> String {
         f.hot_appends,
         f.hot_appends_per_second,
         f.hot_conflicts,
+        f.dynamodb_requests_per_append_across,
         f.cleanup.streams,
         f.cleanup.events_removed,
         f.cleanup.batches_removed,
@@ -293,5 +322,6 @@ pub fn markdown(f: &EntityFigures, date: &str, machine: &str) -> String {
         f.cleanup.write_units_per_event_removed_single,
         f.cleanup.write_units_per_event_removed_batched,
         f.cleanup.dynamodb_requests_per_batch_removed,
+        f.cleanup.steady_extra_dynamodb_requests_per_append,
     )
 }

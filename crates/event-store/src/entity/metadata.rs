@@ -25,9 +25,9 @@ use crate::time::now_ms;
 
 /// Sort key of a stream's metadata item.
 pub const META_ITEM: &str = "_meta";
-/// Batches one cleanup removes at most (four `BatchWriteItem`s, four `Query` pages); a stream with
-/// more to remove is cleaned up again when its tip changes, which the cleanup
-/// itself does (`trimmed`), so a long history goes in bounded steps.
+/// Batches one cleanup removes at most (four `BatchWriteItem`s, four `Query` pages); a step that
+/// stops at this bound records how far it got on the tip (`trimmed`), a change of the tip that
+/// wakes the relay for the next step: a long history goes in bounded steps.
 pub(crate) const MAX_TRIM_BATCHES: usize = 100;
 
 const _: () = assert!(META_ITEM.as_bytes()[0] == BOOKKEEPING_PREFIX as u8, "below every batch key");
@@ -243,7 +243,11 @@ impl EntityStore {
                 source: format!("{stream}: batch {first} not removed").into(),
             });
         }
-        self.record_trimmed(stream, next).await?;
+        if more {
+            // Only to go on: a later step finds where to start by its query anyway (removed
+            // items are not read, nor paid for), so a step that finished writes nothing more.
+            self.record_trimmed(stream, next).await?;
+        }
         Ok(Trimmed {
             batches: removed.len(),
             events: removed.iter().map(|(b, _)| b.events.len() as u64).sum(),

@@ -274,7 +274,7 @@ pub struct Tip {
     /// A leaf attribute, so the relay's event filter can select the tips that have one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<String>,
-    /// Versions below this have left the table (the relay's cleanup).
+    /// Where the relay's next cleanup step starts: versions below it have left the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trimmed: Option<u64>,
 }
