@@ -27,7 +27,7 @@ use cqrs_es::persist::{
 use cqrs_es::Aggregate;
 use serde_json::{json, Value};
 
-use super::{Direction, EntityError, EntityStore, Expected, NewEvent, RecordedEvent};
+use super::{Direction, EntityError, EntityStore, Expected, Invalid, NewEvent, RecordedEvent};
 
 /// Events per read request, and the queue of a replay stream.
 const PAGE: usize = 1000;
@@ -105,16 +105,28 @@ fn serialized(aggregate_type: &str, aggregate_id: &str, event: RecordedEvent) ->
 }
 
 impl EntityRepository {
-    /// Every event of a stream from `from` on, in order (none for an unknown stream).
-    async fn events_from(&self, stream: &str, from: u64) -> Result<Vec<RecordedEvent>, EntityError> {
+    /// Every event of a stream from `from` on that its metadata shows, in
+    /// order (none for an unknown stream). With `unbroken`, an aggregate's
+    /// load: refused when the metadata hides events from `from` on, since an
+    /// aggregate folded over a hole would be wrong, and cqrs-es would take a
+    /// stream that shows nothing for a new one and never commit to it again.
+    async fn events_from(&self, stream: &str, from: u64, unbroken: bool) -> Result<Vec<RecordedEvent>, EntityError> {
         let mut events = Vec::new();
         let mut next = Some(from);
-        while let Some(from) = next {
-            let page = match self.store.read(stream, Some(from), PAGE, Direction::Forward).await {
+        while let Some(at) = next {
+            let page = match self.store.read(stream, Some(at), PAGE, Direction::Forward).await {
                 Ok(page) => page,
                 Err(EntityError::NotFound) => return Ok(events),
                 Err(err) => return Err(err),
             };
+            let starts = events.first().or(page.events.first()).map(|e| e.version);
+            if unbroken && page.version >= from && starts != Some(from) {
+                return Err(Invalid::BadRequest(format!(
+                    "{stream}: its metadata (max_age, max_count, truncate_before) hides version {from}: \
+                     an aggregate loads from a snapshot at or after the cut"
+                ))
+                .into());
+            }
             next = page.next;
             events.extend(page.events);
         }
@@ -127,7 +139,7 @@ impl EntityRepository {
         from: u64,
     ) -> Result<Vec<SerializedEvent>, PersistenceError> {
         let stream = Self::stream_name(A::TYPE, aggregate_id);
-        let events = self.events_from(&stream, from).await.map_err(persistence_error)?;
+        let events = self.events_from(&stream, from, true).await.map_err(persistence_error)?;
         Ok(events.into_iter().map(|e| serialized(A::TYPE, aggregate_id, e)).collect())
     }
 
@@ -142,7 +154,8 @@ impl EntityRepository {
     /// Feeds the events of these aggregates, one after the other, each in order.
     async fn feed(&self, aggregate_type: &'static str, ids: Vec<String>, mut feed: ReplayFeed) {
         for id in ids {
-            let result = self.events_from(&Self::stream_name(aggregate_type, &id), 0).await;
+            // A replay for queries takes what the streams show.
+            let result = self.events_from(&Self::stream_name(aggregate_type, &id), 0, false).await;
             let events = match result {
                 Ok(events) => events,
                 Err(err) => {

@@ -292,7 +292,8 @@ impl StreamsApi {
         };
         if let Some(seen) = not_modified_since(req.headers()) {
             match self.store.tip(name).await {
-                Ok(Some(tip)) if tip.version == seen => return Ok(not_modified(seen)),
+                // With metadata (max_age, a change of it) the answer can change at the same version.
+                Ok(Some(tip)) if tip.version == seen && tip.meta_version.is_none() => return Ok(not_modified(seen)),
                 Ok(_) => {}
                 Err(err) => return Ok(failure(err.into())),
             }
@@ -318,7 +319,7 @@ impl StreamsApi {
             Ok(state) => state,
             Err(err) => return Ok(failure(err)),
         };
-        if not_modified_since(req.headers()) == Some(state.version) {
+        if not_modified_since(req.headers()) == Some(state.version) && state.metadata_version == 0 {
             return Ok(not_modified(state.version));
         }
         let snapshot = state.snapshot.as_ref().map(|s| json!({"version": s.version, "state": s.state}));

@@ -36,6 +36,9 @@ pub struct State {
     pub events: Vec<RecordedEvent>,
     /// DynamoDB requests the load took (1 when the snapshot is recent).
     pub requests: usize,
+    /// The version of the stream's metadata (0: never set): with metadata, what
+    /// a read shows can change while the stream's version does not.
+    pub metadata_version: u64,
 }
 
 /// Items the first page of a state load asks for: the tip, the snapshot and
@@ -289,7 +292,8 @@ impl EntityStore {
             Some(item) => Some(self.open_snapshot(item).await?),
             None => None,
         };
-        Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests })
+        let metadata_version = tip.meta_version.unwrap_or(0);
+        Ok(State { version: tip.version, deleted: tip.deleted, snapshot, events, requests, metadata_version })
     }
 
     /// The names of the streams that start with `prefix`, in no particular
