@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
+use event_store::config::PumpConfig;
 use event_store::config::RelayConfig;
 use event_store::entity::relay::Relay;
 use event_store::entity::{EntityStore, Expected, NewEvent, StreamMetadata};
 use event_store::event_item::item_size;
-use event_store_emulator::request_counter::RequestCounter;
-use event_store::config::PumpConfig;
 use event_store::pump::Pump;
 use event_store_emulator::event_source::kinesis_event;
+use event_store_emulator::request_counter::RequestCounter;
 use event_store_emulator::resources::{create_streams, read_stream, Names};
 use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use serde::Serialize;

@@ -268,7 +268,11 @@ async fn hot_stream(
 /// Appends across two streams, each on the version the last answer gave,
 /// with a condition on a third stream's version and client ids (so each is
 /// recorded for a retry): the DynamoDB requests they took.
-async fn appends_across(store: &EntityStore, counter: &RequestCounter, data: &serde_json::Value) -> Result<(usize, u64)> {
+async fn appends_across(
+    store: &EntityStore,
+    counter: &RequestCounter,
+    data: &serde_json::Value,
+) -> Result<(usize, u64)> {
     const APPENDS: usize = 20;
     store.append("rules", Expected::NoStream, vec![NewEvent::new("Set", json!({}))]).await?;
     let (mut a, mut b) = (Expected::NoStream, Expected::NoStream);

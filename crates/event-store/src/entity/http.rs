@@ -11,7 +11,7 @@
 //! | `GET /streams/{name}/state` | 200, 304, 404 |
 //! | `PUT /streams/{name}/snapshot` with `If-Match` | 200, 409, 404, 428 |
 //! | `GET /streams/{name}/metadata` (its own version as the ETag) | 200, 404 |
-//! | `PUT /streams/{name}/metadata` (`If-Match: "v"` of the metadata, or none) | 200, 400, 404, 409 |
+//! | `PUT /streams/{name}/metadata` (`If-Match: "v"` of the metadata, or none) | 200, 400, 404, 409, 413 |
 //! | `GET /views/{projection}[/{key}]` ([`ViewsApi`]) | 200, 404, 503 |
 
 use lambda_http::http::{header, HeaderMap, Method, StatusCode};

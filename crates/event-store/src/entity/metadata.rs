@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::append::is_cancelled;
 use super::model::{batch_key, check_name, Batch, StreamItem, BOOKKEEPING_PREFIX, HASH_KEY, RANGE_KEY, TIP};
 use super::retention::{Cut, StreamMetadata};
-use super::{key, n, s, EntityError, EntityStore};
+use super::{key, n, s, EntityError, EntityStore, Invalid};
 use crate::dynamo::{write_all, Table};
 use crate::error::Error;
 use crate::event_item::item_size;
@@ -96,10 +96,17 @@ impl EntityStore {
                 Some(version) => version,
                 None => self.metadata(stream).await?.0,
             };
-            if self.write_metadata(stream, base, metadata, &document).await? {
-                return Ok(base + 1);
+            let Some(next) = base.checked_add(1) else {
+                return Err(Invalid::BadRequest("the metadata's version is too large".into()).into());
+            };
+            if self.write_metadata(stream, base, next, metadata, &document).await? {
+                return Ok(next);
             }
-            let current = self.metadata(stream).await?.0;
+            let (current, stored) = self.metadata(stream).await?;
+            // This very write, applied by a try whose answer was lost: done.
+            if current == next && stored == *metadata {
+                return Ok(next);
+            }
             if expected.is_some() && current != base {
                 return Err(EntityError::MetadataConflict { current });
             }
@@ -119,6 +126,7 @@ impl EntityStore {
         &self,
         stream: &str,
         base: u64,
+        next: u64,
         metadata: &StreamMetadata,
         document: &str,
     ) -> Result<bool, Error> {
@@ -127,7 +135,7 @@ impl EntityStore {
             .table_name(&self.table)
             .set_key(Some(key(stream, TIP)))
             .expression_attribute_names("#version", "version")
-            .expression_attribute_values(":new", n(base + 1));
+            .expression_attribute_values(":new", n(next));
         tip = if retention.is_empty() {
             tip.update_expression("SET meta_version = :new REMOVE retention")
         } else {
@@ -144,7 +152,7 @@ impl EntityStore {
         let item = MetaItem {
             stream: stream.to_owned(),
             item: META_ITEM.to_owned(),
-            version: base + 1,
+            version: next,
             metadata: document.to_owned(),
             at: now_ms(),
         };

@@ -77,7 +77,6 @@ pub enum EntityError {
     /// The expected version did not hold: someone else appended first.
     #[error("the stream is at version {current}")]
     Conflict { current: u64 },
-    /// The stream was deleted (its `StreamDeleted` event is at `current`).
     /// An append across streams: this stream's expectation or condition did not
     /// hold (`current`: its version, `None` when it does not exist).
     #[error("{stream}: the expected version or condition does not hold (it is at {current:?}{})", if *.deleted { ", deleted" } else { "" })]
@@ -85,6 +84,7 @@ pub enum EntityError {
     /// The metadata's expected version did not hold.
     #[error("the stream's metadata is at version {current}")]
     MetadataConflict { current: u64 },
+    /// The stream was deleted (its `StreamDeleted` event is at `current`).
     #[error("the stream was deleted at version {current}")]
     Deleted { current: u64 },
     /// A snapshot of a later version is already stored.

@@ -104,9 +104,12 @@ impl EntityStore {
         let limit = limit.clamp(1, MAX_QUERY_ITEMS);
         let tip = self.tip(stream).await?.ok_or(EntityError::NotFound)?;
         let cut = if honour_metadata { tip.cut(now_ms()) } else { Cut::NONE };
-        let events = match direction {
+        // Nothing below where the cleanup got to is in the table any more: no query starts there.
+        let gone = tip.trimmed.unwrap_or(0);
+        let (events, ended) = match direction {
             Direction::Forward => {
-                self.read_forward(stream, from.unwrap_or(0).max(cut.from), tip.version, limit, cut).await?
+                let from = from.unwrap_or(0).max(cut.from).max(gone);
+                (self.read_forward(stream, from, tip.version, limit, cut).await?, false)
             }
             Direction::Backward => {
                 self.read_backward(stream, from.unwrap_or(tip.version).min(tip.version), limit, cut).await?
@@ -114,7 +117,7 @@ impl EntityStore {
         };
         let next = match (direction, events.last()) {
             (Direction::Forward, Some(e)) if e.version < tip.version => Some(e.version + 1),
-            (Direction::Backward, Some(e)) if e.version > cut.from => Some(e.version - 1),
+            (Direction::Backward, Some(e)) if e.version > cut.from.max(gone) && !ended => Some(e.version - 1),
             _ => None,
         };
         Ok(Page { version: tip.version, deleted: tip.deleted, events, next })
@@ -133,9 +136,9 @@ impl EntityStore {
         }
         let mut events = Vec::new();
         // The batch that holds `from` may start before it: when no batch starts at `from`, look one back.
-        let mut batches = self.query_batches(stream, (from, to), true, limit, cut).await?;
+        let (mut batches, _) = self.query_batches(stream, (from, to), true, limit, cut).await?;
         if from > 0 && batches.first().is_none_or(|b| b.first != from) {
-            if let Some(before) = self.query_batches(stream, (0, from - 1), false, 1, cut).await?.pop() {
+            if let Some(before) = self.query_batches(stream, (0, from - 1), false, 1, cut).await?.0.pop() {
                 batches.insert(0, before);
             }
         }
@@ -149,18 +152,20 @@ impl EntityStore {
         Ok(events)
     }
 
+    /// Events from `from` down, and whether they end at the first batch past the stream's `max_age`.
     async fn read_backward(
         &self,
         stream: &str,
         from: u64,
         limit: usize,
         cut: Cut,
-    ) -> Result<Vec<RecordedEvent>, Error> {
+    ) -> Result<(Vec<RecordedEvent>, bool), Error> {
         let mut events = Vec::new();
         if from < cut.from {
-            return Ok(events);
+            return Ok((events, true));
         }
-        for batch in self.query_batches(stream, (0, from), false, limit, cut).await? {
+        let (batches, ended) = self.query_batches(stream, (0, from), false, limit, cut).await?;
+        for batch in batches {
             let mut in_batch: Vec<RecordedEvent> =
                 batch.read().filter(|e| e.version <= from && e.version >= cut.from).collect();
             in_batch.reverse();
@@ -169,13 +174,16 @@ impl EntityStore {
                 break;
             }
         }
+        let ended = ended && events.len() < limit;
         events.truncate(limit);
-        Ok(events)
+        Ok((events, ended))
     }
 
     /// Batches starting within `range` (inclusive), in order, until they hold
-    /// at least `events` events; those past `cut`'s age left out (read
-    /// backward, the first of them ends the read: all before it are older).
+    /// at least `events` events. Those past `cut`'s age are a prefix of the
+    /// stream (by append time): read forward, the ones before the first batch
+    /// shown are skipped, in pages of the most items a page asks for; read
+    /// backward, the first one ends the read (true: ended there).
     async fn query_batches(
         &self,
         stream: &str,
@@ -183,11 +191,17 @@ impl EntityStore {
         forward: bool,
         events: usize,
         cut: Cut,
-    ) -> Result<Vec<Batch>, Error> {
+    ) -> Result<(Vec<Batch>, bool), Error> {
         let mut batches: Vec<Batch> = Vec::new();
         let mut held = 0;
         let mut start = None;
+        let mut skipping = false;
         loop {
+            let ask = if skipping {
+                MAX_QUERY_ITEMS as i32
+            } else {
+                items_to_ask(events.saturating_sub(held), batches.len(), held)
+            };
             let out = self
                 .dynamo
                 .query()
@@ -200,26 +214,33 @@ impl EntityStore {
                 .expression_attribute_values(":low", s(batch_key(range.0)))
                 .expression_attribute_values(":high", s(batch_key(range.1)))
                 .scan_index_forward(forward)
-                .limit(items_to_ask(events.saturating_sub(held), batches.len(), held))
+                .limit(ask)
                 .set_exclusive_start_key(start)
                 .send()
                 .await
                 .map_err(|e| Error::dynamo("Query", e))?;
             for item in out.items().iter().cloned() {
                 if let StreamItem::Batch(batch) = StreamItem::decode(item)? {
-                    if cut.expired(batch.at) {
-                        if forward {
-                            continue;
-                        }
-                        return Ok(batches);
+                    if cut.expired(batch.at) && batches.is_empty() && forward {
+                        skipping = true;
+                        continue;
                     }
+                    if cut.expired(batch.at) && !forward {
+                        return Ok((batches, true));
+                    }
+                    skipping = false;
                     held += batch.events.len();
+                    // Read backward, the batch holding the cut's first version is the last one shown.
+                    let last_shown = !forward && cut.from > 0 && batch.first <= cut.from;
                     batches.push(batch);
+                    if last_shown {
+                        return Ok((batches, true));
+                    }
                 }
             }
             start = out.last_evaluated_key().cloned();
             if start.is_none() || held >= events {
-                return Ok(batches);
+                return Ok((batches, false));
             }
         }
     }
@@ -273,10 +294,11 @@ impl EntityStore {
         let tip = tip.ok_or(EntityError::NotFound)?;
         let cut = tip.cut(now);
         let after = snapshot.as_ref().map(|s| s.version);
-        let mut events: Vec<RecordedEvent> = batches
-            .iter()
+        // Newest first: the first batch past `max_age` ends what is shown, as a backward read ends.
+        let shown: Vec<&Batch> = batches.iter().take_while(|b| !cut.expired(b.at)).collect();
+        let mut events: Vec<RecordedEvent> = shown
+            .into_iter()
             .rev()
-            .filter(|b| !cut.expired(b.at))
             .flat_map(|b| b.read())
             .filter(|e| after.is_none_or(|v| e.version > v) && e.version >= cut.from && e.version <= tip.version)
             .collect();
