@@ -54,6 +54,9 @@ pub enum Action {
         #[arg(long, conflicts_with = "expect")]
         new: bool,
     },
+    /// Append to several streams at once, all or none: `{"appends": [{"stream", "expected_version"?,
+    /// "events"}], "conditions"?: [{"stream", "expected_version"}]}` (`-`: stdin).
+    AppendAcross { request: String },
     /// The latest snapshot and the events after it.
     State { name: String },
     /// Mark a stream deleted (appends `StreamDeleted`; its history stays readable).
@@ -136,6 +139,13 @@ impl Action {
                     (None, false) => None,
                 },
                 body: Some(json_argument("events", &events)?),
+            },
+            Action::AppendAcross { request } => Call {
+                method: Method::POST,
+                path: String::new(),
+                query: vec![],
+                precondition: None,
+                body: Some(json_argument("request", &request)?),
             },
             Action::State { name } => Call {
                 method: Method::GET,
@@ -317,6 +327,8 @@ mod tests {
         assert_eq!(call.query, query);
         let too_many = Action::List { prefix: String::new(), after: None, limit: Some(101) }.call().unwrap_err();
         assert_eq!(too_many.to_string(), "--limit is 1 to 100");
+        let across = Action::AppendAcross { request: r#"{"appends":[]}"#.into() }.call().unwrap();
+        assert_eq!((across.method, across.path.as_str()), (Method::POST, ""));
         let get = Action::Metadata { name: "t".into(), set: None, expect: None }.call().unwrap();
         assert_eq!((get.method, get.path.as_str(), get.body), (Method::GET, "/t/metadata", None));
         let set = Action::Metadata { name: "t".into(), set: Some(r#"{"max_count":10}"#.into()), expect: Some(2) };

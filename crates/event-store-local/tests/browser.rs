@@ -157,12 +157,21 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     let said: serde_json::Value = serde_json::from_str(&said).unwrap();
     let versions: Vec<u64> = said["events"].as_array().unwrap().iter().filter_map(|e| e["version"].as_u64()).collect();
     assert_eq!((code, versions), (Some(0), vec![1]));
-    let (total, recent) = glance(&browser, 4).await;
-    assert_eq!(total, 4, "{recent:?}");
+    // An append across streams: a new stream, on the condition that the first is still at version 1.
+    let across = r#"{"appends": [{"stream": "todo-browser-2", "expected_version": "no_stream",
+        "events": [{"type": "TodoCreated", "data": {"title": "bread"}}]}],
+        "conditions": [{"stream": "todo-browser", "expected_version": 1}]}"#;
+    let (code, said, err) = run(&["streams", "append-across", across]);
+    assert_eq!(code, Some(0), "{said} {err}");
+    let (code, _, err) =
+        run(&["streams", "append-across", &across.replace("\"expected_version\": 1", "\"expected_version\": 0")]);
+    assert_eq!((code, err.trim()), (Some(1), "409 Conflict"), "a stale condition: nothing appended");
+    let (total, recent) = glance(&browser, 5).await;
+    assert_eq!(total, 5, "{recent:?}");
     assert_eq!(recent.iter().filter(|l| l.contains(" streams/todo-browser ")).count(), 2, "{recent:?}");
     let bars = "return [...document.querySelectorAll('#ingest rect')].map(r => +r.dataset.count)";
     let bars: Vec<u64> = serde_json::from_value(browser.execute(bars, vec![]).await.unwrap()).unwrap();
-    assert_eq!((bars.len(), bars.iter().sum::<u64>()), (60, 4), "a bar a minute, the hour's events in them");
+    assert_eq!((bars.len(), bars.iter().sum::<u64>()), (60, 5), "a bar a minute, the hour's events in them");
     let verdict = browser.find(Locator::Id("verdict")).await.unwrap().text().await.unwrap();
     assert_eq!(verdict, "healthy");
     browser.close().await.unwrap();
