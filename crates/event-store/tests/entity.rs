@@ -1444,4 +1444,51 @@ async fn appends_across_streams_are_all_or_nothing_under_concurrent_writers() {
     for (stream, count) in [("acct-a", 41), ("acct-b", 42), ("rules", 9)] {
         assert_eq!(played.get(stream), Some(&(0..count).collect::<Vec<_>>()), "{stream}: each version once, in order");
     }
+
+    // Listing 1,000 streams under three prefixes (created 24 at a time, the most one request may
+    // touch, in no order): pages in name order, each one query per index shard and one read of tips.
+    let mut names: Vec<String> = (0..1000).map(|i| format!("{}-{i:04}", ["alpha", "beta", "gamma"][i % 3])).collect();
+    let mut shuffled = names.clone();
+    shuffled.sort_by_key(|name| format!("{:x}", scatter(name)));
+    for chunk in shuffled.chunks(event_store::entity::MAX_STREAMS_ACROSS) {
+        let appends = chunk
+            .iter()
+            .map(|name| event_store::entity::StreamAppend {
+                stream: name.clone(),
+                expected: Expected::NoStream,
+                events: vec![NewEvent { id: Some(uuid::Uuid::new_v4()), ..NewEvent::new("Created", json!({})) }],
+            })
+            .collect();
+        store.append_across(appends, vec![]).await.unwrap();
+    }
+    names.sort();
+    let lister = self::store(&env);
+    let requests = |operation: &str| env.counter.get(operation);
+    for (prefix, pages_expected) in [("beta-", 4), ("", 11)] {
+        let (queries, gets) = (requests("DynamoDB.Query"), requests("DynamoDB.BatchGetItem"));
+        let (mut listed, mut after, mut pages) = (Vec::new(), None::<String>, 0);
+        loop {
+            let page = lister.list_streams(prefix, after.as_deref(), 100).await.unwrap();
+            pages += 1;
+            listed.extend(page.streams.into_iter().map(|s| s.name));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let mut wanted: Vec<String> = names.iter().filter(|n| n.starts_with(prefix)).cloned().collect();
+        if prefix.is_empty() {
+            wanted.extend(["acct-a", "acct-b", "rules"].map(String::from));
+            wanted.sort();
+        }
+        assert_eq!(listed, wanted, "{prefix:?}: every name once, in name order");
+        assert_eq!(pages, pages_expected, "{prefix:?}: pages of 100");
+        assert_eq!(requests("DynamoDB.Query") - queries, 16 * pages, "{prefix:?}: a query per shard per page");
+        assert_eq!(requests("DynamoDB.BatchGetItem") - gets, pages, "{prefix:?}: one read of the tips per page");
+    }
+}
+
+/// A stable scatter of names (FNV-1a): the listing test creates its streams in no name order.
+fn scatter(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
