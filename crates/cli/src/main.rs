@@ -97,6 +97,9 @@ enum Command {
         #[arg(long, default_value = "now")]
         to: String,
     },
+    /// List in `streams list` the entity streams created before the name index existed (a Scan of
+    /// the entity table: run once after upgrading; safe to run again).
+    ReindexStreams,
     /// Forget a data subject: destroy its keys, so every copy of its events reads as `forgotten`
     /// (docs/privacy.md). Exit 2 when no key was ever made for it.
     Forget {
@@ -175,6 +178,7 @@ async fn run(cli: Cli) -> Exit {
         Verb::Streams { url, call } => stream_call(&stack, url, call, cli.json).await,
         Verb::Verify { from, to } => verify(&stack, from, to, cli.json).await,
         Verb::Forget { subject } => forget(&stack, &subject, cli.json).await,
+        Verb::ReindexStreams => reindex_streams(&stack).await,
     }
 }
 
@@ -203,6 +207,7 @@ enum Verb {
     Forget {
         subject: String,
     },
+    ReindexStreams,
 }
 
 impl Verb {
@@ -233,6 +238,7 @@ impl Verb {
             }
             Command::Forget { subject } if subject.trim().is_empty() => anyhow::bail!("an empty subject"),
             Command::Forget { subject } => Verb::Forget { subject },
+            Command::ReindexStreams => Verb::ReindexStreams,
             Command::Tail { from, filters, count } => Verb::Tail {
                 count: settings_from_env().map(|()| count)?,
                 from: event_store::readers::subscriptions::spec::parse_start(&from, now_ms)
@@ -448,6 +454,18 @@ async fn forget(stack: &Stack, subject: &str, json: bool) -> Exit {
         }
         Err(err) if bad_input(&err) => fail(&err.context(stack.label.clone()), Exit::BadUsage),
         Err(err) => fail(&err.context(stack.label.clone()), Exit::StoreError),
+    }
+}
+
+async fn reindex_streams(stack: &Stack) -> Exit {
+    let Some(table) = &stack.entity_table else { return fail(&"this stack has no entity table", Exit::NoStore) };
+    let store = event_store::entity::EntityStore::new(aws_sdk_dynamodb::Client::new(&stack.sdk), table.clone());
+    match store.index_streams().await {
+        Ok(added) => {
+            let _ = writeln!(std::io::stdout(), "{}: {added} streams added to the name index", stack.label);
+            Exit::Done
+        }
+        Err(err) => fail(&anyhow::Error::new(err).context(stack.label.clone()), Exit::StoreError),
     }
 }
 

@@ -14,13 +14,15 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::Put;
+use aws_sdk_dynamodb::types::{AttributeValue, Put};
 use futures::future::try_join_all;
+use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use super::model::{Invalid, StreamItem, BOOKKEEPING_PREFIX, HASH_KEY, MAX_NAME_BYTES, RANGE_KEY, TIP};
 use super::{n, s, EntityError, EntityStore};
 use crate::error::Error;
+use crate::time::now_ms;
 
 /// Hash keys of the name index.
 pub const NAME_SHARDS: u32 = 16;
@@ -50,16 +52,23 @@ fn sort_key(name: &str) -> String {
     format!("{BOOKKEEPING_PREFIX}{name}")
 }
 
-/// The put of `stream`'s index item, for its first append's transaction.
-pub(super) fn index_put(table: &str, stream: &str, now: i64) -> Result<Put, Error> {
+/// `stream`'s index item, put at `now`.
+fn index_item(stream: &str, now: i64) -> HashMap<String, AttributeValue> {
     let shard = (crate::slices::key_hash(stream) % u64::from(NAME_SHARDS)) as u32;
-    let item = HashMap::from([
+    HashMap::from([
         (HASH_KEY.to_owned(), s(shard_key(shard))),
         (RANGE_KEY.to_owned(), s(sort_key(stream))),
         ("created_at".to_owned(), n(now)),
-    ]);
-    Ok(Put::builder().table_name(table).set_item(Some(item)).build()?)
+    ])
 }
+
+/// The put of `stream`'s index item, for its first append's transaction.
+pub(super) fn index_put(table: &str, stream: &str, now: i64) -> Result<Put, Error> {
+    Ok(Put::builder().table_name(table).set_item(Some(index_item(stream, now))).build()?)
+}
+
+/// Streams one backfill indexes at once.
+const INDEX_CONCURRENCY: usize = 16;
 
 /// The sort keys a listing reads, inclusive: names from `prefix` on, after `after`. Names are
 /// printable ASCII from `+` (0x2B) to `~` (0x7E), so a name is greater than `after` exactly when
@@ -92,6 +101,40 @@ fn merge(shards: Vec<(Vec<String>, bool)>, limit: usize) -> (Vec<String>, Option
 }
 
 impl EntityStore {
+    /// Indexes every stream that is not (those created before the index
+    /// existed, or by functions of an older version during a deploy): a
+    /// `Scan` of the tips (`dynamodb:Scan`) and a conditional `PutItem` per
+    /// stream, for an operator's one-time backfill (`event-store
+    /// reindex-streams`). Safe to run again, and beside appends. Answers the
+    /// streams it added.
+    pub async fn index_streams(&self) -> Result<usize, EntityError> {
+        let names = self.stream_names("").await?;
+        let now = now_ms();
+        let added: Vec<bool> = futures::stream::iter(names.iter().map(|name| self.index_one(name, now)))
+            .buffer_unordered(INDEX_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(added.into_iter().filter(|added| *added).count())
+    }
+
+    /// Puts one stream's index item unless it has one: true when it was put.
+    async fn index_one(&self, stream: &str, now: i64) -> Result<bool, Error> {
+        let put = self
+            .dynamo
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(index_item(stream, now)))
+            .condition_expression("attribute_not_exists(#item)")
+            .expression_attribute_names("#item", RANGE_KEY)
+            .send()
+            .await;
+        match put {
+            Ok(_) => Ok(true),
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => Ok(false),
+            Err(err) => Err(Error::dynamo("PutItem", err)),
+        }
+    }
+
     /// Streams whose names start with `prefix`, after `after`, in name order: at most `limit`
     /// (1 to [`MAX_LISTED`]), with their versions and whether they are deleted.
     pub async fn list_streams(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Listing, EntityError> {

@@ -46,8 +46,8 @@ use snapshot::snapshot_text;
 pub use snapshot::Snapshot;
 
 /// The AWS actions the entity API calls (a transaction needs the actions of
-/// its parts). [`EntityStore::stream_names`] also needs `dynamodb:Scan`; the
-/// streams function does not call it.
+/// its parts). [`EntityStore::index_streams`] (an operator's backfill) also
+/// needs `dynamodb:Scan`; the streams function does not call it.
 pub const AWS_ACTIONS: &[&str] = &[
     // Listing streams: their tips.
     "dynamodb:BatchGetItem",

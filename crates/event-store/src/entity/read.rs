@@ -321,7 +321,7 @@ impl EntityStore {
     /// The names of the streams that start with `prefix`, in no particular
     /// order: a `Scan` of the whole table that keeps only tips, so for rare
     /// jobs (rebuilding a read model), not for serving requests.
-    pub async fn stream_names(&self, prefix: &str) -> Result<Vec<String>, EntityError> {
+    pub(crate) async fn stream_names(&self, prefix: &str) -> Result<Vec<String>, EntityError> {
         let mut names = Vec::new();
         let mut start = None;
         loop {
