@@ -1434,14 +1434,61 @@ async fn appends_across_streams_are_all_or_nothing_under_concurrent_writers() {
     assert_eq!((gone.status, &gone.body["stream"]), (StatusCode::GONE, &json!("acct-b")), "{}", gone.body);
     assert_eq!(store.tip("acct-a").await.unwrap().unwrap().version, 40, "nothing of a refused request is written");
 
+    // With "any" (the default), a retry after a condition's stream moved on is still the original
+    // answer (refused by the tips before writing: the record says it was applied).
+    let ids = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let any = json!({
+        "appends": [
+            {"stream": "acct-a", "events": [{"id": ids.0, "type": "Debited", "data": {"w": 9, "n": 9}}]},
+            {"stream": "acct-c", "events": [{"id": ids.1, "type": "Credited", "data": {"w": 9, "n": 9}}]},
+        ],
+        "conditions": [{"stream": "rules", "expected_version": 8}],
+    });
+    let first = call(&api, request("POST", "/streams", &json, Some(any.clone()))).await;
+    assert_eq!((first.status, &first.body["appends"][1]["first"]), (StatusCode::CREATED, &json!(0)), "{}", first.body);
+    store.append("rules", Expected::Version(8), vec![NewEvent::new("Changed", json!({}))]).await.unwrap();
+    let again = call(&api, request("POST", "/streams", &json, Some(any))).await;
+    assert_eq!((again.status, &again.body), (StatusCode::CREATED, &first.body));
+
+    // Without client ids, a transaction applied and then answered with a 500 (retried by the SDK,
+    // and so cancelled) is recognized by the tips that name it, not appended again.
+    let faults = FaultConfig { rate: 0.3, seed: 5, only: Some(&[Fault::AppliedThenInternalError]) };
+    let proxy = event_store_fault_proxy::FaultProxy::start(env.sdk.endpoint_url().unwrap(), faults).await.unwrap();
+    let retrying = aws_sdk_dynamodb::config::Builder::from(&env.sdk)
+        .endpoint_url(&proxy.endpoint)
+        .retry_config(
+            aws_sdk_dynamodb::config::retry::RetryConfig::standard()
+                .with_max_attempts(12)
+                .with_initial_backoff(Duration::from_millis(5)),
+        )
+        .build();
+    let faulty = EntityStore::new(aws_sdk_dynamodb::Client::from_conf(retrying), env.names.entity_table.clone());
+    for n in 0..20 {
+        let appends = ["u-a", "u-b"]
+            .map(|stream| event_store::entity::StreamAppend {
+                stream: stream.into(),
+                expected: Expected::Any,
+                events: vec![NewEvent::new("Moved", json!({"n": n}))],
+            })
+            .to_vec();
+        let done = faulty.append_across(appends, vec![]).await.unwrap();
+        assert_eq!((done[0].first, done[1].first), (n, n), "append {n}: once, at its place");
+    }
+    let applied = proxy.applied_then_failed();
+    assert!(applied.iter().any(|a| a.operation.ends_with("TransactWriteItems")), "{applied:?}");
+    for stream in ["u-a", "u-b"] {
+        assert_eq!(store.tip(stream).await.unwrap().unwrap().version, 19, "{stream}: 20 appends, no copy");
+    }
+
     // The log: each stream's events once, in version order.
     let relay = relay(&env, env.kinesis.clone());
     let streams = aws_sdk_dynamodbstreams::Client::new(&env.sdk);
     let mut reader =
         TableStreamReader::open(&env.dynamo, streams, &env.names.entity_table, common::REGION).await.unwrap();
     deliver_all(&mut reader, &mut VecDeque::new(), 100, 10, |event| relay.handle(event)).await.unwrap();
-    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, 41 + 42 + 9).await;
-    for (stream, count) in [("acct-a", 41), ("acct-b", 42), ("rules", 9)] {
+    let total = 42 + 42 + 10 + 1 + 20 + 20;
+    let played = played_versions(&env, window_start, event_store::config::DEFAULT_DEDUPE_WINDOW_MS, total).await;
+    for (stream, count) in [("acct-a", 42), ("acct-b", 42), ("rules", 10), ("acct-c", 1), ("u-a", 20), ("u-b", 20)] {
         assert_eq!(played.get(stream), Some(&(0..count).collect::<Vec<_>>()), "{stream}: each version once, in order");
     }
 
@@ -1478,7 +1525,7 @@ async fn appends_across_streams_are_all_or_nothing_under_concurrent_writers() {
         }
         let mut wanted: Vec<String> = names.iter().filter(|n| n.starts_with(prefix)).cloned().collect();
         if prefix.is_empty() {
-            wanted.extend(["acct-a", "acct-b", "rules"].map(String::from));
+            wanted.extend(["acct-a", "acct-b", "acct-c", "rules", "u-a", "u-b"].map(String::from));
             wanted.sort();
         }
         assert_eq!(listed, wanted, "{prefix:?}: every name once, in name order");

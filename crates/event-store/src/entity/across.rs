@@ -89,7 +89,12 @@ impl EntityStore {
             let events = self.prepare(&stream, events).await?;
             parts.push(Part { stream, expected, events });
         }
-        let inline: usize = parts.iter().flat_map(|p| &p.events).map(StoredEventItem::size).sum();
+        // What the batch items carry: each stream's events as one JSON text.
+        let inline: usize = parts
+            .iter()
+            .map(|p| serde_json::to_string(&p.events).map(|text| text.len()))
+            .sum::<Result<usize, _>>()
+            .map_err(|e| Error::encode("events", e))?;
         if inline > MAX_ACROSS_BYTES {
             return Err(
                 Invalid::TooLarge(format!("{inline} bytes of events; at most {MAX_ACROSS_BYTES} in all")).into()
@@ -105,7 +110,16 @@ impl EntityStore {
                 tips = Some(self.tips_of(&streams).await?);
             }
             let expected = match &tips {
-                Some(tips) => expectations(&parts, &conditions, tips)?,
+                Some(tips) => match expectations(&parts, &conditions, tips) {
+                    Ok(expected) => expected,
+                    // Refused by the tips as they are, unless this very request made them so.
+                    Err(refused) => {
+                        return match self.applied_across(&parts, tips, &request, keyed).await? {
+                            Some(replayed) => Ok(replayed),
+                            None => Err(refused),
+                        }
+                    }
+                },
                 None => parts.iter().map(|p| p.expected).collect(),
             };
             let versions = versions(&parts, &expected)?;
@@ -116,11 +130,12 @@ impl EntityStore {
                     .collect());
             }
             // Cancelled: applied before (the original answer), refused (named by the tips as they
-            // are now), or another transaction held one of the items (tried again).
-            if let Some(replayed) = self.applied_across(&parts, &request, keyed).await? {
+            // are now), or another transaction held one of the items (tried again). The tips are
+            // read first: a copy of this request that commits meanwhile shows in them or its record.
+            let now = self.tips_of(&streams).await?;
+            if let Some(replayed) = self.applied_across(&parts, &now, &request, keyed).await? {
                 return Ok(replayed);
             }
-            let now = self.tips_of(&streams).await?;
             expectations(&parts, &conditions, &now)?;
             tips = Some(now);
             self.backoff.wait(attempt).await;
@@ -193,15 +208,28 @@ impl EntityStore {
         Ok(check.build()?)
     }
 
-    /// The original answer of this request, if it was applied before (a request of client ids).
+    /// The original answer of this request, if it was applied before: every
+    /// written stream's tip still names it as its last append (what a retry
+    /// of a request without client ids, or a copy sent at once, finds), or its
+    /// record says so (a request of client ids, whatever was appended since).
     async fn applied_across(
         &self,
         parts: &[Part],
+        tips: &[Option<Tip>],
         request: &str,
         keyed: Keyed,
     ) -> Result<Option<Vec<Appended>>, Error> {
-        if keyed == Keyed::No {
-            return Ok(None);
+        let by_tips: Option<Vec<Appended>> = parts
+            .iter()
+            .zip(tips)
+            .map(|(part, tip)| {
+                let tip = tip.as_ref().filter(|t| t.last_request.as_deref() == Some(request))?;
+                let first = tip.last_first?;
+                Some(Appended { first, last: first + part.events.len() as u64 - 1, replayed: true })
+            })
+            .collect();
+        if by_tips.is_some() || keyed == Keyed::No {
+            return Ok(by_tips);
         }
         let out = self
             .dynamo
@@ -263,10 +291,11 @@ fn expectations(
     conditions: &[(String, Condition)],
     tips: &[Option<Tip>],
 ) -> Result<Vec<Expected>, EntityError> {
-    let refused = |stream: &str, tip: &Option<Tip>| EntityError::Refused {
+    // `deleted` (a 410) for a written stream only: a deleted stream exists, at its version, to a condition.
+    let refused = |stream: &str, tip: &Option<Tip>, written: bool| EntityError::Refused {
         stream: stream.to_owned(),
         current: tip.as_ref().map(|t| t.version),
-        deleted: tip.as_ref().is_some_and(|t| t.deleted),
+        deleted: written && tip.as_ref().is_some_and(|t| t.deleted),
     };
     let mut expectations = Vec::with_capacity(parts.len());
     for (part, tip) in parts.iter().zip(tips) {
@@ -277,7 +306,7 @@ fn expectations(
             _ => false,
         };
         if !holds {
-            return Err(refused(&part.stream, tip));
+            return Err(refused(&part.stream, tip, true));
         }
         expectations.push(match (part.expected, tip) {
             (Expected::Any, Some(t)) => Expected::Version(t.version),
@@ -292,7 +321,7 @@ fn expectations(
             _ => false,
         };
         if !holds {
-            return Err(refused(stream, tip));
+            return Err(refused(stream, tip, false));
         }
     }
     Ok(expectations)
@@ -437,6 +466,12 @@ mod tests {
         assert!(matches!(exists, Err(EntityError::Refused { ref stream, current: Some(0), .. }) if stream == "d"));
         let deleted = expectations(&parts, &[], &[tip(3, true), None]).unwrap_err();
         assert!(matches!(deleted, EntityError::Refused { deleted: true, .. }));
+        // To a condition, a deleted stream exists at its version: refused as a 409, not a 410.
+        let deleted_c = [tip(3, false), None, tip(7, true), None];
+        assert!(expectations(&parts, &conditions, &deleted_c).is_ok());
+        let absent = [("c".to_owned(), Condition::NoStream)];
+        let refused = expectations(&parts, &absent, &[tip(3, false), None, tip(7, true)]).unwrap_err();
+        assert!(matches!(refused, EntityError::Refused { ref stream, deleted: false, .. } if stream == "c"));
         let missing = expectations(&parts, &[], &[None, None]).unwrap_err();
         assert!(matches!(missing, EntityError::Refused { ref stream, current: None, .. } if stream == "a"));
     }

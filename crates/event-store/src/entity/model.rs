@@ -103,7 +103,8 @@ impl Expected {
         match self {
             Expected::Any => None,
             Expected::NoStream => Some(0),
-            Expected::Version(v) => Some(v + 1),
+            // Past any stream's versions: refused as such, not wrapped around.
+            Expected::Version(v) => Some(v.saturating_add(1)),
         }
     }
 }

@@ -165,7 +165,8 @@ impl EntityStore {
             return Ok((events, true));
         }
         let (batches, ended) = self.query_batches(stream, (0, from), false, limit, cut).await?;
-        for batch in batches {
+        let mut batches = batches.into_iter();
+        for batch in batches.by_ref() {
             let mut in_batch: Vec<RecordedEvent> =
                 batch.read().filter(|e| e.version <= from && e.version >= cut.from).collect();
             in_batch.reverse();
@@ -174,7 +175,8 @@ impl EntityStore {
                 break;
             }
         }
-        let ended = ended && events.len() < limit;
+        // Ended: nothing shown before what this page holds (every batch read taken, none cut).
+        let ended = ended && batches.next().is_none() && events.len() <= limit;
         events.truncate(limit);
         Ok((events, ended))
     }
@@ -183,7 +185,8 @@ impl EntityStore {
     /// at least `events` events. Those past `cut`'s age are a prefix of the
     /// stream (by append time): read forward, the ones before the first batch
     /// shown are skipped, in pages of the most items a page asks for; read
-    /// backward, the first one ends the read (true: ended there).
+    /// backward, the first one ends the read (true: nothing shown before the
+    /// batches answered, also when the range ran out).
     async fn query_batches(
         &self,
         stream: &str,
@@ -240,7 +243,8 @@ impl EntityStore {
             }
             start = out.last_evaluated_key().cloned();
             if start.is_none() || held >= events {
-                return Ok((batches, false));
+                // Read backward, a query that ran out reached the oldest batch stored: nothing before.
+                return Ok((batches, !forward && start.is_none()));
             }
         }
     }
