@@ -13,9 +13,10 @@ MOTO_PIN    := moto[server]==5.2.5
 # AWS's KPL deaggregator (with its protobuf) to read the playback stream as a consumer would,
 # and pyarrow to read the archive's Parquet objects as a user's tools would.
 TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1
-# The stricter second pair of emulators, and the IAM policy simulator the tests evaluate the
-# functions' requests with against their roles (tests/iam/simulate.cjs): npm, installed into .node.
-NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3 @cloud-copilot/iam-simulate@0.1.173
+# The stricter second pair of emulators, the IAM policy simulator the tests evaluate the
+# functions' requests with against their roles (tests/iam/simulate.cjs), and the tracker script's
+# compiler and bundler (clients/web): npm, installed into .node.
+NODE_PINS   := dynalite@4.0.0 kinesalite@3.3.3 @cloud-copilot/iam-simulate@0.1.173 typescript@5.9.3 esbuild@0.28.2
 FUNCTIONS   := load pump scan playback subscriptions streams relay archive privacy keys
 STACK       ?= event-store-prod
 CARGO       ?= cargo
@@ -50,7 +51,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test bench bench-entity bench-archive bench-delivery bench-privacy bench-projection build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test web bench bench-entity bench-archive bench-delivery bench-privacy bench-projection build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -233,6 +234,13 @@ $(CURDIR)/.node/.pins-$(subst /,_,$(subst $(space),_,$(NODE_PINS))):
 	touch '$@'
 
 tools-node: $(CURDIR)/.node/.pins-$(subst /,_,$(subst $(space),_,$(NODE_PINS)))
+
+# The tracker script (clients/web): type-checked, bundled and minified into its committed
+# dist/ file, which the stack serves and tests/test_web_client.py rebuilds and compares.
+WEB_VERSION := $(shell sed -n 's/^  "version": "\(.*\)",/\1/p' clients/web/package.json)
+web: tools-node ## the tracker script: clients/web/src -> clients/web/dist/et-<version>.js
+	.node/node_modules/.bin/tsc -p clients/web
+	.node/node_modules/.bin/esbuild clients/web/src/tracker.ts --bundle --minify --format=iife --target=es2020 --legal-comments=none --outfile=clients/web/dist/et-$(WEB_VERSION).js
 
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }

@@ -27,6 +27,7 @@ use tracing::warn;
 
 use crate::glance::Glance;
 use crate::stats::Stats;
+use crate::template::Cors;
 
 /// The page served at `/`: the store at a glance (it polls `/status.json` and
 /// `/recent.json`), the pixel and a button that posts an event. One file, no
@@ -40,6 +41,9 @@ pub struct Api {
     pub load: Load,
     pub streams: StreamsApi,
     pub glance: Glance,
+    /// What API Gateway adds in AWS (the template's `CorsConfiguration`): a page on another site
+    /// (the tracker script's) may send and read the answers.
+    pub cors: Cors,
 }
 
 pub async fn serve(listener: TcpListener, api: Arc<Api>, stats: Arc<Stats>, mut shutdown: watch::Receiver<bool>) {
@@ -70,6 +74,44 @@ async fn handle(
     api: Arc<Api>,
     stats: Arc<Stats>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let cors = api.cors.clone();
+    let answer = route(req, peer, api, stats).await?;
+    Ok(with_cors(answer, &cors))
+}
+
+/// A CORS preflight's answer, or the CORS headers on any other answer, as API Gateway adds them.
+fn with_cors(mut response: Response<Full<Bytes>>, cors: &Cors) -> Response<Full<Bytes>> {
+    let headers = response.headers_mut();
+    let mut set = |name: &'static str, value: &str| {
+        if let Ok(value) = header::HeaderValue::from_str(value) {
+            headers.insert(name, value);
+        }
+    };
+    set("access-control-allow-origin", &cors.allow_origins);
+    set("access-control-expose-headers", &cors.expose_headers);
+    response
+}
+
+async fn route(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    api: Arc<Api>,
+    stats: Arc<Stats>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() == Method::OPTIONS {
+        let mut preflight = respond(StatusCode::NO_CONTENT, "text/plain", Bytes::new());
+        let headers = preflight.headers_mut();
+        for (name, value) in [
+            ("access-control-allow-methods", &api.cors.allow_methods),
+            ("access-control-allow-headers", &api.cors.allow_headers),
+            ("access-control-max-age", &api.cors.max_age),
+        ] {
+            if let Ok(value) = header::HeaderValue::from_str(value) {
+                headers.insert(name, value);
+            }
+        }
+        return Ok(preflight);
+    }
     if req.method() == Method::GET {
         match req.uri().path() {
             "/" => return Ok(respond(StatusCode::OK, "text/html; charset=utf-8", Bytes::from_static(PAGE.as_bytes()))),

@@ -192,6 +192,7 @@ impl Stack {
                 archive: Some(self.archive.clone()),
                 keys: Some(self.keys.clone()),
             },
+            cors: crate::template::Template::project()?.cors()?,
         });
         tasks.spawn(crate::http::serve(listener, api, self.stats.clone(), shutdown.clone()));
         Ok(())

@@ -108,6 +108,32 @@ impl Template {
         let window = mapping["MaximumBatchingWindowInSeconds"].as_u64().unwrap_or(0);
         Ok((size, Duration::from_secs(window)))
     }
+
+    /// The HTTP API's CORS settings (`CorsConfiguration`), which API Gateway answers with in AWS.
+    pub fn cors(&self) -> Result<Cors> {
+        let cors = &self.0["Resources"]["HttpApi"]["Properties"]["CorsConfiguration"];
+        let list = |name: &str| -> Result<String> {
+            let items = cors[name].as_sequence().with_context(|| format!("CorsConfiguration.{name}"))?;
+            Ok(items.iter().filter_map(scalar).collect::<Vec<_>>().join(", "))
+        };
+        Ok(Cors {
+            allow_origins: list("AllowOrigins")?,
+            allow_methods: list("AllowMethods")?,
+            allow_headers: list("AllowHeaders")?,
+            expose_headers: list("ExposeHeaders")?,
+            max_age: scalar(&cors["MaxAge"]).context("CorsConfiguration.MaxAge")?,
+        })
+    }
+}
+
+/// CORS as the template's HTTP API answers it: header values, comma-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cors {
+    pub allow_origins: String,
+    pub allow_methods: String,
+    pub allow_headers: String,
+    pub expose_headers: String,
+    pub max_age: String,
 }
 
 fn scalar(value: &Value) -> Option<String> {
@@ -140,6 +166,14 @@ pub fn parse_rate(expression: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cors_is_read_from_the_http_api() {
+        let cors = Template::project().unwrap().cors().unwrap();
+        assert_eq!(cors.allow_origins, "*");
+        assert!(cors.expose_headers.split(", ").any(|h| h == "retry-after"), "{cors:?}");
+        assert!(cors.allow_methods.contains("POST") && cors.allow_headers.contains("content-type"), "{cors:?}");
+    }
 
     #[test]
     fn rate_expressions_parse_as_eventbridge_reads_them() {

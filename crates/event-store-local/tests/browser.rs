@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod common;
+#[path = "common/gate.rs"]
+mod gate;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -174,6 +176,8 @@ async fn hits_and_appends_reach_the_event_table_and_the_page_shows_them() {
     assert_eq!((bars.len(), bars.iter().sum::<u64>()), (60, 5), "a bar a minute, the hour's events in them");
     let verdict = browser.find(Locator::Id("verdict")).await.unwrap().text().await.unwrap();
     assert_eq!(verdict, "healthy");
+
+    tracker_script_on_another_site(&browser, (&root, http_port), &sdk).await;
     browser.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&profile);
 }
@@ -192,4 +196,156 @@ async fn glance(browser: &fantoccini::Client, want: u64) -> (u64, Vec<String>) {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The tracker script (issue 49) on a page of another origin (to a browser, `localhost` is not
+/// `127.0.0.1`), loaded from the stack with its integrity checked, sending through a gate the test
+/// cuts, throttles and makes lose an answer: every event reaches the event table once (by
+/// `EventId`), in order, a 429's `Retry-After` is waited out, and a page that withholds consent
+/// sends nothing until it grants it.
+async fn tracker_script_on_another_site(
+    browser: &fantoccini::Client,
+    (root, http_port): (&std::path::Path, u16),
+    sdk: &aws_config::SdkConfig,
+) {
+    use base64::Engine;
+    use gate::{Gate, Mode};
+    use sha2::Digest;
+
+    let gate = Gate::start(http_port).await;
+    let name = event_store::load::TRACKER_SCRIPT;
+    let built = std::fs::read(root.join("clients/web/dist").join(name)).unwrap();
+    let integrity =
+        format!("sha384-{}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha384::digest(&built)));
+    let load = |extra: &str| {
+        format!(
+            "const s = document.createElement('script'); s.src = {:?}; s.integrity = {integrity:?}; \
+             s.crossOrigin = 'anonymous'; s.dataset.endpoint = {:?}; {extra} document.head.appendChild(s);",
+            format!("http://127.0.0.1:{http_port}/{name}"),
+            format!("http://127.0.0.1:{}/events", gate.port),
+        )
+    };
+    let run = |script: String| async move { browser.execute(&script, vec![]).await.unwrap() };
+    let queued = || async { run("return (JSON.parse(localStorage.getItem('es:queue') || '[]')).length".into()).await };
+
+    browser.goto(&format!("http://localhost:{http_port}/")).await.unwrap();
+    run("localStorage.clear();".into()).await;
+    run(load("")).await;
+    delivered_at_least(&gate, 1, "the page view").await;
+    run("history.pushState({}, '', '/a'); history.pushState({}, '', '/b'); es.track('signup', {plan: 'pro'});".into())
+        .await;
+    delivered_at_least(&gate, 4, "two navigations and a custom event").await;
+
+    // The network cut: events wait in the queue.
+    gate.set(Mode::Cut);
+    run("es.track('offline'); history.pushState({}, '', '/c');".into()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(queued().await, json!(2), "{:?}", gate.passed());
+    assert!(gate.passed().iter().any(|p| p.status == 0), "a send was tried while cut");
+    // Back, but the first answer is lost: sent again, and the store keeps one.
+    gate.set(Mode::LoseOneAnswer);
+    run("es.flush();".into()).await;
+    let mut sent = 0;
+    for _ in 0..300 {
+        sent = gate.passed().iter().filter(|p| p.status == 202).count();
+        if queued().await == json!(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(queued().await, json!(0), "{:?}", gate.passed());
+    assert!(gate.passed().iter().any(|p| p.status == 503), "an answer was lost");
+    assert!(sent >= 3, "the lost batch was sent again");
+
+    // Throttled: each 429's Retry-After (1 s) is waited out.
+    gate.set(Mode::Throttled(2));
+    run("es.track('throttled');".into()).await;
+    delivered_at_least(&gate, 7, "the throttled event").await;
+    let passed = gate.passed();
+    let from = passed.iter().position(|p| p.status == 429).unwrap();
+    for pair in passed[from..].windows(2).take(2) {
+        let waited = pair[1].at - pair[0].at;
+        assert!(waited >= Duration::from_millis(950), "{waited:?} after a 429: {passed:?}");
+    }
+
+    // Consent withheld: nothing is sent (nor stored) until the page grants it.
+    browser.goto(&format!("http://localhost:{http_port}/?consent")).await.unwrap();
+    run(load("s.dataset.consent = 'pending';")).await;
+    run("es.track('before-consent');".into()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(delivered(&gate).len(), 7, "nothing before consent");
+    assert_eq!(queued().await, json!(0), "held in memory only");
+    run("es.consent(true);".into()).await;
+    delivered_at_least(&gate, 9, "the consented events").await;
+
+    // In the event table: each once, in the order the page made them.
+    let ids = delivered(&gate);
+    let dynamo = aws_sdk_dynamodb::Client::new(sdk);
+    let started = Instant::now();
+    let envelopes: Vec<Envelope> = loop {
+        let out = dynamo.scan().table_name("event-store-browsertest-event-table").send().await.unwrap();
+        let envelopes: Vec<Envelope> = out
+            .items()
+            .iter()
+            .filter(|i| i.get("slot").and_then(|v| v.as_n().ok()).is_some_and(|n| !n.starts_with('-')))
+            .filter_map(|i| event_store::chunk::decode_item(0, i).events.ok())
+            .flatten()
+            .filter_map(|e| serde_json::from_slice::<Envelope>(&e.bytes().ok()?).ok())
+            .filter(|e| e.body.as_ref().is_some_and(|b| b.get("client_time").is_some()))
+            .collect();
+        if envelopes.len() >= ids.len() || started.elapsed() > Duration::from_secs(60) {
+            break envelopes;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut stored: Vec<&Envelope> = envelopes.iter().collect();
+    stored.sort_by_key(|e| (e.received_at.clone(), e.body.as_ref().unwrap()["client_time"].as_u64()));
+    let stored_ids: Vec<&str> = stored.iter().filter_map(|e| e.event_id.as_deref()).collect();
+    assert_eq!(stored_ids.len(), ids.len(), "each event once: {stored_ids:?}");
+    assert_eq!(stored_ids, ids.iter().map(String::as_str).collect::<Vec<_>>(), "in the order sent");
+    let seen: Vec<(String, String)> = stored
+        .iter()
+        .map(|e| {
+            let body = e.body.as_ref().unwrap();
+            (body["type"].as_str().unwrap().to_owned(), body["path"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    let expected = [
+        ("pageview", "/"),
+        ("pageview", "/a"),
+        ("pageview", "/b"),
+        ("signup", "/b"),
+        ("offline", "/b"),
+        ("pageview", "/c"),
+        ("throttled", "/c"),
+        ("pageview", "/"),
+        ("before-consent", "/"),
+    ];
+    assert_eq!(seen, expected.map(|(t, p)| (t.to_owned(), p.to_owned())));
+    let signup = stored[3].body.as_ref().unwrap();
+    assert_eq!(signup["props"], json!({"plan": "pro"}));
+    assert_eq!(signup["bot"], json!(true), "headless Chromium is flagged, not dropped");
+    assert!(stored.iter().all(|e| e.subject.is_none() && e.sealed.is_none()), "anonymous: nothing sealed");
+}
+
+/// The `EventId`s the gate let reach the stack (answered 202, or forwarded and the answer lost), first time each.
+fn delivered(gate: &gate::Gate) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    for passed in gate.passed().iter().filter(|p| p.status == 202 || p.status == 503) {
+        for id in &passed.ids {
+            if !ids.contains(id) {
+                ids.push(id.clone());
+            }
+        }
+    }
+    ids
+}
+
+async fn delivered_at_least(gate: &gate::Gate, count: usize, what: &str) {
+    let started = Instant::now();
+    while delivered(gate).len() < count {
+        assert!(started.elapsed() < Duration::from_secs(30), "waited 30 s for {what}: {:?}", gate.passed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(delivered(gate).len(), count, "{what}: {:?}", gate.passed());
 }

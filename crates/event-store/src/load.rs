@@ -41,9 +41,15 @@ pub const PIXEL: [u8; 43] = [
 
 pub use crate::config::MAX_EVENTS_PER_POST;
 
+/// The tracker script (clients/web, built by `make web`), served at its versioned name: a new
+/// version is a new path, so a browser or a CDN may keep each one for a year.
+pub const TRACKER_SCRIPT: &str = "et-1.0.0.js";
+const TRACKER: &str = include_str!("../../../clients/web/dist/et-1.0.0.js");
+
 enum Route {
     Pixel,
     Events,
+    Script,
 }
 
 /// Routes on the last path segment so the same handler works behind any API
@@ -57,6 +63,7 @@ fn route(path: &str) -> Option<Route> {
     match path.rsplit('/').next() {
         Some("track.gif") => Some(Route::Pixel),
         Some("events") => Some(Route::Events),
+        Some(TRACKER_SCRIPT) => Some(Route::Script),
         _ => None,
     }
 }
@@ -106,6 +113,7 @@ impl Load {
         let answer = match (route(req.uri().path()), &method) {
             (Some(Route::Pixel), &Method::GET | &Method::POST) => self.pixel(&req).await,
             (Some(Route::Events), &Method::POST) => self.events(&req).await,
+            (Some(Route::Script), &Method::GET) => Ok(script()),
             (Some(_), _) => Err(Reject::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")),
             (None, _) => Err(Reject::new(StatusCode::NOT_FOUND, "not found")),
         };
@@ -380,6 +388,19 @@ fn internal(detail: String) -> Reject {
     Reject::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
 }
 
+/// The tracker script: no event, cached for a year (its path names its version), readable by any
+/// page (`crossorigin` and Subresource Integrity need the CORS header on the script itself; API
+/// Gateway's own CORS settings take its place there).
+fn script() -> Response<Body> {
+    let built = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/javascript; charset=utf-8")
+        .header(header::CACHE_CONTROL, "public, max-age=31536000, immutable")
+        .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
+        .body(Body::Text(TRACKER.to_owned()));
+    built.unwrap_or_else(|_| json_response(StatusCode::INTERNAL_SERVER_ERROR, &json!({"error": "script unavailable"})))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +419,18 @@ mod tests {
         assert!(matches!(route("/events"), Some(Route::Events)));
         assert!(route("/").is_none() && route("/track.png").is_none());
         assert!(route("/streams/events").is_none() && route("/streams/track.gif").is_none(), "the entity namespace");
+        assert!(matches!(route("/prod/et-1.0.0.js"), Some(Route::Script)) && route("/et-0.9.0.js").is_none());
+    }
+
+    #[test]
+    fn the_tracker_script_is_served_for_a_year_to_any_page() {
+        let answer = script();
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(answer.headers()[header::CACHE_CONTROL], "public, max-age=31536000, immutable");
+        assert_eq!(answer.headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
+        assert_eq!(answer.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN], "*");
+        let Body::Text(text) = answer.body() else { panic!("a text body") };
+        assert!(text.starts_with("\"use strict\"") && text.contains("es:queue"), "the built tracker");
     }
 
     #[test]

@@ -433,11 +433,19 @@ fn anonymous_ingest_fits_the_event_stream_in_records_and_bytes_by_default() {
             Value::Null => default_rate,
             own => default_of(&template, own),
         };
-        let per_request = if properties["Path"].as_str() == Some("/events") { per_post } else { 1.0 };
+        let path = properties["Path"].as_str().unwrap();
+        let per_request = match path {
+            "/events" => per_post,
+            // The tracker script puts no event.
+            _ if path.ends_with(event_store::load::TRACKER_SCRIPT) => 0.0,
+            _ => 1.0,
+        };
         records += rate * per_request;
         routes += 1;
     }
-    assert_eq!(routes, 3, "GET and POST /track.gif, POST /events");
+    assert_eq!(routes, 4, "GET and POST /track.gif, POST /events, GET the tracker script");
+    let script = load["Events"]["Script"]["Properties"]["Path"].as_str().unwrap();
+    assert_eq!(script, format!("/{}", event_store::load::TRACKER_SCRIPT), "the route serves the version load serves");
     assert!(records <= 1000.0 * shards, "{records} records/s at the routes' rates on {shards} shard(s)");
     let bytes = records * event_bytes;
     assert!(bytes <= 1_048_576.0 * shards, "{bytes} bytes/s at the routes' rates on {shards} shard(s)");
