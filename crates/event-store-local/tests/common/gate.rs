@@ -17,7 +17,7 @@ pub enum Mode {
     Open,
     /// Closes the connection without an answer (the network cut).
     Cut,
-    /// Answers this many more requests 429 with `Retry-After: 1`, then opens.
+    /// Answers this many more requests 429 with `Retry-After: 2`, then opens.
     Throttled(u32),
     /// Forwards the next request, then answers it 503 (the answer lost); then opens.
     LoseOneAnswer,
@@ -95,39 +95,39 @@ impl Gate {
         };
         let record =
             |status: u16| self.log.lock().unwrap().push(Passed { at: Instant::now(), status, ids: ids.clone() });
-        let (status, body) = match mode {
+        // Its own answers carry what the stack's would (CORS, `Retry-After`); a forwarded one is the stack's.
+        let own = |status: StatusCode, body: &'static [u8]| {
+            let mut response = Response::new(Full::new(Bytes::from_static(body)));
+            *response.status_mut() = status;
+            let headers = response.headers_mut();
+            headers.insert("access-control-allow-origin", "*".parse().unwrap());
+            headers.insert("access-control-expose-headers", "retry-after".parse().unwrap());
+            headers.insert("retry-after", "2".parse().unwrap());
+            response
+        };
+        let response = match mode {
             Mode::Cut => {
                 record(0);
                 return Err(std::io::Error::other("the network is cut"));
             }
-            Mode::Throttled(_) => (StatusCode::TOO_MANY_REQUESTS, Bytes::from_static(br#"{"error":"slow down"}"#)),
-            Mode::Open | Mode::LoseOneAnswer => {
-                let forwarded = forward(parts, body, upstream).await?;
-                if mode == Mode::LoseOneAnswer {
-                    (StatusCode::SERVICE_UNAVAILABLE, Bytes::from_static(br#"{"error":"lost"}"#))
-                } else {
-                    forwarded
-                }
+            Mode::Throttled(_) => own(StatusCode::TOO_MANY_REQUESTS, br#"{"error":"slow down"}"#),
+            Mode::LoseOneAnswer => {
+                forward(parts, body, upstream).await?;
+                own(StatusCode::SERVICE_UNAVAILABLE, br#"{"error":"lost"}"#)
             }
+            Mode::Open => forward(parts, body, upstream).await?,
         };
-        record(status.as_u16());
-        let mut response = Response::new(Full::new(body));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert("access-control-allow-origin", "*".parse().unwrap());
-        headers.insert("access-control-expose-headers", "retry-after".parse().unwrap());
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            headers.insert("retry-after", "1".parse().unwrap());
-        }
+        record(response.status().as_u16());
         Ok::<_, std::io::Error>(response)
     }
 }
 
+/// The stack's answer to the request, its headers as they were (its CORS among them).
 async fn forward(
     parts: hyper::http::request::Parts,
     body: Bytes,
     upstream: u16,
-) -> Result<(StatusCode, Bytes), std::io::Error> {
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = parts.method;
@@ -139,7 +139,10 @@ async fn forward(
         }
     }
     let answer = client.request(request).await.map_err(std::io::Error::other)?;
-    let status = answer.status();
-    let body = answer.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
-    Ok((status, body))
+    let (mut parts, body) = answer.into_parts();
+    let body = body.collect().await.map_err(std::io::Error::other)?.to_bytes();
+    for hop in ["connection", "transfer-encoding", "content-length"] {
+        parts.headers.remove(hop);
+    }
+    Ok(Response::from_parts(parts, Full::new(body)))
 }
