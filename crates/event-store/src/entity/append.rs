@@ -141,18 +141,14 @@ impl EntityStore {
     }
 
     /// The record of this request's earlier application, if it has one (a request of client ids).
-    async fn applied_request(&self, stream: &str, request: Option<&str>) -> Result<Option<RequestItem>, Error> {
+    pub(super) async fn applied_request(
+        &self,
+        stream: &str,
+        request: Option<&str>,
+    ) -> Result<Option<RequestItem>, Error> {
         let Some(request) = request else { return Ok(None) };
-        let out = self
-            .dynamo
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key(stream, &request_item_key(request))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("GetItem", e))?;
-        out.item
+        self.read_item(stream, &request_item_key(request))
+            .await?
             .map(|item| serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("request record: {e}"))))
             .transpose()
     }

@@ -58,16 +58,7 @@ impl EntityStore {
     /// The stream's metadata and its version (0: never set).
     pub async fn metadata(&self, stream: &str) -> Result<(u64, StreamMetadata), EntityError> {
         check_name(stream)?;
-        let out = self
-            .dynamo
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key(stream, META_ITEM)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("GetItem", e))?;
-        match out.item {
+        match self.read_item(stream, META_ITEM).await? {
             Some(item) => {
                 let item: MetaItem =
                     serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("{stream} metadata: {e}")))?;

@@ -218,6 +218,11 @@ impl EntityStore {
     }
 
     async fn get(&self, stream: &str, item: &str) -> Result<Option<StreamItem>, Error> {
+        self.read_item(stream, item).await?.map(StreamItem::decode).transpose()
+    }
+
+    /// One item of a stream as stored (a strongly consistent `GetItem`).
+    async fn read_item(&self, stream: &str, item: &str) -> Result<Option<HashMap<String, AttributeValue>>, Error> {
         let out = self
             .dynamo
             .get_item()
@@ -227,6 +232,6 @@ impl EntityStore {
             .send()
             .await
             .map_err(|e| Error::dynamo("GetItem", e))?;
-        out.item.map(StreamItem::decode).transpose()
+        Ok(out.item)
     }
 }

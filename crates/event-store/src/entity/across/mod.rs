@@ -231,18 +231,7 @@ impl EntityStore {
         if by_tips.is_some() || keyed == Keyed::No {
             return Ok(by_tips);
         }
-        let out = self
-            .dynamo
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key(&parts[0].stream, &request_item_key(request))))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| Error::dynamo("GetItem", e))?;
-        let Some(item) = out.item else { return Ok(None) };
-        let record: RequestItem =
-            serde_dynamo::from_item(item).map_err(|e| Error::Malformed(format!("request record: {e}")))?;
+        let Some(record) = self.applied_request(&parts[0].stream, Some(request)).await? else { return Ok(None) };
         let versions: Vec<Versions> = match &record.across {
             Some(text) => serde_json::from_str(text).map_err(|e| Error::Malformed(format!("request record: {e}")))?,
             None => {
