@@ -238,7 +238,7 @@ def test_pump_is_wired_to_the_event_stream_with_partial_failures_and_a_dead_lett
 def test_scan_and_subscriptions_are_scheduled_and_allowed_to_be_invoked_by_the_schedule(stack, aws):
     events = aws("events")
     rules = [r for r in events.list_rules()["Rules"] if r.get("ScheduleExpression")]
-    assert sorted(r["ScheduleExpression"] for r in rules) == ["rate(1 hour)", "rate(1 minute)", "rate(1 minute)"]
+    assert sorted(r["ScheduleExpression"] for r in rules) == ["rate(1 minute)", "rate(1 minute)", "rate(5 minutes)"]
     targets = sorted(t["Arn"].split(":")[-1] for r in rules for t in events.list_targets_by_rule(Rule=r["Name"])["Targets"])
     assert targets == [f"{PREFIX}-archive", f"{PREFIX}-scan", f"{PREFIX}-subscriptions"]
     for function in ("scan", "subscriptions", "archive"):

@@ -50,6 +50,7 @@ pub mod entity;
 pub mod envelope;
 pub mod error;
 pub mod event_item;
+pub(crate) mod hit;
 pub(crate) mod http;
 pub mod invoke;
 pub mod kinesis;

@@ -125,7 +125,13 @@ async fn archive_read_and_verify() {
     let half = T0 + 90 * 60_000;
     let first = archiver.run(half, Instant::now() + Duration::from_secs(120)).await.unwrap();
     assert_eq!((first.boundary, first.more, first.kept, first.busy), (half, false, 0, false), "{first:?}");
-    assert_eq!(first.events, 150, "events 0..150 arrived before {half}");
+    // Every complete hour is copied at once (SQL sees it); only what is past the hot retention leaves the table.
+    assert_eq!((first.copied_to, first.events), (end, all as u64), "{first:?}");
+    let hot = env.scan_table(table).await;
+    let hot_slots: Vec<i64> =
+        hot.iter().filter_map(|i| i["slot"].as_n().ok()?.parse().ok()).filter(|s| *s >= 0).collect();
+    assert!(hot_slots.iter().all(|slot| *slot >= half), "events 0..150 arrived before {half} and left the table");
+    assert_eq!(hot_slots.len(), 150 + BURST as usize, "the copied hours after {half} stay in the table");
     assert_eq!(log(&env, Some(bucket.clone()), T0, end).await, stored, "across the tiers: every event once, in order");
     let no_archive = Tiers::new(None);
     let reader = Reader {
@@ -318,6 +324,7 @@ print(json.dumps({
     let input = &template["Resources"]["ArchiveTable"]["Properties"]["TableInput"];
     let arrow = |glue: &str| match glue {
         "timestamp" => "timestamp[ms, tz=UTC]",
+        "boolean" => "bool",
         "bigint" => "int64",
         "int" => "int32",
         "string" => "string",
@@ -333,7 +340,7 @@ print(json.dumps({
     {
         declared.insert(column["Name"].as_str().unwrap().into(), json!(arrow(column["Type"].as_str().unwrap())));
     }
-    assert_eq!(declared.len(), 14);
+    assert_eq!(declared.len(), 23);
     assert_eq!(read["schema"], Value::Object(declared), "pyarrow reads the columns the Glue table declares");
     assert_eq!(read["hours"], json!([18, 19, 20]));
     let n: Vec<i64> = serde_json::from_value(read["n"].clone()).unwrap();
@@ -461,7 +468,70 @@ print(json.dumps({
     // Boxed: the test's future would outgrow the test thread's stack.
     let run_at = end + 4 * 3_600_000;
     Box::pin(an_upgrade_moves_the_archive(&env, &bucket, &archiver, (end + 3 * 3_600_000, run_at))).await;
+    Box::pin(a_late_event_after_the_copy_is_marked_when_its_hour_moves(&env, &bucket, &archiver, end + 5 * 3_600_000))
+        .await;
     Box::pin(tamper_with_what_readers_follow(&env, &bucket)).await;
+}
+
+/// An hour is copied as soon as it is complete and moves out of the table only later. An event
+/// written into it in between and left unmarked (by a scan that read the watermark before the hour
+/// was complete) is kept when the hour moves, and its slot marked before readers stop reading the
+/// table: they read it beside the object, and `verify` holds.
+async fn a_late_event_after_the_copy_is_marked_when_its_hour_moves(
+    env: &TestEnv,
+    bucket: &Bucket,
+    archiver: &Archiver,
+    hour: i64,
+) {
+    let table = env.names.event_table.as_str();
+    let at = hour + 10 * 60_000;
+    let sent = [("user-copied".to_owned(), json!({"n": 8000}).to_string().into_bytes(), at)];
+    let pump = common::pump(env);
+    assert!(pump
+        .handle(common::kinesis_event_on(common::TEST_ARN, "shardId-000000000011", &sent))
+        .await
+        .batch_item_failures
+        .is_empty());
+    let scan = event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(60))).await
+    {
+        pass.unwrap();
+    }
+    // Copied, not moved: the hot retention has not passed for it.
+    let copied = archiver.run(hour, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert!(copied.copied_to >= hour + 3_600_000 && copied.boundary <= hour, "{copied:?}");
+    assert!(store::object_at(&env.dynamo, table, at).await.unwrap().is_some(), "its hour is in S3 for SQL");
+    let late = event_store::buffer_item::BufferItem {
+        id: "late-after-copy".into(),
+        event_id: "shardId-000000000011:9".into(),
+        arrival: at + 5_000,
+        partition_key: "user-copied".into(),
+        data: json!({"n": 8001}).to_string().into_bytes(),
+        encoding: None,
+        buffered_at: None,
+        count: None,
+    };
+    // As the scan writes: the slot's index entry, then the event (this slot of the hour had none).
+    let index = event_store::bookkeeping::slot_index::index_item(at + 5_000, 1);
+    env.dynamo.put_item().table_name(table).set_item(Some(index)).send().await.unwrap();
+    let item = late.to_event_item(1000).unwrap().to_item();
+    env.dynamo.put_item().table_name(table).set_item(Some(item)).send().await.unwrap();
+    let n = |events: Vec<(String, Vec<u8>)>| {
+        events
+            .iter()
+            .map(|(_, b)| serde_json::from_slice::<Value>(b).unwrap()["n"].as_i64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(n(log(env, Some(bucket.clone()), hour, hour + 3_600_000).await), [8000, 8001], "read from the table");
+    let moved = archiver.run(hour + 2 * 3_600_000, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert!(moved.boundary >= hour + 3_600_000 && moved.kept == 1, "{moved:?}");
+    let marked = event_store::bookkeeping::late_slots::in_range(&env.dynamo, table, hour, hour + 3_600_000);
+    // The first one's slot the scan marked (the watermark is the wall clock's, weeks past it).
+    assert_eq!(marked.await.unwrap(), std::collections::BTreeSet::from([at, at + 5_000]), "marked as it moved");
+    assert_eq!(n(log(env, Some(bucket.clone()), hour, hour + 3_600_000).await), [8000, 8001], "both tiers, once each");
+    let verified = audit::verify(&env.dynamo, table, bucket, T0, hour + 3_600_000).await.unwrap();
+    assert_eq!(verified.first_break, None);
 }
 
 /// The stack upgraded from the version that kept every bookkeeping item in slot -2: readers read
@@ -703,7 +773,9 @@ async fn archiver_crashes() {
     let entries = store::entries_from(&env.dynamo, table, 0).await.unwrap();
     assert_eq!(verified.first_break, None);
     let archived_events = (survived_at as u64 + 1) * PER_RANGE as u64;
-    assert_eq!((verified.entries, verified.events), (entries.len() as u64, archived_events));
+    let moved = entries.iter().filter(|e| e.start < boundary).count() as u64;
+    assert_eq!((verified.entries, verified.events), (moved, archived_events));
+    assert_eq!(entries.last().unwrap().end, T0 + RANGES * RANGE, "every complete hour copied, moved or not");
     let keys: std::collections::HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys.len(), entries.len(), "no object archived twice");
     let archived_left = env
@@ -715,12 +787,24 @@ async fn archiver_crashes() {
         .count();
     assert_eq!(archived_left, 0, "every archived slot left the event table");
 
-    // Objects are written once. A crash right after an object's put, then a late event into its
-    // first slot (on a shard of its own, so that its arrival stands), then the repeat: the object
-    // already there misses the late event and is kept as it is; the late event stays in the table
-    // and is read once, in its place.
-    let next = boundary;
-    let range = (next - T0) / RANGE;
+    // Two more ranges of events, not copied yet: the runs above copied every complete hour there was.
+    let more: Vec<_> = (RANGES * PER_RANGE..(RANGES + 2) * PER_RANGE)
+        .map(|i| (format!("user-{}", i % 3), json!({"n": i}).to_string().into_bytes(), T0 + i * 1_800_000 + 7))
+        .collect();
+    common::buffer_through_pump(&env, &more).await;
+    let scan = event_store::config::ScanConfig { segments: 1, watermark_lag_ms: 0, ..scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(600))).await
+    {
+        pass.unwrap();
+    }
+
+    // Objects are written once. A crash right after an object's put (after the copied ranges
+    // before it moved), then a late event into its first slot (on a shard of its own, so that its
+    // arrival stands), then the repeat: the object already there misses the late event and is kept
+    // as it is; the late event stays in the table and is read once, in its place.
+    let next = T0 + RANGES * RANGE;
+    let range = RANGES;
     let put = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dies = DiesAfterPut { put: put.clone() };
     let crashing = Archiver {
@@ -747,16 +831,15 @@ async fn archiver_crashes() {
     {
         pass.unwrap();
     }
-    let repeated = healthy.run(next + RANGE, Instant::now() + Duration::from_secs(60)).await.unwrap();
-    assert_eq!(repeated.boundary, next + RANGE);
-    let first = range * PER_RANGE;
-    assert_eq!(read((range, range + 1)).await, [first, -1, first + 1, first + 2, first + 3], "the late event once");
-    // Any other object already at an object's key is not replaced: the archiver stops there, with an error.
+    // Any other object already at an object's key is not replaced: the repeat copies and moves the
+    // range, and stops at the next one's key, with an error.
     let key = event_store::archive::object_key("events/", next + RANGE);
     s3.put_object().bucket(BUCKET).key(&key).body(b"not an object of ours".to_vec().into()).send().await.unwrap();
-    let refused = healthy.run(next + 2 * RANGE, Instant::now() + Duration::from_secs(60)).await.unwrap_err();
+    let refused = healthy.run(next + RANGE, Instant::now() + Duration::from_secs(60)).await.unwrap_err();
     assert!(refused.to_string().contains("is already there"), "{refused}");
     assert_eq!(store::boundary(&env.dynamo, table).await.unwrap().archived_to, next + RANGE);
+    let first = range * PER_RANGE;
+    assert_eq!(read((range, range + 1)).await, [first, -1, first + 1, first + 2, first + 3], "the late event once");
     let verified = audit::verify(&env.dynamo, table, &bucket, T0, next + RANGE).await.unwrap();
     assert_eq!(verified.first_break, None);
 

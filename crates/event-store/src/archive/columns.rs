@@ -19,6 +19,7 @@ use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
+use super::analyst::Analyst;
 use super::cut::{Cut, Group, Span};
 use super::manifest::sha256_hex;
 use crate::error::{Error, Result};
@@ -115,10 +116,11 @@ impl Row {
     }
 }
 
-/// The columns, as the Glue table in `template.yaml` declares them.
+/// The columns, as the Glue table in `template.yaml` declares them: the
+/// row's, then the analyst's ([`Analyst`], derived and never read back).
 pub(crate) fn schema() -> SchemaRef {
     let time = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
-    Arc::new(Schema::new(vec![
+    let row = [
         Field::new("arrival", time.clone(), false),
         Field::new("event_time", time, true),
         Field::new("slot", DataType::Int64, false),
@@ -131,7 +133,8 @@ pub(crate) fn schema() -> SchemaRef {
         Field::new("payload", DataType::Utf8, true),
         Field::new("payload_bytes", DataType::Binary, true),
         Field::new("expires_at", DataType::Int64, true),
-    ]))
+    ];
+    Arc::new(Schema::new(row.into_iter().chain(Analyst::fields()).collect::<Vec<_>>()))
 }
 
 /// What an object is, for S3's `Content-Type`.
@@ -198,7 +201,7 @@ fn batch(rows: &[&Row]) -> Result<RecordBatch> {
         payload_bytes.append_option(row.payload_bytes.as_deref());
         expires_at.append_option(row.expires_at);
     }
-    let columns: Vec<ArrayRef> = vec![
+    let mut columns: Vec<ArrayRef> = vec![
         Arc::new(arrival.finish()),
         Arc::new(event_time.finish()),
         Arc::new(slot.finish()),
@@ -212,6 +215,9 @@ fn batch(rows: &[&Row]) -> Result<RecordBatch> {
         Arc::new(payload_bytes.finish()),
         Arc::new(expires_at.finish()),
     ];
+    let analyst: Vec<Analyst> =
+        rows.iter().map(|row| Analyst::of(row.payload.as_deref(), row.source == SOURCE_ENTITY)).collect();
+    columns.extend(Analyst::columns(&analyst));
     RecordBatch::try_new(schema(), columns).map_err(|e| Error::Malformed(format!("archive rows: {e}")))
 }
 

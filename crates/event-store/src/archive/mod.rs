@@ -5,6 +5,7 @@
 //! ([`vouch`]). The archiver that writes them is [`crate::archiver`]; below
 //! everything that reads or writes the archive.
 
+pub(crate) mod analyst;
 pub mod anchor;
 pub mod audit;
 pub mod columns;

@@ -1,21 +1,26 @@
-//! The archiver: complete slots older than the hot retention move from the
-//! event table to S3 ([`crate::archive`]), one object at a time, oldest
-//! first, each within one hour of slots (laid
-//! out `date=…/hour=…` for Athena) and cut at [`ArchiveConfig::object_bytes`]:
+//! The archiver: every complete hour is copied from the event table to S3
+//! ([`crate::archive`]) as soon as it is complete, so SQL (Athena, DuckDB)
+//! sees all but the current hour; its slots move out of the table only once
+//! older than the hot retention. One object at a time, oldest first, each
+//! within one hour of slots (laid out `date=…/hour=…` for Athena) and cut at
+//! [`ArchiveConfig::object_bytes`]:
 //! 1. read the range's events from the event table, in log order;
 //! 2. put the Parquet object, read it back and check it (SHA-256, count,
 //!    first and last sort key) against what was read;
-//! 3. append its manifest entry (the next link of the hash chain), and
-//!    anchor it in S3 ([`crate::archive::anchor`]);
-//! 4. write its pointer, and move the boundary past it: readers now read
-//!    those slots from S3;
-//! 5. delete the slots' items that hold only archived events, and record that.
+//! 3. append its manifest entry (the next link of the hash chain), anchor it
+//!    in S3 ([`crate::archive::anchor`]) and write its pointer: copied.
+//!
+//! Then, once its slots are older than the hot retention ([`clear`]):
+//! 4. survey its slots' items, mark the slots of those holding events the
+//!    object does not (late ones) late, and move the boundary past it: readers
+//!    now read those slots from S3 (until then they read the table);
+//! 5. delete the items that hold only archived events, and record that.
 //!
 //! A crash at any step repeats it: the object's key and bytes are the same
 //! for the same events, a stored entry equal to the one being appended
 //! counts as appended, the boundary only moves forward, and a run first
-//! finishes the last entry's pointer, boundary and deletes (the deletes
-//! against the object read back from S3). Nothing leaves DynamoDB before
+//! finishes the last entry's anchor and pointer, and a move's deletes (against
+//! the object read back from S3). Nothing leaves DynamoDB before
 //! its copy is verified, and an item written into a slot after the slot
 //! was read (a late event) is not deleted with it. One run at a time: a
 //! run holds the archive's lease, and a second one finds it taken and stops.
@@ -27,27 +32,21 @@
 //! alarmed; `status`), and the archiver goes on. An item of a newer version
 //! is no damage: the run stops there with [`Error::Newer`] until upgraded.
 
-use std::collections::HashSet;
 use std::time::{Instant, SystemTime};
 
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, WriteRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::info;
 
 use crate::archive::columns::{self, Row};
 use crate::archive::manifest::Entry;
 use crate::archive::object::Bucket;
 use crate::archive::{anchor, object_key, store, HOUR_MS};
-use crate::batch::Backoff;
 use crate::bookkeeping::slot_index::{first_slot, read_index, SlotRef};
 use crate::bookkeeping::{settings, watermark};
-use crate::chunk::decode_item;
 use crate::config::ArchiveConfig;
-use crate::dynamo::{query_partition, write_all, Table};
 use crate::error::{Error, Result};
-use crate::event_item::{quarantine_item, HASH_KEY, RANGE_KEY};
 use crate::invoke::{continue_with, Invoker};
 use crate::log::reader::{Page, Reader, PAGES_AHEAD};
 use crate::log::tiers::Tiers;
@@ -55,6 +54,7 @@ use crate::log::Window;
 use crate::position::Checkpoint;
 use crate::time::{effective_deadline, now_ms, remaining, slot_of};
 
+mod clear;
 mod once;
 use once::off_the_runtime;
 
@@ -64,8 +64,10 @@ pub struct ArchiveSummary {
     pub objects: u64,
     pub events: u64,
     pub bytes: u64,
-    /// Slots before this are in S3.
+    /// Slots before this are read from S3, and gone from the table.
     pub boundary: i64,
+    /// Slots before this are copied to S3 (for SQL): every complete hour.
+    pub copied_to: i64,
     /// Out of time with slots left to archive (or deletes left to finish).
     pub more: bool,
     /// Items of archived slots kept because they hold events the object does
@@ -167,42 +169,32 @@ impl Archiver {
             return Ok(summary);
         };
         let retention = i64::try_from(self.config.hot_retention.as_millis()).unwrap_or(i64::MAX);
-        let cutoff = slot_of(complete_end.min(now.saturating_sub(retention)), unit);
+        // Moved out of the table: complete slots older than the hot retention.
+        let move_to = slot_of(complete_end.min(now.saturating_sub(retention)), unit);
+        // Copied: those, and every complete hour as soon as it is complete.
+        let copy_to = move_to.max(slot_of(complete_end.div_euclid(HOUR_MS) * HOUR_MS, unit));
         let mut head = store::head(dynamo, table).await?;
-        loop {
-            let boundary = store::boundary(dynamo, table).await?;
-            summary.boundary = boundary.archived_to;
-            // A run that stopped after an entry: its pointer, the boundary, then its deletes.
-            if let Some(last) = head.as_ref() {
-                if last.end > boundary.archived_to {
-                    anchor::put(&self.bucket, last).await?;
-                    store::put_object_pointer(dynamo, table, last).await?;
-                    store::advance_boundary(dynamo, table, last.end).await?;
-                    continue;
-                }
-                if last.end > boundary.cleared_to {
-                    // What decides the deletes is the object as its entry describes it, checked again.
-                    let bytes = self.bucket.get(&last.key).await?;
-                    let object = off_the_runtime({
-                        let bytes = bytes.clone();
-                        move || columns::open(bytes)
-                    })
-                    .await?;
-                    let rows = &object.rows;
-                    if !last.matches(&object.facts(&bytes)) {
-                        return Err(Error::Archive(format!(
-                            "{} is not the object entry {} describes: nothing deleted (event-store verify)",
-                            last.key, last.seq
-                        )));
-                    }
-                    if !self.clear(last, rows, &mut summary, deadline).await? {
-                        summary.more = true;
-                        break;
-                    }
-                    continue;
-                }
+        let boundary = store::boundary(dynamo, table).await?;
+        summary.boundary = boundary.archived_to;
+        // A run that stopped right after appending an entry: its anchor, then its pointer.
+        if let Some(last) = head.as_ref().filter(|last| last.end > boundary.archived_to) {
+            if store::object_at(dynamo, table, last.start).await?.is_none_or(|p| p.seq != last.seq) {
+                anchor::put(&self.bucket, last).await?;
+                store::put_object_pointer(dynamo, table, last).await?;
             }
-            let Some(first) = first_slot(dynamo, table, summary.boundary, cutoff).await? else { break };
+        }
+        // The entries copied before and due now move first, in order.
+        if !self.move_copied(move_to, &mut summary, deadline).await? {
+            summary.more = true;
+            summary.copied_to = head.as_ref().map_or(summary.boundary, |h| h.end);
+            return Ok(summary);
+        }
+        loop {
+            let from = head.as_ref().map_or(0, |h| h.end).max(summary.boundary);
+            summary.copied_to = from;
+            let Some(first) = first_slot(dynamo, table, from, copy_to).await? else { break };
+            // An object that starts before the move's cut ends there at the latest, so it moves whole.
+            let until = if first.slot < move_to { move_to } else { copy_to };
             if Instant::now() + self.config.deadline_margin >= deadline {
                 summary.more = true;
                 break;
@@ -210,17 +202,18 @@ impl Archiver {
             // An object holds the slots of one hour (a slot across the hour's end with them):
             // its key's hour is its events', and it ends on a slot boundary whatever TIME_UNIT is.
             let hour = first.slot.div_euclid(HOUR_MS) * HOUR_MS;
-            let start = summary.boundary.max(slot_of(hour, unit));
-            let end = (slot_of(hour + HOUR_MS - 1, unit) + unit as i64).min(cutoff);
-            let (entry, rows) = self.archive_range(start, end, head.as_ref(), unit).await?;
+            let start = from.max(slot_of(hour, unit));
+            let end = (slot_of(hour + HOUR_MS - 1, unit) + unit as i64).min(until);
+            let (entry, rows) = self.copy_range(start, end, head.as_ref(), unit).await?;
             summary.objects += 1;
             summary.events += entry.count;
             summary.bytes += entry.bytes;
-            summary.boundary = entry.end;
-            info!(key = entry.key, seq = entry.seq, count = entry.count, bytes = entry.bytes, "archived");
-            let cleared = self.clear(&entry, &rows, &mut summary, deadline).await?;
+            summary.copied_to = entry.end;
+            info!(key = entry.key, seq = entry.seq, count = entry.count, bytes = entry.bytes, "copied");
+            let due = entry.end <= move_to;
+            let moved = !due || self.move_out(&entry, &rows, &mut summary, deadline).await?;
             head = Some(entry);
-            if !cleared {
+            if !moved {
                 summary.more = true;
                 break;
             }
@@ -228,8 +221,49 @@ impl Archiver {
         Ok(summary)
     }
 
-    /// Steps 1 to 4 for the slots from `start` up to at most `end`.
-    async fn archive_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<(Entry, Vec<Row>)> {
+    /// Moves out of the table, in order, the entries copied in earlier runs
+    /// whose slots end by `move_to`, and finishes one whose move stopped
+    /// before its deletes; false when the deadline came first.
+    async fn move_copied(&self, move_to: i64, summary: &mut ArchiveSummary, deadline: Instant) -> Result<bool> {
+        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
+        loop {
+            let boundary = store::boundary(dynamo, table).await?;
+            summary.boundary = boundary.archived_to;
+            // The entry whose move stopped is the one ending at the boundary; else the first after it.
+            let (before, after) = store::pointers_around(dynamo, table, boundary.archived_to - 1).await?;
+            let unfinished = before.filter(|p| p.end == boundary.archived_to && p.end > boundary.cleared_to);
+            let Some(pointer) = unfinished.or(after.filter(|p| p.end <= move_to)) else { return Ok(true) };
+            if Instant::now() + self.config.deadline_margin >= deadline {
+                return Ok(false);
+            }
+            let entry = store::entry(dynamo, table, pointer.seq).await?.filter(|e| e.key == pointer.object);
+            let Some(entry) = entry else {
+                return Err(Error::Archive(format!(
+                    "the pointer to {} names entry {}, which the manifest lacks: nothing moved (event-store verify)",
+                    pointer.object, pointer.seq
+                )));
+            };
+            // What decides the deletes is the object as its entry describes it, checked again.
+            let bytes = self.bucket.get(&entry.key).await?;
+            let object = off_the_runtime({
+                let bytes = bytes.clone();
+                move || Ok(columns::open(bytes).ok())
+            })
+            .await?;
+            let Some(object) = object.filter(|object| entry.matches(&object.facts(&bytes))) else {
+                return Err(Error::Archive(format!(
+                    "{} is not the object entry {} describes: nothing moved (event-store verify)",
+                    entry.key, entry.seq
+                )));
+            };
+            if !self.move_out(&entry, &object.rows, summary, deadline).await? {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Steps 1 to 3 for the slots from `start` up to at most `end`.
+    async fn copy_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<(Entry, Vec<Row>)> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let key = object_key(&self.config.prefix, start);
         // A repeat after a crash may find its first attempt's object: it reads at least up to that
@@ -252,30 +286,7 @@ impl Archiver {
         }
         anchor::put(&self.bucket, &entry).await?;
         store::put_object_pointer(dynamo, table, &entry).await?;
-        store::advance_boundary(dynamo, table, end).await?;
         Ok((entry, rows))
-    }
-
-    /// Step 5 for `entry`, whose object holds `rows`: false when the
-    /// deadline came first (the next run goes on).
-    async fn clear(
-        &self,
-        entry: &Entry,
-        rows: &[Row],
-        summary: &mut ArchiveSummary,
-        deadline: Instant,
-    ) -> Result<bool> {
-        let archived: HashSet<&str> = rows.iter().map(|r| r.sort_key.as_str()).collect();
-        let Some((kept, quarantined)) = self.delete_archived(entry.start, entry.end, &archived, deadline).await? else {
-            return Ok(false);
-        };
-        if kept > 0 {
-            warn!(kept, start = entry.start, end = entry.end, "items of late events kept in archived slots");
-        }
-        summary.kept += kept;
-        summary.quarantined += quarantined;
-        store::mark_cleared(&self.dynamo, &self.config.event_table, entry.end).await?;
-        Ok(true)
     }
 
     /// The events of `slots` in `[start, end)`, in log order, as rows; cut
@@ -328,107 +339,5 @@ impl Archiver {
         };
         let ((), read) = tokio::join!(reader.fetch_pages(slots, Checkpoint::at_slot(start), tx), collect);
         read
-    }
-
-    /// Deletes the items of the slots in `[start, end)` (each sub-key) whose
-    /// events are all `archived`, and the damaged ones once their quarantine
-    /// copy is written; returns how many items it kept and how many it
-    /// quarantined, or `None` when the deadline came first.
-    async fn delete_archived(
-        &self,
-        start: i64,
-        end: i64,
-        archived: &HashSet<&str>,
-        deadline: Instant,
-    ) -> Result<Option<(u64, u64)>> {
-        let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
-        let (slots, _) = read_index(dynamo, table, start, end).await?;
-        let (mut requests, mut kept, mut quarantined) = (Vec::new(), 0, 0);
-        let events = Table { name: table, key: &[HASH_KEY, RANGE_KEY] };
-        // Flushed as they gather, so that a run stopped by its deadline keeps what it deleted.
-        // False when the deadline stopped the retries; deletes still failing with time left are
-        // an error (the errors alarm), not "more" for a continuation that would fail the same way.
-        let margin = self.config.deadline_margin;
-        let flush = |requests: Vec<((), WriteRequest)>| async move {
-            let left = write_all(dynamo, events, requests, &Backoff::default(), Some(deadline)).await.len();
-            match left {
-                0 => Ok(true),
-                _ if Instant::now() + margin >= deadline => Ok(false),
-                _ => Err(Error::Archive(format!("{left} deletes of archived items still failing after retries"))),
-            }
-        };
-        for slot in slots {
-            if Instant::now() + self.config.deadline_margin / 2 >= deadline {
-                flush(std::mem::take(&mut requests)).await?;
-                return Ok(None);
-            }
-            for key in slot.all_storage_keys() {
-                let storage = (HASH_KEY, AttributeValue::N(key.to_string()));
-                for item in query_partition(dynamo, table, storage).await? {
-                    // An item whose events' bytes do not decode is as damaged as one that does not decode.
-                    let events = decode_item(slot.slot, &item).events.and_then(|events| {
-                        match events.iter().map(crate::event_item::EventItem::bytes).find_map(Result::err) {
-                            Some(err) => Err(err),
-                            None => Ok(events),
-                        }
-                    });
-                    match &events {
-                        Ok(events) if events.iter().all(|e| archived.contains(e.sort_key.as_str())) => {}
-                        Err(err) if err.is_unreadable() => {
-                            if !Box::pin(self.quarantine(&item, err, deadline)).await? {
-                                kept += 1;
-                                continue;
-                            }
-                            quarantined += 1;
-                        }
-                        _ => {
-                            kept += 1;
-                            continue;
-                        }
-                    }
-                    let key = item.into_iter().filter(|(name, _)| name == HASH_KEY || name == RANGE_KEY).collect();
-                    let delete =
-                        DeleteRequest::builder().set_key(Some(key)).build().map_err(|e| Error::encode("delete", e))?;
-                    requests.push(((), WriteRequest::builder().delete_request(delete).build()));
-                }
-            }
-            if requests.len() >= 4 * 25 && !flush(std::mem::take(&mut requests)).await? {
-                // Throttled until the deadline: the next run repeats the rest.
-                return Ok(None);
-            }
-        }
-        if !flush(requests).await? {
-            return Ok(None);
-        }
-        Ok(Some((kept, quarantined)))
-    }
-
-    /// Copies a damaged item of the event table, with `why`, into the
-    /// quarantine partition (its key: `event#<storage slot>#<sort key>`); true
-    /// once the copy is durable, false when even the copy does not fit an
-    /// item (the item then stays in the table, logged).
-    async fn quarantine(
-        &self,
-        item: &std::collections::HashMap<String, AttributeValue>,
-        why: &Error,
-        deadline: Instant,
-    ) -> Result<bool> {
-        let text =
-            |name: &str| item.get(name).and_then(|v| v.as_s().ok().or(v.as_n().ok())).cloned().unwrap_or_default();
-        let id = format!("event#{}#{}", text(HASH_KEY), text(RANGE_KEY));
-        let Some(copy) = quarantine_item(&id, &why.to_string(), item.clone(), now_ms()) else {
-            error!(id, reason = %why, "damaged item too large to quarantine: left in the table");
-            return Ok(false);
-        };
-        let put = PutRequest::builder().set_item(Some(copy)).build().map_err(|e| Error::encode("quarantine", e))?;
-        let events = Table { name: &self.config.event_table, key: &[HASH_KEY, RANGE_KEY] };
-        let request = vec![((), WriteRequest::builder().put_request(put).build())];
-        if !write_all(&self.dynamo, events, request, &Backoff::default(), Some(deadline)).await.is_empty() {
-            return Err(Error::Archive(format!("{id}: its quarantine copy could not be written")));
-        }
-        warn!(id, reason = %why, "damaged item quarantined instead of archived");
-        // Counted as it happens: a run that fails later still has it alarmed.
-        println!("{}", crate::metrics::quarantined_line(&self.config.metrics_namespace, 1, now_ms()));
-        Ok(true)
     }
 }

@@ -9,6 +9,7 @@ use sha2::Digest;
 
 use super::{forgotten, Change, Projection, ViewEvent, FORGOTTEN};
 use crate::envelope::STREAM_DELETED;
+use crate::hit::Hit;
 
 /// How a `state` view folds a stream's events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,12 +27,12 @@ pub enum Fold {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum By {
-    /// The page's path, without its query: a posted event's `page` field (the
-    /// pixel's `page` parameter), else the path of the `Referer` header (for
-    /// the pixel, the page that embeds it).
+    /// The page's path, without its query: a posted event's `page` or `path`
+    /// field (the pixel's parameter), else the path of the `Referer` header
+    /// (for the pixel, the page that embeds it) ([`Hit::page_path`]).
     Page,
     /// The referrer's host: a posted event's (or the pixel's query's)
-    /// `referrer`, else the `Referer` header's.
+    /// `referrer`, a host or a URL ([`Hit::referrer_host`]).
     ReferrerHost,
     /// The event's type: an entity event's `type`, a posted event's `type` field.
     Type,
@@ -99,18 +100,10 @@ impl Projection for Builtin {
 
 /// The value of `by` in `event`, if it has one.
 fn value_of(by: By, event: &ViewEvent) -> Option<String> {
-    let body_field = |name: &str| event.body().and_then(|b| b.get(name)).and_then(Value::as_str);
-    let query_field = |name: &str| event.data.as_ref()?.get("query")?.get(name)?.as_array()?.first()?.as_str();
-    let referer = || event.data.as_ref()?.get("headers")?.get("referer")?.as_str();
+    let hit = || event.data.as_ref().map(Hit);
     let value = match by {
-        By::Page => match body_field("page").or_else(|| query_field("page")) {
-            Some(page) => path_of(page),
-            None => path_of(referer()?),
-        },
-        By::ReferrerHost => {
-            let given = body_field("referrer").or_else(|| query_field("referrer"));
-            url::Url::parse(given.or_else(referer)?).ok()?.host_str()?.to_owned()
-        }
+        By::Page => hit()?.page_path()?,
+        By::ReferrerHost => hit()?.referrer_host()?,
         By::Type => event.event_type()?.to_owned(),
         // A stream that is a data subject carries its keyed hash: counted by that, not by its name.
         By::Entity => match (event.entity(), event.body().and_then(|b| b.get("subject")).and_then(Value::as_str)) {
@@ -137,14 +130,6 @@ fn bounded(value: String) -> String {
     }
     let digest = hex::encode(&sha2::Sha256::digest(value.as_bytes())[..8]);
     format!("{}#{digest}", &value[..end])
-}
-
-/// A URL's or a path's path, without query or fragment.
-fn path_of(page: &str) -> String {
-    match url::Url::parse(page) {
-        Ok(url) => url.path().to_owned(),
-        Err(_) => page.split(['?', '#']).next().unwrap_or_default().to_owned(),
-    }
 }
 
 #[cfg(test)]
@@ -203,7 +188,7 @@ mod tests {
         );
         assert_eq!(pages.key(&hit), None, "counters are only added to");
         let hosts = Builtin::Count { by: By::ReferrerHost };
-        assert!(hosts.tallies(&hit)[0].0.ends_with("/shop.example"));
+        assert!(hosts.tallies(&hit).is_empty(), "the Referer is the page, not where its visitor came from");
         let posted = event(
             "v",
             ms,
@@ -213,6 +198,9 @@ mod tests {
         let tagged = event("v", ms, json!({"query": {"page": ["/p?x=1"]}, "headers": {"referer": "https://a/b"}}));
         assert!(pages.tallies(&tagged)[0].0.ends_with("//p"), "the pixel's page parameter");
         assert!(hosts.tallies(&posted)[0].0.ends_with("/news.example"));
+        let tracked = event("v", ms, json!({"body": {"type": "pageview", "path": "/a?b", "referrer": "News.example"}}));
+        assert!(pages.tallies(&tracked)[0].0.ends_with("//a"), "the tracker's path field");
+        assert!(hosts.tallies(&tracked)[0].0.ends_with("/news.example"), "the tracker's bare host");
         assert!(Builtin::Count { by: By::Type }.tallies(&posted)[1].0.ends_with("/signup"));
         let sealed = event("alice", ms, json!({"subject": "h:3f2a", "body": {"EntityId": "alice"}}));
         let entities = Builtin::Count { by: By::Entity };
