@@ -11,8 +11,8 @@ MOTO_PIN    := moto[server]==5.2.5
 # Build and deploy tools (PyPI): cargo-lambda with zig for the arm64 cross build,
 # the SAM CLI (with its translator), cfn-lint, pytest for the deployment tests, and
 # AWS's KPL deaggregator (with its protobuf) to read the playback stream as a consumer would,
-# and pyarrow to read the archive's Parquet objects as a user's tools would.
-TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1
+# pyarrow to read the archive's Parquet objects as a user's tools would, and DuckDB to query them in SQL.
+TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1 duckdb==2.0.1
 # The stricter second pair of emulators, the IAM policy simulator the tests evaluate the
 # functions' requests with against their roles (tests/iam/simulate.cjs), and the tracker script's
 # compiler and bundler (clients/web): npm, installed into .node.

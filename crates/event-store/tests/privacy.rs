@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -124,6 +124,19 @@ async fn into_the_log(env: &TestEnv, pumped: &mut usize) -> i64 {
     done
 }
 
+/// Subjects as the template's default: a hit's `EntityId` (the visitor id), and `user-` streams.
+fn visitors_are_subjects(env: &TestEnv) -> SubjectsConfig {
+    SubjectsConfig {
+        key_table: env.names.key_table.clone(),
+        key_function: None,
+        kms_key: Some(env.names.subject_key_alias.clone()),
+        hash_key: Some(HASH_KEY.into()),
+        subject_from: Some("EntityId".into()),
+        stream_subjects: Some("prefix:user-".into()),
+        cache: Duration::from_secs(60),
+    }
+}
+
 const BEFORE: [&str; 4] = ["/alice-secret/1", "/alice-secret/2", "/bob/1", "/public"];
 const AFTER: [&str; 5] = ["/alice-secret/3", "/bob/1", "/public", "forgotten", "forgotten"];
 
@@ -135,15 +148,7 @@ async fn a_forgotten_subject_reads_as_forgotten_everywhere_and_nothing_of_it_res
     let bucket = Bucket::new(&env.sdk, BUCKET.into());
     let kms = aws_sdk_kms::Client::new(&env.sdk);
     let kms_key = create_subject_key(&kms, &env.names.subject_key_alias).await.unwrap();
-    let subjects_config = SubjectsConfig {
-        key_table: env.names.key_table.clone(),
-        key_function: None,
-        kms_key: Some(env.names.subject_key_alias.clone()),
-        hash_key: Some(HASH_KEY.into()),
-        subject_from: Some("EntityId".into()),
-        stream_subjects: Some("prefix:user-".into()),
-        cache: Duration::from_secs(60),
-    };
+    let subjects_config = visitors_are_subjects(&env);
     let writer_keys = Arc::new(
         Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
             .made_by(Some(Maker::Kms(kms_key.clone()))),
@@ -693,4 +698,206 @@ async fn a_subjects_entity_stream_is_sealed_and_forgotten() {
     let next = Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone())
         .made_by(Some(Maker::Kms(env.names.subject_key_alias.clone())));
     assert_eq!(next.sealing_generation(&subject).await.unwrap(), 2, "failed before: the same forgotten key five times");
+}
+
+/// The click stream in SQL within the hour (issue 49): the tracker's page views, anonymous and of
+/// identified visitors (an `EntityId`: their subject), over five past hours and the current one,
+/// through load, the pump and the scan. The archiver copies every complete hour to S3 with the
+/// analyst's columns and moves out of DynamoDB only the hours past the hot retention. DuckDB,
+/// reading the objects as a user would, counts the anonymous page views per page and hour as they
+/// were sent, the hot hours included, and finds the columns empty for the identified visitors,
+/// whose page views a `count` view counts instead; the archive verifies.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_click_stream_is_in_sql_within_the_hour_and_the_identified_visitors_pages_are_not() {
+    const HOUR: i64 = 3_600_000;
+    let env = TestEnv::start(1).await;
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&env.sdk).force_path_style(true).build());
+    s3.create_bucket().bucket(BUCKET).send().await.unwrap();
+    let bucket = Bucket::new(&env.sdk, BUCKET.into());
+    let kms = aws_sdk_kms::Client::new(&env.sdk);
+    let kms_key = create_subject_key(&kms, &env.names.subject_key_alias).await.unwrap();
+    let writer =
+        Keys::new(env.dynamo.clone(), kms.clone(), env.names.key_table.clone()).made_by(Some(Maker::Kms(kms_key)));
+    let subjects = Subjects::new(Arc::new(writer), &visitors_are_subjects(&env)).unwrap();
+    let load =
+        Load::new(env.kinesis.clone(), LoadConfig::new(env.names.event_stream.clone())).with_subjects(Some(subjects));
+
+    // What the tracker sends (clients/web): each event's own fields; the page's query is the tracker's to drop,
+    // sent here to show the column drops it too. Hour 5 is the current one.
+    let current = now_ms().div_euclid(HOUR) * HOUR;
+    let hour_of = |h: i64| current - (5 - h) * HOUR;
+    let anonymous_pages = ["/", "/pricing", "/docs/start"];
+    let mut sent = Vec::new();
+    let mut anonymous: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    let mut identified: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    for h in 0..6 {
+        for (p, page) in anonymous_pages.iter().enumerate() {
+            for _ in 0..(h + p as i64) % 4 + 1 {
+                sent.push((
+                    h,
+                    json!({"type": "pageview", "path": format!("{page}?ref=x"), "referrer": "news.example",
+                    "utm_source": "mail", "utm_campaign": "launch"}),
+                ));
+                *anonymous.entry((page.to_string(), h)).or_default() += 1;
+            }
+        }
+        sent.push((h, json!({"type": "signup", "path": "/pricing", "props": {"plan": "team"}})));
+        for visitor in ["visitor-1", "visitor-2"] {
+            sent.push((h, json!({"type": "pageview", "path": "/account", "EntityId": visitor, "utm_source": "mail"})));
+            *identified.entry(("/account".to_owned(), h)).or_default() += 1;
+        }
+    }
+    // Arrivals: each event's planned hour, in the order sent (on one shard, so they stand).
+    let mut arrival_of = HashMap::new();
+    for (i, (h, event)) in sent.iter_mut().enumerate() {
+        let id = format!("click-{i}");
+        event["EventId"] = json!(id);
+        arrival_of.insert(id, if *h == 5 { current + i as i64 } else { hour_of(*h) + 60_000 + i as i64 * 1_000 });
+    }
+    for batch in sent.chunks(40) {
+        let events: Vec<&Value> = batch.iter().map(|(_, e)| e).collect();
+        assert_eq!(load.handle(post(&json!(events))).await.status(), StatusCode::ACCEPTED);
+    }
+    let mut records: Vec<(String, Vec<u8>, i64)> = env
+        .read_stream(&env.names.event_stream)
+        .await
+        .into_iter()
+        .map(|(_, record)| {
+            let data = record.data().as_ref().to_vec();
+            let id = serde_json::from_slice::<Value>(&data).unwrap()["event_id"].as_str().unwrap().to_owned();
+            (record.partition_key().unwrap().to_owned(), data, arrival_of[&id])
+        })
+        .collect();
+    assert_eq!(records.len(), sent.len());
+    records.sort_by_key(|r| r.2);
+    let pump = common::pump(&env);
+    assert!(pump
+        .handle(common::kinesis_event_on(common::TEST_ARN, "shardId-000000000003", &records))
+        .await
+        .batch_item_failures
+        .is_empty());
+    let scan = ScanConfig { segments: 1, watermark_lag_ms: 0, ..runs::scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan, json!({}), deadline_in(Duration::from_secs(120))).await
+    {
+        pass.unwrap();
+    }
+
+    // A hot retention of three hours: hours 0 and 1 (and hour 2 up to now - 3 h) leave the table, the
+    // later ones stay hot; every complete hour is copied.
+    let archiver = Archiver {
+        dynamo: env.dynamo.clone(),
+        bucket: bucket.clone(),
+        config: ArchiveConfig {
+            hot_retention: Duration::from_secs(3 * 3_600),
+            object_bytes: 16 * 1024,
+            deadline_margin: Duration::from_secs(1),
+            ..ArchiveConfig::for_names(env.names.event_table.clone(), BUCKET.into()).unwrap()
+        },
+    };
+    let run = archiver.run(now_ms(), std::time::Instant::now() + Duration::from_secs(120)).await.unwrap();
+    assert_eq!(run.copied_to, current, "every hour but the current one copied: {run:?}");
+    assert!(run.boundary <= now_ms() - 3 * HOUR && run.boundary >= hour_of(2), "{run:?}");
+    let hot = common::stored_events(&env).await;
+    assert!(
+        hot.iter().any(|e| e.slot >= hour_of(3) && e.slot < current),
+        "the copied hours after the retention stay hot"
+    );
+    assert!(hot.iter().all(|e| e.slot >= run.boundary), "the earlier ones left the table");
+
+    // DuckDB over the objects as S3 holds them (its S3 extension is fetched from a host these machines
+    // cannot reach: the objects are read through the SDK into files, under their keys).
+    let dir = std::env::temp_dir().join(format!("event-store-sql-{}", std::process::id()));
+    let objects = s3.list_objects_v2().bucket(BUCKET).prefix("events/").send().await.unwrap();
+    for object in objects.contents() {
+        let key = object.key().unwrap();
+        let path = dir.join(key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bucket.get(key).await.unwrap()).unwrap();
+    }
+    let visitors: Vec<String> = records.iter().filter(|r| !r.0.starts_with("click-")).map(|r| r.0.clone()).collect();
+    let script = r#"
+import json, sys
+import duckdb
+duckdb.sql("SET TimeZone = 'UTC'")
+events = f"read_parquet('{sys.argv[1]}/**/*.parquet', hive_partitioning = true)"
+views = duckdb.sql(f"""
+    SELECT page_path, hour(arrival) AS hour, count(*) AS n FROM {events}
+    WHERE type = 'pageview' GROUP BY ALL ORDER BY ALL""").fetchall()
+visitors = json.loads(sys.argv[2])
+identified = duckdb.sql(f"""
+    SELECT count(*), count(type), count(page_path), count(referrer_host), count(utm_source), count(bot)
+    FROM {events} WHERE list_contains($visitors, partition_key)""", params={"visitors": visitors}).fetchall()[0]
+partitions = duckdb.sql(f"SELECT DISTINCT hour FROM {events} WHERE hour(arrival) <> hour ORDER BY 1").fetchall()
+print(json.dumps({"views": views, "identified": identified, "misplaced": partitions}))
+"#;
+    let python = common::repo_root().join(".venv/bin/python");
+    let out = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .arg(dir.join("events"))
+        .arg(serde_json::to_string(&visitors).unwrap())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{}: {}", python.display(), String::from_utf8_lossy(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let utc_hour = |h: i64| hour_of(h).div_euclid(HOUR) % 24;
+    let mut expected: Vec<Value> =
+        anonymous.iter().filter(|((_, h), _)| *h < 5).map(|((page, h), n)| json!([page, utc_hour(*h), n])).collect();
+    expected.sort_by_key(|v| v.to_string());
+    let mut counted: Vec<Value> = answer["views"].as_array().unwrap().clone();
+    counted.sort_by_key(|v| v.to_string());
+    assert_eq!(counted, expected, "the anonymous page views per page and hour, as sent, all but the current hour");
+    let identified_rows = identified.iter().filter(|((_, h), _)| *h < 5).map(|(_, n)| n).sum::<i64>();
+    assert_eq!(answer["identified"], json!([identified_rows, 0, 0, 0, 0, 0]), "their columns empty");
+    assert_eq!(answer["misplaced"], json!([]), "each row under its own hour's partition");
+    let verified =
+        event_store::archive::audit::verify(&env.dynamo, &env.names.event_table, &bucket, 0, now_ms()).await.unwrap();
+    let copied = sent.iter().filter(|(h, _)| *h < 5).count() as u64;
+    assert_eq!((verified.first_break, verified.events), (None, copied), "the chain holds every copied event");
+
+    // The identified visitors' page views, per page and hour, from a `count` view: an aggregate
+    // with no subject in it, kept from the log with the keys.
+    let subscriptions = |invoker| {
+        let keys = keys(&env, &kms, Duration::ZERO);
+        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+        Subscriptions::new(
+            env.dynamo.clone(),
+            env.kinesis.clone(),
+            lambda,
+            runs::subscription_config(&env.names),
+            invoker,
+        )
+        .with_archive(Some(bucket.clone()))
+        .with_keys(Some(keys))
+    };
+    let create = json!({"action": "create_projection", "name": "pages", "kind": "count", "by": "page",
+        "start": format_ms(hour_of(0))});
+    let (invoker, _rx) = LocalInvoker::channel();
+    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    for answer in
+        runs::run_subscriptions(subscriptions, json!({"source": "aws.events"}), deadline_in(Duration::from_secs(300)))
+            .await
+    {
+        answer.unwrap();
+    }
+    let (invoker, _rx) = LocalInvoker::channel();
+    let page = json!({"action": "view", "name": "pages", "prefix": "hour/", "limit": 1000});
+    let view =
+        subscriptions(Arc::new(invoker)).handle(page, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    let view = view.to_json().unwrap();
+    let counts: BTreeMap<String, i64> = view["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| (item["key"].as_str().unwrap().to_owned(), item["count"].as_i64().unwrap()))
+        .collect();
+    for ((page, h), n) in &identified {
+        let key = format!(
+            "hour/{}/{page}",
+            chrono::DateTime::from_timestamp_millis(hour_of(*h)).unwrap().format("%Y-%m-%dT%H")
+        );
+        assert_eq!(counts.get(&key), Some(n), "{key}: the identified visitors' views, counted by the view");
+    }
 }
