@@ -799,10 +799,11 @@ async fn archiver_crashes() {
         pass.unwrap();
     }
 
-    // Objects are written once. A crash right after an object's put (after the copied ranges
-    // before it moved), then a late event into its first slot (on a shard of its own, so that its
-    // arrival stands), then the repeat: the object already there misses the late event and is kept
-    // as it is; the late event stays in the table and is read once, in its place.
+    // Objects are written once. A crash right after an object's put, then a late event into its
+    // first slot (on a shard of its own, so that its arrival stands), then the repeat, once the
+    // move's cut has come inside that first attempt's object (the archiver down that long): the
+    // repeat reads as far as that object, whole; the object misses the late event and is kept as it
+    // is; the late event stays in the table and is read once, in its place.
     let next = T0 + RANGES * RANGE;
     let range = RANGES;
     let put = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -831,13 +832,15 @@ async fn archiver_crashes() {
     {
         pass.unwrap();
     }
-    // Any other object already at an object's key is not replaced: the repeat copies and moves the
-    // range, and stops at the next one's key, with an error.
+    // Any other object already at an object's key is not replaced: the repeat copies the range and
+    // stops at the next one's key, with an error naming it, having moved nothing.
     let key = event_store::archive::object_key("events/", next + RANGE);
     s3.put_object().bucket(BUCKET).key(&key).body(b"not an object of ours".to_vec().into()).send().await.unwrap();
-    let refused = healthy.run(next + RANGE, Instant::now() + Duration::from_secs(60)).await.unwrap_err();
-    assert!(refused.to_string().contains("is already there"), "{refused}");
-    assert_eq!(store::boundary(&env.dynamo, table).await.unwrap().archived_to, next + RANGE);
+    let refused = healthy.run(next + 30 * 60_000, Instant::now() + Duration::from_secs(60)).await.unwrap_err();
+    assert!(refused.to_string().starts_with(&format!("archive: {key} is already there")), "{refused}");
+    assert_eq!(store::boundary(&env.dynamo, table).await.unwrap().archived_to, boundary);
+    let kept = store::entries_from(&env.dynamo, table, 0).await.unwrap().into_iter().find(|e| e.start == next).unwrap();
+    assert_eq!((kept.count, kept.end), (2, next + 1_801_000), "the first attempt's object, both its events");
     let first = range * PER_RANGE;
     assert_eq!(read((range, range + 1)).await, [first, -1, first + 1, first + 2, first + 3], "the late event once");
     let verified = audit::verify(&env.dynamo, table, &bucket, T0, next + RANGE).await.unwrap();

@@ -820,7 +820,7 @@ async fn the_click_stream_is_in_sql_within_the_hour_and_the_identified_visitors_
 import json, sys
 import duckdb
 duckdb.sql("SET TimeZone = 'UTC'")
-events = f"read_parquet('{sys.argv[1]}/**/*.parquet', hive_partitioning = true)"
+events = f"read_parquet('{sys.argv[1]}/**/*.parquet', hive_partitioning = true, union_by_name = true)"
 views = duckdb.sql(f"""
     SELECT page_path, hour(arrival) AS hour, count(*) AS n FROM {events}
     WHERE type = 'pageview' GROUP BY ALL ORDER BY ALL""").fetchall()

@@ -120,9 +120,10 @@ async fn followed(
         return Ok(None);
     };
     let pointers = store::pointers(dynamo, table).await?;
-    // A run that stopped after appending its entry has not written the pointer yet (nor moved the
-    // boundary past it): readers do not look for it until it does, and the next run writes it.
-    for entry in chosen.iter().filter(|e| e.end <= boundary.archived_to) {
+    let head = all.last().map_or(0, |e| e.seq);
+    // A run that stopped after appending the head has not written its pointer yet: readers do not
+    // look for it until the boundary passes it, and the next run writes it first.
+    for entry in chosen.iter().filter(|e| e.seq < head || e.end <= boundary.archived_to) {
         let theirs: Vec<&store::Pointer> = pointers.iter().filter(|p| p.seq == entry.seq).collect();
         let right = |p: &&store::Pointer| {
             p.object == entry.key && (p.start, p.end, p.count) == (entry.start, entry.end, entry.count)
@@ -138,7 +139,6 @@ async fn followed(
             _ => return Ok(Some(format!("entry {}: its pointer is not what the entry says", entry.seq))),
         }
     }
-    let head = all.last().map_or(0, |e| e.seq);
     let in_window = |p: &&store::Pointer| p.end > first.start && p.start < last.end;
     if let Some(stray) = pointers.iter().filter(in_window).find(|p| p.seq > head || !all.iter().any(|e| e.seq == p.seq))
     {

@@ -89,6 +89,8 @@ impl Archiver {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let (slots, _) = read_index(dynamo, table, start, end).await?;
         let mut survey = Survey::default();
+        // Not copied: their TTL has passed by now, and they go as it would take them.
+        let gone = |event: &crate::event_item::EventItem| super::expires_while_hot(event, self.config.hot_retention);
         for slot in slots {
             if Instant::now() + self.config.deadline_margin / 2 >= deadline {
                 return Ok(None);
@@ -104,7 +106,7 @@ impl Archiver {
                         }
                     });
                     match events {
-                        Ok(events) if events.iter().all(|e| archived.contains(e.sort_key.as_str())) => {
+                        Ok(events) if events.iter().all(|e| archived.contains(e.sort_key.as_str()) || gone(e)) => {
                             survey.archived.push(key_of(item));
                         }
                         Err(err) if err.is_unreadable() => survey.damaged.push((item, err)),

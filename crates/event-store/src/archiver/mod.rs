@@ -19,8 +19,9 @@
 //! A crash at any step repeats it: the object's key and bytes are the same
 //! for the same events, a stored entry equal to the one being appended
 //! counts as appended, the boundary only moves forward, and a run first
-//! finishes the last entry's anchor and pointer, and a move's deletes (against
-//! the object read back from S3). Nothing leaves DynamoDB before
+//! finishes the last entry's anchor and pointer, then copies, then moves,
+//! first finishing a move's deletes (against the object read back from S3):
+//! a move that fails holds no copy up. Nothing leaves DynamoDB before
 //! its copy is verified, and an item written into a slot after the slot
 //! was read (a late event) is not deleted with it. One run at a time: a
 //! run holds the archive's lease, and a second one finds it taken and stops.
@@ -183,66 +184,66 @@ impl Archiver {
                 store::put_object_pointer(dynamo, table, last).await?;
             }
         }
-        // The entries copied before and due now move first, in order.
-        if !self.move_copied(move_to, &mut summary, deadline).await? {
-            summary.more = true;
-            summary.copied_to = head.as_ref().map_or(summary.boundary, |h| h.end);
-            return Ok(summary);
-        }
+        // Copying first: SQL waits for no move (a move that fails, a backlog of them).
         loop {
             let from = head.as_ref().map_or(0, |h| h.end).max(summary.boundary);
             summary.copied_to = from;
             let Some(first) = first_slot(dynamo, table, from, copy_to).await? else { break };
-            // An object that starts before the move's cut ends there at the latest, so it moves whole.
-            let until = if first.slot < move_to { move_to } else { copy_to };
             if Instant::now() + self.config.deadline_margin >= deadline {
                 summary.more = true;
-                break;
+                return Ok(summary);
             }
+            // An object that starts before the move's cut ends there at the latest, so it moves whole.
+            let until = if first.slot < move_to { move_to } else { copy_to };
             // An object holds the slots of one hour (a slot across the hour's end with them):
             // its key's hour is its events', and it ends on a slot boundary whatever TIME_UNIT is.
             let hour = first.slot.div_euclid(HOUR_MS) * HOUR_MS;
             let start = from.max(slot_of(hour, unit));
             let end = (slot_of(hour + HOUR_MS - 1, unit) + unit as i64).min(until);
-            let (entry, rows) = self.copy_range(start, end, head.as_ref(), unit).await?;
+            let entry = self.copy_range((start, end, copy_to), head.as_ref(), unit).await?;
             summary.objects += 1;
             summary.events += entry.count;
             summary.bytes += entry.bytes;
             summary.copied_to = entry.end;
             info!(key = entry.key, seq = entry.seq, count = entry.count, bytes = entry.bytes, "copied");
-            let due = entry.end <= move_to;
-            let moved = !due || self.move_out(&entry, &rows, &mut summary, deadline).await?;
             head = Some(entry);
-            if !moved {
-                summary.more = true;
-                break;
-            }
+        }
+        if !self.move_copied(move_to, &mut summary, deadline).await? {
+            summary.more = true;
         }
         Ok(summary)
     }
 
-    /// Moves out of the table, in order, the entries copied in earlier runs
-    /// whose slots end by `move_to`, and finishes one whose move stopped
-    /// before its deletes; false when the deadline came first.
+    /// Moves out of the table, in manifest order, the copied entries whose
+    /// slots end by `move_to`, after finishing one whose move stopped before
+    /// its deletes; false when the deadline came first.
     async fn move_copied(&self, move_to: i64, summary: &mut ArchiveSummary, deadline: Instant) -> Result<bool> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         loop {
             let boundary = store::boundary(dynamo, table).await?;
             summary.boundary = boundary.archived_to;
-            // The entry whose move stopped is the one ending at the boundary; else the first after it.
+            // The last entry moved ends at the boundary; the next one to move is the manifest's next.
             let (before, after) = store::pointers_around(dynamo, table, boundary.archived_to - 1).await?;
-            let unfinished = before.filter(|p| p.end == boundary.archived_to && p.end > boundary.cleared_to);
-            let Some(pointer) = unfinished.or(after.filter(|p| p.end <= move_to)) else { return Ok(true) };
+            let last = before.filter(|p| p.end == boundary.archived_to);
+            let unfinished = last.as_ref().filter(|p| p.end > boundary.cleared_to).map(|p| p.seq);
+            let seq = unfinished.unwrap_or_else(|| last.as_ref().map_or(0, |p| p.seq + 1));
+            let Some(entry) = store::entry(dynamo, table, seq).await? else { return Ok(true) };
+            if unfinished.is_none() && entry.end > move_to {
+                return Ok(true);
+            }
+            if unfinished.is_none() && entry.end <= boundary.archived_to {
+                return Err(Error::Archive(format!(
+                    "the boundary is past entry {seq} and no pointer ends there: nothing moved (event-store verify)"
+                )));
+            }
             if Instant::now() + self.config.deadline_margin >= deadline {
                 return Ok(false);
             }
-            let entry = store::entry(dynamo, table, pointer.seq).await?.filter(|e| e.key == pointer.object);
-            let Some(entry) = entry else {
-                return Err(Error::Archive(format!(
-                    "the pointer to {} names entry {}, which the manifest lacks: nothing moved (event-store verify)",
-                    pointer.object, pointer.seq
-                )));
-            };
+            // Readers look for its pointer once the boundary passes it: one lost is written again.
+            if unfinished.is_none() && after.is_none_or(|p| p.seq != entry.seq) {
+                anchor::put(&self.bucket, &entry).await?;
+                store::put_object_pointer(dynamo, table, &entry).await?;
+            }
             // What decides the deletes is the object as its entry describes it, checked again.
             let bytes = self.bucket.get(&entry.key).await?;
             let object = off_the_runtime({
@@ -262,31 +263,34 @@ impl Archiver {
         }
     }
 
-    /// Steps 1 to 3 for the slots from `start` up to at most `end`.
-    async fn copy_range(&self, start: i64, end: i64, head: Option<&Entry>, unit: u64) -> Result<(Entry, Vec<Row>)> {
+    /// Steps 1 to 3 for the slots from `start` up to at most `end` (up to
+    /// `limit` when a first attempt's object there reaches further).
+    async fn copy_range(&self, (start, end, limit): (i64, i64, i64), head: Option<&Entry>, unit: u64) -> Result<Entry> {
         let (dynamo, table) = (&self.dynamo, self.config.event_table.as_str());
         let key = object_key(&self.config.prefix, start);
         // A repeat after a crash may find its first attempt's object: it reads at least up to that
-        // one's last slot (late events since could have moved the size cut before it), so the two compare.
+        // one's last slot (late events since could have moved the size cut before it; the move's cut
+        // may have come before it since), so the two compare.
         let earlier = match self.bucket.get_if_there(&key).await? {
             Some(bytes) => off_the_runtime(move || Ok(columns::read(bytes).ok())).await?,
             None => None,
         };
         let cut_from =
             earlier.as_ref().and_then(|rows| rows.last()).map_or(start, |last| slot_of(last.slot, unit) + unit as i64);
+        let end = end.max(cut_from.min(limit));
         let (slots, _) = read_index(dynamo, table, start, end).await?;
         // Cut as its slots were (the most slices any was cut into), so readers of some keys read theirs.
         let most = slots.iter().map(SlotRef::most_slices).max().unwrap_or(1);
         let (rows, end) = self.read_rows(slots, (start, end), unit, cut_from).await?;
         let slices = crate::archive::cut::slices_for(most, rows.len(), self.config.min_slice_rows);
-        let (facts, rows) = self.put_once(&key, rows, slices).await?;
+        let facts = self.put_once(&key, rows, slices).await?;
         let entry = Entry::next(head, key, start, end, &facts);
         if !store::append(dynamo, table, &entry).await? {
             return Err(Error::Archive(format!("archive manifest entry {} is taken: another archiver ran", entry.seq)));
         }
         anchor::put(&self.bucket, &entry).await?;
         store::put_object_pointer(dynamo, table, &entry).await?;
-        Ok((entry, rows))
+        Ok(entry)
     }
 
     /// The events of `slots` in `[start, end)`, in log order, as rows; cut
@@ -324,7 +328,7 @@ impl Archiver {
                     cut = page.slot;
                     break;
                 }
-                for event in &page.events {
+                for event in page.events.iter().filter(|e| !expires_while_hot(e, self.config.hot_retention)) {
                     let row = match Row::of(event) {
                         Ok(row) => row,
                         Err(err) if err.is_unreadable() => continue,
@@ -339,5 +343,40 @@ impl Archiver {
         };
         let ((), read) = tokio::join!(reader.fetch_pages(slots, Checkpoint::at_slot(start), tx), collect);
         read
+    }
+}
+
+/// Whether `event`'s retention (`RETENTION_DAYS`) ends before its slot would
+/// leave the table: it goes with its TTL, never to S3 (hours are copied
+/// within minutes, weeks before they move; a copy must not outlive the
+/// retention the event was written with).
+pub(super) fn expires_while_hot(event: &crate::event_item::EventItem, hot_retention: std::time::Duration) -> bool {
+    let hot_ms = i64::try_from(hot_retention.as_millis()).unwrap_or(i64::MAX);
+    event.expires_at.is_some_and(|at| at.saturating_mul(1000) < event.slot.saturating_add(hot_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_whose_retention_ends_while_it_is_hot_is_not_copied() {
+        let day = std::time::Duration::from_secs(86_400);
+        let event = |expires_at: Option<i64>| crate::event_item::EventItem {
+            slot: 1_795_000_000_000,
+            sort_key: crate::event_item::sort_key(1_795_000_000_000, "shardId-000000000000:1"),
+            event_id: "shardId-000000000000:1".into(),
+            arrival: 1_795_000_000_000,
+            partition_key: "k".into(),
+            data: Some(b"{}".to_vec()),
+            encoding: None,
+            payload: None,
+            expires_at,
+            moved_at: None,
+        };
+        assert!(!expires_while_hot(&event(None), 30 * day), "kept for good");
+        assert!(expires_while_hot(&event(Some(1_795_000_000 + 7 * 86_400)), 30 * day), "7 days, hot for 30");
+        assert!(!expires_while_hot(&event(Some(1_795_000_000 + 60 * 86_400)), 30 * day), "60 days, hot for 30");
+        assert!(!expires_while_hot(&event(Some(1_795_000_000 + 1)), std::time::Duration::ZERO));
     }
 }

@@ -16,14 +16,14 @@ use crate::time::now_ms;
 impl Archiver {
     /// Puts the object made of `rows` once (`If-None-Match: *`: the role may
     /// not put any other way), reads it back and checks it; returns the
-    /// facts of the object stored and the rows it holds. An object already
+    /// facts of the object stored. An object already
     /// there is a repeat's after a crash: the same bytes are done; an earlier
     /// attempt's that misses events read since (late ones, written between
     /// the crash and this repeat) is kept as it is, and those events stay in
     /// the table with their slots marked late, where readers find them; any
     /// other object is an error (the errors alarm), and nothing is archived
     /// past it. The object is cut into `slices` slices ([`columns::write`]).
-    pub(super) async fn put_once(&self, key: &str, rows: Vec<Row>, slices: u32) -> Result<(Facts, Vec<Row>)> {
+    pub(super) async fn put_once(&self, key: &str, rows: Vec<Row>, slices: u32) -> Result<Facts> {
         // Encoding and decoding Parquet is CPU work (and deep): off the runtime's threads.
         let (object, rows) =
             off_the_runtime(move || columns::write(&rows, slices).map(|object| (object, rows))).await?;
@@ -34,9 +34,7 @@ impl Archiver {
         let stored = off_the_runtime(move || Ok(columns::open(read_back))).await?;
         if written || manifest::sha256_hex(&bytes) == sha256 {
             return match stored {
-                Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored.rows == rows => {
-                    Ok((stored.facts(&bytes), rows))
-                }
+                Ok(stored) if manifest::sha256_hex(&bytes) == sha256 && stored.rows == rows => Ok(stored.facts(&bytes)),
                 _ => Err(Error::Archive(format!("{key} read back is not what was written: nothing deleted"))),
             };
         }
@@ -56,7 +54,7 @@ impl Archiver {
             "an earlier attempt's object kept; the events it misses stay in the table as late ones"
         );
         late_slots::mark(&self.dynamo, &self.config.event_table, crate::bookkeeping::Family::Archive, &late).await?;
-        Ok((stored.facts(&bytes), stored.rows))
+        Ok(stored.facts(&bytes))
     }
 }
 

@@ -34,7 +34,8 @@ pub enum By {
     /// The referrer's host: a posted event's (or the pixel's query's)
     /// `referrer`, a host or a URL ([`Hit::referrer_host`]).
     ReferrerHost,
-    /// The event's type: an entity event's `type`, a posted event's `type` field.
+    /// The event's type: an entity event's `type`, a posted event's `type`
+    /// field, the pixel's `type` parameter ([`Hit::event_type`]).
     Type,
     /// The entity: an entity event's stream, else the event's subject as its
     /// keyed hash (never a subject's clear id); events with neither are not counted.
@@ -104,7 +105,7 @@ fn value_of(by: By, event: &ViewEvent) -> Option<String> {
     let value = match by {
         By::Page => hit()?.page_path()?,
         By::ReferrerHost => hit()?.referrer_host()?,
-        By::Type => event.event_type()?.to_owned(),
+        By::Type => hit()?.event_type()?.to_owned(),
         // A stream that is a data subject carries its keyed hash: counted by that, not by its name.
         By::Entity => match (event.entity(), event.body().and_then(|b| b.get("subject")).and_then(Value::as_str)) {
             (Some(_), Some(subject)) => subject.to_owned(),
@@ -202,6 +203,8 @@ mod tests {
         assert!(pages.tallies(&tracked)[0].0.ends_with("//a"), "the tracker's path field");
         assert!(hosts.tallies(&tracked)[0].0.ends_with("/news.example"), "the tracker's bare host");
         assert!(Builtin::Count { by: By::Type }.tallies(&posted)[1].0.ends_with("/signup"));
+        let typed = event("v", ms, json!({"path": "/track.gif", "query": {"type": ["download"]}}));
+        assert!(Builtin::Count { by: By::Type }.tallies(&typed)[1].0.ends_with("/download"), "the pixel's type");
         let sealed = event("alice", ms, json!({"subject": "h:3f2a", "body": {"EntityId": "alice"}}));
         let entities = Builtin::Count { by: By::Entity };
         assert!(entities.tallies(&sealed)[0].0.ends_with("/h:3f2a"), "by the keyed hash, not the clear id");
