@@ -126,7 +126,7 @@ impl Select {
     }
 
     /// Whether an opened event is kept.
-    pub fn keeps_opened(&self, partition_key: &str, opened: Option<&Value>) -> bool {
+    pub(crate) fn keeps_opened(&self, partition_key: &str, opened: Option<&Value>) -> bool {
         self.keeps(partition_key, opened).unwrap_or(false)
     }
 }

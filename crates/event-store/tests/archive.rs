@@ -291,6 +291,7 @@ async fn archive_read_and_verify() {
     assert!(with_late[at - 1].0.starts_with(&format!("{:013}", T0 + 360_000)), "right after event 10, its slot's");
     assert!(with_late.windows(2).all(|w| w[0].0 < w[1].0), "in sort-key order");
     assert_eq!(with_late.iter().filter(|(key, _)| !key.starts_with(&format!("{late_at:013}"))).count(), all);
+    Box::pin(the_log_in_pages(&env, &bucket, &with_late)).await;
 
     // pyarrow reads the objects as a hive-partitioned dataset, with the declared columns.
     let dir = std::env::temp_dir().join(format!("event-store-archive-{}", std::process::id()));
@@ -532,6 +533,52 @@ async fn a_late_event_after_the_copy_is_marked_when_its_hour_moves(
     assert_eq!(n(log(env, Some(bucket.clone()), hour, hour + 3_600_000).await), [8000, 8001], "both tiers, once each");
     let verified = audit::verify(&env.dynamo, table, bucket, T0, hour + 3_600_000).await.unwrap();
     assert_eq!(verified.first_break, None);
+}
+
+/// The log as a reader over HTTP follows it (issue 50): pages of 7 from `T0`, each from the position
+/// the one before named, across the archive's boundary, a burst slot read in pages and a late slot
+/// read from both tiers: every event once, in log order, as `log` reads them. A filter selects
+/// across pages; a position that is none of ours is refused.
+async fn the_log_in_pages(env: &TestEnv, bucket: &Bucket, expected: &[(String, Vec<u8>)]) {
+    use base64::Engine;
+    use event_store::log::page::{LogEvent, LogReader};
+    let tiers = Tiers::new(Some(bucket.clone()));
+    let table = env.names.event_table.as_str();
+    let reader = LogReader { dynamo: &env.dynamo, table, time_unit_ms: 1000, dedupe_window_ms: 0, tiers: &tiers };
+    let as_sent = |e: &LogEvent| match (&e.data, &e.data_base64) {
+        (Some(data), _) => (e.event_ms, data.clone()),
+        (None, Some(b64)) => (e.event_ms, json!(b64)),
+        (None, None) => panic!("an event without its data: {e:?}"),
+    };
+    let (mut read, mut from, mut pages) = (Vec::new(), event_store::time::format_ms(T0), 0);
+    loop {
+        let page = reader.page(&from, 7, &[]).await.unwrap();
+        pages += 1;
+        assert!(page.events.len() <= 7 && page.sealed_to_ms > T0 + 3 * 3_600_000, "{page:?}");
+        read.extend(page.events.iter().map(as_sent));
+        if page.at_end {
+            assert!(reader.page(&page.next, 7, &[]).await.unwrap().events.is_empty(), "nothing after the end");
+            break;
+        }
+        assert_eq!(page.events.last().map(|e| &e.position), Some(&page.next), "a full page ends after its last event");
+        from = page.next;
+    }
+    let sent: Vec<(i64, Value)> = expected
+        .iter()
+        .map(|(key, bytes)| {
+            let data = serde_json::from_slice::<Value>(bytes)
+                .unwrap_or_else(|_| json!(base64::engine::general_purpose::STANDARD.encode(bytes)));
+            (key[..13].parse().unwrap(), data)
+        })
+        .collect();
+    assert_eq!(read, sent, "every event once, in log order, across tiers and pages");
+    assert_eq!(pages, expected.len().div_ceil(7) + usize::from(expected.len() % 7 == 0));
+    let late = event_store::log::Filter { field: "/n".into(), equals: json!(5000) };
+    let filtered = reader.page(&T0.to_string(), 7, &[late]).await.unwrap();
+    assert_eq!(filtered.events.iter().map(as_sent).map(|e| e.1).collect::<Vec<_>>(), [json!({"n": 5000})]);
+    assert!(filtered.at_end, "a filter reads on to the end of a page's worth of matches");
+    let refused = reader.page("not-a-position", 7, &[]).await.unwrap_err();
+    assert!(matches!(refused, event_store::Error::BadInput(_)), "{refused}");
 }
 
 /// The stack upgraded from the version that kept every bookkeeping item in slot -2: readers read

@@ -10,10 +10,12 @@
 //!   objects in S3, kept as fetched by [`objects`]), opened when sealed for a subject;
 //! - [`copies`]: the second copy of an accepted event, dropped as it is read;
 //! - [`record`]: the record a reader hands on (the played and delivered
-//!   record's shape) and how records become Kinesis records.
+//!   record's shape) and how records become Kinesis records;
+//! - [`page`]: a page of the log from a position, for readers over HTTP.
 
 pub mod copies;
 pub(crate) mod objects;
+pub mod page;
 pub mod reader;
 pub mod record;
 pub mod tiers;

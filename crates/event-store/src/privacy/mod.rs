@@ -71,7 +71,7 @@ impl Subjects {
     }
 
     /// The entity stream `stream`, a subject, as the log keeps it beside its name.
-    pub fn stream_hash(&self, stream: &str) -> String {
+    pub(crate) fn stream_hash(&self, stream: &str) -> String {
         crypto::stream_subject_hash(&self.hash_key, stream)
     }
 }
