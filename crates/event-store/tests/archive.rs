@@ -572,7 +572,7 @@ async fn the_log_in_pages(env: &TestEnv, bucket: &Bucket, expected: &[(String, V
         })
         .collect();
     assert_eq!(read, sent, "every event once, in log order, across tiers and pages");
-    assert_eq!(pages, expected.len().div_ceil(7) + usize::from(expected.len() % 7 == 0));
+    assert_eq!(pages, expected.len().div_ceil(7) + usize::from(expected.len().is_multiple_of(7)));
     let late = event_store::log::Filter { field: "/n".into(), equals: json!(5000) };
     let filtered = reader.page(&T0.to_string(), 7, &[late]).await.unwrap();
     assert_eq!(filtered.events.iter().map(as_sent).map(|e| e.1).collect::<Vec<_>>(), [json!({"n": 5000})]);
