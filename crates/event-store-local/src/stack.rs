@@ -20,6 +20,8 @@ use event_store::entity::http::StreamsApi;
 use event_store::entity::relay::Relay;
 use event_store::entity::EntityStore;
 use event_store::load::Load;
+use event_store::log::http::LogApi;
+use event_store::log::tiers::Tiers;
 use event_store::privacy::keys::Keys;
 use event_store::privacy::Subjects;
 use event_store::pump::Pump;
@@ -157,7 +159,7 @@ impl Stack {
         Ok(tasks)
     }
 
-    /// The HTTP server: `load` (the pixel, `/events`), the `/streams` API, and the status glance.
+    /// The HTTP server: `load` (the pixel, `/events`), the `/streams` API (with `/views` and `/log`), and the status glance.
     async fn spawn_http_server(&self, tasks: &mut JoinSet<()>, shutdown: &watch::Receiver<bool>) -> Result<()> {
         let names = &self.settings.names;
         let address = ("127.0.0.1", self.settings.port);
@@ -176,7 +178,13 @@ impl Stack {
                     .with_archive(Some(self.archive.clone()), config.inline_max_bytes)
                     .with_subjects(subjects)
             })
-            .with_views(Some(ViewsApi::new(self.dynamo.clone(), names.view_table.clone()))),
+            .with_views(Some(ViewsApi::new(self.dynamo.clone(), names.view_table.clone())))
+            .with_log(Some(LogApi {
+                dynamo: self.dynamo.clone(),
+                event_table: names.event_table.clone(),
+                dedupe_window_ms: StreamsConfig::from_env()?.dedupe_window_ms,
+                tiers: Tiers::new(Some(self.archive.clone())).with_keys(Some(self.keys.clone())),
+            })),
             glance: crate::glance::Glance {
                 clients: event_store::status::Clients {
                     dynamo: self.dynamo.clone(),

@@ -850,6 +850,72 @@ async fn the_sample_events_append_and_relay() {
         "the tip's change is not an event"
     );
     assert_eq!(relayed[1].1["body"]["data"], json!({"title": "buy oat milk"}));
+
+    // Into the log (pump and scan), then read over HTTP with the same API and auth (issue 50): `GET /log`
+    // a page of one event at a time, each from the position the one before named.
+    pump_all(&env).await;
+    // A second on, their slot is complete and the scan seals it.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let scan = || ScanConfig { segments: 1, watermark_lag_ms: 0, ..runs::scan_config(&env.names) };
+    for pass in
+        run_scan(env.dynamo.clone(), env.kinesis.clone(), scan(), json!({}), deadline_in(Duration::from_secs(60))).await
+    {
+        pass.unwrap();
+    }
+    let tiers = event_store::log::tiers::Tiers::new(None);
+    let log = event_store::log::http::LogApi {
+        dynamo: env.dynamo.clone(),
+        event_table: env.names.event_table.clone(),
+        dedupe_window_ms: 30_000,
+        tiers,
+    };
+    let api = api.with_log(Some(log));
+    env.counter.reset();
+    let (mut ids, mut from) = (Vec::new(), "0".to_owned());
+    let end = loop {
+        let page = call(&api, request("GET", &format!("/log?from={from}&limit=1"), &[], None)).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        ids.extend(
+            page.body["events"].as_array().unwrap().iter().map(|e| e["data"]["id"].as_str().unwrap().to_owned()),
+        );
+        from = page.body["next"].as_str().unwrap().to_owned();
+        if page.body["at_end"] == json!(true) {
+            break from;
+        }
+    };
+    assert_eq!(ids, ["todo-e2e/0", "todo-e2e/1"], "each event once, in log order");
+    common::assert_allowed_by_the_template(&env.counter, "StreamsFunction");
+    for bad in ["/log?from=yesterday", "/log?limit=1001", "/log?wait=21", "/log?filter=nopointer"] {
+        assert_eq!(call(&api, request("GET", bad, &[], None)).await.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    // At the end, a request waits (a long poll) and answers the next sealed event once the scan seals it.
+    let started = std::time::Instant::now();
+    let waited = call(&api, request("GET", &format!("/log?from={end}&wait=1"), &[], None)).await;
+    assert!(waited.body["events"].as_array().unwrap().is_empty() && started.elapsed() >= Duration::from_millis(900));
+    let waiting = call(&api, request("GET", &format!("/log?from={end}&wait=20"), &[], None));
+    let arrives = async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let hit = json!({"id": "hit-1", "path": "/track.gif"}).to_string().into_bytes();
+        let event = common::kinesis_event_on(common::TEST_ARN, "shardId-000000000000", &[("v".into(), hit, now_ms())]);
+        assert!(common::pump(&env).handle(event).await.batch_item_failures.is_empty());
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        for pass in
+            run_scan(env.dynamo.clone(), env.kinesis.clone(), scan(), json!({}), deadline_in(Duration::from_secs(60)))
+                .await
+        {
+            pass.unwrap();
+        }
+        std::time::Instant::now()
+    };
+    let (answered, sealed_at) = tokio::join!(waiting, arrives);
+    let events = answered.body["events"].as_array().unwrap().clone();
+    assert_eq!(
+        events.iter().map(|e| e["data"]["id"].clone()).collect::<Vec<_>>(),
+        [json!("hit-1")],
+        "{}",
+        answered.body
+    );
+    println!("GET /log answered {:?} after the scan sealed the event", std::time::Instant::now() - sealed_at);
 }
 
 /// The test aggregate for the cqrs-es adapter: a bank account, as in the

@@ -675,8 +675,16 @@ fn the_stores_bucket_is_private_encrypted_versioned_and_archiving_only_with_hot_
         assert!(format!("{:?}", env["ARCHIVE_BUCKET"]).contains("ArchiveBucket"), "{writer}");
         assert!(format!("{:?}", env["INLINE_MAX_BYTES"]).contains("InlineMaxBytes"), "{writer}");
         let grants = format!("{:?}", resources[writer]["Properties"]["Policies"]);
-        assert!(grants.contains("${ArchiveBucket.Arn}/payloads/*") && !grants.contains("events/"), "{writer}");
+        assert!(grants.contains("${ArchiveBucket.Arn}/payloads/*"), "{writer}");
     }
+    assert!(!format!("{:?}", resources["LoadFunction"]["Properties"]["Policies"]).contains("events/"));
+    // The streams function serves GET /log: it reads the archive's objects and anchors, and writes neither.
+    let statements = resources["StreamsFunction"]["Properties"]["Policies"][0]["Statement"].as_sequence().unwrap();
+    let of_archive: Vec<&Value> =
+        statements.iter().filter(|s| format!("{:?}", s["Resource"]).contains("/events/*")).collect();
+    assert_eq!(of_archive.len(), 1, "{of_archive:?}");
+    assert_eq!(strings(&of_archive[0]["Action"]), ["s3:GetObject"]);
+    assert!(format!("{:?}", of_archive[0]["Resource"]).contains("${ArchiveBucket.Arn}/manifest/*"));
     // The bucket's name fits S3's 63 characters for the longest Service and Stage, in the longest region.
     let longest = |p: &str| template["Parameters"][p]["MaxLength"].as_u64().unwrap() as usize;
     let name = format!(

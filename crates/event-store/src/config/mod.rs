@@ -416,6 +416,10 @@ pub struct StreamsConfig {
     pub subjects: Option<SubjectsConfig>,
     /// The projections' views (`VIEW_TABLE`), served at `/views`.
     pub view_table: Option<String>,
+    /// The event table (`DYNAMO_EVENT_TABLE`): the complete log, served at `/log`.
+    pub event_table: Option<String>,
+    /// Copies of an event within this window are one (`DEDUPE_WINDOW_MS`, [`crate::log::copies`]).
+    pub dedupe_window_ms: u64,
 }
 
 impl StreamsConfig {
@@ -431,6 +435,8 @@ impl StreamsConfig {
             "STREAM_SUBJECTS",
             "KEY_CACHE_SECONDS",
             "VIEW_TABLE",
+            "DYNAMO_EVENT_TABLE",
+            "DEDUPE_WINDOW_MS",
         ],
     };
 
@@ -442,6 +448,8 @@ impl StreamsConfig {
             archive_bucket: env.raw("ARCHIVE_BUCKET"),
             subjects: SubjectsConfig::from_env(&env, Role::Streams)?,
             view_table: env.optional("VIEW_TABLE")?,
+            event_table: env.optional("DYNAMO_EVENT_TABLE")?,
+            dedupe_window_ms: env.var_or("DEDUPE_WINDOW_MS", DEFAULT_DEDUPE_WINDOW_MS)?,
         })
     }
 }

@@ -13,6 +13,7 @@
 //! | `GET /streams/{name}/metadata` (its own version as the ETag) | 200, 404 |
 //! | `PUT /streams/{name}/metadata` (`If-Match: "v"` of the metadata, or none) | 200, 400, 404, 409, 413 |
 //! | `GET /views/{projection}[/{key}]` ([`ViewsApi`]) | 200, 404, 503 |
+//! | `GET /log?from=&limit=&wait=&filter=` ([`LogApi`]) | 200, 400, 503 |
 
 use lambda_http::http::{header, HeaderMap, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
@@ -21,6 +22,7 @@ use tracing::{error, info};
 
 use super::{Direction, EntityError, EntityStore, Expected, Invalid};
 use crate::http::{body_text, check_json_content_type, json_response, Reject};
+use crate::log::http::LogApi;
 use crate::views::http::ViewsApi;
 
 /// Events one `GET` returns unless `limit` says otherwise.
@@ -161,15 +163,16 @@ fn rejected(r: Reject) -> Response<Body> {
     json_response(r.status, &json!({ "error": r.message }))
 }
 
-/// The `/streams` API of one entity table, and the projections' `/views` beside it.
+/// The `/streams` API of one entity table, and the projections' `/views` and the log's `/log` beside it.
 pub struct StreamsApi {
     store: EntityStore,
     views: Option<ViewsApi>,
+    log: Option<LogApi>,
 }
 
 impl StreamsApi {
     pub fn new(store: EntityStore) -> Self {
-        Self { store, views: None }
+        Self { store, views: None, log: None }
     }
 
     /// Serves `/views` too (`VIEW_TABLE`): read models, under the same auth as the streams they come from.
@@ -177,14 +180,25 @@ impl StreamsApi {
         Self { views, ..self }
     }
 
+    /// Serves `/log` too (`DYNAMO_EVENT_TABLE`): the complete log, a page at a time, under the same auth.
+    pub fn with_log(self, log: Option<LogApi>) -> Self {
+        Self { log, ..self }
+    }
+
     /// True when `path` is one of this API's (the local server sends those here).
     pub fn serves(path: &str) -> bool {
-        route(path).is_some() || ViewsApi::serves(path)
+        route(path).is_some() || ViewsApi::serves(path) || crate::log::http::serves(path)
     }
 
     /// Answers one request. Never fails: every outcome is a response.
     pub async fn handle(&self, req: Request) -> Response<Body> {
         let path = req.uri().path().to_owned();
+        if crate::log::http::serves(&path) && route(&path).is_none() {
+            return match &self.log {
+                Some(log) => log.handle(&req).await,
+                None => rejected(reject(StatusCode::NOT_FOUND, "this stack serves no log (DYNAMO_EVENT_TABLE)")),
+            };
+        }
         if views_first(&path) {
             return match &self.views {
                 Some(views) => views.handle(&req).await,

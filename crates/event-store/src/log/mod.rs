@@ -11,9 +11,11 @@
 //! - [`copies`]: the second copy of an accepted event, dropped as it is read;
 //! - [`record`]: the record a reader hands on (the played and delivered
 //!   record's shape) and how records become Kinesis records;
-//! - [`page`]: a page of the log from a position, for readers over HTTP.
+//! - [`page`]: a page of the log from a position, for readers over HTTP;
+//!   [`http`]: `GET /log`, which serves it.
 
 pub mod copies;
+pub mod http;
 pub(crate) mod objects;
 pub mod page;
 pub mod reader;

@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::reader::Reader;
 use super::tiers::Tiers;
 use super::{Checkpoint, Filter, PlayedEvent, Window};
-use crate::bookkeeping::slot_index::read_index;
+use crate::bookkeeping::slot_index::{first_slot, read_index};
 use crate::bookkeeping::watermark;
 use crate::error::{Error, Result};
 use crate::slices::KeyRange;
@@ -32,6 +32,8 @@ pub const MAX_LIMIT: usize = 1_000;
 /// A page ends once its events' bytes pass this: its JSON stays under
 /// Lambda's 6 MB answer (an event is at most 1 MiB, base64 adds a third).
 pub const MAX_PAGE_BYTES: usize = 3 * 1024 * 1024;
+/// A page reads the slot index this much of the log at a time.
+const INDEX_SPAN_MS: i64 = 3_600_000;
 /// The form of a position; another one is refused, not misread.
 const POSITION_VERSION: &str = "p1";
 
@@ -94,11 +96,9 @@ impl LogReader<'_> {
         if start.slot >= sealed {
             return Ok(page);
         }
-        // One index read for the page's slots and the part of the log just before it.
+        // The ids just before the position: a copy of one of them is not handed out again.
         let lookback = start.lookback(0, self.dedupe_window_ms);
-        let (mut slots, _) = read_index(dynamo, table, slot_of(lookback.from_ms, unit), sealed).await?;
-        let behind: Vec<_> = slots.iter().copied().filter(|s| s.slot <= start.slot).collect();
-        slots.retain(|s| s.slot >= start.slot);
+        let (behind, _) = read_index(dynamo, table, slot_of(lookback.from_ms, unit), start.slot + 1).await?;
         let window = Window { start: 0, end: sealed };
         let reader = Reader {
             dynamo,
@@ -111,36 +111,45 @@ impl LogReader<'_> {
             tiers: self.tiers,
         };
         let (mut recent, _) = reader.recent_ids(&behind, &lookback).await?;
-        let (mut last, mut bytes, mut full) = (None, 0usize, false);
-        reader
-            .each_event(slots, start, &mut recent, |event, json, data| {
-                let position = position_text(&Checkpoint {
-                    slot: event.slot,
-                    after: Some(event.sort_key.clone()),
-                    ..Checkpoint::default()
-                });
-                if filters.iter().all(|f| f.matches(json.as_ref())) {
-                    bytes += data.len();
-                    let played = PlayedEvent::new(event, json, data, 0);
-                    page.events.push(LogEvent {
-                        position: position.clone(),
-                        event_time: played.event_time,
-                        event_ms: played.event_ms,
-                        event_id: played.event_id,
-                        partition_key: played.partition_key,
-                        data: played.data,
-                        data_base64: played.data_base64,
+        let (mut last, mut bytes, mut full, mut at) = (None, 0usize, false, start);
+        // The index an hour at a time from the first slot with events: a page reads what it needs of
+        // a long log, and jumps a quiet stretch with one query.
+        while !full {
+            let Some(first) = first_slot(dynamo, table, at.slot, sealed).await? else { break };
+            let span_end = first.slot.saturating_add(INDEX_SPAN_MS).min(sealed);
+            let (slots, _) = read_index(dynamo, table, at.slot, span_end).await?;
+            let from = if first.slot > at.slot { Checkpoint::at_slot(first.slot) } else { at };
+            reader
+                .each_event(slots, from, &mut recent, |event, json, data| {
+                    let position = position_text(&Checkpoint {
+                        slot: event.slot,
+                        after: Some(event.sort_key.clone()),
+                        ..Checkpoint::default()
                     });
-                }
-                last = Some(position);
-                full = page.events.len() >= limit || bytes >= MAX_PAGE_BYTES;
-                if full {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            })
-            .await?;
+                    if filters.iter().all(|f| f.matches(json.as_ref())) {
+                        bytes += data.len();
+                        let played = PlayedEvent::new(event, json, data, 0);
+                        page.events.push(LogEvent {
+                            position: position.clone(),
+                            event_time: played.event_time,
+                            event_ms: played.event_ms,
+                            event_id: played.event_id,
+                            partition_key: played.partition_key,
+                            data: played.data,
+                            data_base64: played.data_base64,
+                        });
+                    }
+                    last = Some(position);
+                    full = page.events.len() >= limit || bytes >= MAX_PAGE_BYTES;
+                    if full {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                })
+                .await?;
+            at = Checkpoint::at_slot(span_end);
+        }
         match last.filter(|_| full) {
             Some(after_last) => (page.next, page.at_end) = (after_last, false),
             None => page.next = position_text(&Checkpoint::at_slot(sealed)),
