@@ -1,7 +1,7 @@
 /**
  * The event store's tracker: one script tag, no dependency, no cookie.
  *
- *   <script defer src="https://API/et-1.0.0.js" data-consent="pending" data-dnt="respect"></script>
+ *   <script defer src="https://API/et-1.0.1.js" data-consent="pending" data-dnt="respect"></script>
  *
  * It sends page views (also on single-page-app navigation) and `es.track(type, props)` to the
  * stack's `POST /events`, each event with its own `EventId` (the store keeps a retry of it as one
@@ -169,7 +169,9 @@ function start() {
    * request must outlive it, and goes even while another is in flight (the store keeps one copy).
    */
   async function send(leaving = false) {
-    if ((sending && !leaving) || !consented || optedOut || Date.now() < notBefore()) return;
+    if ((sending && !leaving) || !consented || optedOut) return;
+    // Too soon (a timer set before a backoff was): again once the store may be asked.
+    if (Date.now() < notBefore()) return schedule(0);
     const batch = stored().slice(0, leaving ? BATCH : size);
     if (!batch.length) return;
     sending = true;

@@ -43,8 +43,8 @@ pub use crate::config::MAX_EVENTS_PER_POST;
 
 /// The tracker script (clients/web, built by `make web`), served at its versioned name: a new
 /// version is a new path, so a browser or a CDN may keep each one for a year.
-pub const TRACKER_SCRIPT: &str = "et-1.0.0.js";
-const TRACKER: &str = include_str!("../../../clients/web/dist/et-1.0.0.js");
+pub const TRACKER_SCRIPT: &str = "et-1.0.1.js";
+const TRACKER: &str = include_str!("../../../clients/web/dist/et-1.0.1.js");
 
 enum Route {
     Pixel,
@@ -419,7 +419,7 @@ mod tests {
         assert!(matches!(route("/events"), Some(Route::Events)));
         assert!(route("/").is_none() && route("/track.png").is_none());
         assert!(route("/streams/events").is_none() && route("/streams/track.gif").is_none(), "the entity namespace");
-        assert!(matches!(route("/prod/et-1.0.0.js"), Some(Route::Script)) && route("/et-0.9.0.js").is_none());
+        assert!(matches!(route("/prod/et-1.0.1.js"), Some(Route::Script)) && route("/et-1.0.0.js").is_none());
     }
 
     #[test]

@@ -545,6 +545,7 @@ async fn the_log_in_pages(env: &TestEnv, bucket: &Bucket, expected: &[(String, V
     let tiers = Tiers::new(Some(bucket.clone()));
     let table = env.names.event_table.as_str();
     let reader = LogReader { dynamo: &env.dynamo, table, time_unit_ms: 1000, dedupe_window_ms: 0, tiers: &tiers };
+    let far = || Instant::now() + Duration::from_secs(60);
     let as_sent = |e: &LogEvent| match (&e.data, &e.data_base64) {
         (Some(data), _) => (e.event_ms, data.clone()),
         (None, Some(b64)) => (e.event_ms, json!(b64)),
@@ -552,12 +553,12 @@ async fn the_log_in_pages(env: &TestEnv, bucket: &Bucket, expected: &[(String, V
     };
     let (mut read, mut from, mut pages) = (Vec::new(), event_store::time::format_ms(T0), 0);
     loop {
-        let page = reader.page(&from, 7, &[]).await.unwrap();
+        let page = reader.page(&from, 7, &[], far()).await.unwrap();
         pages += 1;
         assert!(page.events.len() <= 7 && page.sealed_to_ms > T0 + 3 * 3_600_000, "{page:?}");
         read.extend(page.events.iter().map(as_sent));
         if page.at_end {
-            assert!(reader.page(&page.next, 7, &[]).await.unwrap().events.is_empty(), "nothing after the end");
+            assert!(reader.page(&page.next, 7, &[], far()).await.unwrap().events.is_empty(), "nothing after the end");
             break;
         }
         assert_eq!(page.events.last().map(|e| &e.position), Some(&page.next), "a full page ends after its last event");
@@ -574,10 +575,23 @@ async fn the_log_in_pages(env: &TestEnv, bucket: &Bucket, expected: &[(String, V
     assert_eq!(read, sent, "every event once, in log order, across tiers and pages");
     assert_eq!(pages, expected.len().div_ceil(7) + usize::from(expected.len().is_multiple_of(7)));
     let late = event_store::log::Filter { field: "/n".into(), equals: json!(5000) };
-    let filtered = reader.page(&T0.to_string(), 7, &[late]).await.unwrap();
+    let filtered = reader.page(&T0.to_string(), 7, &[late], far()).await.unwrap();
     assert_eq!(filtered.events.iter().map(as_sent).map(|e| e.1).collect::<Vec<_>>(), [json!({"n": 5000})]);
     assert!(filtered.at_end, "a filter reads on to the end of a page's worth of matches");
-    let refused = reader.page("not-a-position", 7, &[]).await.unwrap_err();
+    // A page out of time stops where it is, not at the end: the next one goes on from there. With no
+    // time at all, each page reads one event, and the pages still read each event once, in order.
+    let (mut stepped, mut from) = (Vec::new(), T0.to_string());
+    for _ in 0..20 {
+        let page = reader.page(&from, 7, &[], Instant::now()).await.unwrap();
+        assert!(!page.at_end && page.events.len() == 1, "{page:?}");
+        stepped.extend(page.events.iter().map(as_sent));
+        from = page.next;
+    }
+    assert_eq!(stepped, sent[..20]);
+    let unmatched = event_store::log::Filter { field: "/n".into(), equals: json!(-7) };
+    let nothing = reader.page(&T0.to_string(), 7, &[unmatched], Instant::now()).await.unwrap();
+    assert!(nothing.events.is_empty() && !nothing.at_end, "a filter matching nothing stops in time: {nothing:?}");
+    let refused = reader.page("not-a-position", 7, &[], far()).await.unwrap_err();
     assert!(matches!(refused, event_store::Error::BadInput(_)), "{refused}");
 }
 

@@ -36,6 +36,8 @@ use crate::http::json_response;
 pub const MAX_WAIT: Duration = Duration::from_secs(20);
 /// How often a waiting request reads the watermark.
 pub const POLL: Duration = Duration::from_millis(500);
+/// A request answers within this, whatever it reads or waits: the function's timeout is 29 s.
+const ANSWER_WITHIN: Duration = Duration::from_secs(25);
 const DEFAULT_LIMIT: usize = 100;
 
 /// The log of one event table, for readers over HTTP.
@@ -47,10 +49,11 @@ pub struct LogApi {
     pub tiers: Tiers,
 }
 
-/// `.../log`, behind any stage or base path (not a stream or a view named `log`).
+/// `.../log`, behind any stage or base path: never a path of `/streams` or
+/// `/views` (a stream, a view or a view's key named `log`).
 pub(crate) fn serves(path: &str) -> bool {
-    let mut segments = path.trim_end_matches('/').rsplit('/');
-    segments.next() == Some("log") && !matches!(segments.next(), Some("streams" | "views"))
+    let path = path.trim_end_matches('/');
+    path.rsplit('/').next() == Some("log") && !path.split('/').any(|s| s == "streams" || s == "views")
 }
 
 impl LogApi {
@@ -70,17 +73,24 @@ impl LogApi {
                 .ok_or_else(|| format!("{name} must be a whole number from 0 to {most}")),
         };
         let parsed = (
-            number("limit", DEFAULT_LIMIT as u64, MAX_LIMIT as u64),
+            number("limit", DEFAULT_LIMIT as u64, MAX_LIMIT as u64).and_then(|n| {
+                if n == 0 {
+                    Err(format!("limit must be a whole number from 1 to {MAX_LIMIT}"))
+                } else {
+                    Ok(n)
+                }
+            }),
             number("wait", 0, MAX_WAIT.as_secs()),
             params.all("filter").unwrap_or_default().iter().map(|f| f.parse::<Filter>()).collect::<Result<Vec<_>, _>>(),
         );
         let (limit, wait, filters) = match parsed {
-            (Ok(limit), Ok(wait), Ok(filters)) => (limit.max(1) as usize, Duration::from_secs(wait), filters),
+            (Ok(limit), Ok(wait), Ok(filters)) => (limit as usize, Duration::from_secs(wait), filters),
             (Err(message), _, _) | (_, Err(message), _) => return error(StatusCode::BAD_REQUEST, message),
             (_, _, Err(err)) => return error(StatusCode::BAD_REQUEST, format!("filter: {err}")),
         };
         let from = params.first("from").unwrap_or("0").to_owned();
-        match self.page(from, limit, &filters, Instant::now() + wait).await {
+        let started = Instant::now();
+        match self.page(from, limit, &filters, (started + wait, started + ANSWER_WITHIN)).await {
             Ok(page) => json_response(StatusCode::OK, &json!(page)),
             Err(Error::BadInput(message)) => error(StatusCode::BAD_REQUEST, message),
             Err(err) => {
@@ -91,13 +101,14 @@ impl LogApi {
     }
 
     /// The page from `from`; at the end of the sealed log with nothing to
-    /// answer, read again every [`POLL`] from where it ended, until `until`.
+    /// answer, read again every [`POLL`] from where it ended, until `until`;
+    /// reading no later than `answer_by`.
     async fn page(
         &self,
         mut from: String,
         limit: usize,
         filters: &[Filter],
-        until: Instant,
+        (until, answer_by): (Instant, Instant),
     ) -> crate::Result<super::page::LogPage> {
         let unit =
             settings::time_unit(&self.dynamo, &self.event_table).await?.unwrap_or(crate::config::DEFAULT_TIME_UNIT_MS);
@@ -109,7 +120,7 @@ impl LogApi {
             tiers: &self.tiers,
         };
         loop {
-            let page = reader.page(&from, limit, filters).await?;
+            let page = reader.page(&from, limit, filters, answer_by).await?;
             let left = until.saturating_duration_since(Instant::now());
             if !page.events.is_empty() || !page.at_end || left.is_zero() {
                 return Ok(page);
@@ -128,5 +139,6 @@ mod tests {
     fn the_log_is_served_behind_any_stage() {
         assert!(serves("/log") && serves("/prod/log") && serves("/log/"));
         assert!(!serves("/streams/log") && !serves("/views/log") && !serves("/logs") && !serves("/streams"));
+        assert!(!serves("/views/pages/log") && !serves("/views/p/a/log") && !serves("/streams/x/log"));
     }
 }

@@ -12,6 +12,7 @@
 //! shares (a slot's slices are one order of keys). Clients treat it as opaque.
 
 use std::ops::ControlFlow;
+use std::time::Instant;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -19,11 +20,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::reader::Reader;
+use super::record::TooLarge;
 use super::tiers::Tiers;
 use super::{Checkpoint, Filter, PlayedEvent, Window};
 use crate::bookkeeping::slot_index::{first_slot, read_index};
 use crate::bookkeeping::watermark;
 use crate::error::{Error, Result};
+use crate::event_item::EventItem;
 use crate::slices::KeyRange;
 use crate::time::{format_ms, slot_of};
 
@@ -53,6 +56,11 @@ pub struct LogEvent {
     /// ...else its bytes, base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_base64: Option<String>,
+    /// Instead of the data: an event larger than a page carries (an
+    /// offloaded payload of up to 4 MiB), and where it lies; `playback` or
+    /// `tail` hand it out whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub too_large: Option<TooLarge>,
 }
 
 /// A page of the log.
@@ -80,22 +88,27 @@ pub struct LogReader<'a> {
 
 impl LogReader<'_> {
     /// The page from `from` (a position a page named, a time in RFC 3339, or
-    /// ms since the epoch): at most `limit` events that match `filters`.
-    pub async fn page(&self, from: &str, limit: usize, filters: &[Filter]) -> Result<LogPage> {
+    /// ms since the epoch): at most `limit` events that match `filters`,
+    /// read until `until` at the latest (a filter that matches little over a
+    /// long log: the page ends where the reading stopped, not at the end).
+    pub async fn page(&self, from: &str, limit: usize, filters: &[Filter], until: Instant) -> Result<LogPage> {
         let (dynamo, table, unit) = (self.dynamo, self.table, self.time_unit_ms);
         let start = parse_position(from, unit)?;
         let limit = limit.clamp(1, MAX_LIMIT);
         let sealed = watermark::read(dynamo, table).await?.complete_end(unit).unwrap_or(0);
         let mut page = LogPage {
             events: Vec::new(),
-            next: position_text(&start),
+            next: position_text(&Checkpoint::at_slot(sealed.max(start.slot))),
             sealed_to: format_ms(sealed),
             sealed_to_ms: sealed,
             at_end: true,
         };
         if start.slot >= sealed {
+            page.next = position_text(&start);
             return Ok(page);
         }
+        // Nothing sealed after the position (a follower at the end): one query, no lookback.
+        let Some(mut first) = first_slot(dynamo, table, start.slot, sealed).await? else { return Ok(page) };
         // The ids just before the position: a copy of one of them is not handed out again.
         let lookback = start.lookback(0, self.dedupe_window_ms);
         let (behind, _) = read_index(dynamo, table, slot_of(lookback.from_ms, unit), start.slot + 1).await?;
@@ -111,11 +124,11 @@ impl LogReader<'_> {
             tiers: self.tiers,
         };
         let (mut recent, _) = reader.recent_ids(&behind, &lookback).await?;
-        let (mut last, mut bytes, mut full, mut at) = (None, 0usize, false, start);
+        // Where the next page starts if this one stops: after the last event read, or a span's end.
+        let (mut resume, mut bytes, mut stopped, mut at) = (None, 0usize, false, start);
         // The index an hour at a time from the first slot with events: a page reads what it needs of
         // a long log, and jumps a quiet stretch with one query.
-        while !full {
-            let Some(first) = first_slot(dynamo, table, at.slot, sealed).await? else { break };
+        loop {
             let span_end = first.slot.saturating_add(INDEX_SPAN_MS).min(sealed);
             let (slots, _) = read_index(dynamo, table, at.slot, span_end).await?;
             let from = if first.slot > at.slot { Checkpoint::at_slot(first.slot) } else { at };
@@ -127,34 +140,63 @@ impl LogReader<'_> {
                         ..Checkpoint::default()
                     });
                     if filters.iter().all(|f| f.matches(json.as_ref())) {
-                        bytes += data.len();
-                        let played = PlayedEvent::new(event, json, data, 0);
-                        page.events.push(LogEvent {
-                            position: position.clone(),
-                            event_time: played.event_time,
-                            event_ms: played.event_ms,
-                            event_id: played.event_id,
-                            partition_key: played.partition_key,
-                            data: played.data,
-                            data_base64: played.data_base64,
-                        });
+                        // As answered: base64 (a third more) or JSON text (escapes), and the fields.
+                        let size = if json.is_some() { data.len() * 5 / 4 } else { data.len() * 4 / 3 } + 512;
+                        if !page.events.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                            stopped = true;
+                            return ControlFlow::Break(());
+                        }
+                        bytes += size;
+                        page.events.push(LogEvent::of(event, json, data, position.clone(), size > MAX_PAGE_BYTES));
                     }
-                    last = Some(position);
-                    full = page.events.len() >= limit || bytes >= MAX_PAGE_BYTES;
-                    if full {
+                    resume = Some(position);
+                    stopped = page.events.len() >= limit || bytes >= MAX_PAGE_BYTES || Instant::now() >= until;
+                    if stopped {
                         ControlFlow::Break(())
                     } else {
                         ControlFlow::Continue(())
                     }
                 })
                 .await?;
+            if stopped {
+                break;
+            }
             at = Checkpoint::at_slot(span_end);
+            resume = Some(position_text(&at));
+            match first_slot(dynamo, table, at.slot, sealed).await? {
+                Some(next) if Instant::now() < until => first = next,
+                Some(_) => {
+                    stopped = true;
+                    break;
+                }
+                None => break,
+            }
         }
-        match last.filter(|_| full) {
-            Some(after_last) => (page.next, page.at_end) = (after_last, false),
-            None => page.next = position_text(&Checkpoint::at_slot(sealed)),
+        if let Some(resume) = resume.filter(|_| stopped) {
+            (page.next, page.at_end) = (resume, false);
         }
         Ok(page)
+    }
+}
+
+impl LogEvent {
+    /// `event` as a page answers it, `position` the one after it; `too_large`:
+    /// larger than a page may carry, its data left out and its place named.
+    fn of(event: &EventItem, json: Option<Value>, data: &[u8], position: String, too_large: bool) -> Self {
+        let played = match too_large {
+            false => PlayedEvent::new(event, json, data, 0),
+            true => PlayedEvent::too_large(event, data.len(), None, 0),
+        };
+        LogEvent {
+            position,
+            event_time: played.event_time,
+            event_ms: played.event_ms,
+            event_id: played.event_id,
+            partition_key: played.partition_key,
+            data: played.data,
+            data_base64: played.data_base64,
+            too_large: played.too_large,
+        }
     }
 }
 
@@ -166,11 +208,13 @@ fn position_text(position: &Checkpoint) -> String {
 /// Where a page starts, as a client names it: a position a page named, a
 /// time (RFC 3339), or ms since the epoch (the first event that arrived then or later).
 fn parse_position(text: &str, unit: u64) -> Result<Checkpoint> {
+    // Positions name 13-digit times: later than that is no time of the log's.
+    let at = |ms: i64| Checkpoint::starting_at(ms.clamp(0, 9_999_999_999_999 - unit as i64), unit);
     if let Ok(ms) = text.parse::<i64>() {
-        return Ok(Checkpoint::starting_at(ms.max(0), unit));
+        return Ok(at(ms));
     }
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(Checkpoint::starting_at(time.timestamp_millis().max(0), unit));
+        return Ok(at(time.timestamp_millis()));
     }
     let decoded = URL_SAFE_NO_PAD.decode(text).ok().and_then(|bytes| String::from_utf8(bytes).ok());
     let parts = decoded.as_deref().and_then(|d| d.strip_prefix(POSITION_VERSION)?.strip_prefix('.')?.split_once('.'));

@@ -129,7 +129,11 @@ impl Reader<'_> {
                 while let Some((event, readable)) = opened.next().await {
                     let bytes = match readable {
                         Ok(readable) => readable.bytes,
-                        Err(err) if err.is_unreadable() => continue,
+                        Err(err) if err.is_unreadable() => {
+                            // Not handed out (no checkpoint to park it under), and not silently.
+                            tracing::warn!(slot = event.slot, sort_key = event.sort_key, error = %err, "unreadable event skipped");
+                            continue;
+                        }
                         Err(err) => return Err(err),
                     };
                     let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
