@@ -195,14 +195,14 @@ def test_functions_run_bootstrap_on_arm64_with_their_own_environment(stack, aws)
     bucket = env["archive"]["ARCHIVE_BUCKET"]
     assert bucket.startswith(f"{PREFIX}-archive-") and str(env["archive"]["HOT_RETENTION_DAYS"]) == "30"
     assert env["playback"]["ARCHIVE_BUCKET"] == env["subscriptions"]["ARCHIVE_BUCKET"] == bucket, "readers read the archive"
-    # Large payloads: load and streams offload to the same bucket.
+    # Large payloads: load and streams offload to the same bucket; streams reads the log (GET /log).
     assert env["load"]["ARCHIVE_BUCKET"] == bucket and str(env["load"]["INLINE_MAX_BYTES"]) == "65536"
     streams = {k: str(v) for k, v in env["streams"].items()}
     assert streams == {
         "DYNAMO_ENTITY_TABLE": f"{PREFIX}-entity-table", "ARCHIVE_BUCKET": bucket, "INLINE_MAX_BYTES": "65536",
         "KEY_TABLE": f"{PREFIX}-key-table", "KEY_FUNCTION": f"{PREFIX}-keys",
         "SUBJECT_HASH_KEY": PARAMETERS["SubjectHashKey"], "STREAM_SUBJECTS": "all", "KEY_CACHE_SECONDS": "60",
-        "VIEW_TABLE": f"{PREFIX}-view-table"}
+        "VIEW_TABLE": f"{PREFIX}-view-table", "DYNAMO_EVENT_TABLE": f"{PREFIX}-event-table"}
     # Projections' views: kept by the subscriptions function, read on /views, forgotten by privacy.
     assert env["subscriptions"]["VIEW_TABLE"] == env["privacy"]["VIEW_TABLE"] == f"{PREFIX}-view-table"
     # Writers ask the keys function for new keys; only it makes them, under the stack's own KMS key.
