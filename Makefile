@@ -118,7 +118,7 @@ test: lint tools-moto tools tools-node tools-chromium tools-container tools-fake
 	@echo "== the integration suite again, against dynalite + kinesalite (strict about AWS limits)"
 	@$(call suite,strict emulators,EMULATOR=strict $(TEST_CARGO) test --locked --no-fail-fast -p event-store --test load --test pump --test scan --test playback,target/test.log)
 	@echo "== pytest: template translated, linted, deployed into moto's CloudFormation, functions under cargo lambda watch"
-	@$(call suite,pytest,PATH=$(BIN):$$PATH $(BIN)/pytest -q tests,target/pytest.log)
+	@$(call suite,pytest,PATH=$(BIN):$$PATH $(BIN)/pytest -q tests clients/python/tests,target/pytest.log)
 	@$(call count,,target/test.log target/pytest.log)
 	@$(call count,unit tests again at $(FUTURE): ,target/future.log)
 	@if [ -s target/failed-suites ]; then echo "FAILED suites: $$(paste -sd, target/failed-suites)"; \

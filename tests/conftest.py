@@ -13,6 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
+# The Python client (clients/python), as a user's `pip install` would make it importable.
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+# The workspace's binaries: `cargo test` builds them in target/debug (EVENT_STORE_BINARIES: elsewhere).
+BINARIES = Path(os.environ.get("EVENT_STORE_BINARIES", ROOT / "target" / "debug"))
 
 
 def free_port() -> int:

@@ -10,8 +10,12 @@ Docker and creates no API Gateway):
   function: every request's SigV4 signature is checked with botocore's
   signer (a reader nobody here wrote), then the request is handed to the
   function as an HTTP API event; an unsigned or wrongly signed one is 403.
+- `Proxy`: a plain pass-through to `make local`'s server.
 
-Both bind 127.0.0.1 on a free port and stop with `close()`."""
+All bind 127.0.0.1 on a free port and stop with `close()`. The last two lose
+an answer on request: a `POST /_cut-next-answer` (unsigned) makes the next
+request reach the store and its connection close without an answer, as a
+connection cut after the store acted does."""
 
 import hmac
 import json
@@ -36,8 +40,16 @@ def _forward(method, url, body, headers):
         return refused.code, dict(refused.headers), refused.read()
 
 
+CUT = "/_cut-next-answer"
+#: Request headers the API hands on to the function (besides its own), and answer headers it returns.
+PASSED = ("content-type", "if-match", "if-none-match", "accept", "last-event-id", "traceparent", "tracestate")
+KEPT = ("content-type", "etag", "location", "retry-after")
+
+
 class _Server:
     def __init__(self, handler):
+        self.cut_next = threading.Event()
+        self.cut = 0  # answers lost so far
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -104,6 +116,60 @@ class LambdaService(_Server):
         super().__init__(Handler)
 
 
+class _Forwarding(BaseHTTPRequestHandler):
+    """Hands each request to `self.upstream(path)` unless `self.refuse()` names a problem (403)."""
+    owner: "_Server"
+
+    def log_message(self, *_):
+        pass
+
+    def _handle(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path == CUT:
+            self.owner.cut_next.set()
+            return self._send(204, {}, b"")
+        problem = self.refuse(body)
+        if problem:
+            return self._send(403, {"content-type": "application/json"}, json.dumps({"message": problem}).encode())
+        passed = {k: v for k, v in self.headers.items() if k.lower() in PASSED}
+        status, headers, answer = _forward(self.command, self.upstream(self.path), body, passed)
+        if self.owner.cut_next.is_set():
+            self.owner.cut_next.clear()
+            self.owner.cut += 1
+            self.close_connection = True
+            return None  # the store acted; the caller never hears of it
+        self._send(status, {k: v for k, v in headers.items() if k.lower() in KEPT}, answer)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+    def refuse(self, body):
+        return None
+
+    def upstream(self, path):
+        raise NotImplementedError
+
+    def _send(self, status, headers, body):
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class Proxy(_Server):
+    """Everything to `make local`'s server on `port`."""
+
+    def __init__(self, port):
+        class Handler(_Forwarding):
+            owner = self
+
+            def upstream(self, path):
+                return f"http://127.0.0.1:{port}{path}"
+
+        super().__init__(Handler)
+
+
 class SignedApi(_Server):
     """`/streams/...`, signed for `execute-api` in `region` with `credentials`, to the streams function."""
 
@@ -112,35 +178,20 @@ class SignedApi(_Server):
         self.refused = []
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_):
-                pass
+        class Handler(_Forwarding):
+            owner = self
 
-            def _handle(self):
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            def refuse(self, body):
                 problem = api.check(self.command, f"http://{self.headers['host']}{self.path}", self.headers, body)
                 if problem:
                     api.refused.append(problem)
-                    return self._send(403, {"content-type": "application/json"},
-                                      json.dumps({"message": problem}).encode())
-                api.verified += 1
-                passed = {k: v for k, v in self.headers.items()
-                          if k.lower() in ("content-type", "if-match", "if-none-match")}
+                else:
+                    api.verified += 1
+                return problem
+
+            def upstream(self, path):
                 # The runtime emulator makes an HTTP API event of what follows /lambda-url/<function>.
-                url = f"http://127.0.0.1:{watch_port}/lambda-url/streams{self.path}"
-                status, headers, answer = _forward(self.command, url, body, passed)
-                kept = {k: v for k, v in headers.items() if k.lower() in ("content-type", "etag", "location")}
-                self._send(status, kept, answer)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _handle
-
-            def _send(self, status, headers, body):
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                return f"http://127.0.0.1:{watch_port}/lambda-url/streams{path}"
 
         self.credentials, self.region = credentials, region
         super().__init__(Handler)

@@ -23,7 +23,7 @@ from cfnlint.api import lint_all
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
-from conftest import REGION, ROOT, free_port, wait_for_port
+from conftest import BINARIES, REGION, ROOT, free_port, wait_for_port
 
 FUNCTIONS = ["load", "pump", "scan", "playback", "subscriptions", "streams", "relay", "archive", "privacy", "keys"]
 BUCKET = "event-store-artifacts"
@@ -412,7 +412,7 @@ def cli_env(moto_endpoint, **extra):
 
 def event_store(args, env, stdin=None):
     """`event-store --stack <the deployed stack> args`: (exit code, stdout, stderr)."""
-    binary = ROOT / "target" / "debug" / "event-store"
+    binary = BINARIES / "event-store"
     assert binary.exists(), "build it first: cargo build -p event-store-cli (make test does)"
     out = subprocess.run([str(binary), "--stack", PREFIX, *args], env=env, input=stdin,
                          capture_output=True, text=True, timeout=300)
