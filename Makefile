@@ -51,7 +51,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test web bench bench-entity bench-archive bench-delivery bench-privacy bench-projection build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test web bench bench-entity bench-archive bench-delivery bench-privacy bench-projection build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime tools-clients
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -105,7 +105,7 @@ count = cat $(2) 2>/dev/null | awk '/^test result:/ {p+=$$4; f+=$$6; s+=$$8} \
 	  / passed/ && !/^test result:/ {for (i = 1; i < NF; i++) { if ($$(i+1) ~ /^passed/) p += $$i; if ($$(i+1) ~ /^failed/) f += $$i; if ($$(i+1) ~ /^skipped/) s += $$i }} \
 	  END {printf "$(1)%d passed, %d failed, %d skipped\n", p, f, s}'
 
-test: lint tools-moto tools tools-node tools-chromium tools-container tools-faketime ## lints, then all tests: unit (also under a clock 10 years ahead), integration (moto and dynalite/kinesalite), faults, end to end, browser, container, template
+test: lint tools-moto tools tools-node tools-clients tools-chromium tools-container tools-faketime ## lints, then all tests: unit (also under a clock 10 years ahead), integration (moto and dynalite/kinesalite), faults, end to end, browser, container, template
 	@mkdir -p target && rm -f target/failed-suites target/build-test.log target/test.log target/future.log target/pytest.log
 	@echo "== cargo lambda build --profile tools --arm64: the bootstraps the tests deploy (all ten) and run in a container (playback's)"
 	@$(call suite,arm64 bootstraps,$(call lambda_build,--profile tools),target/build-test.log)
@@ -198,7 +198,7 @@ fmt: ## format the code
 
 clean: ## remove build output, the venv and .node
 	$(CARGO) clean
-	rm -rf $(VENV) .node
+	rm -rf $(VENV) .node clients/typescript/node_modules clients/typescript/dist
 
 local-bin:
 	@echo "== building the local stack and the event-store command (the tools profile)"
@@ -241,6 +241,16 @@ WEB_VERSION := $(shell sed -n 's/^  "version": "\(.*\)",/\1/p' clients/web/packa
 web: tools-node ## the tracker script: clients/web/src -> clients/web/dist/et-<version>.js
 	.node/node_modules/.bin/tsc -p clients/web
 	.node/node_modules/.bin/esbuild clients/web/src/tracker.ts --bundle --minify --format=iife --target=es2020 --legal-comments=none --outfile=clients/web/dist/et-$(WEB_VERSION).js
+
+# The TypeScript client's own dependencies (pinned in its package.json: AWS's signer, the SDK's
+# credential chain, tsc), into clients/typescript/node_modules, so it builds as its users build it.
+# (The Python client needs boto3, which moto already brings into .venv.)
+clients/typescript/node_modules/.installed: clients/typescript/package.json
+	@echo "== installing the TypeScript client's dependencies (clients/typescript/package.json)"
+	npm install --prefix clients/typescript --no-save --no-package-lock --no-audit --no-fund
+	touch '$@'
+
+tools-clients: clients/typescript/node_modules/.installed
 
 tools-ab:
 	@command -v ab >/dev/null || { echo "== installing apache2-utils (ab)"; $(APT_INSTALL) apache2-utils; }

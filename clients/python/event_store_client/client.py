@@ -169,7 +169,8 @@ class EventStore:
         safe = method == "GET" if safe is None else safe
         pairs = query.items() if isinstance(query, Mapping) else (query or [])
         pairs = [(k, str(v)) for k, v in pairs if v is not None]
-        url = self.base + path + ("?" + urlencode(pairs) if pairs else "")
+        # Encoded as SigV4 canonicalizes a query (RFC 3986), so the signed and the sent query agree.
+        url = self.base + path + ("?" + urlencode(pairs, quote_via=quote, safe="-_.~") if pairs else "")
         data = json.dumps(body).encode() if body is not None else None
         headers = {**(headers or {}), **_trace_headers()}
         if data is not None:
