@@ -3,10 +3,14 @@ the same steps in clients/typescript/test/scenario.ts): the seed article's Todo 
 retried by ids after its answer was lost, the other stream operations, typed errors, and the log
 followed until it has shown every event the scenario appended, each once and in order."""
 
+import json
+import os
+import subprocess
 import time
 import urllib.request
 import uuid
 
+from conftest import ROOT
 from event_store_client import BadRequest, Conflict, EventStore, Gone, NotFound
 
 
@@ -83,3 +87,23 @@ def run(store: EventStore, proxy_url: str, follow_seconds: float = 120) -> dict:
         if seen == wanted:
             return seen
     raise AssertionError(f"the log showed {seen} of {wanted} in {follow_seconds} s")
+
+
+TYPESCRIPT = ROOT / "clients" / "typescript"
+
+
+def typescript_built():
+    """Compiles clients/typescript (its pinned tsc, installed by the Makefile) into its dist/."""
+    tsc = TYPESCRIPT / "node_modules" / ".bin" / "tsc"
+    assert tsc.exists(), "install its dependencies first: make tools-clients (make test does)"
+    out = subprocess.run([str(tsc), "-p", str(TYPESCRIPT)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return TYPESCRIPT / "dist" / "test"
+
+
+def run_typescript(url, env):
+    """clients/typescript/test/scenario.ts against `url`: what the log showed."""
+    out = subprocess.run(["node", str(typescript_built() / "scenario.js")], env={**os.environ, **env, "ES_URL": url},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])

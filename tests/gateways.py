@@ -17,6 +17,7 @@ an answer on request: a `POST /_cut-next-answer` (unsigned) makes the next
 request reach the store and its connection close without an answer, as a
 connection cut after the store acted does."""
 
+import base64
 import hmac
 import json
 import threading
@@ -216,3 +217,98 @@ class SignedApi(_Server):
         if not hmac.compare_digest(expected, fields["Signature"]):
             return "The request signature we calculated does not match the signature you provided"
         return None
+
+
+class Mappings:
+    """What Lambda's event source mappings and the scan's schedule do for the deployed stack, while
+    the runtime emulator runs its functions: every half second the entity table's new stream records
+    go to `relay`, the event stream's new records to `pump` (as Lambda's batches, one shard at a time),
+    and a scheduled event to `scan`. Each batch a function names a failure of is sent again.
+    A context manager; `errors` holds what failed for good."""
+
+    def __init__(self, watch_port, aws, prefix, entity_table):
+        self.invoke_url = f"http://127.0.0.1:{watch_port}{INVOKE}" + "{}/invocations"
+        self.kinesis, self.streams = aws("kinesis"), aws("dynamodbstreams")
+        self.stream = f"{prefix}-stream"
+        self.stream_arn = self.kinesis.describe_stream_summary(StreamName=self.stream)[
+            "StreamDescriptionSummary"]["StreamARN"]
+        self.table_stream = aws("dynamodb").describe_table(TableName=entity_table)["Table"]["LatestStreamArn"]
+        self.positions = {}  # (source, shard) -> the last sequence number handed on
+        self.errors = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stopping.set()
+        self.thread.join(60)
+
+    def _run(self):
+        while not self.stopping.wait(0.5):
+            try:
+                self._relay()
+                self._pump()
+                self._invoke("scan", {"version": "0", "detail-type": "Scheduled Event", "source": "aws.events",
+                                      "detail": {}, "resources": []})
+            except Exception as error:  # noqa: BLE001 - kept for the test to report
+                self.errors.append(repr(error))
+
+    def _invoke(self, function, event):
+        status, _, answer = _forward("POST", self.invoke_url.format(function), json.dumps(event).encode(),
+                                     {"content-type": "application/json"})
+        if status != 200:
+            raise RuntimeError(f"{function}: {status} {answer[:300]!r}")
+        return json.loads(answer or b"null")
+
+    def _iterator(self, client, source, shard, **names):
+        after = self.positions.get((source, shard))
+        start = {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after} if after \
+            else {"ShardIteratorType": "TRIM_HORIZON"}
+        return client.get_shard_iterator(ShardId=shard, **names, **start)["ShardIterator"]
+
+    def _relay(self):
+        shards = self.streams.describe_stream(StreamArn=self.table_stream)["StreamDescription"]["Shards"]
+        for shard in (s["ShardId"] for s in shards):
+            iterator = self._iterator(self.streams, "relay", shard, StreamArn=self.table_stream)
+            records = self.streams.get_records(ShardIterator=iterator, Limit=100)["Records"]
+            if not records:
+                continue
+            batch = [{**_plain(r), "eventSourceARN": self.table_stream} for r in records]
+            self._hand_on("relay", shard, batch, [r["dynamodb"]["SequenceNumber"] for r in records])
+
+    def _pump(self):
+        for shard in (s["ShardId"] for s in self.kinesis.list_shards(StreamName=self.stream)["Shards"]):
+            iterator = self._iterator(self.kinesis, "pump", shard, StreamName=self.stream)
+            records = self.kinesis.get_records(ShardIterator=iterator, Limit=100)["Records"]
+            if not records:
+                continue
+            batch = [{"kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": r["PartitionKey"],
+                                  "sequenceNumber": r["SequenceNumber"], "data": base64.b64encode(r["Data"]).decode(),
+                                  "approximateArrivalTimestamp": r["ApproximateArrivalTimestamp"].timestamp()},
+                      "eventSource": "aws:kinesis", "eventVersion": "1.0", "eventID": f"{shard}:{r['SequenceNumber']}",
+                      "eventName": "aws:kinesis:record", "awsRegion": self.kinesis.meta.region_name,
+                      "eventSourceARN": self.stream_arn} for r in records]
+            self._hand_on("pump", shard, batch, [r["SequenceNumber"] for r in records])
+
+    def _hand_on(self, function, shard, batch, sequences):
+        """Invokes `function` with the batch; moves past it up to its first failure (sent again next time)."""
+        failed = {f["itemIdentifier"] for f in self._invoke(function, {"Records": batch}).get("batchItemFailures", [])}
+        done = sequences[:next((i for i, s in enumerate(sequences) if s in failed), len(sequences))]
+        if done:
+            self.positions[(function, shard)] = done[-1]
+
+
+def _plain(value):
+    """A stream record as Lambda hands it on: JSON (bytes in base64, times in epoch seconds)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp())
+    return value

@@ -2,7 +2,6 @@
 on this session's moto, behind a proxy that can lose an answer. (tests/test_deploy.py runs the
 same scenario against the template deployed into moto, every request's signature checked.)"""
 
-import json
 import os
 import subprocess
 from urllib.parse import urlsplit
@@ -10,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import client_scenario
-from conftest import BINARIES, ROOT, free_port, wait_for_port
+from conftest import BINARIES, free_port, wait_for_port
 from event_store_client import EventStore
 from gateways import Proxy
 
@@ -51,35 +50,15 @@ def test_the_python_client_runs_the_scenario_on_the_local_stack(local_stack):
     print(f"python client: the log showed {seen}")
 
 
-TYPESCRIPT = ROOT / "clients" / "typescript"
-
-
-def typescript_built():
-    """Compiles clients/typescript (its pinned tsc, installed by the Makefile) into its dist/."""
-    tsc = TYPESCRIPT / "node_modules" / ".bin" / "tsc"
-    assert tsc.exists(), "install its dependencies first: make tools-clients (make test does)"
-    out = subprocess.run([str(tsc), "-p", str(TYPESCRIPT)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return TYPESCRIPT / "dist" / "test"
-
-
-def run_typescript_scenario(url, env):
-    """clients/typescript/test/scenario.ts against `url`: what the log showed."""
-    out = subprocess.run(["node", str(typescript_built() / "scenario.js")], env={**os.environ, **env, "ES_URL": url},
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_the_typescript_client_s_unit_tests():
-    out = subprocess.run(["node", "--test", str(typescript_built() / "unit.test.js")], capture_output=True,
+    out = subprocess.run(["node", "--test", str(client_scenario.typescript_built() / "unit.test.js")], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and "# fail 0" in out.stdout, out.stdout + out.stderr
 
 
 def test_the_typescript_client_runs_the_scenario_on_the_local_stack(local_stack):
     before = local_stack.cut
-    seen = run_typescript_scenario(f"http://127.0.0.1:{local_stack.port}", {"ES_SIGN": "0"})
+    seen = client_scenario.run_typescript(f"http://127.0.0.1:{local_stack.port}", {"ES_SIGN": "0"})
     assert local_stack.cut == before + 1, "the append's answer was lost once, and the retry answered"
     assert sorted(len(v) for v in seen.values()) == [1, 2, 3], seen
     print(f"typescript client: the log showed {seen}")

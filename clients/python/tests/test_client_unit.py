@@ -1,8 +1,12 @@
 """The client's pure parts: retry decisions, backoff, typed errors, ids, preconditions."""
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package beside, not installed
 
 from event_store_client import Conflict, EventStoreError, Gone, TooManyRequests, Unavailable
 from event_store_client.client import _expectation, _region_of, _with_ids

@@ -1,1 +1,0 @@
-# Makes `event_store_client` importable from this directory's tests (pytest puts this directory on sys.path).
