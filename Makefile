@@ -11,8 +11,9 @@ MOTO_PIN    := moto[server]==5.2.5
 # Build and deploy tools (PyPI): cargo-lambda with zig for the arm64 cross build,
 # the SAM CLI (with its translator), cfn-lint, pytest for the deployment tests, and
 # AWS's KPL deaggregator (with its protobuf) to read the playback stream as a consumer would,
-# pyarrow to read the archive's Parquet objects as a user's tools would, and DuckDB to query them in SQL.
-TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1 duckdb==2.0.1
+# pyarrow to read the archive's Parquet objects as a user's tools would, DuckDB to query them in SQL,
+# and OpenTelemetry's API, whose context the Python client sends (tests/client_scenario.py).
+TOOLS_PINS  := cargo-lambda==1.9.2 ziglang==0.17.0 aws-sam-cli==1.170.0 cfn-lint==1.58.0 pytest==9.2.0 aws-kinesis-agg==1.2.3 protobuf==7.36.2 pyarrow==26.0.1 duckdb==2.0.1 opentelemetry-api==1.45.2
 # The stricter second pair of emulators, the IAM policy simulator the tests evaluate the
 # functions' requests with against their roles (tests/iam/simulate.cjs), and the tracker script's
 # compiler and bundler (clients/web): npm, installed into .node.
@@ -51,7 +52,7 @@ DEBIAN_MIRROR ?= $(shell apt-get indextargets --format '$$(REPO_URI) $$(RELEASE)
 SAM         ?= $(BIN)/sam
 export SAM
 
-.PHONY: help demo local status playback tail subscription redrive load invoke api check test web bench bench-entity bench-archive bench-delivery bench-privacy bench-projection build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime tools-clients
+.PHONY: help demo local status playback tail subscription redrive load invoke api check test web bench bench-entity bench-archive bench-delivery bench-privacy bench-projection bench-trace build lint fuzz deploy destroy fmt template clean local-bin tools-moto tools tools-node tools-ab tools-chromium tools-container tools-faketime tools-clients
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -170,6 +171,10 @@ bench-projection: tools-moto ## projections' figures only (a count projection vs
 bench-archive: tools-moto ## the cold tier's figures only (replay from each tier, archiving, storage cost) -> bench/archive.md, results.json's archive, docs/capacity.md
 	$(CARGO) build --release --locked -p event-store-bench
 	BENCH_ONLY=archive ./target/release/event-store-bench
+
+bench-trace: tools-moto ## the trace context's cost only (bytes and write units an event's traceparent adds, as stored) -> bench/trace.md, results.json's trace
+	$(CARGO) build --release --locked -p event-store-bench
+	BENCH_ONLY=trace ./target/release/event-store-bench
 
 bench-privacy: tools-moto ## per-subject encryption's figures only (load, pump, playback sealed vs not, KMS requests, $) -> bench/privacy.md, results.json's encryption
 	$(CARGO) build --release --locked -p event-store-bench

@@ -10,6 +10,9 @@ import time
 import urllib.request
 import uuid
 
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
 from conftest import ROOT
 from event_store_client import BadRequest, Conflict, EventStore, Gone, NotFound
 
@@ -20,8 +23,12 @@ def run(store: EventStore, proxy_url: str, follow_seconds: float = 120) -> dict:
     todo, retried, other = f"todo-py-{tag}", f"cart-py-{tag}", f"order-py-{tag}"
     since = int(time.time() * 1000) - 1000  # the log from before the first append
 
-    # The Todo flow: create once, update at the version read, conflict, delete, then gone.
-    created = store.append(todo, {"type": "TodoCreated", "data": {"title": "milk"}}, expected="no_stream")
+    # The Todo flow: create once, update at the version read, conflict, delete, then gone. The create is
+    # made within an OpenTelemetry span: the client sends its context, the store keeps it with the event.
+    trace_id, span_id = uuid.uuid4().int, uuid.uuid4().int >> 64
+    span = NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+    with trace.use_span(span):
+        created = store.append(todo, {"type": "TodoCreated", "data": {"title": "milk"}}, expected="no_stream")
     assert (created["first"], created["last"]) == (0, 0), created
     try:
         store.append(todo, {"type": "TodoCreated", "data": {"title": "again"}}, expected="no_stream")
@@ -77,6 +84,7 @@ def run(store: EventStore, proxy_url: str, follow_seconds: float = 120) -> dict:
     # The log: followed from before the first append until every appended event was seen.
     wanted = {todo: [0, 1, 2], retried: [0, 1], other: [0]}
     seen: dict = {}
+    traced = {}
     positions = set()
     for event in store.follow(start=since, timeout=follow_seconds):
         stream, _, version = str(event["data"].get("id", "")).rpartition("/")
@@ -84,7 +92,10 @@ def run(store: EventStore, proxy_url: str, follow_seconds: float = 120) -> dict:
         positions.add(event["position"])
         if stream in wanted:
             seen.setdefault(stream, []).append(int(version))
+            traced[(stream, int(version))] = (event["data"].get("trace") or {}).get("traceparent")
         if seen == wanted:
+            assert traced.pop((todo, 0)) == f"00-{trace_id:032x}-{span_id:016x}-01", "the create's trace context"
+            assert set(traced.values()) == {None}, traced
             return seen
     raise AssertionError(f"the log showed {seen} of {wanted} in {follow_seconds} s")
 

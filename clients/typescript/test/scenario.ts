@@ -5,7 +5,10 @@
 // appended, each once and in order. ES_URL: the stack (behind a proxy that loses an answer on
 // `POST /_cut-next-answer`); ES_SIGN=0 for an unsigned stack. Prints what the log showed as JSON.
 import assert from "node:assert/strict";
-import { randomUUID } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
+import { TraceFlags, context, propagation, trace } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { BadRequest, Conflict, EventStore, Gone, NotFound } from "../src/index.js";
 
 async function rejects(call: () => Promise<unknown>, error: Function): Promise<void> {
@@ -19,8 +22,14 @@ async function main(): Promise<void> {
   const [todo, retried, other] = [`todo-ts-${tag}`, `cart-ts-${tag}`, `order-ts-${tag}`];
   const since = Date.now() - 1000; // the log from before the first append
 
-  // The Todo flow: create once, update at the version read, conflict, delete, then gone.
-  const created = await store.append(todo, { type: "TodoCreated", data: { title: "milk" } }, { expected: "no_stream" });
+  // The Todo flow: create once, update at the version read, conflict, delete, then gone. The create is
+  // made within an OpenTelemetry span: the client sends its context, the store keeps it with the event.
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  const [traceId, spanId] = [randomBytes(16).toString("hex"), randomBytes(8).toString("hex")];
+  const span = trace.wrapSpanContext({ traceId, spanId, traceFlags: TraceFlags.SAMPLED });
+  const created = await context.with(trace.setSpan(context.active(), span),
+    () => store.append(todo, { type: "TodoCreated", data: { title: "milk" } }, { expected: "no_stream" }));
   assert.deepEqual([created.first, created.last], [0, 0]);
   await assert.rejects(store.append(todo, { type: "TodoCreated", data: {} }, { expected: "no_stream" }),
     (e: unknown) => e instanceof Conflict && e.currentVersion === 0);
@@ -65,6 +74,7 @@ async function main(): Promise<void> {
   // The log: followed from before the first append until every appended event was seen.
   const wanted: Record<string, number[]> = { [todo]: [0, 1, 2], [retried]: [0, 1], [other]: [0] };
   const seen: Record<string, number[]> = {};
+  const traced = new Map<string, string | undefined>();
   const positions = new Set<string>();
   const seconds = Number(process.env.ES_FOLLOW_SECONDS ?? 120);
   for await (const event of store.follow(since, { timeoutMs: seconds * 1000 })) {
@@ -72,8 +82,14 @@ async function main(): Promise<void> {
     positions.add(event.position);
     const id = String((event.data as { id?: string } | undefined)?.id ?? "");
     const stream = id.slice(0, id.lastIndexOf("/"));
-    if (stream in wanted) (seen[stream] ??= []).push(Number(id.slice(id.lastIndexOf("/") + 1)));
+    if (stream in wanted) {
+      (seen[stream] ??= []).push(Number(id.slice(id.lastIndexOf("/") + 1)));
+      traced.set(id, (event.data as { trace?: { traceparent?: string } }).trace?.traceparent);
+    }
     if (JSON.stringify(Object.keys(wanted).map((s) => seen[s])) === JSON.stringify(Object.values(wanted))) {
+      assert.equal(traced.get(`${todo}/0`), `00-${traceId}-${spanId}-01`, "the create's trace context");
+      traced.delete(`${todo}/0`);
+      assert.deepEqual([...new Set(traced.values())], [undefined]);
       console.log(JSON.stringify(seen));
       return;
     }

@@ -1,13 +1,15 @@
 /**
  * The event store's tracker: one script tag, no dependency, no cookie.
  *
- *   <script defer src="https://API/et-1.0.1.js" data-consent="pending" data-dnt="respect"></script>
+ *   <script defer src="https://API/et-1.0.2.js" data-consent="pending" data-dnt="respect"></script>
  *
  * It sends page views (also on single-page-app navigation) and `es.track(type, props)` to the
  * stack's `POST /events`, each event with its own `EventId` (the store keeps a retry of it as one
  * event for a day), batched, flushed when the page is hidden, and retried with backoff from a
  * bounded queue in localStorage, waiting out a 429's `Retry-After`. Anonymous unless the page
- * gives a visitor id (`data-entity-id`); docs/clients.md says what each choice means.
+ * gives a visitor id (`data-entity-id`); docs/clients.md says what each choice means. A page
+ * rendered within a trace (`<meta name="traceparent" content="00-…">`, W3C Trace Context) has
+ * its events carry it, so a consumer of the log can tie them to the request that made the page.
  */
 
 interface Sent {
@@ -19,6 +21,8 @@ interface Sent {
   client_time: number;
   bot?: true;
   EntityId?: string;
+  traceparent?: string;
+  tracestate?: string;
   [utm: `utm_${string}`]: string;
 }
 
@@ -146,6 +150,11 @@ function start() {
     }
     if (bot) sent.bot = true;
     if (entityId) sent.EntityId = cut(entityId);
+    // The page's trace context, whole or not at all (a cut one would name another trace).
+    const meta = (name: string) => document.querySelector<HTMLMetaElement>(`meta[name="${name}"]`)?.content ?? "";
+    const [parent, state] = [meta("traceparent"), meta("tracestate")];
+    if (parent && bytes(parent) <= MAX_FIELD) sent.traceparent = parent;
+    if (parent && state && bytes(state) <= MAX_FIELD) sent.tracestate = state;
     return sent;
   };
 

@@ -27,6 +27,7 @@ mod raw;
 mod results;
 mod sections;
 mod stages;
+mod trace_cost;
 mod tracking;
 mod units;
 
@@ -57,6 +58,7 @@ async fn main() -> Result<()> {
         Some("entity") => sections::only_entity(&run).await,
         Some("delivery") => sections::only_delivery(&run).await,
         Some("projection") => sections::only_projection(&run).await,
+        Some("trace") => sections::only_trace(&run),
         _ => sections::full(&run).await,
     }
 }

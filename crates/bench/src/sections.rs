@@ -8,7 +8,7 @@ use event_store_emulator::{moto_server, Emulator};
 
 use crate::cold_start::{self, COLD_STARTS};
 use crate::results::{self, archive_json, encryption_json};
-use crate::{archive, delivery, entity, latency, privacy, projection, stages};
+use crate::{archive, delivery, entity, latency, privacy, projection, stages, trace_cost};
 
 /// What every section is given: the repository, the bench's moto and its
 /// SDK config, events per payload size, and the date and machine the
@@ -89,6 +89,21 @@ pub(crate) async fn only_projection(run: &Run<'_>) -> Result<()> {
     Ok(())
 }
 
+/// `BENCH_ONLY=trace`: what the trace context costs where it is stored (bench/trace.md).
+pub(crate) fn only_trace(run: &Run<'_>) -> Result<()> {
+    let trace = trace_section(run)?;
+    results::replace_in_results(&run.dir().join("results.json"), vec![("trace", trace)])?;
+    println!("wrote bench/trace.md and results.json's trace (BENCH_ONLY=trace: the other stages were not run)");
+    Ok(())
+}
+
+fn trace_section(run: &Run<'_>) -> Result<serde_json::Value> {
+    println!("== trace context: the bytes and write units an event's traceparent adds, as stored");
+    let (json, md) = trace_cost::run()?;
+    std::fs::write(run.dir().join("trace.md"), format!("# Trace context ({}, {})\n{md}", run.date, run.machine))?;
+    Ok(serde_json::json!({ "date": run.date, "machine": run.machine, "figures": json }))
+}
+
 /// Projections' figures on a moto of their own (bench/projection.md).
 async fn projection_section(run: &Run<'_>) -> Result<serde_json::Value> {
     println!("== projections: a count projection against a subscription, a rebuild's read side from each tier");
@@ -120,6 +135,7 @@ pub(crate) async fn full(run: &Run<'_>) -> Result<()> {
     let cold = cold_starts_section(run).await?;
     let delivery = delivery_section(run).await?;
     let projection = projection_section(run).await?;
+    let trace = trace_section(run)?;
     let bootstraps: BTreeMap<&str, u64> = results::bootstrap_sizes().into_iter().collect();
     let json = serde_json::json!({
         "date": date, "machine": machine, "results": payloads, "arm64_bootstrap_bytes": bootstraps,
@@ -128,6 +144,7 @@ pub(crate) async fn full(run: &Run<'_>) -> Result<()> {
         "encryption": encryption_json(&sealed, date, machine),
         "delivery": delivery,
         "projection": projection,
+        "trace": trace,
     });
     std::fs::write(run.dir().join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = results::markdown(&payloads, machine, date);

@@ -1,7 +1,8 @@
 //! The local HTTP server: the `load` handler and the `/streams` API (the
 //! same handlers Lambda runs) behind hyper, routed as the template's HTTP
 //! API routes them and called as API Gateway would, plus the page at `/`
-//! (the store at a glance, with the pixel and a button) and the JSON it polls.
+//! (the store at a glance, with the pixel and a button) and the JSON it polls,
+//! and `/log` followed as server-sent events ([`crate::sse`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use event_store::entity::http::StreamsApi;
+use event_store::log::http::LogApi;
 use event_store::load::Load;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -36,10 +38,15 @@ pub const PAGE: &str = include_str!("page.html");
 /// Lambda's request payload limit; API Gateway would refuse more.
 const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
+/// Any of the server's answers: whole, or a stream.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
+
 /// The functions behind the HTTP API.
 pub struct Api {
     pub load: Load,
     pub streams: StreamsApi,
+    /// The log, for the event stream (the streams function's `/log` answers pages).
+    pub log: Arc<LogApi>,
     pub glance: Glance,
     /// What API Gateway adds in AWS (the template's `CorsConfiguration`): a page on another site
     /// (the tracker script's) may send and read the answers.
@@ -73,14 +80,24 @@ async fn handle(
     peer: SocketAddr,
     api: Arc<Api>,
     stats: Arc<Stats>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Body>, Infallible> {
     let cors = api.cors.clone();
+    if crate::sse::wants(req.method(), req.uri().path(), req.headers()) {
+        let answer = match crate::sse::start(req.uri().query(), req.headers()) {
+            Ok((from, filters)) => crate::sse::follow(api.log.clone(), from, filters).map(BodyExt::boxed_unsync),
+            Err(message) => {
+                let body = serde_json::json!({ "error": message }).to_string();
+                respond(StatusCode::BAD_REQUEST, "application/json", body.into()).map(BodyExt::boxed_unsync)
+            }
+        };
+        return Ok(with_cors(answer, &cors));
+    }
     let answer = route(req, peer, api, stats).await?;
-    Ok(with_cors(answer, &cors))
+    Ok(with_cors(answer.map(BodyExt::boxed_unsync), &cors))
 }
 
 /// A CORS preflight's answer, or the CORS headers on any other answer, as API Gateway adds them.
-fn with_cors(mut response: Response<Full<Bytes>>, cors: &Cors) -> Response<Full<Bytes>> {
+fn with_cors<B>(mut response: Response<B>, cors: &Cors) -> Response<B> {
     let headers = response.headers_mut();
     let mut set = |name: &'static str, value: &str| {
         if let Ok(value) = header::HeaderValue::from_str(value) {

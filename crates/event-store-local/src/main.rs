@@ -17,6 +17,7 @@ mod lost;
 mod probes;
 mod sam_local;
 mod settings;
+mod sse;
 mod source;
 mod stack;
 mod stats;

@@ -164,6 +164,15 @@ impl Stack {
         let names = &self.settings.names;
         let address = ("127.0.0.1", self.settings.port);
         let listener = TcpListener::bind(address).await.with_context(|| format!("binding 127.0.0.1:{}", address.1))?;
+        // The log as the streams function reads it: for its pages, and for the event stream.
+        let log_api = || -> Result<LogApi> {
+            Ok(LogApi {
+                dynamo: self.dynamo.clone(),
+                event_table: names.event_table.clone(),
+                dedupe_window_ms: StreamsConfig::from_env()?.dedupe_window_ms,
+                tiers: Tiers::new(Some(self.archive.clone())).with_keys(Some(self.keys.clone())),
+            })
+        };
         let api = Arc::new(crate::http::Api {
             // Large events go to the stack's bucket, as `ARCHIVE_BUCKET` sends them in AWS.
             load: {
@@ -179,12 +188,8 @@ impl Stack {
                     .with_subjects(subjects)
             })
             .with_views(Some(ViewsApi::new(self.dynamo.clone(), names.view_table.clone())))
-            .with_log(Some(LogApi {
-                dynamo: self.dynamo.clone(),
-                event_table: names.event_table.clone(),
-                dedupe_window_ms: StreamsConfig::from_env()?.dedupe_window_ms,
-                tiers: Tiers::new(Some(self.archive.clone())).with_keys(Some(self.keys.clone())),
-            })),
+            .with_log(Some(log_api()?)),
+            log: Arc::new(log_api()?),
             glance: crate::glance::Glance {
                 clients: event_store::status::Clients {
                     dynamo: self.dynamo.clone(),

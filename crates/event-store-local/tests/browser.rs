@@ -232,8 +232,12 @@ async fn tracker_script_on_another_site(
     run("localStorage.clear();".into()).await;
     run(load(&through_gate)).await;
     delivered_at_least(&gate, 1, "the page view").await;
-    run("history.pushState({}, '', '/a'); history.pushState({}, '', '/b'); es.track('signup', {plan: 'pro'});".into())
-        .await;
+    // The signup happens on a page rendered within a trace: it carries the page's W3C trace context.
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = format!("const m = document.createElement('meta'); m.name = 'traceparent'; m.content = {trace:?}; \
+         document.head.appendChild(m); es.track('signup', {{plan: 'pro'}}); m.remove();");
+    run("history.pushState({}, '', '/a'); history.pushState({}, '', '/b');".into()).await;
+    run(traced).await;
     delivered_at_least(&gate, 4, "two navigations and a custom event").await;
 
     // The network cut: events wait in the queue.
@@ -331,6 +335,9 @@ async fn tracker_script_on_another_site(
     let signup = stored[3].body.as_ref().unwrap();
     assert_eq!(signup["props"], json!({"plan": "pro"}));
     assert_eq!(signup["bot"], json!(true), "headless Chromium is flagged, not dropped");
+    let traced: Vec<_> = stored.iter().filter_map(|e| e.trace.as_ref().map(|t| (&e.body, &t.traceparent))).collect();
+    assert_eq!(traced.len(), 1, "only the signup was made within the trace: {traced:?}");
+    assert_eq!((traced[0].0.as_ref().unwrap()["type"].as_str(), traced[0].1.as_str()), (Some("signup"), trace));
     assert!(stored.iter().all(|e| e.subject.is_none() && e.sealed.is_none()), "anonymous: nothing sealed");
 }
 

@@ -11,6 +11,7 @@ use crate::config::IpMode;
 use crate::crypto::Sealed;
 use crate::error::{Error, Result};
 use crate::offload::OffloadRef;
+use crate::trace::TraceContext;
 
 /// Query parameter or body field naming the entity an event belongs to; it
 /// becomes the Kinesis partition key, so one entity's events stay in order.
@@ -153,6 +154,9 @@ pub struct Envelope {
     /// In place of `sealed`, when that was larger than `INLINE_MAX_BYTES`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed_ref: Option<OffloadRef>,
+    /// The W3C trace context the client sent with the event ([`crate::trace`]), in the clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 /// The request headers worth keeping for analytics.
@@ -230,6 +234,7 @@ mod tests {
             subject: None,
             sealed: None,
             sealed_ref: None,
+            trace: None,
         }
     }
 

@@ -70,6 +70,7 @@ pub mod slices;
 pub mod status;
 pub mod subscription;
 pub mod time;
+pub mod trace;
 pub mod views;
 
 pub use error::{Error, Result};

@@ -27,6 +27,7 @@ use crate::kinesis::{put_in_key_order, send_put_records, OutgoingRecord, NOT_SEN
 use crate::offload::Offloads;
 use crate::privacy::Subjects;
 use crate::time::{format_ms, now_ms};
+use crate::trace::TraceContext;
 
 /// Subjects' keys fetched at once for one request (each is a key-table read, and for a new subject
 /// a KMS request and two writes).
@@ -43,8 +44,8 @@ pub use crate::config::MAX_EVENTS_PER_POST;
 
 /// The tracker script (clients/web, built by `make web`), served at its versioned name: a new
 /// version is a new path, so a browser or a CDN may keep each one for a year.
-pub const TRACKER_SCRIPT: &str = "et-1.0.1.js";
-const TRACKER: &str = include_str!("../../../clients/web/dist/et-1.0.1.js");
+pub const TRACKER_SCRIPT: &str = "et-1.0.2.js";
+const TRACKER: &str = include_str!("../../../clients/web/dist/et-1.0.2.js");
 
 enum Route {
     Pixel,
@@ -238,7 +239,7 @@ impl Load {
     /// sealed when it has a subject (its partition key hashed when that is
     /// the subject's id), and a body or sealed block that makes it larger
     /// than `INLINE_MAX_BYTES` offloaded to S3.
-    async fn event(&self, req: &Request, body: Option<Value>) -> Result<(Envelope, OutgoingRecord), Reject> {
+    async fn event(&self, req: &Request, mut body: Option<Value>) -> Result<(Envelope, OutgoingRecord), Reject> {
         let header_text =
             |name: header::HeaderName| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let mut query: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -246,6 +247,8 @@ impl Load {
             query.entry(key.to_owned()).or_default().push(value.to_owned());
         }
         let event_id = client_event_id(&query, body.as_ref()).map_err(bad_input)?;
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let trace = TraceContext::take(&mut query, body.as_mut(), header);
         let mut envelope = Envelope {
             id: uuid::Uuid::new_v4().to_string(),
             event_id,
@@ -264,6 +267,7 @@ impl Load {
             subject: None,
             sealed: None,
             sealed_ref: None,
+            trace,
         };
         let mut partition_key = envelope.partition_key().map_err(bad_input)?;
         let subject = self.subjects.as_ref().and_then(|subjects| {
@@ -278,6 +282,11 @@ impl Load {
         }
         if let Some(event_id) = &envelope.event_id {
             envelope.id = client_envelope_id(&partition_key, event_id);
+        }
+        if let Some(trace) = &envelope.trace {
+            // The client's trace beside this invocation's X-Ray trace: the line that links the two.
+            let xray = req.lambda_context_ref().and_then(|c| c.xray_trace_id.as_deref()).unwrap_or("-");
+            info!(trace_id = trace.trace_id(), xray_trace_id = xray, id = %envelope.id, "event traced");
         }
         let mut data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
         if data.len() > self.config.max_event_bytes {
@@ -419,7 +428,7 @@ mod tests {
         assert!(matches!(route("/events"), Some(Route::Events)));
         assert!(route("/").is_none() && route("/track.png").is_none());
         assert!(route("/streams/events").is_none() && route("/streams/track.gif").is_none(), "the entity namespace");
-        assert!(matches!(route("/prod/et-1.0.1.js"), Some(Route::Script)) && route("/et-1.0.0.js").is_none());
+        assert!(matches!(route("/prod/et-1.0.2.js"), Some(Route::Script)) && route("/et-1.0.1.js").is_none());
     }
 
     #[test]

@@ -28,7 +28,9 @@ use event_store::playback::{Playback, Status};
 use event_store::position::Checkpoint;
 use event_store::subscription::Subscriptions;
 use event_store::time::{format_ms, now_ms};
+use event_store::trace::TraceContext;
 use event_store_emulator::invoke::LocalInvoker;
+use event_store_emulator::lambda_target::LambdaTarget;
 use event_store_emulator::runs::{self, deadline_in, run_scan};
 use event_store_emulator::table_stream::{deliver_all, TableStreamReader};
 use lambda_http::http::StatusCode;
@@ -69,6 +71,21 @@ async fn log(env: &TestEnv, tiers: &Tiers, start: i64, end: i64) -> event_store:
     Ok(out)
 }
 
+/// The trace context a hit was posted with, and the one an entity append was made with.
+const HIT_TRACE: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+const APPEND_TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn append_trace() -> TraceContext {
+    TraceContext { traceparent: APPEND_TRACE.into(), tracestate: Some("congo=t61rcWkgMzE".into()) }
+}
+
+/// The `traceparent`s of these events' envelopes, where they have one, sorted (the hit's first).
+fn traces<'a>(envelopes: impl Iterator<Item = &'a Value>) -> Vec<String> {
+    let mut found: Vec<String> = envelopes.filter_map(|e| e["trace"]["traceparent"].as_str()).map(str::to_owned).collect();
+    found.sort();
+    found
+}
+
 async fn payload_keys(s3: &aws_sdk_s3::Client) -> BTreeSet<String> {
     let listed = s3.list_objects_v2().bucket(BUCKET).prefix(KEY_PREFIX).send().await.unwrap();
     listed.contents().iter().map(|o| o.key().unwrap().to_owned()).collect()
@@ -83,6 +100,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let window_start = now_ms() - 1;
 
     // Ingest: a small event, one of 300 KB (over the inline limit, under a Kinesis record), one of 2 MB.
+    // The small one carries the W3C trace context of the page that sent it (its `traceparent` field).
     let config = LoadConfig {
         max_event_bytes: MAX_LARGE_EVENT_BYTES,
         archive_bucket: Some(BUCKET.into()),
@@ -92,12 +110,14 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let small = json!({"EntityId": "doc", "n": 1});
     let medium = json!({"EntityId": "doc", "n": 2, "pad": "m".repeat(300 * 1024)});
     let large = json!({"EntityId": "doc", "n": 3, "pad": "l".repeat(2 << 20)});
-    let answer = load.handle(post(&json!([small, medium, large]))).await;
+    let small_sent = json!({"EntityId": "doc", "n": 1, "traceparent": HIT_TRACE});
+    let answer = load.handle(post(&json!([small_sent, medium, large]))).await;
     assert_eq!(answer.status(), StatusCode::ACCEPTED);
     let records = env.read_stream(&env.names.event_stream).await;
     let envelopes: Vec<Value> =
         records.iter().map(|(_, r)| serde_json::from_slice(r.data().as_ref()).unwrap()).collect();
-    assert_eq!(envelopes[0]["body"], small);
+    assert_eq!(envelopes[0]["body"], small, "the trace context taken out of the body");
+    assert_eq!(envelopes[0]["trace"], json!({"traceparent": HIT_TRACE}), "into the envelope, once");
     for (envelope, body) in envelopes[1..].iter().zip([&medium, &large]) {
         let named: OffloadRef = serde_json::from_value(envelope["body_ref"].clone()).unwrap();
         assert!(envelope.get("body").is_none(), "the body is in S3, not on the stream");
@@ -118,11 +138,12 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let store =
         EntityStore::new(env.dynamo.clone(), env.names.entity_table.clone()).with_archive(Some(bucket.clone()), INLINE);
     let drafted = json!({"text": "d".repeat(512 * 1024)});
-    let events = vec![NewEvent::new("Drafted", drafted.clone()), NewEvent::new("Titled", json!({"title": "t"}))];
+    let titled = NewEvent { trace: Some(append_trace()), ..NewEvent::new("Titled", json!({"title": "t"})) };
+    let events = vec![NewEvent::new("Drafted", drafted.clone()), titled];
     store.append("doc-1", Expected::NoStream, events).await.unwrap();
     let page = store.read("doc-1", None, 10, Direction::Forward).await.unwrap();
     assert_eq!((page.events[0].data.clone(), page.events[0].data_ref.is_none()), (drafted.clone(), true));
-    assert_eq!(page.events[1].data, json!({"title": "t"}));
+    assert_eq!((&page.events[1].data, &page.events[1].trace), (&json!({"title": "t"}), &Some(append_trace())));
     assert_eq!(store.state("doc-1").await.unwrap().events[0].data, drafted);
     let items = env.scan_table(&env.names.entity_table).await;
     let item_bytes = |item: &std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
@@ -165,6 +186,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
         "{:?}",
         relayed[0]["body"]
     );
+    assert_eq!(relayed[1]["trace"], serde_json::to_value(append_trace()).unwrap(), "the append's trace, relayed");
     assert!(records.iter().all(|(_, r)| r.data().as_ref().len() < 2048));
 
     // Into the log; every reader of it gets the events whole.
@@ -220,10 +242,14 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     );
     let whole: Vec<&Value> = played.iter().filter_map(|p| p.data.as_ref()).map(|d| &d["body"]).collect();
     assert!(whole.contains(&&medium) && whole.iter().any(|b| b["data"] == drafted), "played whole");
+    assert_eq!(traces(played.iter().filter_map(|p| p.data.as_ref())), [HIT_TRACE, APPEND_TRACE], "played");
 
-    // A subscription onto a Kinesis target: the same, as delivered events.
+    // A subscription onto a Kinesis target, and one onto a Lambda function: the same, as delivered events.
+    let consumer = LambdaTarget::start(&["consumer"]).await.unwrap();
     let subscriptions = |invoker| {
-        let lambda = aws_sdk_lambda::Client::new(&env.sdk);
+        let lambda = aws_sdk_lambda::Client::from_conf(
+            aws_sdk_lambda::config::Builder::from(&env.sdk).endpoint_url(&consumer.endpoint).build(),
+        );
         let config = runs::subscription_config(&env.names);
         Subscriptions::new(env.dynamo.clone(), env.kinesis.clone(), lambda, config, invoker)
             .with_archive(Some(bucket.clone()))
@@ -231,6 +257,9 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let (invoker, _rx) = LocalInvoker::channel();
     let target = json!({"kinesis": env.names.subscription_stream});
     let create = json!({"action": "create", "name": "big", "start": format_ms(window_start), "target": target});
+    subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
+    let (invoker, _rx) = LocalInvoker::channel();
+    let create = json!({"action": "create", "name": "fn", "start": format_ms(window_start), "target": {"lambda": "consumer"}});
     subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
     let tick = json!({"source": "aws.events"});
     for answer in runs::run_subscriptions(subscriptions, tick, deadline_in(Duration::from_secs(300))).await {
@@ -248,6 +277,10 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let markers: Vec<&Value> = delivered.iter().filter_map(|e| e.get("too_large")).collect();
     assert!(markers.len() == 2 && markers.iter().all(|m| m["payload"] == large_at.as_str()), "{markers:?}");
     assert!(delivered.iter().any(|e| e["data"]["body"] == medium), "delivered whole");
+    assert_eq!(traces(delivered.iter().map(|e| &e["data"])), [HIT_TRACE, APPEND_TRACE], "delivered");
+    let batch = consumer.taken();
+    assert_eq!(batch.len(), 6, "{batch:?}");
+    assert_eq!(traces(batch.iter().map(|e| &e["data"])), [HIT_TRACE, APPEND_TRACE], "in the Lambda target's batch");
 
     // A payload altered in S3 no longer matches its hash: that event is unreadable (counted, not played), the rest go on.
     let medium_key = OffloadRef::of(BUCKET, &serde_json::to_vec(&medium).unwrap()).key;

@@ -753,6 +753,15 @@ async fn the_click_stream_is_in_sql_within_the_hour_and_the_identified_visitors_
             *identified.entry(("/account".to_owned(), h)).or_default() += 1;
         }
     }
+    // Hour 0's signup (anonymous) and visitor-1's first page view carry the W3C trace context of their page:
+    // it names a trace, not a person, and is a column for both.
+    let anonymous_trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let visitor_trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let first = |sent: &[(i64, Value)], pick: &dyn Fn(&Value) -> bool| sent.iter().position(|(_, e)| pick(e)).unwrap();
+    let signup = first(&sent, &|e| e["type"] == "signup");
+    let visitor = first(&sent, &|e| e["EntityId"] == "visitor-1");
+    sent[signup].1["traceparent"] = json!(anonymous_trace);
+    sent[visitor].1["traceparent"] = json!(visitor_trace);
     // Arrivals: each event's planned hour, in the order sent (on one shard, so they stand).
     let mut arrival_of = HashMap::new();
     for (i, (h, event)) in sent.iter_mut().enumerate() {
@@ -835,7 +844,10 @@ identified = duckdb.sql(f"""
     SELECT count(*), count(type), count(page_path), count(referrer_host), count(utm_source), count(bot)
     FROM {events} WHERE list_contains($visitors, partition_key)""", params={"visitors": visitors}).fetchall()[0]
 partitions = duckdb.sql(f"SELECT DISTINCT hour FROM {events} WHERE hour(arrival) <> hour ORDER BY 1").fetchall()
-print(json.dumps({"views": views, "identified": identified, "misplaced": partitions}))
+traced = duckdb.sql(f"""
+    SELECT traceparent, list_contains($visitors, partition_key) FROM {events}
+    WHERE traceparent IS NOT NULL ORDER BY 1""", params={"visitors": visitors}).fetchall()
+print(json.dumps({"views": views, "identified": identified, "misplaced": partitions, "traced": traced}))
 "#;
     let python = common::repo_root().join(".venv/bin/python");
     let out = std::process::Command::new(&python)
@@ -858,6 +870,11 @@ print(json.dumps({"views": views, "identified": identified, "misplaced": partiti
     let identified_rows = identified.iter().filter(|((_, h), _)| *h < 5).map(|(_, n)| n).sum::<i64>();
     assert_eq!(answer["identified"], json!([identified_rows, 0, 0, 0, 0, 0]), "their columns empty");
     assert_eq!(answer["misplaced"], json!([]), "each row under its own hour's partition");
+    assert_eq!(
+        answer["traced"],
+        json!([[anonymous_trace, false], [visitor_trace, true]]),
+        "each traced event's context in its column, the identified visitor's too"
+    );
     let verified =
         event_store::archive::audit::verify(&env.dynamo, &env.names.event_table, &bucket, 0, now_ms()).await.unwrap();
     let copied = sent.iter().filter(|(h, _)| *h < 5).count() as u64;

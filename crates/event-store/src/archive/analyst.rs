@@ -4,7 +4,10 @@
 //! lies in the clear beside the subject's keyed hash survives `forget`
 //! (`docs/privacy.md#what-an-analyst-sees`), so its fields stay sealed; the
 //! `count` views count those. Derived from the payload and never read back:
-//! the row is the event, these are a view of it. Pure.
+//! the row is the event, these are a view of it. The event's W3C trace
+//! context (`traceparent`, `tracestate`) is filled for every event that
+//! carries one, a subject's and an entity event's too: it names a trace, not
+//! a person, and is kept in the clear ([`crate::trace`]). Pure.
 
 use std::sync::Arc;
 
@@ -28,6 +31,8 @@ pub struct Analyst {
     /// `utm_source`, `utm_medium`, `utm_campaign`, `utm_term`, `utm_content`.
     pub utm: [Option<String>; 5],
     pub bot: Option<bool>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl Analyst {
@@ -35,11 +40,13 @@ impl Analyst {
     /// JSON): empty for an entity event, an event with a subject, or anything
     /// that is not an envelope.
     pub(crate) fn of(payload: Option<&str>, entity: bool) -> Analyst {
-        let Some(envelope) = payload.filter(|_| !entity).and_then(|p| serde_json::from_str::<Value>(p).ok()) else {
+        let Some(envelope) = payload.and_then(|p| serde_json::from_str::<Value>(p).ok()).filter(Value::is_object) else {
             return Analyst::default();
         };
-        if !envelope.is_object() || ["subject", "sealed", "sealed_ref"].iter().any(|k| envelope.get(k).is_some()) {
-            return Analyst::default();
+        let trace = |part: &str| envelope.pointer(&format!("/trace/{part}")).and_then(Value::as_str).map(clip);
+        let traced = Analyst { traceparent: trace("traceparent"), tracestate: trace("tracestate"), ..Analyst::default() };
+        if entity || ["subject", "sealed", "sealed_ref"].iter().any(|k| envelope.get(k).is_some()) {
+            return traced;
         }
         let hit = Hit(&envelope);
         Analyst {
@@ -48,6 +55,7 @@ impl Analyst {
             referrer_host: hit.referrer_host().map(clip),
             utm: UTM.map(|name| hit.utm(name).map(clip)),
             bot: hit.bot(),
+            ..traced
         }
     }
 
@@ -57,6 +65,7 @@ impl Analyst {
         let mut fields: Vec<Field> = ["type", "page_path", "referrer_host"].map(|n| text(n.to_owned())).into();
         fields.extend(UTM.iter().map(|name| text(format!("utm_{name}"))));
         fields.push(Field::new("bot", DataType::Boolean, true));
+        fields.extend(["traceparent", "tracestate"].map(|n| text(n.to_owned())));
         fields
     }
 
@@ -76,6 +85,8 @@ impl Analyst {
         let mut bot = BooleanBuilder::new();
         rows.iter().for_each(|row| bot.append_option(row.bot));
         columns.push(Arc::new(bot.finish()));
+        columns.push(text(&|a| a.traceparent.as_deref()));
+        columns.push(text(&|a| a.tracestate.as_deref()));
         columns
     }
 }
@@ -103,6 +114,15 @@ mod tests {
         let sealed = r#"{"id":"x","path":"/events","query":{},"headers":{},"subject":"ab","sealed":{"g":1}}"#;
         assert_eq!(Analyst::of(Some(sealed), false), Analyst::default());
         assert_eq!(Analyst::of(Some(sent), true), Analyst::default(), "an entity event");
+        // The trace context is every event's, a subject's and an entity event's too.
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced_sealed = sealed.replace(r#""subject""#, &format!(r#""trace":{{"traceparent":"{parent}"}},"subject""#));
+        let columns = Analyst::of(Some(&traced_sealed), false);
+        assert_eq!((columns.traceparent.as_deref(), columns.page_path), (Some(parent), None));
+        let traced_entity = format!(r#"{{"id":"t/0","trace":{{"traceparent":"{parent}","tracestate":"k=v"}}}}"#);
+        let columns = Analyst::of(Some(&traced_entity), true);
+        assert_eq!((columns.traceparent.as_deref(), columns.tracestate.as_deref()), (Some(parent), Some("k=v")));
+        assert_eq!(columns.r#type, None);
         assert_eq!(Analyst::of(Some("not json"), false), Analyst::default());
         assert_eq!(Analyst::of(Some("[1]"), false), Analyst::default());
         assert_eq!(Analyst::of(None, false), Analyst::default());

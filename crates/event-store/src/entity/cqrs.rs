@@ -76,6 +76,7 @@ fn new_event(event: &SerializedEvent) -> NewEvent {
         data: event.payload.clone(),
         metadata: Some(json!({"event_version": event.event_version, "metadata": event.metadata})),
         schema_version: None,
+        trace: None,
     }
 }
 
@@ -268,6 +269,7 @@ mod tests {
             sealed: None,
             forgotten: None,
             schema_version: None,
+            trace: None,
         }
     }
 

@@ -23,6 +23,7 @@ use tracing::{error, info};
 use super::{Direction, EntityError, EntityStore, Expected, Invalid};
 use crate::http::{body_text, check_json_content_type, json_response, Reject};
 use crate::log::http::LogApi;
+use crate::trace::{TraceContext, TRACEPARENT, TRACESTATE};
 use crate::views::http::ViewsApi;
 
 /// Events one `GET` returns unless `limit` says otherwise.
@@ -90,6 +91,18 @@ fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&
 }
 
 /// The precondition of an append: `If-None-Match: *`, `If-Match: "v"`, or none.
+/// The events, each with the request's W3C trace context (`traceparent`, `tracestate`), if it has a valid one.
+fn traced(events: Vec<super::NewEvent>, req: &Request) -> Vec<super::NewEvent> {
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let trace = TraceContext::parse(header(TRACEPARENT), header(TRACESTATE));
+    if let Some(trace) = &trace {
+        // The client's trace beside this invocation's X-Ray trace: the line that links the two.
+        let xray = req.lambda_context_ref().and_then(|c| c.xray_trace_id.as_deref()).unwrap_or("-");
+        info!(trace_id = trace.trace_id(), xray_trace_id = xray, events = events.len(), "append traced");
+    }
+    events.into_iter().map(|event| super::NewEvent { trace: trace.clone(), ..event }).collect()
+}
+
 fn expected(headers: &HeaderMap) -> Result<Expected, Reject> {
     match (header_text(headers, header::IF_MATCH)?, header_text(headers, header::IF_NONE_MATCH)?) {
         (Some(_), Some(_)) => Err(reject(StatusCode::BAD_REQUEST, "send If-Match or If-None-Match, not both")),
@@ -229,7 +242,7 @@ impl StreamsApi {
             return Err(reject(StatusCode::BAD_REQUEST, "empty body: send an event or an array of events"));
         }
         let events = match super::model::parse_events(body) {
-            Ok(events) => events,
+            Ok(events) => traced(events, req),
             Err(err) => return Ok(failure(err.into())),
         };
         Ok(match self.store.append(name, expected, events).await {
@@ -240,10 +253,13 @@ impl StreamsApi {
 
     async fn append_across(&self, req: &Request) -> Result<Response<Body>, Reject> {
         check_json_content_type(req)?;
-        let (appends, conditions) = match super::across::parse_across(req.body().as_ref()) {
+        let (mut appends, conditions) = match super::across::parse_across(req.body().as_ref()) {
             Ok(parsed) => parsed,
             Err(err) => return Ok(failure(err.into())),
         };
+        for append in &mut appends {
+            append.events = traced(std::mem::take(&mut append.events), req);
+        }
         let streams: Vec<String> = appends.iter().map(|a| a.stream.clone()).collect();
         Ok(match self.store.append_across(appends, conditions).await {
             Ok(done) => {

@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::crypto::Sealed;
 use crate::offload::OffloadRef;
 use crate::time::format_ms;
+use crate::trace::TraceContext;
 
 /// The entity table's key attributes: the stream name, and `e<version>`,
 /// `snapshot`, `tip` or a bookkeeping item (`_…`).
@@ -124,11 +125,14 @@ pub struct NewEvent {
     /// The version of `data`'s shape (1 when absent), which upcasters go by (`entity::upcast`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_version: Option<u32>,
+    /// The request's W3C trace context (its `traceparent` header), not a field of the JSON.
+    #[serde(skip)]
+    pub trace: Option<TraceContext>,
 }
 
 impl NewEvent {
     pub fn new(event_type: impl Into<String>, data: Value) -> Self {
-        Self { id: None, event_type: event_type.into(), data, metadata: None, schema_version: None }
+        Self { id: None, event_type: event_type.into(), data, metadata: None, schema_version: None, trace: None }
     }
 }
 
@@ -174,6 +178,9 @@ pub struct StoredEventItem {
     /// Its data's schema version when not 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_version: Option<u32>,
+    /// The W3C trace context of the request that appended it, in the clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 impl StoredEventItem {
@@ -239,6 +246,7 @@ pub(crate) fn deleted_event(stream: &str) -> StoredEventItem {
         subject: None,
         sealed: None,
         schema_version: None,
+        trace: None,
     }
 }
 
@@ -377,6 +385,9 @@ pub struct RecordedEvent {
     /// Its data's schema version when not 1 (as stored, or as upcast).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_version: Option<u32>,
+    /// The W3C trace context of the request that appended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 impl RecordedEvent {
@@ -396,6 +407,7 @@ impl RecordedEvent {
             sealed: e.sealed.clone(),
             forgotten: None,
             schema_version: e.schema_version,
+            trace: e.trace.clone(),
         }
     }
 }

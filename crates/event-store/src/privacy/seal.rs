@@ -196,6 +196,7 @@ mod tests {
             subject: None,
             sealed: None,
             sealed_ref: None,
+            trace: None,
         }
     }
 

@@ -61,6 +61,7 @@ pub fn prepare(events: Vec<NewEvent>, limits: Limits) -> Result<Vec<StoredEventI
             subject: None,
             sealed: None,
             schema_version: event.schema_version.filter(|v| *v != 1),
+            trace: event.trace,
         });
     }
     check(&stored, limits)?;

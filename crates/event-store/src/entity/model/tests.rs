@@ -100,6 +100,7 @@ fn request_keys_follow_the_ids_and_delete_has_a_fixed_id() {
                 subject: None,
                 sealed: None,
                 schema_version: None,
+                trace: None,
             })
             .collect()
     };

@@ -57,6 +57,7 @@ pub fn log_record(event: &RecordedEvent) -> Result<OutgoingRecord> {
         subject: None,
         sealed: None,
         sealed_ref: None,
+        trace: event.trace.clone(),
     };
     let data = serde_json::to_vec(&envelope).map_err(|e| Error::encode("envelope", e))?;
     Ok(OutgoingRecord { partition_key: entity_key(&event.stream), data })
@@ -114,6 +115,7 @@ mod tests {
                 subject: None,
                 sealed: None,
                 schema_version: None,
+                trace: None,
             })
             .collect();
         let batch = Batch { stream: stream.into(), item: batch_key(first), first, at: 1_700_000_000_000, events };

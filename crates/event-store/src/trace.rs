@@ -1,0 +1,154 @@
+//! W3C trace context (`traceparent`, `tracestate`) kept with an event, so a
+//! consumer can tie what it does to the request that caused the event. It
+//! names a trace, not a person, so it stays in the clear beside sealed parts.
+//! Pure: parsed from plain values, no HTTP types.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The header, query parameter or posted field that carries each part.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+/// W3C caps what a vendor must keep of `tracestate` at 512 characters.
+const MAX_TRACESTATE_CHARS: usize = 512;
+
+/// An event's trace context, as the W3C Trace Context recommendation
+/// defines it: `traceparent` checked, `tracestate` kept as sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceContext {
+    pub traceparent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// The context of these values, or `None` when `traceparent` is absent or
+    /// not valid (the recommendation says to ignore an invalid one, and its
+    /// `tracestate` with it, rather than refuse the request). A `tracestate`
+    /// over 512 characters or with other than printable ASCII is dropped.
+    pub(crate) fn parse(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Self> {
+        let traceparent = traceparent?.trim();
+        if !valid_traceparent(traceparent) {
+            return None;
+        }
+        let tracestate = tracestate
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && s.len() <= MAX_TRACESTATE_CHARS && s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .map(str::to_owned);
+        Some(Self { traceparent: traceparent.to_owned(), tracestate })
+    }
+
+    /// The 32 hex digits of the trace id (for logs, and X-Ray's `1-xxxxxxxx-xxxx…` form).
+    pub fn trace_id(&self) -> &str {
+        &self.traceparent[3..35]
+    }
+
+    /// The context an ingested event carries, taken out of where the client
+    /// put it (so it is stored once): the posted event's own fields first
+    /// (a batch's events may come from different traces), then the query (a
+    /// pixel, which cannot send headers), then the request's headers.
+    pub(crate) fn take(
+        query: &mut BTreeMap<String, Vec<String>>,
+        body: Option<&mut Value>,
+        header: impl Fn(&str) -> Option<String>,
+    ) -> Option<Self> {
+        let from_query = |name: &str, query: &mut BTreeMap<String, Vec<String>>| {
+            query.remove(name).and_then(|values| values.into_iter().next())
+        };
+        let (parent_q, state_q) = (from_query(TRACEPARENT, query), from_query(TRACESTATE, query));
+        let (mut parent_b, mut state_b) = (None, None);
+        if let Some(Value::Object(fields)) = body {
+            // Only a string is the client's context: another value is the event's own data.
+            let mut text = |name: &str| match fields.get(name) {
+                Some(Value::String(_)) => fields.remove(name).and_then(|v| v.as_str().map(str::to_owned)),
+                _ => None,
+            };
+            (parent_b, state_b) = (text(TRACEPARENT), text(TRACESTATE));
+        }
+        [(parent_b, state_b), (parent_q, state_q), (header(TRACEPARENT), header(TRACESTATE))]
+            .into_iter()
+            .find_map(|(parent, state)| Self::parse(parent.as_deref(), state.as_deref()))
+    }
+}
+
+/// `version-traceid-parentid-flags`: two hex digits each side of a 32-digit
+/// trace id and a 16-digit parent id, lowercase, neither all zeros; version
+/// `ff` is invalid; version `00` is exactly 55 characters, a later version
+/// may carry more after a dash.
+fn valid_traceparent(text: &str) -> bool {
+    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    if text.len() < 55 || !text.is_ascii() {
+        return false;
+    }
+    let (version, trace_id, parent_id, flags) = (&text[0..2], &text[3..35], &text[36..52], &text[53..55]);
+    let dashes = [2, 35, 52].iter().all(|&i| text.as_bytes()[i] == b'-');
+    let rest_ok = match version {
+        "00" => text.len() == 55,
+        _ => text.len() == 55 || text.as_bytes()[55] == b'-',
+    };
+    dashes
+        && rest_ok
+        && version != "ff"
+        && [version, trace_id, parent_id, flags].iter().all(|s| hex(s))
+        && nonzero(trace_id)
+        && nonzero(parent_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_is_kept_and_an_invalid_one_ignored() {
+        let context = TraceContext::parse(Some(PARENT), Some("congo=t61rcWkgMzE")).unwrap();
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(context.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", // version 00 is exactly 55
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",       // a zero trace id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",       // a zero parent id
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",       // version ff
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",       // uppercase
+            "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47é-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceContext::parse(Some(bad), Some("a=b")), None, "{bad:?}");
+        }
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
+        assert!(TraceContext::parse(Some(later), None).is_some(), "a later version may carry more");
+        let long_state = "a=".to_owned() + &"b".repeat(511);
+        assert_eq!(TraceContext::parse(Some(PARENT), Some(&long_state)).unwrap().tracestate, None);
+        assert_eq!(TraceContext::parse(None, Some("a=b")), None);
+    }
+
+    #[test]
+    fn the_context_is_taken_out_of_the_body_then_the_query_then_the_headers() {
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut query = BTreeMap::from([
+            (TRACEPARENT.to_owned(), vec![other.to_owned()]),
+            ("page".to_owned(), vec!["/".to_owned()]),
+        ]);
+        let mut body = serde_json::json!({"type": "signup", TRACEPARENT: PARENT, TRACESTATE: "k=v"});
+        let header = |name: &str| (name == TRACEPARENT).then(|| other.to_owned());
+        let taken = TraceContext::take(&mut query, Some(&mut body), header).unwrap();
+        assert_eq!((taken.traceparent.as_str(), taken.tracestate.as_deref()), (PARENT, Some("k=v")));
+        assert_eq!(body, serde_json::json!({"type": "signup"}), "stored once: out of the body");
+        assert_eq!(query.keys().collect::<Vec<_>>(), ["page"], "and out of the query");
+
+        let mut query = BTreeMap::from([(TRACEPARENT.to_owned(), vec![other.to_owned()])]);
+        let taken = TraceContext::take(&mut query, None, |_| None).unwrap();
+        assert_eq!(taken.traceparent, other, "a pixel's query parameter");
+        let taken = TraceContext::take(&mut BTreeMap::new(), None, header).unwrap();
+        assert_eq!(taken.traceparent, other, "a post's header");
+        let mut junk = BTreeMap::from([(TRACEPARENT.to_owned(), vec!["junk".to_owned()])]);
+        assert_eq!(TraceContext::take(&mut junk, None, header).unwrap().traceparent, other, "an invalid one is passed over");
+        assert!(junk.is_empty(), "and not kept in the query either");
+        assert_eq!(TraceContext::take(&mut BTreeMap::new(), None, |_| None), None);
+    }
+}
