@@ -49,6 +49,12 @@ appended a cancelled put's record, then dropped it with the table it
 replaced, so a reader could see it and the next change took its number).
 Neither copy is isolated from other threads' writes to the same items, as
 moto's was not: the fault proxy's transactions-alone lane isolates them.
+
+A deleted event source mapping stops, as in AWS: moto forgot it but left it
+on its table (or Kinesis stream), which went on running the function (in
+Docker) inside every write, and a table whose mapped function cannot run
+there kept no stream record of the write; a reader standing in for the
+mapping (tests/gateways.py) deletes moto's and reads the stream itself.
 """
 
 import copy
@@ -59,6 +65,7 @@ import sys
 import threading
 
 from moto import backends
+from moto.awslambda import models as lambda_models
 from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import table as dynamodb_table
 from moto.dynamodb.models.dynamo_type import DynamoType
@@ -238,6 +245,24 @@ def _query_one_partition(self, hash_key, *args, **kwargs):
 
 dynamodb_table.Table.all_items = _all_items_of_the_partition
 dynamodb_table.Table.query = _query_one_partition
+
+_delete_mapping = lambda_models.LambdaBackend.delete_event_source_mapping
+
+
+def _delete_mapping_from_its_source(self, uuid):
+    mapping = _delete_mapping(self, uuid)
+    if mapping is not None:
+        # Tables hold their mappings by function, streams by source.
+        for table in dynamodb_models.dynamodb_backends[self.account_id][self.region_name].tables.values():
+            if table.lambda_event_source_mappings.get(mapping.function_arn) is mapping:
+                del table.lambda_event_source_mappings[mapping.function_arn]
+        for stream in models.kinesis_backends[self.account_id][self.region_name].streams.values():
+            if stream.lambda_event_source_mappings.get(mapping.event_source_arn) is mapping:
+                del stream.lambda_event_source_mappings[mapping.event_source_arn]
+    return mapping
+
+
+lambda_models.LambdaBackend.delete_event_source_mapping = _delete_mapping_from_its_source
 
 _modules = backends.list_of_moto_modules
 backends.list_of_moto_modules = functools.cache(lambda: tuple(_modules()))

@@ -4,6 +4,7 @@ One `EventStore` per base URL (the stack's `ApiUrl` output, or `make local`'s
 `http://127.0.0.1:3000`); it keeps its connections and may be shared by threads."""
 
 import json
+import os
 import time
 import uuid
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
@@ -19,6 +20,9 @@ Expected = Union[None, int, str]
 
 #: A long poll answers within 25 s (`wait` is at most 20): the read timeout is above that.
 READ_TIMEOUT = 35.0
+#: Characters of a stream name sent as they are: the store takes a name as one path segment as it is.
+NAME_CHARACTERS = "-_.:@+=~"
+_NO_BODY = object()
 
 
 class EventStore:
@@ -34,14 +38,17 @@ class EventStore:
     def __init__(self, url: str, *, sign: bool = True, region: Optional[str] = None, credentials: Any = None,
                  attempts: int = 6, timeout: float = READ_TIMEOUT, session: Any = None):
         self.base = url.rstrip("/")
+        parts = urlsplit(self.base)
+        self.origin = f"{parts.scheme}://{parts.netloc}"  # what the store's own links (`next`) are relative to
         self.attempts = max(1, attempts)
-        self._http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=5.0, read=timeout))
+        self._http = urllib3.PoolManager(retries=False, maxsize=10,
+                                         timeout=urllib3.Timeout(connect=5.0, read=timeout))
         self._signer = None
         if sign:
             import boto3
             from botocore.auth import SigV4Auth
             session = session or boto3.Session()
-            region = region or _region_of(self.base) or session.region_name
+            region = region or _region_of(self.base) or session.region_name or os.environ.get("AWS_REGION")
             if not region:
                 raise ValueError("no region to sign for: pass region=, or set AWS_REGION")
             credentials = credentials or session.get_credentials()
@@ -80,7 +87,7 @@ class EventStore:
             yield from page["events"]
             if not page.get("next") or not page["events"]:
                 return
-            page = self._call("GET", page["next"])
+            page = self._call("GET", page["next"], link=True)
 
     def state(self, stream: str) -> Dict:
         """`{"version", "deleted", "snapshot", "events"}`: the snapshot and the events after it."""
@@ -145,14 +152,16 @@ class EventStore:
             page = self.log(position, limit=limit, wait=left, filters=filters)
             yield from page["events"]
             position = page["next"]
+            if not page["events"] and page["at_end"] and left == 0:
+                time.sleep(0.5)  # no long poll to wait in: do not ask again at once
 
     # ---- read models -------------------------------------------------------------------------
 
     def view(self, projection: str, key: str, at_least_version: Optional[int] = None) -> Dict:
         """A view's item: `{"item", "version", "position"}`; `at_least_version` waits (up to 5 s)
-        until the item's stream is at that version (`Unavailable` if it is not yet)."""
+        until the item's stream is at that version (`Unavailable` if it is not yet: not asked again)."""
         path = f"/views/{quote(projection, safe='')}/{quote(key, safe='')}"
-        return self._call("GET", path, query={"at_least_version": at_least_version})
+        return self._call("GET", path, query={"at_least_version": at_least_version}, safe=at_least_version is None)
 
     def views(self, projection: str, prefix: Optional[str] = None, after: Optional[str] = None,
               limit: Optional[int] = None) -> Dict:
@@ -162,16 +171,17 @@ class EventStore:
 
     # ---- sending -----------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, query: Any = None, body: Any = None,
-              headers: Optional[Dict[str, str]] = None, safe: Optional[bool] = None) -> Any:
+    def _call(self, method: str, path: str, query: Any = None, body: Any = _NO_BODY,
+              headers: Optional[Dict[str, str]] = None, safe: Optional[bool] = None, link: bool = False) -> Any:
         """Sends the request, again while `should_retry` says so; the answer's JSON, or its typed error.
-        GETs are always safe to repeat."""
+        GETs are always safe to repeat. `link`: `path` is one of the store's links (from its origin)."""
         safe = method == "GET" if safe is None else safe
         pairs = query.items() if isinstance(query, Mapping) else (query or [])
         pairs = [(k, str(v)) for k, v in pairs if v is not None]
         # Encoded as SigV4 canonicalizes a query (RFC 3986), so the signed and the sent query agree.
-        url = self.base + path + ("?" + urlencode(pairs, quote_via=quote, safe="-_.~") if pairs else "")
-        data = json.dumps(body).encode() if body is not None else None
+        url = (self.origin if link else self.base) + path
+        url += "?" + urlencode(pairs, quote_via=quote, safe="-_.~") if pairs else ""
+        data = json.dumps(body).encode() if body is not _NO_BODY else None
         headers = {**(headers or {}), **_trace_headers()}
         if data is not None:
             headers["content-type"] = "application/json"
@@ -209,7 +219,7 @@ class EventStore:
 
 
 def _stream_path(stream: str) -> str:
-    return "/streams/" + quote(stream, safe="")
+    return "/streams/" + quote(stream, safe=NAME_CHARACTERS)
 
 
 def _expectation(expected: Expected) -> Dict[str, str]:

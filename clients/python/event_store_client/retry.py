@@ -3,8 +3,8 @@
 import random
 from typing import Optional
 
-#: Answers that may succeed when sent again: throttled, or the store or its gateway unavailable.
-RETRIED_STATUSES = (429, 502, 503, 504)
+#: Answers that may succeed when sent again: throttled, the store failing or unavailable, its gateway too.
+RETRIED_STATUSES = (429, 500, 502, 503, 504)
 
 
 def should_retry(status: Optional[int], safe: bool, sent: bool = True) -> bool:

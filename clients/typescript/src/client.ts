@@ -108,7 +108,7 @@ export class EventStore {
     for (;;) {
       yield* page.events;
       if (!page.next || page.events.length === 0) return;
-      page = await this.call<StreamPage>("GET", page.next);
+      page = await this.call<StreamPage>("GET", page.next, { link: true });
     }
   }
 
@@ -155,10 +155,10 @@ export class EventStore {
   // ---- the sealed log -------------------------------------------------------------------------
 
   /** One page of the complete log from `from` (default the log's start); each event with its own position. */
-  log(from?: LogStart, options: LogOptions = {}): Promise<LogPage> {
+  log(from?: LogStart, options: LogOptions & { signal?: AbortSignal } = {}): Promise<LogPage> {
     const query: Query = [["from", from instanceof Date ? from.getTime() : from], ["limit", options.limit], ["wait", options.wait]];
     for (const [pointer, value] of Object.entries(options.filters ?? {})) query.push(["filter", `${pointer}=${value}`]);
-    return this.call("GET", "/log", { query });
+    return this.call("GET", "/log", { query, signal: options.signal });
   }
 
   /** The log's events from `from`, then each new one as it is sealed (a long poll of `wait` seconds,
@@ -169,18 +169,28 @@ export class EventStore {
     let position = from;
     while (Date.now() < deadline && !options.signal?.aborted) {
       const wait = Math.max(0, Math.min(options.wait ?? 20, Math.floor((deadline - Date.now()) / 1000)));
-      const page = await this.log(position, { ...options, wait });
+      let page: LogPage;
+      try {
+        page = await this.log(position, { ...options, wait });
+      } catch (error) {
+        if (options.signal?.aborted) return;
+        throw error;
+      }
+      if (options.signal?.aborted) return;
       yield* page.events;
       position = page.next;
+      // No long poll to wait in: do not ask again at once.
+      if (page.events.length === 0 && page.at_end && wait === 0) await sleep(500);
     }
   }
 
   // ---- read models ----------------------------------------------------------------------------
 
-  /** A view's item; `atLeastVersion` waits (up to 5 s) until the item's stream is at that version. */
+  /** A view's item; `atLeastVersion` waits (up to 5 s) until the item's stream is at that version
+   * (`Unavailable` if it is not yet: not asked again). */
   view(projection: string, key: string, atLeastVersion?: number): Promise<{ item: unknown; version: number; position: unknown }> {
     return this.call("GET", `/views/${encodeURIComponent(projection)}/${encodeURIComponent(key)}`, {
-      query: [["at_least_version", atLeastVersion]],
+      query: [["at_least_version", atLeastVersion]], safe: atLeastVersion === undefined,
     });
   }
 
@@ -193,35 +203,43 @@ export class EventStore {
 
   // ---- sending --------------------------------------------------------------------------------
 
-  /** Sends the request, again while `shouldRetry` says so: the answer's JSON, or its typed error. */
-  private async call<T>(method: string, path: string, request: { query?: Query; body?: unknown; headers?: Record<string, string>; safe?: boolean } = {}): Promise<T> {
+  /** Sends the request, again while `shouldRetry` says so: the answer's JSON, or its typed error.
+   * `link`: `path` is one of the store's own links (`next`), from the origin. */
+  private async call<T>(method: string, path: string, request: {
+    query?: Query; body?: unknown; headers?: Record<string, string>; safe?: boolean; link?: boolean; signal?: AbortSignal;
+  } = {}): Promise<T> {
     const safe = request.safe ?? method === "GET";
     const query = (request.query ?? []).filter((pair): pair is [string, string | number] => pair[1] !== undefined);
     const search = query.map(([k, v]) => `${rfc3986(k)}=${rfc3986(String(v))}`).join("&");
-    const url = new URL(this.base + path + (search ? (path.includes("?") ? "&" : "?") + search : ""));
+    const target = request.link ? new URL(path, this.base).href : this.base + path;
+    const url = new URL(target + (search ? (path.includes("?") ? "&" : "?") + search : ""));
     const body = request.body === undefined ? undefined : JSON.stringify(request.body);
     const headers: Record<string, string> = { ...request.headers, ...(await traceHeaders()) };
     if (body !== undefined) headers["content-type"] = "application/json";
     let failure: EventStoreError | undefined;
     for (let attempt = 0; attempt < this.attempts; attempt++) {
       if (attempt) await sleep(backoff(attempt - 1, failure?.retryAfter) * 1000);
-      let answer: Response;
+      const signed = await this.signed(method, url, headers, body); // outside the try: a credentials error is not "no answer"
+      const timeout = AbortSignal.timeout(this.timeoutMs);
+      let status: number, etag: string | null, retryAfter: string | null, text: string;
       try {
-        answer = await fetch(url, {
-          method, body, headers: await this.signed(method, url, headers, body), redirect: "manual",
-          signal: AbortSignal.timeout(this.timeoutMs),
+        const answer = await fetch(url, {
+          method, body, headers: signed, redirect: "manual",
+          signal: request.signal ? AbortSignal.any([request.signal, timeout]) : timeout,
         });
+        [status, etag, retryAfter] = [answer.status, answer.headers.get("etag"), answer.headers.get("retry-after")];
+        text = await answer.text();
+        if (!(answer.headers.get("content-type") ?? "").includes("json")) text = JSON.stringify(text);
       } catch (cut) {
+        if (request.signal?.aborted) throw cut;
         failure = new Unreachable(`${method} ${path}: no answer (${describe(cut)})`);
         if (shouldRetry(undefined, safe, !neverSent(cut))) continue;
         throw failure;
       }
-      const text = await answer.text();
-      const result = (answer.headers.get("content-type") ?? "").includes("json") && text ? JSON.parse(text) : text;
-      if ((answer.status >= 200 && answer.status < 300) || answer.status === 304) return result as T;
-      failure = errorFor(answer.status, result, answer.headers.get("etag") ?? undefined,
-        parseRetryAfter(answer.headers.get("retry-after")));
-      if (!shouldRetry(answer.status, safe)) throw failure;
+      const result = parsed(text);
+      if ((status >= 200 && status < 300) || status === 304) return result as T;
+      failure = errorFor(status, result, etag ?? undefined, parseRetryAfter(retryAfter));
+      if (!shouldRetry(status, safe)) throw failure;
     }
     throw failure;
   }
@@ -231,17 +249,29 @@ export class EventStore {
     if (!this.signer) return headers;
     const query: Record<string, string | string[]> = {};
     for (const [k, v] of url.searchParams) query[k] = k in query ? [...[query[k]].flat(), v] : v;
+    // Trace headers are left unsigned, as botocore leaves them: a hop may rewrite them.
     const signed = await this.signer.sign({
       method, protocol: url.protocol, hostname: url.hostname, port: url.port ? Number(url.port) : undefined,
       path: url.pathname, query, headers: { ...headers, host: url.host }, body,
-    });
+    }, { unsignableHeaders: new Set(["traceparent", "tracestate", "baggage"]) });
     const { host: _, ...rest } = signed.headers; // fetch sets Host itself, to the same value
     return rest;
   }
 }
 
+/** A stream's path: a name is one path segment as it is (its characters, `A-Z a-z 0-9 - _ . : @ + = ~`,
+ * need no escape there); anything else is escaped, and the store refuses it. */
 function streamPath(stream: string): string {
-  return `/streams/${encodeURIComponent(stream)}`;
+  return `/streams/${stream.replace(/[^A-Za-z0-9\-_.:@+=~]/g, (c) => encodeURIComponent(c))}`;
+}
+
+/** An answer's text as JSON (a non-JSON answer was made a JSON string), or the text itself. */
+function parsed(text: string): unknown {
+  try {
+    return text ? JSON.parse(text) : undefined;
+  } catch {
+    return text;
+  }
 }
 
 /** An expectation as a precondition header. */

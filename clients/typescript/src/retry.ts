@@ -1,7 +1,7 @@
 /** When to send a request again, and after how long: pure, so tested without a network. */
 
-/** Answers that may succeed when sent again: throttled, or the store or its gateway unavailable. */
-export const RETRIED_STATUSES = [429, 502, 503, 504];
+/** Answers that may succeed when sent again: throttled, the store failing or unavailable, its gateway too. */
+export const RETRIED_STATUSES = [429, 500, 502, 503, 504];
 
 /** Whether to send again after `status` (undefined: no answer). A request `safe` to repeat (a read,
  * an append whose events carry ids, a snapshot) is sent again after any of these; one that is not

@@ -19,7 +19,8 @@ async function main(): Promise<void> {
   const url = process.env.ES_URL ?? "http://127.0.0.1:3000";
   const store = new EventStore(url, { sign: process.env.ES_SIGN !== "0" });
   const tag = randomUUID().slice(0, 8);
-  const [todo, retried, other] = [`todo-ts-${tag}`, `cart-ts-${tag}`, `order-ts-${tag}`];
+  // The third name has the characters a path segment may carry as they are (`:`, `@`, `+`, `=`).
+  const [todo, retried, other] = [`todo-ts-${tag}`, `cart-ts-${tag}`, `order:ts@${tag}+1=a`];
   const since = Date.now() - 1000; // the log from before the first append
 
   // The Todo flow: create once, update at the version read, conflict, delete, then gone. The create is
@@ -65,6 +66,9 @@ async function main(): Promise<void> {
   for await (const s of store.listStreams(`cart-ts-${tag}`)) listed.push(s.name);
   assert.deepEqual(listed, [retried]);
   assert.deepEqual((await store.read(retried, { backward: true, limit: 1 })).events.map((e) => e.version), [1]);
+  const placed: string[] = [];
+  for await (const event of store.events(other)) placed.push(event.type);
+  assert.deepEqual(placed, ["OrderPlaced"], "a name with : @ + = read back");
 
   // Typed errors.
   await rejects(() => store.read(`nothing-${tag}`), NotFound);

@@ -43,10 +43,7 @@ pub(crate) fn run() -> Result<(Value, String)> {
             json!({"bytes_without": round(without), "bytes_with": round(with), "bytes_added": round(added),
                    "write_units_added": round_units(units)}),
         );
-        md.push_str(&format!(
-            "| {per_chunk} | {:.0} | {:.0} | {:.0} | {:.3} |\n",
-            without, with, added, units
-        ));
+        md.push_str(&format!("| {per_chunk} | {:.0} | {:.0} | {:.0} | {:.3} |\n", without, with, added, units));
     }
     let raw = traced.iter().map(Vec::len).sum::<usize>() as f64 / EVENTS as f64
         - plain.iter().map(Vec::len).sum::<usize>() as f64 / EVENTS as f64;
@@ -66,7 +63,10 @@ fn packed_bytes(events: &[Vec<u8>], per_chunk: usize) -> Result<f64> {
             .iter()
             .enumerate()
             .map(|(i, data)| event_store::chunk::ChunkEvent {
-                event_id: format!("shardId-000000000000:4965678744183748973618357462398531628937367285{:010}", c * per_chunk + i),
+                event_id: format!(
+                    "shardId-000000000000:4965678744183748973618357462398531628937367285{:010}",
+                    c * per_chunk + i
+                ),
                 arrival: 1_795_240_724_000 + (c * per_chunk + i) as i64,
                 partition_key: format!("user-{}", i % 50),
                 data: data.clone(),

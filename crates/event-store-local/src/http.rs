@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use event_store::entity::http::StreamsApi;
-use event_store::log::http::LogApi;
 use event_store::load::Load;
+use event_store::log::http::LogApi;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;

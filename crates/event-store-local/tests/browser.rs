@@ -234,8 +234,10 @@ async fn tracker_script_on_another_site(
     delivered_at_least(&gate, 1, "the page view").await;
     // The signup happens on a page rendered within a trace: it carries the page's W3C trace context.
     let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let traced = format!("const m = document.createElement('meta'); m.name = 'traceparent'; m.content = {trace:?}; \
-         document.head.appendChild(m); es.track('signup', {{plan: 'pro'}}); m.remove();");
+    let traced = format!(
+        "const m = document.createElement('meta'); m.name = 'traceparent'; m.content = {trace:?}; \
+         document.head.appendChild(m); es.track('signup', {{plan: 'pro'}}); m.remove();"
+    );
     run("history.pushState({}, '', '/a'); history.pushState({}, '', '/b');".into()).await;
     run(traced).await;
     delivered_at_least(&gate, 4, "two navigations and a custom event").await;

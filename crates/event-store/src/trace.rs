@@ -35,7 +35,9 @@ impl TraceContext {
         }
         let tracestate = tracestate
             .map(str::trim)
-            .filter(|s| !s.is_empty() && s.len() <= MAX_TRACESTATE_CHARS && s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .filter(|s| {
+                !s.is_empty() && s.len() <= MAX_TRACESTATE_CHARS && s.bytes().all(|b| (0x20..0x7f).contains(&b))
+            })
             .map(str::to_owned);
         Some(Self { traceparent: traceparent.to_owned(), tracestate })
     }
@@ -147,7 +149,11 @@ mod tests {
         let taken = TraceContext::take(&mut BTreeMap::new(), None, header).unwrap();
         assert_eq!(taken.traceparent, other, "a post's header");
         let mut junk = BTreeMap::from([(TRACEPARENT.to_owned(), vec!["junk".to_owned()])]);
-        assert_eq!(TraceContext::take(&mut junk, None, header).unwrap().traceparent, other, "an invalid one is passed over");
+        assert_eq!(
+            TraceContext::take(&mut junk, None, header).unwrap().traceparent,
+            other,
+            "an invalid one is passed over"
+        );
         assert!(junk.is_empty(), "and not kept in the query either");
         assert_eq!(TraceContext::take(&mut BTreeMap::new(), None, |_| None), None);
     }

@@ -81,7 +81,8 @@ fn append_trace() -> TraceContext {
 
 /// The `traceparent`s of these events' envelopes, where they have one, sorted (the hit's first).
 fn traces<'a>(envelopes: impl Iterator<Item = &'a Value>) -> Vec<String> {
-    let mut found: Vec<String> = envelopes.filter_map(|e| e["trace"]["traceparent"].as_str()).map(str::to_owned).collect();
+    let mut found: Vec<String> =
+        envelopes.filter_map(|e| e["trace"]["traceparent"].as_str()).map(str::to_owned).collect();
     found.sort();
     found
 }
@@ -259,7 +260,8 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
     let create = json!({"action": "create", "name": "big", "start": format_ms(window_start), "target": target});
     subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
     let (invoker, _rx) = LocalInvoker::channel();
-    let create = json!({"action": "create", "name": "fn", "start": format_ms(window_start), "target": {"lambda": "consumer"}});
+    let create =
+        json!({"action": "create", "name": "fn", "start": format_ms(window_start), "target": {"lambda": "consumer"}});
     subscriptions(Arc::new(invoker)).handle(create, SystemTime::now() + Duration::from_secs(60)).await.unwrap();
     let tick = json!({"source": "aws.events"});
     for answer in runs::run_subscriptions(subscriptions, tick, deadline_in(Duration::from_secs(300))).await {

@@ -40,11 +40,13 @@ impl Analyst {
     /// JSON): empty for an entity event, an event with a subject, or anything
     /// that is not an envelope.
     pub(crate) fn of(payload: Option<&str>, entity: bool) -> Analyst {
-        let Some(envelope) = payload.and_then(|p| serde_json::from_str::<Value>(p).ok()).filter(Value::is_object) else {
+        let Some(envelope) = payload.and_then(|p| serde_json::from_str::<Value>(p).ok()).filter(Value::is_object)
+        else {
             return Analyst::default();
         };
         let trace = |part: &str| envelope.pointer(&format!("/trace/{part}")).and_then(Value::as_str).map(clip);
-        let traced = Analyst { traceparent: trace("traceparent"), tracestate: trace("tracestate"), ..Analyst::default() };
+        let traced =
+            Analyst { traceparent: trace("traceparent"), tracestate: trace("tracestate"), ..Analyst::default() };
         if entity || ["subject", "sealed", "sealed_ref"].iter().any(|k| envelope.get(k).is_some()) {
             return traced;
         }
@@ -116,7 +118,8 @@ mod tests {
         assert_eq!(Analyst::of(Some(sent), true), Analyst::default(), "an entity event");
         // The trace context is every event's, a subject's and an entity event's too.
         let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let traced_sealed = sealed.replace(r#""subject""#, &format!(r#""trace":{{"traceparent":"{parent}"}},"subject""#));
+        let traced_sealed =
+            sealed.replace(r#""subject""#, &format!(r#""trace":{{"traceparent":"{parent}"}},"subject""#));
         let columns = Analyst::of(Some(&traced_sealed), false);
         assert_eq!((columns.traceparent.as_deref(), columns.page_path), (Some(parent), None));
         let traced_entity = format!(r#"{{"id":"t/0","trace":{{"traceparent":"{parent}","tracestate":"k=v"}}}}"#);
