@@ -43,7 +43,7 @@ impl TraceContext {
     }
 
     /// The 32 hex digits of the trace id (for logs, and X-Ray's `1-xxxxxxxx-xxxx…` form).
-    pub fn trace_id(&self) -> &str {
+    pub(crate) fn trace_id(&self) -> &str {
         &self.traceparent[3..35]
     }
 
