@@ -43,7 +43,8 @@ def _forward(method, url, body, headers):
 
 CUT = "/_cut-next-answer"
 #: Request headers the API hands on to the function (besides its own), and answer headers it returns.
-PASSED = ("content-type", "if-match", "if-none-match", "accept", "last-event-id", "traceparent", "tracestate")
+# (Not a stream's `accept`: these answer whole, and the deployed API does not stream.)
+PASSED = ("content-type", "if-match", "if-none-match", "traceparent", "tracestate")
 KEPT = ("content-type", "etag", "location", "retry-after")
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from urllib.parse import urlsplit
@@ -85,7 +86,8 @@ def test_the_typescript_client_runs_the_scenario_on_the_local_stack(local_stack)
 
 
 def server_sent_events(url, last_event_id=None):
-    """The events of a `text/event-stream` answer as they come: (id, data as JSON), until closed."""
+    """The events of a `text/event-stream` answer as they come: (id, data as JSON), until closed; a
+    comment (the keep-alive) as (None, None), so a reader can give up in time."""
     headers = {"accept": "text/event-stream", **({"last-event-id": last_event_id} if last_event_id else {})}
     answer = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60)
     assert answer.headers["content-type"] == "text/event-stream", answer.headers
@@ -93,7 +95,9 @@ def server_sent_events(url, last_event_id=None):
     with answer:
         for line in answer:
             line = line.decode().rstrip("\n")
-            if line.startswith("id: "):
+            if line.startswith(":"):
+                yield None, None
+            elif line.startswith("id: "):
                 event_id = line[4:]
             elif line.startswith("data: "):
                 data.append(line[6:])
@@ -127,6 +131,9 @@ def test_the_log_resumes_after_the_server_restarts_from_a_page_s_next_and_from_l
             return got, start
         last = None
         for event_id, event in server_sent_events(f"{local_stack.url}/log?from={since}", stream_from):
+            assert time.time() < deadline, got
+            if event is None:
+                continue
             assert event_id == event["position"], "each event's id is its position"
             got += ours([event])
             last = event_id
@@ -139,6 +146,14 @@ def test_the_log_resumes_after_the_server_restarts_from_a_page_s_next_and_from_l
     before_pages, next_page = read(since, 3)
     before_stream, last_id = read(None, 3, stream_from="")
     assert [v for _, v in before_pages] == [v for _, v in before_stream] == [0, 1, 2]
+
+    # A start that is no position of the log's is refused before a stream begins (an EventSource would
+    # reconnect to it for ever).
+    try:
+        next(server_sent_events(f"{local_stack.url}/log", "not-a-position"))
+        raise AssertionError("a stream from nowhere")
+    except urllib.error.HTTPError as refused:
+        assert refused.code == 400, refused
 
     local_stack.stop()
     local_stack.start()

@@ -252,13 +252,14 @@ _delete_mapping = lambda_models.LambdaBackend.delete_event_source_mapping
 def _delete_mapping_from_its_source(self, uuid):
     mapping = _delete_mapping(self, uuid)
     if mapping is not None:
-        # Tables hold their mappings by function, streams by source.
-        for table in dynamodb_models.dynamodb_backends[self.account_id][self.region_name].tables.values():
-            if table.lambda_event_source_mappings.get(mapping.function_arn) is mapping:
-                del table.lambda_event_source_mappings[mapping.function_arn]
-        for stream in models.kinesis_backends[self.account_id][self.region_name].streams.values():
-            if stream.lambda_event_source_mappings.get(mapping.event_source_arn) is mapping:
-                del stream.lambda_event_source_mappings[mapping.event_source_arn]
+        # Tables hold their mappings by function, streams by source; a write may be going through
+        # the dict on another thread, so it is replaced, not changed.
+        tables = dynamodb_models.dynamodb_backends[self.account_id][self.region_name].tables.values()
+        streams = models.kinesis_backends[self.account_id][self.region_name].streams.values()
+        for source in (*tables, *streams):
+            kept = {k: m for k, m in source.lambda_event_source_mappings.items() if m is not mapping}
+            if len(kept) != len(source.lambda_event_source_mappings):
+                source.lambda_event_source_mappings = kept
     return mapping
 
 

@@ -83,11 +83,15 @@ async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     let cors = api.cors.clone();
     if crate::sse::wants(req.method(), req.uri().path(), req.headers()) {
-        let answer = match crate::sse::start(req.uri().query(), req.headers()) {
-            Ok((from, filters)) => crate::sse::follow(api.log.clone(), from, filters).map(BodyExt::boxed_unsync),
-            Err(message) => {
+        let started = match crate::sse::start(req.uri().query(), req.headers()) {
+            Ok((from, filters)) => crate::sse::follow(api.log.clone(), from, filters).await,
+            Err(message) => Err((StatusCode::BAD_REQUEST, message)),
+        };
+        let answer = match started {
+            Ok(stream) => stream.map(BodyExt::boxed_unsync),
+            Err((status, message)) => {
                 let body = serde_json::json!({ "error": message }).to_string();
-                respond(StatusCode::BAD_REQUEST, "application/json", body.into()).map(BodyExt::boxed_unsync)
+                respond(status, "application/json", body.into()).map(BodyExt::boxed_unsync)
             }
         };
         return Ok(with_cors(answer, &cors));

@@ -7,6 +7,7 @@
 //! The same reader serves both ([`LogReader::page`]).
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -52,55 +53,79 @@ pub fn start(query: Option<&str>, headers: &HeaderMap) -> Result<(String, Vec<Fi
 }
 
 /// The stream's answer: `200 text/event-stream`, fed by a task that reads the log from `from` and
-/// ends when the client goes away.
-pub fn follow(log: std::sync::Arc<LogApi>, from: String, filters: Vec<Filter>) -> Response<EventStream> {
+/// ends when the client goes away. A start that is none of the log's is refused first (`400`), and
+/// a store that cannot be read `503`: an `EventSource` would reconnect to a stream that ends at once
+/// every second, for ever.
+pub async fn follow(
+    log: Arc<LogApi>,
+    from: String,
+    filters: Vec<Filter>,
+) -> Result<Response<EventStream>, (StatusCode, String)> {
+    let unavailable =
+        |err: event_store::Error| (StatusCode::SERVICE_UNAVAILABLE, format!("the log cannot be read now: {err}"));
+    let unit = event_store::bookkeeping::settings::time_unit(&log.dynamo, &log.event_table)
+        .await
+        .map_err(unavailable)?
+        .unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
+    match reader(&log, unit).page(&from, 1, &filters, Instant::now() + Duration::from_secs(5)).await {
+        Err(event_store::Error::BadInput(message)) => return Err((StatusCode::BAD_REQUEST, message)),
+        Err(err) => return Err(unavailable(err)),
+        Ok(_) => {}
+    }
     let (tx, mut rx) = mpsc::channel::<Bytes>(4);
-    tokio::spawn(async move {
-        if let Err(reason) = feed(&log, from, &filters, &tx).await {
-            let _ = tx.send(frame(Some("error"), None, &serde_json::json!({"error": reason}).to_string())).await;
-        }
-    });
+    tokio::spawn(async move { feed(&reader(&log, unit), from, &filters, &tx).await });
     let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))));
     let mut response = Response::new(StreamBody::new(Box::pin(stream) as futures::stream::BoxStream<'static, _>));
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
     headers.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
     *response.status_mut() = StatusCode::OK;
-    response
+    Ok(response)
 }
 
-/// Sends the log's events from `from` as they are sealed, until the client is gone (`Ok`) or the
-/// start is none of the log's (`Err`, sent as an `error` event). The store unavailable: tried again.
-async fn feed(log: &LogApi, mut from: String, filters: &[Filter], tx: &mpsc::Sender<Bytes>) -> Result<(), String> {
-    if tx.send(Bytes::from(format!("retry: {RETRY_MS}\n\n"))).await.is_err() {
-        return Ok(());
-    }
-    let unit = event_store::bookkeeping::settings::time_unit(&log.dynamo, &log.event_table)
-        .await
-        .map_err(|e| e.to_string())?
-        .unwrap_or(event_store::config::DEFAULT_TIME_UNIT_MS);
-    let reader = LogReader {
+fn reader(log: &LogApi, time_unit_ms: u64) -> LogReader<'_> {
+    LogReader {
         dynamo: &log.dynamo,
         table: &log.event_table,
-        time_unit_ms: unit,
+        time_unit_ms,
         dedupe_window_ms: log.dedupe_window_ms,
         tiers: &log.tiers,
-    };
+    }
+}
+
+/// Sends the log's events from `from` as they are sealed, until the client is gone (noticed at
+/// once, whatever the task is doing). The store unavailable: tried again every second.
+async fn feed(reader: &LogReader<'_>, mut from: String, filters: &[Filter], tx: &mpsc::Sender<Bytes>) {
+    if tx.send(Bytes::from(format!("retry: {RETRY_MS}\n\n"))).await.is_err() {
+        return;
+    }
     let mut quiet_since = Instant::now();
     loop {
-        let page = match reader.page(&from, PAGE, filters, Instant::now() + Duration::from_secs(20)).await {
+        let read = reader.page(&from, PAGE, filters, Instant::now() + Duration::from_secs(20));
+        let page = tokio::select! {
+            _ = tx.closed() => return,
+            page = read => page,
+        };
+        let page = match page {
             Ok(page) => page,
-            Err(event_store::Error::BadInput(message)) => return Err(message),
             Err(err) => {
                 warn!(error = %err, "the log stream could not read: trying again");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                if !pause(tx, Duration::from_secs(1)).await {
+                    return;
+                }
                 continue;
             }
         };
         for event in &page.events {
-            let data = serde_json::to_string(event).map_err(|e| e.to_string())?;
-            if tx.send(frame(None, Some(event.position.as_str()), &data)).await.is_err() {
-                return Ok(());
+            let data = match serde_json::to_string(event) {
+                Ok(data) => data,
+                Err(err) => {
+                    warn!(error = %err, position = %event.position, "an event could not be written: skipped");
+                    continue;
+                }
+            };
+            if tx.send(frame(&event.position, &data)).await.is_err() {
+                return;
             }
             quiet_since = Instant::now();
         }
@@ -108,26 +133,28 @@ async fn feed(log: &LogApi, mut from: String, filters: &[Filter], tx: &mpsc::Sen
         if page.at_end && page.events.is_empty() {
             if quiet_since.elapsed() >= KEEP_ALIVE {
                 if tx.send(Bytes::from_static(b": keep-alive\n\n")).await.is_err() {
-                    return Ok(());
+                    return;
                 }
                 quiet_since = Instant::now();
             }
-            tokio::time::sleep(POLL).await;
+            if !pause(tx, POLL).await {
+                return;
+            }
         }
     }
 }
 
+/// Waits `time`; false when the client went away meanwhile.
+async fn pause(tx: &mpsc::Sender<Bytes>, time: Duration) -> bool {
+    tokio::select! {
+        _ = tx.closed() => false,
+        _ = tokio::time::sleep(time) => true,
+    }
+}
+
 /// One server-sent event (`data` holds no newline: it is one line of JSON).
-fn frame(event: Option<&str>, id: Option<&str>, data: &str) -> Bytes {
-    let mut text = String::with_capacity(data.len() + 128);
-    if let Some(event) = event {
-        text.push_str(&format!("event: {event}\n"));
-    }
-    if let Some(id) = id {
-        text.push_str(&format!("id: {id}\n"));
-    }
-    text.push_str(&format!("data: {data}\n\n"));
-    Bytes::from(text)
+fn frame(id: &str, data: &str) -> Bytes {
+    Bytes::from(format!("id: {id}\ndata: {data}\n\n"))
 }
 
 #[cfg(test)]
@@ -151,7 +178,6 @@ mod tests {
 
     #[test]
     fn frames_are_server_sent_events() {
-        assert_eq!(frame(None, Some("p1"), r#"{"a":1}"#), Bytes::from("id: p1\ndata: {\"a\":1}\n\n"));
-        assert_eq!(frame(Some("error"), None, "{}"), Bytes::from("event: error\ndata: {}\n\n"));
+        assert_eq!(frame("p1", r#"{"a":1}"#), Bytes::from("id: p1\ndata: {\"a\":1}\n\n"));
     }
 }

@@ -128,6 +128,7 @@ impl Load {
         // A POSTed pixel keeps its body: JSON when it parses, else the text.
         let body = body_text(req)?.map(|text| serde_json::from_str(&text).unwrap_or(Value::String(text)));
         let (envelope, record) = self.event(req, body).await?;
+        log_traces(req, [&envelope]);
         let out = self
             .kinesis
             .put_record()
@@ -171,6 +172,7 @@ impl Load {
             envelopes.push(envelope);
             records.push(record);
         }
+        log_traces(req, &envelopes);
         let stream = self.config.event_stream.as_str();
         // Per EntityId, in the order posted: a throttled "created" is never stored after its "paid".
         // An ambiguous failure is retried as not stored: a copy has the same envelope id, which readers drop.
@@ -283,12 +285,12 @@ impl Load {
         if let Some(event_id) = &envelope.event_id {
             envelope.id = client_envelope_id(&partition_key, event_id);
         }
-        if let Some(trace) = &envelope.trace {
-            // The client's trace beside this invocation's X-Ray trace: the line that links the two.
-            let xray = req.lambda_context_ref().and_then(|c| c.xray_trace_id.as_deref()).unwrap_or("-");
-            info!(trace_id = trace.trace_id(), xray_trace_id = xray, id = %envelope.id, "event traced");
-        }
         let mut data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
+        if data.len() > self.config.max_event_bytes && envelope.trace.take().is_some() {
+            // A context the client's tooling added never costs the event: the context goes, the event stays.
+            warn!(id = %envelope.id, bytes = data.len(), "trace context dropped: the event is over its limit with it");
+            data = serde_json::to_vec(&envelope).map_err(|e| internal(e.to_string()))?;
+        }
         if data.len() > self.config.max_event_bytes {
             return Err(Reject::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -408,6 +410,18 @@ fn script() -> Response<Body> {
         .header(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")
         .body(Body::Text(TRACKER.to_owned()));
     built.unwrap_or_else(|_| json_response(StatusCode::INTERNAL_SERVER_ERROR, &json!({"error": "script unavailable"})))
+}
+
+/// The request's clients' traces beside this invocation's X-Ray trace, in one line: what links the
+/// two (once a request, however many of its events share a trace).
+fn log_traces<'a>(req: &Request, envelopes: impl IntoIterator<Item = &'a Envelope>) {
+    let ids: std::collections::BTreeSet<&str> =
+        envelopes.into_iter().filter_map(|e| e.trace.as_ref()).map(TraceContext::trace_id).collect();
+    if !ids.is_empty() {
+        let xray = req.lambda_context_ref().and_then(|c| c.xray_trace_id.as_deref()).unwrap_or("-");
+        let trace_ids = ids.into_iter().collect::<Vec<_>>().join(",");
+        info!(trace_ids, xray_trace_id = xray, "events traced");
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 /// W3C caps what a vendor must keep of `tracestate` at 512 characters.
 const MAX_TRACESTATE_CHARS: usize = 512;
+/// `00-<32 hex>-<16 hex>-<2 hex>`.
+const TRACEPARENT_CHARS: usize = 55;
 
 /// An event's trace context, as the W3C Trace Context recommendation
 /// defines it: `traceparent` checked, `tracestate` kept as sent.
@@ -26,13 +28,17 @@ pub struct TraceContext {
 impl TraceContext {
     /// The context of these values, or `None` when `traceparent` is absent or
     /// not valid (the recommendation says to ignore an invalid one, and its
-    /// `tracestate` with it, rather than refuse the request). A `tracestate`
-    /// over 512 characters or with other than printable ASCII is dropped.
+    /// `tracestate` with it, rather than refuse the request). A later version's
+    /// `traceparent` is kept as its first 55 characters, the part this version
+    /// of the recommendation defines (so a context is never larger than that
+    /// and 512 characters of `tracestate`). A `tracestate` over 512 characters
+    /// or with other than printable ASCII is dropped.
     pub(crate) fn parse(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Self> {
         let traceparent = traceparent?.trim();
         if !valid_traceparent(traceparent) {
             return None;
         }
+        let traceparent = &traceparent[..TRACEPARENT_CHARS];
         let tracestate = tracestate
             .map(str::trim)
             .filter(|s| {
@@ -47,31 +53,44 @@ impl TraceContext {
         &self.traceparent[3..35]
     }
 
-    /// The context an ingested event carries, taken out of where the client
-    /// put it (so it is stored once): the posted event's own fields first
-    /// (a batch's events may come from different traces), then the query (a
-    /// pixel, which cannot send headers), then the request's headers.
+    /// The context an ingested event carries: the posted event's own fields
+    /// first (a batch's events may come from different traces), then the
+    /// query (a pixel, which cannot send headers), then the request's
+    /// headers. The pair it is taken from is taken out of the body or the
+    /// query (so it is stored once, in the clear); anything else the client
+    /// sent under those names (not a string, not valid, not the one chosen)
+    /// stays where it was, as the event's own data.
     pub(crate) fn take(
         query: &mut BTreeMap<String, Vec<String>>,
         body: Option<&mut Value>,
         header: impl Fn(&str) -> Option<String>,
     ) -> Option<Self> {
-        let from_query = |name: &str, query: &mut BTreeMap<String, Vec<String>>| {
-            query.remove(name).and_then(|values| values.into_iter().next())
+        let mut fields = match body {
+            Some(Value::Object(fields)) => Some(fields),
+            _ => None,
         };
-        let (parent_q, state_q) = (from_query(TRACEPARENT, query), from_query(TRACESTATE, query));
-        let (mut parent_b, mut state_b) = (None, None);
-        if let Some(Value::Object(fields)) = body {
-            // Only a string is the client's context: another value is the event's own data.
-            let mut text = |name: &str| match fields.get(name) {
-                Some(Value::String(_)) => fields.remove(name).and_then(|v| v.as_str().map(str::to_owned)),
-                _ => None,
-            };
-            (parent_b, state_b) = (text(TRACEPARENT), text(TRACESTATE));
+        let in_body = |name: &str, fields: &Option<&mut serde_json::Map<String, Value>>| {
+            fields.as_ref()?.get(name)?.as_str().map(str::to_owned)
+        };
+        let in_query = |name: &str| query.get(name).and_then(|values| values.first()).cloned();
+        let from_body = Self::parse(in_body(TRACEPARENT, &fields).as_deref(), in_body(TRACESTATE, &fields).as_deref());
+        if let (Some(context), Some(fields)) = (&from_body, fields.as_mut()) {
+            fields.remove(TRACEPARENT);
+            fields.remove(TRACESTATE);
+            return Some(context.clone());
         }
-        [(parent_b, state_b), (parent_q, state_q), (header(TRACEPARENT), header(TRACESTATE))]
-            .into_iter()
-            .find_map(|(parent, state)| Self::parse(parent.as_deref(), state.as_deref()))
+        let from_query = Self::parse(in_query(TRACEPARENT).as_deref(), in_query(TRACESTATE).as_deref());
+        if from_query.is_some() {
+            query.remove(TRACEPARENT);
+            query.remove(TRACESTATE);
+            return from_query;
+        }
+        Self::parse(header(TRACEPARENT).as_deref(), header(TRACESTATE).as_deref())
+    }
+
+    /// Bytes it adds to what is stored (the limits count it).
+    pub(crate) fn size(&self) -> usize {
+        self.traceparent.len() + self.tracestate.as_ref().map_or(0, String::len)
     }
 }
 
@@ -123,7 +142,8 @@ mod tests {
             assert_eq!(TraceContext::parse(Some(bad), Some("a=b")), None, "{bad:?}");
         }
         let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
-        assert!(TraceContext::parse(Some(later), None).is_some(), "a later version may carry more");
+        let kept = TraceContext::parse(Some(later), None).unwrap();
+        assert_eq!(kept.traceparent, &later[..55], "a later version may carry more; its known part is kept");
         let long_state = "a=".to_owned() + &"b".repeat(511);
         assert_eq!(TraceContext::parse(Some(PARENT), Some(&long_state)).unwrap().tracestate, None);
         assert_eq!(TraceContext::parse(None, Some("a=b")), None);
@@ -141,20 +161,20 @@ mod tests {
         let taken = TraceContext::take(&mut query, Some(&mut body), header).unwrap();
         assert_eq!((taken.traceparent.as_str(), taken.tracestate.as_deref()), (PARENT, Some("k=v")));
         assert_eq!(body, serde_json::json!({"type": "signup"}), "stored once: out of the body");
-        assert_eq!(query.keys().collect::<Vec<_>>(), ["page"], "and out of the query");
+        assert_eq!(query.keys().collect::<Vec<_>>(), ["page", TRACEPARENT], "the query's, not chosen, stays");
 
         let mut query = BTreeMap::from([(TRACEPARENT.to_owned(), vec![other.to_owned()])]);
         let taken = TraceContext::take(&mut query, None, |_| None).unwrap();
+        assert!(query.is_empty(), "taken out of the query it came from");
         assert_eq!(taken.traceparent, other, "a pixel's query parameter");
         let taken = TraceContext::take(&mut BTreeMap::new(), None, header).unwrap();
         assert_eq!(taken.traceparent, other, "a post's header");
         let mut junk = BTreeMap::from([(TRACEPARENT.to_owned(), vec!["junk".to_owned()])]);
-        assert_eq!(
-            TraceContext::take(&mut junk, None, header).unwrap().traceparent,
-            other,
-            "an invalid one is passed over"
-        );
-        assert!(junk.is_empty(), "and not kept in the query either");
+        let mut own = serde_json::json!({TRACEPARENT: 7, TRACESTATE: "the event's own"});
+        let taken = TraceContext::take(&mut junk, Some(&mut own), header).unwrap();
+        assert_eq!(taken.traceparent, other, "invalid ones and another type are passed over");
+        assert_eq!(junk[TRACEPARENT], ["junk"], "and left where they were, as the event's own data");
+        assert_eq!(own, serde_json::json!({TRACEPARENT: 7, TRACESTATE: "the event's own"}));
         assert_eq!(TraceContext::take(&mut BTreeMap::new(), None, |_| None), None);
     }
 }

@@ -188,6 +188,7 @@ async fn large_payloads_are_stored_once_in_s3_and_every_reader_puts_them_back() 
         relayed[0]["body"]
     );
     assert_eq!(relayed[1]["trace"], serde_json::to_value(append_trace()).unwrap(), "the append's trace, relayed");
+    assert!(relayed[1]["body"].get("trace").is_none(), "once, in the envelope");
     assert!(records.iter().all(|(_, r)| r.data().as_ref().len() < 2048));
 
     // Into the log; every reader of it gets the events whole.

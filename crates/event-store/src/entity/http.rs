@@ -90,7 +90,6 @@ fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&
         .transpose()
 }
 
-/// The precondition of an append: `If-None-Match: *`, `If-Match: "v"`, or none.
 /// The events, each with the request's W3C trace context (`traceparent`, `tracestate`), if it has a valid one.
 fn traced(events: Vec<super::NewEvent>, req: &Request) -> Vec<super::NewEvent> {
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
@@ -98,11 +97,12 @@ fn traced(events: Vec<super::NewEvent>, req: &Request) -> Vec<super::NewEvent> {
     if let Some(trace) = &trace {
         // The client's trace beside this invocation's X-Ray trace: the line that links the two.
         let xray = req.lambda_context_ref().and_then(|c| c.xray_trace_id.as_deref()).unwrap_or("-");
-        info!(trace_id = trace.trace_id(), xray_trace_id = xray, events = events.len(), "append traced");
+        info!(trace_ids = trace.trace_id(), xray_trace_id = xray, events = events.len(), "append traced");
     }
     events.into_iter().map(|event| super::NewEvent { trace: trace.clone(), ..event }).collect()
 }
 
+/// The precondition of an append: `If-None-Match: *`, `If-Match: "v"`, or none.
 fn expected(headers: &HeaderMap) -> Result<Expected, Reject> {
     match (header_text(headers, header::IF_MATCH)?, header_text(headers, header::IF_NONE_MATCH)?) {
         (Some(_), Some(_)) => Err(reject(StatusCode::BAD_REQUEST, "send If-Match or If-None-Match, not both")),

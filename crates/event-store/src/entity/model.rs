@@ -186,7 +186,11 @@ pub struct StoredEventItem {
 impl StoredEventItem {
     /// Its size as the limits count it.
     pub(crate) fn size(&self) -> usize {
-        self.id.len() + self.event_type.len() + self.payload_len() + self.metadata.as_ref().map_or(0, String::len)
+        self.id.len()
+            + self.event_type.len()
+            + self.payload_len()
+            + self.metadata.as_ref().map_or(0, String::len)
+            + self.trace.as_ref().map_or(0, TraceContext::size)
     }
 
     /// What offloading moves to S3: its data, or its sealed block.

@@ -2,8 +2,9 @@
 //! (`docs/privacy.md#what-is-sealed`). Pure: keys come from the caller.
 //!
 //! An ingested event keeps in the clear what order, routing, filtering and
-//! integrity need: `id`, `event_id`, `received_at`, `method`, `path`, and
-//! `subject` (the keyed hash). Its `query`, `headers`, `source_ip` and `body`
+//! integrity need: `id`, `event_id`, `received_at`, `method`, `path`,
+//! `subject` (the keyed hash), and the client's W3C trace context (`trace`,
+//! which a consumer needs unopened). Its `query`, `headers`, `source_ip` and `body`
 //! are sealed together into `sealed`, bound to the event's id and subject (a
 //! sealed block copied into another event does not open there).
 //!

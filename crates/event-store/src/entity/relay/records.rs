@@ -43,6 +43,10 @@ pub fn retained_tip(record: &EventRecord) -> std::result::Result<Option<Tip>, St
 pub fn log_record(event: &RecordedEvent) -> Result<OutgoingRecord> {
     let mut body = serde_json::to_value(event).map_err(|e| Error::encode("entity event", e))?;
     body[ENTITY_ID] = json!(event.stream);
+    // The trace context is the envelope's (`trace`), as for every event in the log: not twice.
+    if let Some(fields) = body.as_object_mut() {
+        fields.remove("trace");
+    }
     let envelope = Envelope {
         id: entity_event_id(&event.stream, event.version),
         event_id: None,
