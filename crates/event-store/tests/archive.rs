@@ -341,7 +341,7 @@ print(json.dumps({
     {
         declared.insert(column["Name"].as_str().unwrap().into(), json!(arrow(column["Type"].as_str().unwrap())));
     }
-    assert_eq!(declared.len(), 23);
+    assert_eq!(declared.len(), 25);
     assert_eq!(read["schema"], Value::Object(declared), "pyarrow reads the columns the Glue table declares");
     assert_eq!(read["hours"], json!([18, 19, 20]));
     let n: Vec<i64> = serde_json::from_value(read["n"].clone()).unwrap();
